@@ -1,0 +1,205 @@
+//! Host arrays: an ndarray of one of Kiln's dtypes.
+//!
+//! Arrays the interpreter produces are always in standard (row-major, contiguous) layout.
+
+use kiln_ir::{DType, Literal, Shape, Type};
+use ndarray::{ArrayD, IxDyn};
+use std::fmt;
+
+#[derive(Clone, Debug, PartialEq)]
+pub enum Array {
+    F32(ArrayD<f32>),
+    F64(ArrayD<f64>),
+    I32(ArrayD<i32>),
+    I64(ArrayD<i64>),
+    Bool(ArrayD<bool>),
+}
+
+/// Runs `$body` with `$a` bound to the inner ndarray, whatever its dtype.
+#[macro_export]
+macro_rules! with_array {
+    ($array:expr, $a:ident => $body:expr) => {
+        match $array {
+            $crate::Array::F32($a) => $body,
+            $crate::Array::F64($a) => $body,
+            $crate::Array::I32($a) => $body,
+            $crate::Array::I64($a) => $body,
+            $crate::Array::Bool($a) => $body,
+        }
+    };
+}
+
+/// Like [`with_array!`], wrapping the result back into the same variant.
+#[macro_export]
+macro_rules! map_array {
+    ($array:expr, $a:ident => $body:expr) => {
+        match $array {
+            $crate::Array::F32($a) => $crate::Array::F32($body),
+            $crate::Array::F64($a) => $crate::Array::F64($body),
+            $crate::Array::I32($a) => $crate::Array::I32($body),
+            $crate::Array::I64($a) => $crate::Array::I64($body),
+            $crate::Array::Bool($a) => $crate::Array::Bool($body),
+        }
+    };
+}
+
+impl Array {
+    pub fn dtype(&self) -> DType {
+        match self {
+            Array::F32(_) => DType::F32,
+            Array::F64(_) => DType::F64,
+            Array::I32(_) => DType::I32,
+            Array::I64(_) => DType::I64,
+            Array::Bool(_) => DType::Bool,
+        }
+    }
+
+    pub fn shape(&self) -> &[usize] {
+        with_array!(self, a => a.shape())
+    }
+
+    pub fn len(&self) -> usize {
+        with_array!(self, a => a.len())
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The static type of this array.
+    pub fn ty(&self) -> Type {
+        Type::new(self.dtype(), Shape::fixed(self.shape()))
+    }
+
+    /// An array of `shape` filled with zeros (`false` for bool).
+    pub fn zeros(dtype: DType, shape: &[usize]) -> Array {
+        let s = IxDyn(shape);
+        match dtype {
+            DType::F32 => Array::F32(ArrayD::zeros(s)),
+            DType::F64 => Array::F64(ArrayD::zeros(s)),
+            DType::I32 => Array::I32(ArrayD::zeros(s)),
+            DType::I64 => Array::I64(ArrayD::zeros(s)),
+            DType::Bool => Array::Bool(ArrayD::from_elem(s, false)),
+        }
+    }
+
+    /// The elements of `literal` in `shape`; a one-element literal fills the shape.
+    /// `None` when the element count does not fit the shape.
+    pub fn from_literal(literal: &Literal, shape: &[usize]) -> Option<Array> {
+        fn build<T: Clone>(values: &[T], shape: &[usize]) -> Option<ArrayD<T>> {
+            match values {
+                [v] => Some(ArrayD::from_elem(IxDyn(shape), v.clone())),
+                _ => ArrayD::from_shape_vec(IxDyn(shape), values.to_vec()).ok(),
+            }
+        }
+        Some(match literal {
+            Literal::F32(v) => Array::F32(build(v, shape)?),
+            Literal::F64(v) => Array::F64(build(v, shape)?),
+            Literal::I32(v) => Array::I32(build(v, shape)?),
+            Literal::I64(v) => Array::I64(build(v, shape)?),
+            Literal::Bool(v) => Array::Bool(build(v, shape)?),
+        })
+    }
+
+    /// The elements as a literal, row-major.
+    pub fn to_literal(&self) -> Literal {
+        match self {
+            Array::F32(a) => Literal::F32(a.iter().copied().collect()),
+            Array::F64(a) => Literal::F64(a.iter().copied().collect()),
+            Array::I32(a) => Literal::I32(a.iter().copied().collect()),
+            Array::I64(a) => Literal::I64(a.iter().copied().collect()),
+            Array::Bool(a) => Literal::Bool(a.iter().copied().collect()),
+        }
+    }
+
+    /// Every element as f64, row-major (exact but for the largest i64 values).
+    pub fn to_f64_vec(&self) -> Vec<f64> {
+        match self {
+            Array::F32(a) => a.iter().map(|&x| x as f64).collect(),
+            Array::F64(a) => a.iter().copied().collect(),
+            Array::I32(a) => a.iter().map(|&x| x as f64).collect(),
+            Array::I64(a) => a.iter().map(|&x| x as f64).collect(),
+            Array::Bool(a) => a.iter().map(|&x| x as u8 as f64).collect(),
+        }
+    }
+
+    /// The value of a one-element bool array.
+    pub fn as_bool_scalar(&self) -> Option<bool> {
+        match self {
+            Array::Bool(a) if a.len() == 1 => a.iter().next().copied(),
+            _ => None,
+        }
+    }
+
+    /// Converts to `to` the way the `cast` op does: floats to integers saturate (NaN gives 0),
+    /// non-zero (and NaN) is `true`, `true` is 1.
+    pub fn cast(&self, to: DType) -> Array {
+        macro_rules! convert {
+            ($a:expr, $t:ty, $f:expr) => {
+                $a.mapv(|x| -> $t { $f(x) })
+            };
+        }
+        match self {
+            Array::F32(a) => match to {
+                DType::F32 => self.clone(),
+                DType::F64 => Array::F64(convert!(a, f64, |x: f32| x as f64)),
+                DType::I32 => Array::I32(convert!(a, i32, |x: f32| x as i32)),
+                DType::I64 => Array::I64(convert!(a, i64, |x: f32| x as i64)),
+                DType::Bool => Array::Bool(convert!(a, bool, |x: f32| x != 0.0)),
+            },
+            Array::F64(a) => match to {
+                DType::F32 => Array::F32(convert!(a, f32, |x: f64| x as f32)),
+                DType::F64 => self.clone(),
+                DType::I32 => Array::I32(convert!(a, i32, |x: f64| x as i32)),
+                DType::I64 => Array::I64(convert!(a, i64, |x: f64| x as i64)),
+                DType::Bool => Array::Bool(convert!(a, bool, |x: f64| x != 0.0)),
+            },
+            Array::I32(a) => match to {
+                DType::F32 => Array::F32(convert!(a, f32, |x: i32| x as f32)),
+                DType::F64 => Array::F64(convert!(a, f64, |x: i32| x as f64)),
+                DType::I32 => self.clone(),
+                DType::I64 => Array::I64(convert!(a, i64, |x: i32| x as i64)),
+                DType::Bool => Array::Bool(convert!(a, bool, |x: i32| x != 0)),
+            },
+            Array::I64(a) => match to {
+                DType::F32 => Array::F32(convert!(a, f32, |x: i64| x as f32)),
+                DType::F64 => Array::F64(convert!(a, f64, |x: i64| x as f64)),
+                DType::I32 => Array::I32(convert!(a, i32, |x: i64| x as i32)),
+                DType::I64 => self.clone(),
+                DType::Bool => Array::Bool(convert!(a, bool, |x: i64| x != 0)),
+            },
+            Array::Bool(a) => match to {
+                DType::F32 => Array::F32(convert!(a, f32, |x: bool| x as u8 as f32)),
+                DType::F64 => Array::F64(convert!(a, f64, |x: bool| x as u8 as f64)),
+                DType::I32 => Array::I32(convert!(a, i32, |x: bool| x as i32)),
+                DType::I64 => Array::I64(convert!(a, i64, |x: bool| x as i64)),
+                DType::Bool => self.clone(),
+            },
+        }
+    }
+
+    /// The same array in standard (row-major, contiguous) layout.
+    pub fn into_standard_layout(self) -> Array {
+        map_array!(self, a => if a.is_standard_layout() { a } else { a.as_standard_layout().into_owned() })
+    }
+}
+
+macro_rules! array_from {
+    ($($t:ty => $variant:ident),*) => {
+        $(
+            impl From<ArrayD<$t>> for Array {
+                fn from(a: ArrayD<$t>) -> Array {
+                    Array::$variant(a)
+                }
+            }
+        )*
+    };
+}
+
+array_from!(f32 => F32, f64 => F64, i32 => I32, i64 => I64, bool => Bool);
+
+impl fmt::Display for Array {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        with_array!(self, a => fmt::Display::fmt(a, f))
+    }
+}

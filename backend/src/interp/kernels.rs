@@ -1,0 +1,726 @@
+//! The interpreter's kernels: one function per op family, written for clarity and exactness.
+//!
+//! Semantics that compiled kernels must match:
+//! - Integer arithmetic wraps; integer division truncates toward zero and fails on zero.
+//! - `max`, `min`, `relu`, `reduce_max`, `reduce_min` propagate NaN; `argmax`/`argmin` pick the
+//!   first NaN, else the first extreme element.
+//! - `round` rounds half to even (as NumPy and PyTorch do).
+//! - f32 sums and means accumulate in f64 and round once.
+//! - Reducing an empty axis with `reduce_max`/`reduce_min`/`arg*` is an error; a mean of no
+//!   elements is NaN.
+
+use crate::array::Array;
+use crate::map_array;
+use crate::random::Stream;
+use kiln_ir::{ArgOp, AxisSlice, BinaryOp, CompareOp, DType, Distribution, ReduceOp, UnaryOp};
+use ndarray::{Array3, ArrayD, ArrayView2, ArrayViewD, Axis, Ix2, IxDyn, Slice, Zip};
+
+/// A kernel's failure, described for the user; the interpreter adds which op and where.
+pub type KernelResult<T> = Result<T, String>;
+
+fn dtype_error(op: &str, dtype: DType) -> String {
+    format!("`{op}` is not defined for {dtype}")
+}
+
+fn mismatch(op: &str, a: &Array, b: &Array) -> String {
+    format!("`{op}` operands differ: {} vs {}", a.ty(), b.ty())
+}
+
+/// The float operations the kernels need beyond `num_traits::Float`.
+pub trait FloatElem: num_traits::Float + Copy + 'static {
+    fn erf(self) -> Self;
+    fn round_even(self) -> Self;
+    fn as_f64(self) -> f64;
+    fn from_f64(v: f64) -> Self;
+}
+
+impl FloatElem for f32 {
+    fn erf(self) -> f32 {
+        libm::erff(self)
+    }
+    fn round_even(self) -> f32 {
+        self.round_ties_even()
+    }
+    fn as_f64(self) -> f64 {
+        self as f64
+    }
+    fn from_f64(v: f64) -> f32 {
+        v as f32
+    }
+}
+
+impl FloatElem for f64 {
+    fn erf(self) -> f64 {
+        libm::erf(self)
+    }
+    fn round_even(self) -> f64 {
+        self.round_ties_even()
+    }
+    fn as_f64(self) -> f64 {
+        self
+    }
+    fn from_f64(v: f64) -> f64 {
+        v
+    }
+}
+
+/// Wrapping integer arithmetic for i32 and i64.
+pub trait IntElem: Copy + Ord + 'static {
+    const ZERO: Self;
+    fn wrapping_add(self, o: Self) -> Self;
+    fn wrapping_sub(self, o: Self) -> Self;
+    fn wrapping_mul(self, o: Self) -> Self;
+    fn wrapping_neg(self) -> Self;
+    fn wrapping_abs(self) -> Self;
+    /// `None` when `o` is zero.
+    fn checked_trunc_div(self, o: Self) -> Option<Self>;
+    fn signum(self) -> Self;
+}
+
+macro_rules! impl_int_elem {
+    ($($t:ty),*) => {$(
+        impl IntElem for $t {
+            const ZERO: $t = 0;
+            fn wrapping_add(self, o: $t) -> $t { <$t>::wrapping_add(self, o) }
+            fn wrapping_sub(self, o: $t) -> $t { <$t>::wrapping_sub(self, o) }
+            fn wrapping_mul(self, o: $t) -> $t { <$t>::wrapping_mul(self, o) }
+            fn wrapping_neg(self) -> $t { <$t>::wrapping_neg(self) }
+            fn wrapping_abs(self) -> $t { <$t>::wrapping_abs(self) }
+            fn checked_trunc_div(self, o: $t) -> Option<$t> {
+                (o != 0).then(|| <$t>::wrapping_div(self, o))
+            }
+            fn signum(self) -> $t { <$t>::signum(self) }
+        }
+    )*};
+}
+
+impl_int_elem!(i32, i64);
+
+fn nan_max<T: num_traits::Float>(a: T, b: T) -> T {
+    if a.is_nan() || b.is_nan() {
+        T::nan()
+    } else if a >= b {
+        a
+    } else {
+        b
+    }
+}
+
+fn nan_min<T: num_traits::Float>(a: T, b: T) -> T {
+    if a.is_nan() || b.is_nan() {
+        T::nan()
+    } else if a <= b {
+        a
+    } else {
+        b
+    }
+}
+
+fn standard<T: Clone>(a: ArrayViewD<'_, T>) -> ArrayD<T> {
+    a.as_standard_layout().into_owned()
+}
+
+// ----- elementwise -----
+
+pub fn unary(op: UnaryOp, x: &Array) -> KernelResult<Array> {
+    Ok(match x {
+        Array::F32(a) => Array::F32(unary_float(op, a)?),
+        Array::F64(a) => Array::F64(unary_float(op, a)?),
+        Array::I32(a) => Array::I32(unary_int(op, a)?),
+        Array::I64(a) => Array::I64(unary_int(op, a)?),
+        Array::Bool(a) => match op {
+            UnaryOp::Not => Array::Bool(a.mapv(|v| !v)),
+            _ => return Err(dtype_error(op.name(), DType::Bool)),
+        },
+    })
+}
+
+fn unary_float<T: FloatElem>(op: UnaryOp, a: &ArrayD<T>) -> KernelResult<ArrayD<T>> {
+    let f: fn(T) -> T = match op {
+        UnaryOp::Neg => |x| -x,
+        UnaryOp::Abs => |x| x.abs(),
+        UnaryOp::Sign => |x| {
+            if x.is_nan() || x == T::zero() {
+                x
+            } else {
+                x.signum()
+            }
+        },
+        UnaryOp::Relu => |x| {
+            if x.is_nan() || x > T::zero() {
+                x
+            } else {
+                T::zero()
+            }
+        },
+        UnaryOp::Exp => |x| x.exp(),
+        UnaryOp::Log => |x| x.ln(),
+        UnaryOp::Sqrt => |x| x.sqrt(),
+        UnaryOp::Rsqrt => |x| x.sqrt().recip(),
+        UnaryOp::Recip => |x| x.recip(),
+        UnaryOp::Tanh => |x| x.tanh(),
+        UnaryOp::Sigmoid => |x| {
+            // Two forms so that exp never overflows.
+            if x >= T::zero() {
+                T::one() / (T::one() + (-x).exp())
+            } else {
+                let e = x.exp();
+                e / (T::one() + e)
+            }
+        },
+        UnaryOp::Erf => |x| x.erf(),
+        UnaryOp::Sin => |x| x.sin(),
+        UnaryOp::Cos => |x| x.cos(),
+        UnaryOp::Floor => |x| x.floor(),
+        UnaryOp::Ceil => |x| x.ceil(),
+        UnaryOp::Round => |x| x.round_even(),
+        UnaryOp::Not => return Err(dtype_error(op.name(), DType::F32)),
+    };
+    Ok(a.mapv(f))
+}
+
+fn unary_int<T: IntElem>(op: UnaryOp, a: &ArrayD<T>) -> KernelResult<ArrayD<T>> {
+    let f: fn(T) -> T = match op {
+        UnaryOp::Neg => |x| x.wrapping_neg(),
+        UnaryOp::Abs => |x| x.wrapping_abs(),
+        UnaryOp::Sign => |x| x.signum(),
+        UnaryOp::Relu => |x| x.max(T::ZERO),
+        _ => return Err(format!("`{}` is not defined for integers", op.name())),
+    };
+    Ok(a.mapv(f))
+}
+
+fn zip_map<A: Copy, B: Copy, T>(
+    x: &ArrayD<A>,
+    y: &ArrayD<B>,
+    f: impl Fn(A, B) -> T,
+) -> KernelResult<ArrayD<T>> {
+    if x.shape() != y.shape() {
+        return Err(format!(
+            "operand shapes differ: {:?} vs {:?}",
+            x.shape(),
+            y.shape()
+        ));
+    }
+    Ok(Zip::from(x).and(y).map_collect(|&a, &b| f(a, b)))
+}
+
+pub fn binary(op: BinaryOp, a: &Array, b: &Array) -> KernelResult<Array> {
+    Ok(match (a, b) {
+        (Array::F32(x), Array::F32(y)) => Array::F32(binary_float(op, x, y)?),
+        (Array::F64(x), Array::F64(y)) => Array::F64(binary_float(op, x, y)?),
+        (Array::I32(x), Array::I32(y)) => Array::I32(binary_int(op, x, y)?),
+        (Array::I64(x), Array::I64(y)) => Array::I64(binary_int(op, x, y)?),
+        (Array::Bool(x), Array::Bool(y)) => Array::Bool(binary_bool(op, x, y)?),
+        _ => return Err(mismatch(op.name(), a, b)),
+    })
+}
+
+fn binary_float<T: FloatElem>(
+    op: BinaryOp,
+    x: &ArrayD<T>,
+    y: &ArrayD<T>,
+) -> KernelResult<ArrayD<T>> {
+    let f: fn(T, T) -> T = match op {
+        BinaryOp::Add => |a, b| a + b,
+        BinaryOp::Sub => |a, b| a - b,
+        BinaryOp::Mul => |a, b| a * b,
+        BinaryOp::Div => |a, b| a / b,
+        BinaryOp::Max => nan_max,
+        BinaryOp::Min => nan_min,
+        BinaryOp::Pow => |a, b| a.powf(b),
+        BinaryOp::And | BinaryOp::Or | BinaryOp::Xor => {
+            return Err(format!("`{}` is defined for bool only", op.name()));
+        }
+    };
+    zip_map(x, y, f)
+}
+
+fn binary_int<T: IntElem>(op: BinaryOp, x: &ArrayD<T>, y: &ArrayD<T>) -> KernelResult<ArrayD<T>> {
+    let f: fn(T, T) -> T = match op {
+        BinaryOp::Add => |a, b| a.wrapping_add(b),
+        BinaryOp::Sub => |a, b| a.wrapping_sub(b),
+        BinaryOp::Mul => |a, b| a.wrapping_mul(b),
+        BinaryOp::Max => |a, b| a.max(b),
+        BinaryOp::Min => |a, b| a.min(b),
+        BinaryOp::Div => {
+            if y.iter().any(|&d| d == T::ZERO) {
+                return Err("integer division by zero".into());
+            }
+            |a, b| a.checked_trunc_div(b).unwrap_or(T::ZERO)
+        }
+        BinaryOp::Pow | BinaryOp::And | BinaryOp::Or | BinaryOp::Xor => {
+            return Err(format!("`{}` is not defined for integers", op.name()));
+        }
+    };
+    zip_map(x, y, f)
+}
+
+fn binary_bool(op: BinaryOp, x: &ArrayD<bool>, y: &ArrayD<bool>) -> KernelResult<ArrayD<bool>> {
+    let f: fn(bool, bool) -> bool = match op {
+        BinaryOp::And => |a, b| a & b,
+        BinaryOp::Or => |a, b| a | b,
+        BinaryOp::Xor => |a, b| a ^ b,
+        _ => return Err(dtype_error(op.name(), DType::Bool)),
+    };
+    zip_map(x, y, f)
+}
+
+pub fn compare(op: CompareOp, a: &Array, b: &Array) -> KernelResult<Array> {
+    fn typed<T: PartialOrd + Copy>(
+        op: CompareOp,
+        x: &ArrayD<T>,
+        y: &ArrayD<T>,
+    ) -> KernelResult<ArrayD<bool>> {
+        let f: fn(T, T) -> bool = match op {
+            CompareOp::Eq => |a, b| a == b,
+            CompareOp::Ne => |a, b| a != b,
+            CompareOp::Lt => |a, b| a < b,
+            CompareOp::Le => |a, b| a <= b,
+            CompareOp::Gt => |a, b| a > b,
+            CompareOp::Ge => |a, b| a >= b,
+        };
+        zip_map(x, y, f)
+    }
+    Ok(Array::Bool(match (a, b) {
+        (Array::F32(x), Array::F32(y)) => typed(op, x, y)?,
+        (Array::F64(x), Array::F64(y)) => typed(op, x, y)?,
+        (Array::I32(x), Array::I32(y)) => typed(op, x, y)?,
+        (Array::I64(x), Array::I64(y)) => typed(op, x, y)?,
+        (Array::Bool(x), Array::Bool(y)) => typed(op, x, y)?,
+        _ => return Err(mismatch(op.name(), a, b)),
+    }))
+}
+
+pub fn select(cond: &Array, a: &Array, b: &Array) -> KernelResult<Array> {
+    let Array::Bool(c) = cond else {
+        return Err(format!("the condition must be bool, found {}", cond.ty()));
+    };
+    fn typed<T: Copy>(c: &ArrayD<bool>, x: &ArrayD<T>, y: &ArrayD<T>) -> KernelResult<ArrayD<T>> {
+        if c.shape() != x.shape() || x.shape() != y.shape() {
+            return Err("operand shapes differ".into());
+        }
+        Ok(Zip::from(c)
+            .and(x)
+            .and(y)
+            .map_collect(|&c, &x, &y| if c { x } else { y }))
+    }
+    Ok(match (a, b) {
+        (Array::F32(x), Array::F32(y)) => Array::F32(typed(c, x, y)?),
+        (Array::F64(x), Array::F64(y)) => Array::F64(typed(c, x, y)?),
+        (Array::I32(x), Array::I32(y)) => Array::I32(typed(c, x, y)?),
+        (Array::I64(x), Array::I64(y)) => Array::I64(typed(c, x, y)?),
+        (Array::Bool(x), Array::Bool(y)) => Array::Bool(typed(c, x, y)?),
+        _ => return Err(mismatch("select", a, b)),
+    })
+}
+
+// ----- layout -----
+
+pub fn broadcast(x: &Array, shape: &[usize]) -> KernelResult<Array> {
+    let fail = || format!("{:?} does not broadcast to {shape:?}", x.shape());
+    Ok(map_array!(x, a => standard(a.broadcast(IxDyn(shape)).ok_or_else(fail)?)))
+}
+
+pub fn reshape(x: &Array, shape: &[usize]) -> KernelResult<Array> {
+    if shape.iter().product::<usize>() != x.len() {
+        return Err(format!("cannot reshape {:?} to {shape:?}", x.shape()));
+    }
+    Ok(
+        map_array!(x, a => ArrayD::from_shape_vec(IxDyn(shape), a.iter().cloned().collect())
+        .map_err(|e| e.to_string())?),
+    )
+}
+
+pub fn transpose(x: &Array, perm: &[usize]) -> KernelResult<Array> {
+    let mut seen = vec![false; x.shape().len()];
+    let valid = perm.len() == seen.len()
+        && perm
+            .iter()
+            .all(|&p| p < seen.len() && !std::mem::replace(&mut seen[p], true));
+    if !valid {
+        return Err(format!("{perm:?} is not a permutation for {:?}", x.shape()));
+    }
+    Ok(map_array!(x, a => standard(a.view().permuted_axes(IxDyn(perm)))))
+}
+
+pub fn slice(x: &Array, axes: &[AxisSlice]) -> KernelResult<Array> {
+    if axes.len() != x.shape().len() {
+        return Err(format!(
+            "{} ranges for rank {}",
+            axes.len(),
+            x.shape().len()
+        ));
+    }
+    for (range, &size) in axes.iter().zip(x.shape()) {
+        if let AxisSlice::Range { start, end, step } = *range
+            && (step == 0 || start > end || end > size)
+        {
+            return Err(format!(
+                "range {range} is out of bounds for an axis of size {size}"
+            ));
+        }
+    }
+    let info = |d: ndarray::AxisDescription| match axes[d.axis.index()] {
+        AxisSlice::Full => Slice::from(..),
+        AxisSlice::Range { start, end, step } => {
+            Slice::new(start as isize, Some(end as isize), step as isize)
+        }
+    };
+    Ok(map_array!(x, a => standard(a.slice_each_axis(info))))
+}
+
+pub fn concat(xs: &[&Array], axis: usize) -> KernelResult<Array> {
+    let Some(first) = xs.first() else {
+        return Err("concat of nothing".into());
+    };
+    macro_rules! views {
+        ($variant:ident) => {
+            xs.iter()
+                .map(|x| match x {
+                    Array::$variant(a) => Ok(a.view()),
+                    other => Err(mismatch("concat", first, other)),
+                })
+                .collect::<KernelResult<Vec<_>>>()?
+        };
+    }
+    let join = |e: ndarray::ShapeError| format!("cannot concatenate along axis {axis}: {e}");
+    Ok(match first {
+        Array::F32(_) => Array::F32(ndarray::concatenate(Axis(axis), &views!(F32)).map_err(join)?),
+        Array::F64(_) => Array::F64(ndarray::concatenate(Axis(axis), &views!(F64)).map_err(join)?),
+        Array::I32(_) => Array::I32(ndarray::concatenate(Axis(axis), &views!(I32)).map_err(join)?),
+        Array::I64(_) => Array::I64(ndarray::concatenate(Axis(axis), &views!(I64)).map_err(join)?),
+        Array::Bool(_) => {
+            Array::Bool(ndarray::concatenate(Axis(axis), &views!(Bool)).map_err(join)?)
+        }
+    }
+    .into_standard_layout())
+}
+
+// ----- reductions -----
+
+/// Folds `x` over `axes` (largest first, so indices stay valid), then restores kept dims.
+fn fold_axes<T: Clone, A: Clone>(
+    x: &ArrayD<T>,
+    axes: &[usize],
+    keep_dims: bool,
+    init: A,
+    lift: impl Fn(&T) -> A,
+    fold: impl Fn(&A, &A) -> A,
+) -> ArrayD<A> {
+    let mut acc: ArrayD<A> = x.map(lift);
+    let mut sorted = axes.to_vec();
+    sorted.sort_unstable_by(|a, b| b.cmp(a));
+    for &axis in &sorted {
+        acc = acc.fold_axis(Axis(axis), init.clone(), |a, b| fold(a, b));
+    }
+    if keep_dims {
+        sorted.reverse();
+        for &axis in &sorted {
+            acc.insert_axis_inplace(Axis(axis));
+        }
+    }
+    acc
+}
+
+pub fn reduce(op: ReduceOp, x: &Array, axes: &[usize], keep_dims: bool) -> KernelResult<Array> {
+    let rank = x.shape().len();
+    if let Some(&bad) = axes.iter().find(|&&a| a >= rank) {
+        return Err(format!("axis {bad} is out of range for rank {rank}"));
+    }
+    let count: usize = axes.iter().map(|&a| x.shape()[a]).product();
+    if count == 0 && matches!(op, ReduceOp::Max | ReduceOp::Min) {
+        return Err(format!("`{}` over an empty axis has no value", op.name()));
+    }
+    Ok(match x {
+        Array::F32(a) => Array::F32(reduce_float(op, a, axes, keep_dims, count)),
+        Array::F64(a) => Array::F64(reduce_float(op, a, axes, keep_dims, count)),
+        Array::I32(a) => Array::I32(reduce_int(op, a, axes, keep_dims)?),
+        Array::I64(a) => Array::I64(reduce_int(op, a, axes, keep_dims)?),
+        Array::Bool(_) => return Err(dtype_error(op.name(), DType::Bool)),
+    })
+}
+
+fn reduce_float<T: FloatElem>(
+    op: ReduceOp,
+    x: &ArrayD<T>,
+    axes: &[usize],
+    keep_dims: bool,
+    count: usize,
+) -> ArrayD<T> {
+    let to64 = |v: &T| v.as_f64();
+    let sum = || fold_axes(x, axes, keep_dims, 0.0f64, to64, |a, b| a + b);
+    match op {
+        ReduceOp::Sum => sum().mapv(T::from_f64),
+        ReduceOp::Mean => sum().mapv(|s| T::from_f64(s / count as f64)),
+        ReduceOp::Max => fold_axes(
+            x,
+            axes,
+            keep_dims,
+            T::neg_infinity(),
+            |v| *v,
+            |a, b| nan_max(*a, *b),
+        ),
+        ReduceOp::Min => fold_axes(
+            x,
+            axes,
+            keep_dims,
+            T::infinity(),
+            |v| *v,
+            |a, b| nan_min(*a, *b),
+        ),
+    }
+}
+
+fn reduce_int<T: IntElem + num_traits::Bounded>(
+    op: ReduceOp,
+    x: &ArrayD<T>,
+    axes: &[usize],
+    keep_dims: bool,
+) -> KernelResult<ArrayD<T>> {
+    Ok(match op {
+        ReduceOp::Sum => fold_axes(
+            x,
+            axes,
+            keep_dims,
+            T::ZERO,
+            |v| *v,
+            |a, b| a.wrapping_add(*b),
+        ),
+        ReduceOp::Max => fold_axes(x, axes, keep_dims, T::min_value(), |v| *v, |a, b| *a.max(b)),
+        ReduceOp::Min => fold_axes(x, axes, keep_dims, T::max_value(), |v| *v, |a, b| *a.min(b)),
+        ReduceOp::Mean => return Err("`reduce_mean` is defined for floats only".into()),
+    })
+}
+
+pub fn arg_reduce(op: ArgOp, x: &Array, axis: usize, keep_dims: bool) -> KernelResult<Array> {
+    let rank = x.shape().len();
+    if axis >= rank {
+        return Err(format!("axis {axis} is out of range for rank {rank}"));
+    }
+    if x.shape()[axis] == 0 {
+        return Err(format!("`{}` over an empty axis has no value", op.name()));
+    }
+    fn typed<T: PartialOrd + Copy>(
+        x: &ArrayD<T>,
+        axis: usize,
+        max: bool,
+        is_nan: fn(T) -> bool,
+    ) -> ArrayD<i64> {
+        x.map_axis(Axis(axis), |lane| {
+            let mut best = 0usize;
+            for (i, &v) in lane.iter().enumerate() {
+                if is_nan(v) {
+                    return i as i64;
+                }
+                let better = if max { v > lane[best] } else { v < lane[best] };
+                if better {
+                    best = i;
+                }
+            }
+            best as i64
+        })
+    }
+    let max = op == ArgOp::ArgMax;
+    let mut out = match x {
+        Array::F32(a) => typed(a, axis, max, f32::is_nan),
+        Array::F64(a) => typed(a, axis, max, f64::is_nan),
+        Array::I32(a) => typed(a, axis, max, |_| false),
+        Array::I64(a) => typed(a, axis, max, |_| false),
+        Array::Bool(_) => return Err(dtype_error(op.name(), DType::Bool)),
+    };
+    if keep_dims {
+        out.insert_axis_inplace(Axis(axis));
+    }
+    Ok(Array::I64(out))
+}
+
+// ----- contraction -----
+
+/// NumPy broadcasting of two concrete shapes.
+fn broadcast_dims(a: &[usize], b: &[usize]) -> Option<Vec<usize>> {
+    let rank = a.len().max(b.len());
+    let at = |s: &[usize], i: usize| {
+        if i < rank - s.len() {
+            1
+        } else {
+            s[i - (rank - s.len())]
+        }
+    };
+    (0..rank)
+        .map(|i| match (at(a, i), at(b, i)) {
+            (x, y) if x == y || y == 1 => Some(x),
+            (1, y) => Some(y),
+            _ => None,
+        })
+        .collect()
+}
+
+pub fn matmul(a: &Array, b: &Array, transpose_a: bool, transpose_b: bool) -> KernelResult<Array> {
+    Ok(match (a, b) {
+        (Array::F32(x), Array::F32(y)) => {
+            Array::F32(batched_matmul(x, y, transpose_a, transpose_b, |p, q| {
+                p.dot(&q)
+            })?)
+        }
+        (Array::F64(x), Array::F64(y)) => {
+            Array::F64(batched_matmul(x, y, transpose_a, transpose_b, |p, q| {
+                p.dot(&q)
+            })?)
+        }
+        (Array::I32(x), Array::I32(y)) => {
+            Array::I32(batched_matmul(x, y, transpose_a, transpose_b, int_matmul)?)
+        }
+        (Array::I64(x), Array::I64(y)) => {
+            Array::I64(batched_matmul(x, y, transpose_a, transpose_b, int_matmul)?)
+        }
+        _ => return Err(mismatch("matmul", a, b)),
+    })
+}
+
+fn int_matmul<T: IntElem + num_traits::Zero>(
+    p: ArrayView2<'_, T>,
+    q: ArrayView2<'_, T>,
+) -> ndarray::Array2<T> {
+    let (m, k) = p.dim();
+    let n = q.dim().1;
+    ndarray::Array2::from_shape_fn((m, n), |(i, j)| {
+        (0..k).fold(T::ZERO, |acc, l| {
+            acc.wrapping_add(p[(i, l)].wrapping_mul(q[(l, j)]))
+        })
+    })
+}
+
+fn batched_matmul<T: Clone + num_traits::Zero>(
+    a: &ArrayD<T>,
+    b: &ArrayD<T>,
+    transpose_a: bool,
+    transpose_b: bool,
+    mm: impl Fn(ArrayView2<'_, T>, ArrayView2<'_, T>) -> ndarray::Array2<T>,
+) -> KernelResult<ArrayD<T>> {
+    let (ra, rb) = (a.ndim(), b.ndim());
+    if ra < 2 || rb < 2 {
+        return Err("matmul operands need rank 2 or more".into());
+    }
+    let mut va = a.view();
+    let mut vb = b.view();
+    if transpose_a {
+        va.swap_axes(ra - 2, ra - 1);
+    }
+    if transpose_b {
+        vb.swap_axes(rb - 2, rb - 1);
+    }
+    let (m, k) = (va.shape()[ra - 2], va.shape()[ra - 1]);
+    let (k2, n) = (vb.shape()[rb - 2], vb.shape()[rb - 1]);
+    if k != k2 {
+        return Err(format!("contraction sizes differ: {k} vs {k2}"));
+    }
+    let batch = broadcast_dims(&va.shape()[..ra - 2], &vb.shape()[..rb - 2])
+        .ok_or("batch dimensions do not broadcast")?;
+    let batch_size: usize = batch.iter().product();
+    let full = |mut dims: Vec<usize>, r: usize, c: usize| {
+        dims.extend([r, c]);
+        dims
+    };
+    let a3 = va
+        .broadcast(IxDyn(&full(batch.clone(), m, k)))
+        .ok_or("lhs does not broadcast")?
+        .as_standard_layout()
+        .into_owned()
+        .into_shape_with_order((batch_size, m, k))
+        .map_err(|e| e.to_string())?;
+    let b3 = vb
+        .broadcast(IxDyn(&full(batch.clone(), k, n)))
+        .ok_or("rhs does not broadcast")?
+        .as_standard_layout()
+        .into_owned()
+        .into_shape_with_order((batch_size, k, n))
+        .map_err(|e| e.to_string())?;
+    let mut out = Array3::<T>::zeros((batch_size, m, n));
+    for i in 0..batch_size {
+        let p = a3
+            .index_axis(Axis(0), i)
+            .into_dimensionality::<Ix2>()
+            .map_err(|e| e.to_string())?;
+        let q = b3
+            .index_axis(Axis(0), i)
+            .into_dimensionality::<Ix2>()
+            .map_err(|e| e.to_string())?;
+        out.index_axis_mut(Axis(0), i).assign(&mm(p, q));
+    }
+    out.into_shape_with_order(IxDyn(&full(batch, m, n)))
+        .map_err(|e| e.to_string())
+}
+
+// ----- indexing and sources -----
+
+fn indices(idx: &Array) -> KernelResult<Vec<i64>> {
+    match idx {
+        Array::I32(a) => Ok(a.iter().map(|&v| v as i64).collect()),
+        Array::I64(a) => Ok(a.iter().copied().collect()),
+        other => Err(format!("indices must be i32 or i64, found {}", other.ty())),
+    }
+}
+
+pub fn gather(table: &Array, idx: &Array, axis: usize) -> KernelResult<Array> {
+    let rank = table.shape().len();
+    if axis >= rank {
+        return Err(format!("axis {axis} is out of range for rank {rank}"));
+    }
+    let size = table.shape()[axis];
+    let positions = indices(idx)?
+        .into_iter()
+        .map(|i| {
+            usize::try_from(i)
+                .ok()
+                .filter(|&u| u < size)
+                .ok_or_else(|| format!("index {i} is out of range for axis {axis} of size {size}"))
+        })
+        .collect::<KernelResult<Vec<usize>>>()?;
+    let mut shape = table.shape()[..axis].to_vec();
+    shape.extend_from_slice(idx.shape());
+    shape.extend_from_slice(&table.shape()[axis + 1..]);
+    let picked = map_array!(table, a => a.select(Axis(axis), &positions));
+    reshape(&picked, &shape)
+}
+
+pub fn one_hot(labels: &Array, depth: usize, dtype: DType) -> KernelResult<Array> {
+    let labels_flat = indices(labels)?;
+    let mut out = vec![0.0f64; labels_flat.len() * depth];
+    for (i, &label) in labels_flat.iter().enumerate() {
+        let l = usize::try_from(label)
+            .ok()
+            .filter(|&l| l < depth)
+            .ok_or_else(|| format!("label {label} is out of range for depth {depth}"))?;
+        out[i * depth + l] = 1.0;
+    }
+    let mut shape = labels.shape().to_vec();
+    shape.push(depth);
+    let ones = ArrayD::from_shape_vec(IxDyn(&shape), out).map_err(|e| e.to_string())?;
+    Ok(Array::F64(ones).cast(dtype))
+}
+
+pub fn iota(shape: &[usize], axis: usize, dtype: DType) -> KernelResult<Array> {
+    if axis >= shape.len() {
+        return Err(format!(
+            "axis {axis} is out of range for rank {}",
+            shape.len()
+        ));
+    }
+    let idx = ArrayD::from_shape_fn(IxDyn(shape), |i| i[axis] as i64);
+    Ok(Array::I64(idx).cast(dtype))
+}
+
+/// A draw of `dist` with `shape`: computed in f64, rounded once to `dtype`.
+pub fn random(dist: Distribution, stream: Stream, shape: &[usize], dtype: DType) -> Array {
+    let n: usize = shape.iter().product();
+    let values: Vec<f64> = (0..n as u64)
+        .map(|i| match dist {
+            Distribution::Uniform { low, high } => stream.uniform(i, low.0, high.0),
+            Distribution::Normal { mean, std } => stream.normal(i, mean.0, std.0),
+        })
+        .collect();
+    let a =
+        ArrayD::from_shape_vec(IxDyn(shape), values).expect("the element count matches the shape");
+    Array::F64(a).cast(dtype)
+}

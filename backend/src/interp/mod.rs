@@ -1,0 +1,416 @@
+//! The reference interpreter: runs any verified function on ndarray. It is the oracle that
+//! every compiled kernel and every pass is tested against, so it favours clarity and exactness
+//! over speed.
+//!
+//! It binds symbolic dimensions from the arguments, checks every result it computes against the
+//! result's type, and commits `store`s only when the whole function succeeds: a failed run
+//! leaves the state as it was.
+
+pub mod kernels;
+
+use crate::array::Array;
+use crate::random::Stream;
+use crate::state::StateStore;
+use kiln_ir::print::{ValueNames, inst_line};
+use kiln_ir::{Function, Inst, Loc, Module, Op, Region, SymbolBindings, Type, Value};
+use std::collections::HashMap;
+
+/// Custom ops: user code that runs on host arrays. The runtime registers them; the interpreter
+/// calls them for `call @name` instructions.
+pub trait CustomOps {
+    /// Runs custom op `name` on `args`, returning its results.
+    fn call(&self, name: &str, args: &[Array]) -> Result<Vec<Array>, CustomOpError>;
+}
+
+/// A custom op's failure, in the op author's words.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct CustomOpError(pub String);
+
+#[derive(Debug, thiserror::Error)]
+pub enum InterpError {
+    #[error("no function @{name} in the module; it has: {available}")]
+    UnknownFunction { name: String, available: String },
+    #[error("@{func} takes {expected} argument(s), {found} given")]
+    ArgCount {
+        func: String,
+        expected: usize,
+        found: usize,
+    },
+    #[error("argument {arg} of @{func}: expected {expected}, found {found}: {reason}")]
+    ArgMismatch {
+        func: String,
+        arg: String,
+        expected: Type,
+        found: Type,
+        reason: String,
+    },
+    #[error("state @{name}: {message}")]
+    StateMismatch { name: String, message: String },
+    #[error("in @{func}, `{op}` at {loc} failed: {message}\n    in: {line}")]
+    Op {
+        func: String,
+        op: &'static str,
+        loc: Loc,
+        line: String,
+        message: String,
+    },
+}
+
+/// Runs functions of one module.
+pub struct Interpreter<'a> {
+    module: &'a Module,
+    custom_ops: Option<&'a dyn CustomOps>,
+    rng_counter: u64,
+}
+
+/// The values of one call, keyed by SSA value (region arguments are rebound as loops go round).
+struct Frame<'f> {
+    func: &'f Function,
+    values: HashMap<Value, Array>,
+    bindings: SymbolBindings,
+    stores: Vec<(String, Array)>,
+}
+
+impl<'a> Interpreter<'a> {
+    pub fn new(module: &'a Module) -> Interpreter<'a> {
+        Interpreter {
+            module,
+            custom_ops: None,
+            rng_counter: 0,
+        }
+    }
+
+    pub fn with_custom_ops(mut self, ops: &'a dyn CustomOps) -> Interpreter<'a> {
+        self.custom_ops = Some(ops);
+        self
+    }
+
+    /// The run counter that `random_*` ops mix with their seeds; advance it between runs to
+    /// draw fresh numbers.
+    pub fn with_rng_counter(mut self, counter: u64) -> Interpreter<'a> {
+        self.rng_counter = counter;
+        self
+    }
+
+    /// Runs the module's function `name`.
+    pub fn run(
+        &self,
+        name: &str,
+        args: Vec<Array>,
+        state: &mut StateStore,
+    ) -> Result<Vec<Array>, InterpError> {
+        let func = self
+            .module
+            .function(name)
+            .ok_or_else(|| InterpError::UnknownFunction {
+                name: name.to_owned(),
+                available: self
+                    .module
+                    .functions
+                    .iter()
+                    .map(|f| format!("@{}", f.name()))
+                    .collect::<Vec<_>>()
+                    .join(", "),
+            })?;
+        self.run_function(func, args, state)
+    }
+
+    /// Runs `func`, whose state declarations are the module's.
+    pub fn run_function(
+        &self,
+        func: &Function,
+        args: Vec<Array>,
+        state: &mut StateStore,
+    ) -> Result<Vec<Array>, InterpError> {
+        if args.len() != func.args().len() {
+            return Err(InterpError::ArgCount {
+                func: func.name().to_owned(),
+                expected: func.args().len(),
+                found: args.len(),
+            });
+        }
+        let names = ValueNames::new(func);
+        let mut frame = Frame {
+            func,
+            values: HashMap::new(),
+            bindings: SymbolBindings::new(),
+            stores: Vec::new(),
+        };
+        for (&v, array) in func.args().iter().zip(args) {
+            let expected = func.value_type(v);
+            let mismatch = |reason: String| InterpError::ArgMismatch {
+                func: func.name().to_owned(),
+                arg: names.get(v),
+                expected: expected.clone(),
+                found: array.ty(),
+                reason,
+            };
+            if array.dtype() != expected.dtype {
+                return Err(mismatch(format!("the dtype is {}", array.dtype())));
+            }
+            expected
+                .shape
+                .bind(array.shape(), &mut frame.bindings)
+                .map_err(mismatch)?;
+            frame.values.insert(v, array.into_standard_layout());
+        }
+        let results = self.region(&mut frame, func.body(), state)?;
+        for (name, value) in frame.stores {
+            state.insert(name, value);
+        }
+        Ok(results)
+    }
+
+    fn region(
+        &self,
+        frame: &mut Frame<'_>,
+        region: Region,
+        state: &StateStore,
+    ) -> Result<Vec<Array>, InterpError> {
+        let func = frame.func;
+        for &inst in &func.region(region).insts {
+            self.inst(frame, inst, state)?;
+        }
+        func.region(region)
+            .results
+            .iter()
+            .map(|v| {
+                frame.values.get(v).cloned().ok_or_else(|| InterpError::Op {
+                    func: func.name().to_owned(),
+                    op: "yield",
+                    loc: Loc::Unknown,
+                    line: format!("yield {v}"),
+                    message: "the yielded value has no value (is the function verified?)".into(),
+                })
+            })
+            .collect()
+    }
+
+    fn fail(&self, frame: &Frame<'_>, inst: Inst, message: String) -> InterpError {
+        let data = frame.func.inst(inst);
+        InterpError::Op {
+            func: frame.func.name().to_owned(),
+            op: data.op.name(),
+            loc: data.loc,
+            line: inst_line(frame.func, inst),
+            message,
+        }
+    }
+
+    fn resolve(&self, frame: &Frame<'_>, inst: Inst, ty: &Type) -> Result<Vec<usize>, InterpError> {
+        ty.shape.resolve(&frame.bindings).map_err(|s| {
+            self.fail(
+                frame,
+                inst,
+                format!("symbol {s} is not bound by the arguments"),
+            )
+        })
+    }
+
+    fn inst(
+        &self,
+        frame: &mut Frame<'_>,
+        inst: Inst,
+        state: &StateStore,
+    ) -> Result<(), InterpError> {
+        let func = frame.func;
+        let data = func.inst(inst);
+        let results = self.eval(frame, inst, state).map_err(|e| match e {
+            Eval::Kernel(message) => self.fail(frame, inst, message),
+            Eval::Nested(err) => err,
+        })?;
+        if results.len() != data.results.len() {
+            return Err(self.fail(
+                frame,
+                inst,
+                format!(
+                    "produced {} results for {} result values",
+                    results.len(),
+                    data.results.len()
+                ),
+            ));
+        }
+        for (&v, array) in data.results.iter().zip(results) {
+            let ty = func.value_type(v);
+            let shape = self.resolve(frame, inst, ty)?;
+            if array.dtype() != ty.dtype || array.shape() != shape.as_slice() {
+                return Err(self.fail(
+                    frame,
+                    inst,
+                    format!(
+                        "computed {} where the IR says {ty} (= {shape:?})",
+                        array.ty()
+                    ),
+                ));
+            }
+            frame.values.insert(v, array);
+        }
+        Ok(())
+    }
+
+    fn eval(
+        &self,
+        frame: &mut Frame<'_>,
+        inst: Inst,
+        state: &StateStore,
+    ) -> Result<Vec<Array>, Eval> {
+        let func = frame.func;
+        let data = func.inst(inst);
+        let arg = |i: usize| -> Result<&Array, Eval> {
+            data.args
+                .get(i)
+                .and_then(|v| frame.values.get(v))
+                .ok_or_else(|| {
+                    Eval::Kernel(format!(
+                        "operand {i} has no value (is the function verified?)"
+                    ))
+                })
+        };
+        let result_shape = |i: usize| -> Result<Vec<usize>, Eval> {
+            let v = data
+                .results
+                .get(i)
+                .ok_or_else(|| Eval::Kernel("missing result".into()))?;
+            func.value_type(*v)
+                .shape
+                .resolve(&frame.bindings)
+                .map_err(|s| Eval::Kernel(format!("symbol {s} is not bound by the arguments")))
+        };
+        use kernels as k;
+        let one = |r: Result<Array, String>| r.map(|a| vec![a]).map_err(Eval::Kernel);
+        match &data.op {
+            Op::Const { value, ty } => {
+                let shape = result_shape(0)?;
+                let array = Array::from_literal(value, &shape)
+                    .ok_or_else(|| Eval::Kernel(format!("the literal does not fill {ty}")))?;
+                Ok(vec![array])
+            }
+            Op::Unary(op) => one(k::unary(*op, arg(0)?)),
+            Op::Binary(op) => one(k::binary(*op, arg(0)?, arg(1)?)),
+            Op::Compare(op) => one(k::compare(*op, arg(0)?, arg(1)?)),
+            Op::Select => one(k::select(arg(0)?, arg(1)?, arg(2)?)),
+            Op::Cast { to } => Ok(vec![arg(0)?.cast(*to)]),
+            Op::Broadcast { .. } => one(k::broadcast(arg(0)?, &result_shape(0)?)),
+            Op::Reshape { .. } => one(k::reshape(arg(0)?, &result_shape(0)?)),
+            Op::Transpose { perm } => one(k::transpose(arg(0)?, perm)),
+            Op::Slice { axes } => one(k::slice(arg(0)?, axes)),
+            Op::Concat { axis } => {
+                let xs = (0..data.args.len())
+                    .map(arg)
+                    .collect::<Result<Vec<_>, _>>()?;
+                one(k::concat(&xs, *axis))
+            }
+            Op::Reduce {
+                op,
+                axes,
+                keep_dims,
+            } => one(k::reduce(*op, arg(0)?, axes, *keep_dims)),
+            Op::ArgReduce {
+                op,
+                axis,
+                keep_dims,
+            } => one(k::arg_reduce(*op, arg(0)?, *axis, *keep_dims)),
+            Op::MatMul {
+                transpose_a,
+                transpose_b,
+            } => one(k::matmul(arg(0)?, arg(1)?, *transpose_a, *transpose_b)),
+            Op::Gather { axis } => one(k::gather(arg(0)?, arg(1)?, *axis)),
+            Op::OneHot { depth, dtype } => one(k::one_hot(arg(0)?, *depth, *dtype)),
+            Op::Iota { axis, ty } => one(k::iota(&result_shape(0)?, *axis, ty.dtype)),
+            Op::Random { dist, seed, ty } => {
+                let stream = Stream::new(*seed, self.rng_counter);
+                Ok(vec![k::random(*dist, stream, &result_shape(0)?, ty.dtype)])
+            }
+            Op::Load { state: name, ty } => {
+                let value = state.get(name).ok_or_else(|| {
+                    Eval::Kernel(format!(
+                        "state @{name} has no value; initialize the state store first"
+                    ))
+                })?;
+                if value.dtype() != ty.dtype || Some(value.shape().to_vec()) != ty.shape.as_fixed()
+                {
+                    return Err(Eval::Kernel(format!(
+                        "state @{name} holds {}, but the IR loads {ty}",
+                        value.ty()
+                    )));
+                }
+                Ok(vec![value.clone()])
+            }
+            Op::Store { state: name } => {
+                let value = arg(0)?.clone();
+                frame.stores.push((name.clone(), value));
+                Ok(Vec::new())
+            }
+            Op::Cond => {
+                let pred = arg(0)?
+                    .as_bool_scalar()
+                    .ok_or_else(|| Eval::Kernel("the predicate is not a bool scalar".into()))?;
+                let region = data.regions.get(if pred { 0 } else { 1 }).copied();
+                let region =
+                    region.ok_or_else(|| Eval::Kernel("`cond` needs two regions".into()))?;
+                self.region(frame, region, state).map_err(Eval::Nested)
+            }
+            Op::While => self.while_loop(frame, inst, state),
+            Op::Call { callee, .. } => {
+                let ops = self.custom_ops.ok_or_else(|| {
+                    Eval::Kernel(format!(
+                        "custom op @{callee} called, but no custom ops are registered"
+                    ))
+                })?;
+                let args: Vec<Array> = (0..data.args.len())
+                    .map(|i| arg(i).cloned())
+                    .collect::<Result<_, _>>()?;
+                ops.call(callee, &args)
+                    .map(|rs| rs.into_iter().map(Array::into_standard_layout).collect())
+                    .map_err(|e| Eval::Kernel(format!("custom op @{callee}: {e}")))
+            }
+        }
+    }
+
+    fn while_loop(
+        &self,
+        frame: &mut Frame<'_>,
+        inst: Inst,
+        state: &StateStore,
+    ) -> Result<Vec<Array>, Eval> {
+        let func = frame.func;
+        let data = func.inst(inst);
+        let [cond, body] = data.regions[..] else {
+            return Err(Eval::Kernel("`while` needs two regions".into()));
+        };
+        let mut carried: Vec<Array> = data
+            .args
+            .iter()
+            .map(|v| frame.values.get(v).cloned())
+            .collect::<Option<_>>()
+            .ok_or_else(|| {
+                Eval::Kernel("an operand has no value (is the function verified?)".into())
+            })?;
+        loop {
+            for (&a, v) in func.region(cond).args.iter().zip(&carried) {
+                frame.values.insert(a, v.clone());
+            }
+            let keep_going = self.region(frame, cond, state).map_err(Eval::Nested)?;
+            match keep_going.first().and_then(Array::as_bool_scalar) {
+                Some(true) => {}
+                Some(false) => return Ok(carried),
+                None => {
+                    return Err(Eval::Kernel(
+                        "the `cond` region did not yield a bool scalar".into(),
+                    ));
+                }
+            }
+            for (&a, v) in func.region(body).args.iter().zip(carried) {
+                frame.values.insert(a, v);
+            }
+            carried = self.region(frame, body, state).map_err(Eval::Nested)?;
+        }
+    }
+}
+
+/// Why evaluating one instruction failed: its own kernel, or an instruction in its regions.
+enum Eval {
+    Kernel(String),
+    Nested(InterpError),
+}

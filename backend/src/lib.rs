@@ -1,0 +1,18 @@
+//! `kiln-backend`: running Kiln IR.
+//!
+//! - [`interp`]: the reference interpreter — the oracle every compiled kernel is tested against.
+//! - [`array`]: host arrays of every Kiln dtype; [`state`]: the values of a module's state.
+//! - [`random`]: counter-based random numbers, the same whichever backend draws them.
+//!
+//! Architecture invariant: the interpreter defines the semantics. A faster backend is correct
+//! when it agrees with the interpreter (exactly for integers and layout ops, within stated
+//! tolerances for floats).
+
+pub mod array;
+pub mod interp;
+pub mod random;
+pub mod state;
+
+pub use array::Array;
+pub use interp::{CustomOpError, CustomOps, InterpError, Interpreter};
+pub use state::StateStore;

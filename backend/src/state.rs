@@ -1,0 +1,87 @@
+//! The values of a module's state: name → array.
+
+use crate::array::Array;
+use crate::interp::InterpError;
+use crate::random::Stream;
+use kiln_ir::{Initializer, Module, StateDecl};
+use std::collections::BTreeMap;
+
+/// State values by name. Functions read it as of their call and write it when they return.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct StateStore {
+    values: BTreeMap<String, Array>,
+}
+
+impl StateStore {
+    pub fn new() -> StateStore {
+        StateStore::default()
+    }
+
+    /// Every declared state of `module` at its initial value.
+    pub fn initialize(module: &Module) -> Result<StateStore, InterpError> {
+        let mut store = StateStore::new();
+        store.initialize_missing(module)?;
+        Ok(store)
+    }
+
+    /// Gives declared state that has no value yet its initial value; leaves the rest alone.
+    pub fn initialize_missing(&mut self, module: &Module) -> Result<(), InterpError> {
+        for decl in &module.states {
+            if !self.values.contains_key(&decl.name) {
+                self.values.insert(decl.name.clone(), initial_value(decl)?);
+            }
+        }
+        Ok(())
+    }
+
+    pub fn get(&self, name: &str) -> Option<&Array> {
+        self.values.get(name)
+    }
+
+    pub fn insert(&mut self, name: impl Into<String>, value: Array) -> Option<Array> {
+        self.values.insert(name.into(), value)
+    }
+
+    pub fn remove(&mut self, name: &str) -> Option<Array> {
+        self.values.remove(name)
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = (&str, &Array)> {
+        self.values.iter().map(|(k, v)| (k.as_str(), v))
+    }
+
+    pub fn len(&self) -> usize {
+        self.values.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.values.is_empty()
+    }
+}
+
+/// The initial value of a state declaration; random initializers use run counter 0.
+pub fn initial_value(decl: &StateDecl) -> Result<Array, InterpError> {
+    let shape = decl
+        .ty
+        .shape
+        .as_fixed()
+        .ok_or_else(|| InterpError::StateMismatch {
+            name: decl.name.clone(),
+            message: format!("state needs a static shape, found {}", decl.ty),
+        })?;
+    let n: usize = shape.iter().product();
+    let values: Vec<f64> = match decl.init {
+        Initializer::Constant { value } => vec![value.0; n],
+        Initializer::Uniform { low, high, seed } => {
+            let s = Stream::new(seed, 0);
+            (0..n as u64).map(|i| s.uniform(i, low.0, high.0)).collect()
+        }
+        Initializer::Normal { mean, std, seed } => {
+            let s = Stream::new(seed, 0);
+            (0..n as u64).map(|i| s.normal(i, mean.0, std.0)).collect()
+        }
+    };
+    let a = ndarray::ArrayD::from_shape_vec(ndarray::IxDyn(&shape), values)
+        .expect("the element count matches the shape");
+    Ok(Array::F64(a).cast(decl.ty.dtype))
+}

@@ -1,0 +1,651 @@
+//! Building functions in Rust code.
+//!
+//! Every op is typed as it is added, so a shape error surfaces where the op was built: the
+//! error names the op, the operand types and the caller's source line (through
+//! `#[track_caller]`). Elementwise ops broadcast NumPy-style by inserting explicit `broadcast`
+//! ops, so the IR itself only ever sees operands of one shape.
+
+use crate::entities::{Inst, Region, Value};
+use crate::function::Function;
+use crate::infer::{RegionTypes, TypeError, infer};
+use crate::literal::Literal;
+use crate::loc::Loc;
+use crate::module::StateDecl;
+use crate::op::{
+    ArgOp, AxisSlice, BinaryOp, CompareOp, Distribution, F64Attr, Op, ReduceOp, UnaryOp,
+};
+use crate::types::{DType, Shape, Type};
+use std::collections::{HashMap, HashSet};
+
+/// An op that could not be built, and where the attempt was made.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{error} (built at {loc})")]
+pub struct BuildError {
+    pub error: TypeError,
+    pub loc: Loc,
+}
+
+pub type BuildResult<T> = Result<T, BuildError>;
+
+/// Builds one function. Values defined inside a region are visible only until that region
+/// closes; the builder rejects uses that would break SSA dominance.
+pub struct FunctionBuilder {
+    func: Function,
+    /// Regions being built, outermost (the function body) first.
+    open: Vec<Region>,
+    defined_in: HashMap<Value, Region>,
+    names: HashSet<String>,
+}
+
+impl FunctionBuilder {
+    pub fn new(name: impl Into<String>) -> FunctionBuilder {
+        let func = Function::new(name);
+        let body = func.body();
+        FunctionBuilder {
+            func,
+            open: vec![body],
+            defined_in: HashMap::new(),
+            names: HashSet::new(),
+        }
+    }
+
+    /// The function as built so far.
+    pub fn function(&self) -> &Function {
+        &self.func
+    }
+
+    pub fn value_type(&self, v: Value) -> &Type {
+        self.func.value_type(v)
+    }
+
+    /// Adds a function argument (a feed).
+    pub fn arg(&mut self, name: &str, ty: Type) -> Value {
+        let body = self.func.body();
+        let v = self.func.append_region_arg(body, ty, None);
+        self.defined_in.insert(v, body);
+        self.set_name(v, name);
+        v
+    }
+
+    /// Names a value for the text form. Characters other than letters, digits, `_` and `.`
+    /// become `_`, and a taken name gets a suffix, so names stay valid and unique.
+    pub fn set_name(&mut self, v: Value, name: &str) -> Value {
+        let mut base: String = name
+            .chars()
+            .map(|c| {
+                if c.is_ascii_alphanumeric() || c == '_' || c == '.' {
+                    c
+                } else {
+                    '_'
+                }
+            })
+            .collect();
+        if !base.starts_with(|c: char| c.is_ascii_alphabetic() || c == '_') {
+            base.insert(0, '_');
+        }
+        let mut unique = base.clone();
+        let mut n = 1;
+        while self.names.contains(&unique) {
+            unique = format!("{base}_{n}");
+            n += 1;
+        }
+        if let Some(old) = self.func.value_name(v) {
+            self.names.remove(old);
+        }
+        self.names.insert(unique.clone());
+        self.func.set_value_name(v, Some(unique));
+        v
+    }
+
+    /// Finishes the function, returning `results`.
+    #[track_caller]
+    pub fn finish(mut self, results: &[Value]) -> BuildResult<Function> {
+        let loc = Loc::caller();
+        self.check_visible("return", results, loc)?;
+        let body = self.func.body();
+        let types = results
+            .iter()
+            .map(|&v| self.func.value_type(v).clone())
+            .collect();
+        self.func.set_region_results(body, results.to_vec());
+        self.func.set_result_types(types);
+        Ok(self.func)
+    }
+
+    /// Adds `op` applied to `args` in the innermost open region and returns its results.
+    #[track_caller]
+    pub fn insert(&mut self, op: Op, args: &[Value]) -> BuildResult<Vec<Value>> {
+        self.insert_at(op, args, Vec::new(), Loc::caller())
+    }
+
+    /// Like [`FunctionBuilder::insert`] for an op with exactly one result.
+    #[track_caller]
+    pub fn insert1(&mut self, op: Op, args: &[Value]) -> BuildResult<Value> {
+        let loc = Loc::caller();
+        let name = op.name();
+        let results = self.insert_at(op, args, Vec::new(), loc)?;
+        match results[..] {
+            [v] => Ok(v),
+            _ => Err(self.error(name, format!("has {} results, not one", results.len()), loc)),
+        }
+    }
+
+    fn insert_at(
+        &mut self,
+        op: Op,
+        args: &[Value],
+        regions: Vec<Region>,
+        loc: Loc,
+    ) -> BuildResult<Vec<Value>> {
+        self.check_visible(op.name(), args, loc)?;
+        let arg_types: Vec<&Type> = args.iter().map(|&v| self.func.value_type(v)).collect();
+        let region_types: Vec<RegionTypes<'_>> = regions
+            .iter()
+            .map(|&r| {
+                let data = self.func.region(r);
+                RegionTypes {
+                    args: data.args.iter().map(|&v| self.func.value_type(v)).collect(),
+                    results: data
+                        .results
+                        .iter()
+                        .map(|&v| self.func.value_type(v))
+                        .collect(),
+                }
+            })
+            .collect();
+        let result_types =
+            infer(&op, &arg_types, &region_types).map_err(|error| BuildError { error, loc })?;
+        let inst = self
+            .func
+            .create_inst(op, args.to_vec(), result_types, regions, loc);
+        let region = *self.open.last().expect("the body region is always open");
+        self.func.append_inst(region, inst);
+        let results = self.func.inst(inst).results.clone();
+        for &v in &results {
+            self.defined_in.insert(v, region);
+        }
+        Ok(results)
+    }
+
+    fn error(&self, op: &'static str, message: String, loc: Loc) -> BuildError {
+        BuildError {
+            error: TypeError { op, message },
+            loc,
+        }
+    }
+
+    fn check_visible(&self, op: &'static str, values: &[Value], loc: Loc) -> BuildResult<()> {
+        for &v in values {
+            let visible = self
+                .defined_in
+                .get(&v)
+                .is_some_and(|r| self.open.contains(r));
+            if !visible {
+                return Err(self.error(
+                    op,
+                    format!(
+                        "operand {v} is not visible here: it was defined in a region that is \
+                         closed, or by another function"
+                    ),
+                    loc,
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    // ----- elementwise -----
+
+    #[track_caller]
+    pub fn unary(&mut self, op: UnaryOp, x: Value) -> BuildResult<Value> {
+        self.insert1(Op::Unary(op), &[x])
+    }
+
+    /// `op(a, b)` with NumPy broadcasting; the dtypes must already agree.
+    #[track_caller]
+    pub fn binary(&mut self, op: BinaryOp, a: Value, b: Value) -> BuildResult<Value> {
+        let loc = Loc::caller();
+        let args = self.broadcast_all(op.name(), &[a, b], loc)?;
+        self.insert_at(Op::Binary(op), &args, Vec::new(), loc)
+            .map(|r| r[0])
+    }
+
+    #[track_caller]
+    pub fn compare(&mut self, op: CompareOp, a: Value, b: Value) -> BuildResult<Value> {
+        let loc = Loc::caller();
+        let args = self.broadcast_all(op.name(), &[a, b], loc)?;
+        self.insert_at(Op::Compare(op), &args, Vec::new(), loc)
+            .map(|r| r[0])
+    }
+
+    /// `cond ? on_true : on_false`, elementwise, all three broadcast together.
+    #[track_caller]
+    pub fn select(&mut self, cond: Value, on_true: Value, on_false: Value) -> BuildResult<Value> {
+        let loc = Loc::caller();
+        let args = self.broadcast_all("select", &[cond, on_true, on_false], loc)?;
+        self.insert_at(Op::Select, &args, Vec::new(), loc)
+            .map(|r| r[0])
+    }
+
+    /// Broadcasts `values` to their common NumPy shape, inserting `broadcast` ops where needed.
+    fn broadcast_all(
+        &mut self,
+        op: &'static str,
+        values: &[Value],
+        loc: Loc,
+    ) -> BuildResult<Vec<Value>> {
+        self.check_visible(op, values, loc)?;
+        let mut shape = Shape::scalar();
+        for &v in values {
+            let s = &self.func.value_type(v).shape;
+            shape = Shape::broadcast(&shape, s).ok_or_else(|| {
+                let types: Vec<String> = values
+                    .iter()
+                    .map(|&v| self.func.value_type(v).to_string())
+                    .collect();
+                self.error(
+                    op,
+                    format!("operand shapes do not broadcast: {}", types.join(", ")),
+                    loc,
+                )
+            })?;
+        }
+        values
+            .iter()
+            .map(|&v| self.broadcast_to_at(v, &shape, loc))
+            .collect()
+    }
+
+    #[track_caller]
+    pub fn add(&mut self, a: Value, b: Value) -> BuildResult<Value> {
+        self.binary(BinaryOp::Add, a, b)
+    }
+
+    #[track_caller]
+    pub fn sub(&mut self, a: Value, b: Value) -> BuildResult<Value> {
+        self.binary(BinaryOp::Sub, a, b)
+    }
+
+    #[track_caller]
+    pub fn mul(&mut self, a: Value, b: Value) -> BuildResult<Value> {
+        self.binary(BinaryOp::Mul, a, b)
+    }
+
+    #[track_caller]
+    pub fn div(&mut self, a: Value, b: Value) -> BuildResult<Value> {
+        self.binary(BinaryOp::Div, a, b)
+    }
+
+    /// A scalar constant of `dtype`.
+    #[track_caller]
+    pub fn scalar(&mut self, dtype: DType, value: f64) -> BuildResult<Value> {
+        self.constant(Literal::scalar(dtype, value), Type::scalar(dtype))
+    }
+
+    /// A constant of type `ty`: one element (a splat) or all of them, row-major.
+    #[track_caller]
+    pub fn constant(&mut self, value: Literal, ty: Type) -> BuildResult<Value> {
+        self.insert1(Op::Const { value, ty }, &[])
+    }
+
+    // ----- layout -----
+
+    #[track_caller]
+    pub fn cast(&mut self, x: Value, to: DType) -> BuildResult<Value> {
+        if self.func.value_type(x).dtype == to {
+            return Ok(x);
+        }
+        self.insert1(Op::Cast { to }, &[x])
+    }
+
+    /// `x` broadcast to `shape`; `x` itself when it already has that shape.
+    #[track_caller]
+    pub fn broadcast_to(&mut self, x: Value, shape: &Shape) -> BuildResult<Value> {
+        self.broadcast_to_at(x, shape, Loc::caller())
+    }
+
+    fn broadcast_to_at(&mut self, x: Value, shape: &Shape, loc: Loc) -> BuildResult<Value> {
+        if self.func.value_type(x).shape == *shape {
+            return Ok(x);
+        }
+        let op = Op::Broadcast {
+            shape: shape.clone(),
+        };
+        self.insert_at(op, &[x], Vec::new(), loc).map(|r| r[0])
+    }
+
+    #[track_caller]
+    pub fn reshape(&mut self, x: Value, shape: Shape) -> BuildResult<Value> {
+        if self.func.value_type(x).shape == shape {
+            return Ok(x);
+        }
+        self.insert1(Op::Reshape { shape }, &[x])
+    }
+
+    #[track_caller]
+    pub fn transpose(&mut self, x: Value, perm: Vec<usize>) -> BuildResult<Value> {
+        self.insert1(Op::Transpose { perm }, &[x])
+    }
+
+    #[track_caller]
+    pub fn slice(&mut self, x: Value, axes: Vec<AxisSlice>) -> BuildResult<Value> {
+        self.insert1(Op::Slice { axes }, &[x])
+    }
+
+    #[track_caller]
+    pub fn concat(&mut self, xs: &[Value], axis: usize) -> BuildResult<Value> {
+        self.insert1(Op::Concat { axis }, xs)
+    }
+
+    // ----- reductions, contractions, indexing -----
+
+    #[track_caller]
+    pub fn reduce(
+        &mut self,
+        op: ReduceOp,
+        x: Value,
+        axes: Vec<usize>,
+        keep_dims: bool,
+    ) -> BuildResult<Value> {
+        self.insert1(
+            Op::Reduce {
+                op,
+                axes,
+                keep_dims,
+            },
+            &[x],
+        )
+    }
+
+    #[track_caller]
+    pub fn arg_reduce(
+        &mut self,
+        op: ArgOp,
+        x: Value,
+        axis: usize,
+        keep_dims: bool,
+    ) -> BuildResult<Value> {
+        self.insert1(
+            Op::ArgReduce {
+                op,
+                axis,
+                keep_dims,
+            },
+            &[x],
+        )
+    }
+
+    #[track_caller]
+    pub fn matmul(&mut self, a: Value, b: Value) -> BuildResult<Value> {
+        self.matmul_t(a, b, false, false)
+    }
+
+    /// `a @ b` with either operand's last two axes transposed first.
+    #[track_caller]
+    pub fn matmul_t(
+        &mut self,
+        a: Value,
+        b: Value,
+        transpose_a: bool,
+        transpose_b: bool,
+    ) -> BuildResult<Value> {
+        let op = Op::MatMul {
+            transpose_a,
+            transpose_b,
+        };
+        self.insert1(op, &[a, b])
+    }
+
+    #[track_caller]
+    pub fn gather(&mut self, table: Value, indices: Value, axis: usize) -> BuildResult<Value> {
+        self.insert1(Op::Gather { axis }, &[table, indices])
+    }
+
+    #[track_caller]
+    pub fn one_hot(&mut self, labels: Value, depth: usize, dtype: DType) -> BuildResult<Value> {
+        self.insert1(Op::OneHot { depth, dtype }, &[labels])
+    }
+
+    #[track_caller]
+    pub fn iota(&mut self, ty: Type, axis: usize) -> BuildResult<Value> {
+        self.insert1(Op::Iota { axis, ty }, &[])
+    }
+
+    #[track_caller]
+    pub fn random_uniform(
+        &mut self,
+        ty: Type,
+        low: f64,
+        high: f64,
+        seed: u64,
+    ) -> BuildResult<Value> {
+        let dist = Distribution::Uniform {
+            low: F64Attr(low),
+            high: F64Attr(high),
+        };
+        self.insert1(Op::Random { dist, seed, ty }, &[])
+    }
+
+    #[track_caller]
+    pub fn random_normal(
+        &mut self,
+        ty: Type,
+        mean: f64,
+        std: f64,
+        seed: u64,
+    ) -> BuildResult<Value> {
+        let dist = Distribution::Normal {
+            mean: F64Attr(mean),
+            std: F64Attr(std),
+        };
+        self.insert1(Op::Random { dist, seed, ty }, &[])
+    }
+
+    // ----- state -----
+
+    /// Reads declared state.
+    #[track_caller]
+    pub fn load(&mut self, state: &StateDecl) -> BuildResult<Value> {
+        let op = Op::Load {
+            state: state.name.clone(),
+            ty: state.ty.clone(),
+        };
+        self.insert1(op, &[])
+    }
+
+    /// Writes declared state when the function returns. The verifier checks the type.
+    #[track_caller]
+    pub fn store(&mut self, state: &StateDecl, value: Value) -> BuildResult<Inst> {
+        let loc = Loc::caller();
+        let op = Op::Store {
+            state: state.name.clone(),
+        };
+        let value_ty = self.func.value_type(value);
+        if *value_ty != state.ty {
+            let message = format!(
+                "@{} has type {}, the stored value {value_ty}",
+                state.name, state.ty
+            );
+            return Err(self.error("store", message, loc));
+        }
+        self.insert_at(op, &[value], Vec::new(), loc)?;
+        let region = *self.open.last().expect("body is open");
+        Ok(*self
+            .func
+            .region(region)
+            .insts
+            .last()
+            .expect("just appended"))
+    }
+
+    // ----- control flow and calls -----
+
+    /// `if pred { then_branch } else { else_branch }`; both branches yield values of the same
+    /// types, which are the results.
+    #[track_caller]
+    pub fn cond(
+        &mut self,
+        pred: Value,
+        then_branch: impl FnOnce(&mut FunctionBuilder) -> BuildResult<Vec<Value>>,
+        else_branch: impl FnOnce(&mut FunctionBuilder) -> BuildResult<Vec<Value>>,
+    ) -> BuildResult<Vec<Value>> {
+        let loc = Loc::caller();
+        let then_region = self.region(&[], |b, _| then_branch(b), loc)?;
+        let else_region = self.region(&[], |b, _| else_branch(b), loc)?;
+        self.insert_at(Op::Cond, &[pred], vec![then_region, else_region], loc)
+    }
+
+    /// `while cond(values) { values = body(values) }`, starting from `init`; returns the final
+    /// values. Both closures receive the loop-carried values as fresh region arguments.
+    #[track_caller]
+    pub fn while_loop(
+        &mut self,
+        init: &[Value],
+        cond: impl FnOnce(&mut FunctionBuilder, &[Value]) -> BuildResult<Value>,
+        body: impl FnOnce(&mut FunctionBuilder, &[Value]) -> BuildResult<Vec<Value>>,
+    ) -> BuildResult<Vec<Value>> {
+        let loc = Loc::caller();
+        self.check_visible("while", init, loc)?;
+        let carried: Vec<Type> = init
+            .iter()
+            .map(|&v| self.func.value_type(v).clone())
+            .collect();
+        let cond_region = self.region(&carried, |b, args| Ok(vec![cond(b, args)?]), loc)?;
+        let body_region = self.region(&carried, body, loc)?;
+        self.insert_at(Op::While, init, vec![cond_region, body_region], loc)
+    }
+
+    /// Calls a registered custom op whose results have the stated types.
+    #[track_caller]
+    pub fn call(
+        &mut self,
+        callee: &str,
+        args: &[Value],
+        result_types: Vec<Type>,
+    ) -> BuildResult<Vec<Value>> {
+        let op = Op::Call {
+            callee: callee.to_owned(),
+            results: result_types,
+        };
+        self.insert(op, args)
+    }
+
+    /// Builds a region with arguments of `arg_types`, filled by `fill`, which returns the values
+    /// the region yields.
+    fn region(
+        &mut self,
+        arg_types: &[Type],
+        fill: impl FnOnce(&mut FunctionBuilder, &[Value]) -> BuildResult<Vec<Value>>,
+        loc: Loc,
+    ) -> BuildResult<Region> {
+        let region = self.func.create_region();
+        let args: Vec<Value> = arg_types
+            .iter()
+            .map(|t| {
+                let v = self.func.append_region_arg(region, t.clone(), None);
+                self.defined_in.insert(v, region);
+                v
+            })
+            .collect();
+        self.open.push(region);
+        let yielded = fill(self, &args);
+        let visible = yielded
+            .as_ref()
+            .map_or(Ok(()), |values| self.check_visible("yield", values, loc));
+        self.open.pop();
+        let yielded = yielded?;
+        visible?;
+        self.func.set_region_results(region, yielded);
+        Ok(region)
+    }
+}
+
+/// Shorthand methods for the elementwise ops of the unary table: `b.exp(x)?`.
+macro_rules! unary_shorthands {
+    ($($method:ident => $op:ident),* $(,)?) => {
+        impl FunctionBuilder {
+            $(
+                #[track_caller]
+                pub fn $method(&mut self, x: Value) -> BuildResult<Value> {
+                    self.unary(UnaryOp::$op, x)
+                }
+            )*
+        }
+    };
+}
+
+unary_shorthands! {
+    neg => Neg, abs => Abs, exp => Exp, log => Log, sqrt => Sqrt, rsqrt => Rsqrt,
+    tanh => Tanh, sigmoid => Sigmoid, relu => Relu,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::types::ty;
+
+    #[test]
+    fn binary_ops_broadcast_explicitly() {
+        let mut b = FunctionBuilder::new("f");
+        let x = b.arg("x", ty(DType::F32, ["N".into(), 3.into()]));
+        let bias = b.arg("b", ty(DType::F32, [3.into()]));
+        let y = b.add(x, bias).unwrap();
+        let f = b.finish(&[y]).unwrap();
+        let ops: Vec<&str> = f
+            .walk_insts()
+            .iter()
+            .map(|&i| f.inst(i).op.name())
+            .collect();
+        assert_eq!(ops, ["broadcast", "add"]);
+        assert_eq!(f.result_types(), [ty(DType::F32, ["N".into(), 3.into()])]);
+    }
+
+    #[test]
+    fn shape_errors_name_op_shapes_and_caller() {
+        let mut b = FunctionBuilder::new("f");
+        let x = b.arg("x", ty(DType::F32, ["N".into(), 784.into()]));
+        let w = b.arg("w", ty(DType::F32, [512.into(), 10.into()]));
+        let line = line!() + 1;
+        let err = b.matmul(x, w).unwrap_err().to_string();
+        assert!(
+            err.starts_with("matmul: contraction dimensions differ: f32[N,784] @ f32[512,10]"),
+            "{err}"
+        );
+        assert!(
+            err.contains(&format!("(built at ir/src/builder.rs:{line}:")),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn values_of_closed_regions_are_rejected() {
+        let mut b = FunctionBuilder::new("f");
+        let p = b.arg("p", Type::scalar(DType::Bool));
+        let mut leaked = None;
+        b.cond(
+            p,
+            |b| {
+                let c = b.scalar(DType::F32, 1.0)?;
+                leaked = Some(c);
+                Ok(vec![c])
+            },
+            |b| Ok(vec![b.scalar(DType::F32, 2.0)?]),
+        )
+        .unwrap();
+        let err = b.exp(leaked.unwrap()).unwrap_err();
+        assert!(err.to_string().contains("not visible here"), "{err}");
+    }
+
+    #[test]
+    fn names_are_sanitised_and_unique() {
+        let mut b = FunctionBuilder::new("f");
+        let t = Type::scalar(DType::F32);
+        let x = b.arg("x", t.clone());
+        let x2 = b.arg("x", t.clone());
+        let odd = b.arg("3 bad-name", t);
+        let f = b.finish(&[x]).unwrap();
+        assert_eq!(f.value_name(x), Some("x"));
+        assert_eq!(f.value_name(x2), Some("x_1"));
+        assert_eq!(f.value_name(odd), Some("_3_bad_name"));
+    }
+}

@@ -1,0 +1,46 @@
+//! Rendering a message against the source text: one clear line, then the line with a caret.
+//!
+//! ```text
+//! error: line 3, column 10: expected a type such as `f32[N,784]`, found `]`
+//!    3 |   %h = add %x, %y : ]
+//!      |                     ^
+//! ```
+
+/// The source line `line` (1-based) with a caret under column `col` (1-based, in characters).
+pub fn snippet(source: &str, line: u32, col: u32) -> String {
+    let Some(text) = source.lines().nth(line.saturating_sub(1) as usize) else {
+        return String::new();
+    };
+    let gutter = format!("{line:>4}");
+    let pad: String = text
+        .chars()
+        .take(col.saturating_sub(1) as usize)
+        .map(|c| if c == '\t' { '\t' } else { ' ' })
+        .collect();
+    format!(
+        "{gutter} | {text}\n{blank} | {pad}^",
+        blank = " ".repeat(gutter.len())
+    )
+}
+
+/// `error: <location>: <message>` and, when the location is in `source`, the snippet.
+pub fn render(source: &str, line: u32, col: u32, message: &str) -> String {
+    let snip = snippet(source, line, col);
+    if snip.is_empty() {
+        format!("error: line {line}, column {col}: {message}")
+    } else {
+        format!("error: line {line}, column {col}: {message}\n{snip}")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn caret_sits_under_the_column() {
+        let src = "module {\n  func @f() {\n    bogus\n";
+        assert_eq!(
+            super::render(src, 3, 5, "unknown op `bogus`"),
+            "error: line 3, column 5: unknown op `bogus`\n   3 |     bogus\n     |     ^"
+        );
+    }
+}

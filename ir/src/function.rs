@@ -1,0 +1,331 @@
+//! Functions: typed arguments, an SSA body of instructions in nested regions, typed results.
+//!
+//! Architecture invariants:
+//! - Definitions live in arenas (`values`, `insts`, `regions`); *where* an instruction sits is
+//!   the `insts` list of its region. Passes that reorder touch only those lists.
+//! - A region is straight-line code: arguments, instructions, yielded values. Control flow is
+//!   structured (`cond`, `while` own regions), so SSA dominance is lexical: a value may be used
+//!   after its definition in its own region and in regions nested below that point.
+//! - The function's arguments are its body region's arguments; its results are the values that
+//!   region yields.
+//! - Value names are optional, unique within a function, and part of the IR (they survive a
+//!   print/parse round trip); unnamed values print as `%0`, `%1`, … in order of definition.
+
+use crate::entities::{Inst, Region, Value};
+use crate::loc::Loc;
+use crate::op::Op;
+use crate::types::Type;
+use cranelift_entity::PrimaryMap;
+use std::collections::HashMap;
+
+/// Where a value is defined.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ValueDef {
+    /// Result `index` of an instruction.
+    Result(Inst, usize),
+    /// Argument `index` of a region.
+    Arg(Region, usize),
+}
+
+#[derive(Clone, Debug)]
+pub struct ValueData {
+    pub ty: Type,
+    pub def: ValueDef,
+    pub name: Option<String>,
+}
+
+#[derive(Clone, Debug)]
+pub struct InstData {
+    pub op: Op,
+    pub args: Vec<Value>,
+    pub results: Vec<Value>,
+    pub regions: Vec<Region>,
+    pub loc: Loc,
+}
+
+#[derive(Clone, Debug, Default)]
+pub struct RegionData {
+    pub args: Vec<Value>,
+    pub insts: Vec<Inst>,
+    pub results: Vec<Value>,
+    /// The instruction that owns this region; `None` for a function body.
+    pub parent: Option<Inst>,
+}
+
+#[derive(Clone, Debug)]
+pub struct Function {
+    name: String,
+    values: PrimaryMap<Value, ValueData>,
+    insts: PrimaryMap<Inst, InstData>,
+    regions: PrimaryMap<Region, RegionData>,
+    body: Region,
+    result_types: Vec<Type>,
+}
+
+impl Function {
+    pub fn new(name: impl Into<String>) -> Function {
+        let mut regions = PrimaryMap::new();
+        let body = regions.push(RegionData::default());
+        Function {
+            name: name.into(),
+            values: PrimaryMap::new(),
+            insts: PrimaryMap::new(),
+            regions,
+            body,
+            result_types: Vec::new(),
+        }
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    pub fn set_name(&mut self, name: impl Into<String>) {
+        self.name = name.into();
+    }
+
+    /// The top-level region.
+    pub fn body(&self) -> Region {
+        self.body
+    }
+
+    pub fn args(&self) -> &[Value] {
+        &self.regions[self.body].args
+    }
+
+    pub fn results(&self) -> &[Value] {
+        &self.regions[self.body].results
+    }
+
+    /// The declared result types (the signature); the verifier checks the body yields them.
+    pub fn result_types(&self) -> &[Type] {
+        &self.result_types
+    }
+
+    pub fn set_result_types(&mut self, types: Vec<Type>) {
+        self.result_types = types;
+    }
+
+    pub fn arg_types(&self) -> impl Iterator<Item = &Type> {
+        self.args().iter().map(|&v| &self.values[v].ty)
+    }
+
+    pub fn value(&self, v: Value) -> &ValueData {
+        &self.values[v]
+    }
+
+    pub fn value_type(&self, v: Value) -> &Type {
+        &self.values[v].ty
+    }
+
+    pub fn value_name(&self, v: Value) -> Option<&str> {
+        self.values[v].name.as_deref()
+    }
+
+    pub fn set_value_name(&mut self, v: Value, name: Option<String>) {
+        self.values[v].name = name;
+    }
+
+    /// Sets a value's type. Passes use this when they change what defines a value; the
+    /// verifier checks the result.
+    pub fn set_value_type(&mut self, v: Value, ty: Type) {
+        self.values[v].ty = ty;
+    }
+
+    pub fn inst(&self, i: Inst) -> &InstData {
+        &self.insts[i]
+    }
+
+    pub fn inst_mut(&mut self, i: Inst) -> &mut InstData {
+        &mut self.insts[i]
+    }
+
+    pub fn region(&self, r: Region) -> &RegionData {
+        &self.regions[r]
+    }
+
+    pub fn region_mut(&mut self, r: Region) -> &mut RegionData {
+        &mut self.regions[r]
+    }
+
+    /// Every value ever created, including those of instructions a pass has removed.
+    pub fn all_values(&self) -> impl Iterator<Item = (Value, &ValueData)> {
+        self.values.iter()
+    }
+
+    pub fn num_values(&self) -> usize {
+        self.values.len()
+    }
+
+    /// A new, empty region not yet owned by an instruction.
+    pub fn create_region(&mut self) -> Region {
+        self.regions.push(RegionData::default())
+    }
+
+    pub fn append_region_arg(&mut self, region: Region, ty: Type, name: Option<String>) -> Value {
+        let index = self.regions[region].args.len();
+        let v = self.values.push(ValueData {
+            ty,
+            def: ValueDef::Arg(region, index),
+            name,
+        });
+        self.regions[region].args.push(v);
+        v
+    }
+
+    /// Creates an instruction with fresh result values of `result_types`, owning `regions`.
+    /// It is not placed in any region yet: see [`Function::append_inst`].
+    pub fn create_inst(
+        &mut self,
+        op: Op,
+        args: Vec<Value>,
+        result_types: Vec<Type>,
+        regions: Vec<Region>,
+        loc: Loc,
+    ) -> Inst {
+        let inst = self.insts.push(InstData {
+            op,
+            args,
+            results: Vec::with_capacity(result_types.len()),
+            regions: regions.clone(),
+            loc,
+        });
+        for (index, ty) in result_types.into_iter().enumerate() {
+            let v = self.values.push(ValueData {
+                ty,
+                def: ValueDef::Result(inst, index),
+                name: None,
+            });
+            self.insts[inst].results.push(v);
+        }
+        for r in regions {
+            self.regions[r].parent = Some(inst);
+        }
+        inst
+    }
+
+    pub fn append_inst(&mut self, region: Region, inst: Inst) {
+        self.regions[region].insts.push(inst);
+    }
+
+    pub fn set_region_results(&mut self, region: Region, values: Vec<Value>) {
+        self.regions[region].results = values;
+    }
+
+    /// Every placed instruction, depth first in layout order (an instruction before the
+    /// instructions of its regions).
+    pub fn walk_insts(&self) -> Vec<Inst> {
+        let mut out = Vec::new();
+        self.walk_region(self.body, &mut out);
+        out
+    }
+
+    fn walk_region(&self, region: Region, out: &mut Vec<Inst>) {
+        for &inst in &self.regions[region].insts {
+            out.push(inst);
+            for &r in &self.insts[inst].regions {
+                self.walk_region(r, out);
+            }
+        }
+    }
+
+    /// Replaces every use of `old` (operands and yielded values) with `new`.
+    pub fn replace_uses(&mut self, old: Value, new: Value) {
+        for inst in self.walk_insts() {
+            for arg in &mut self.insts[inst].args {
+                if *arg == old {
+                    *arg = new;
+                }
+            }
+        }
+        for (_, region) in self.regions.iter_mut() {
+            for res in &mut region.results {
+                if *res == old {
+                    *res = new;
+                }
+            }
+        }
+    }
+
+    /// The number of placed instructions, counting those inside regions.
+    pub fn num_insts(&self) -> usize {
+        self.walk_insts().len()
+    }
+}
+
+/// Two functions are equal when they have the same name and signature and their bodies match
+/// instruction for instruction: same ops, same value names and types, operands that correspond.
+/// Arena ids and source locations do not take part, so a parsed function equals the function
+/// that was printed.
+impl PartialEq for Function {
+    fn eq(&self, other: &Function) -> bool {
+        self.name == other.name
+            && self.result_types == other.result_types
+            && StructuralMatch::new(self, other).regions(self.body, other.body)
+    }
+}
+
+struct StructuralMatch<'a> {
+    a: &'a Function,
+    b: &'a Function,
+    map: HashMap<Value, Value>,
+}
+
+impl<'a> StructuralMatch<'a> {
+    fn new(a: &'a Function, b: &'a Function) -> Self {
+        StructuralMatch {
+            a,
+            b,
+            map: HashMap::new(),
+        }
+    }
+
+    fn define(&mut self, x: Value, y: Value) -> bool {
+        let (dx, dy) = (self.a.value(x), self.b.value(y));
+        self.map.insert(x, y);
+        dx.ty == dy.ty && dx.name == dy.name
+    }
+
+    fn uses(&self, xs: &[Value], ys: &[Value]) -> bool {
+        xs.len() == ys.len() && xs.iter().zip(ys).all(|(x, y)| self.map.get(x) == Some(y))
+    }
+
+    fn regions(&mut self, ra: Region, rb: Region) -> bool {
+        let (a, b) = (self.a.region(ra), self.b.region(rb));
+        if a.args.len() != b.args.len() || a.insts.len() != b.insts.len() {
+            return false;
+        }
+        for (&x, &y) in a.args.iter().zip(&b.args) {
+            if !self.define(x, y) {
+                return false;
+            }
+        }
+        for (&ia, &ib) in a.insts.iter().zip(&b.insts) {
+            if !self.insts(ia, ib) {
+                return false;
+            }
+        }
+        self.uses(&a.results, &b.results)
+    }
+
+    fn insts(&mut self, ia: Inst, ib: Inst) -> bool {
+        let (a, b) = (self.a.inst(ia), self.b.inst(ib));
+        if a.op != b.op
+            || !self.uses(&a.args, &b.args)
+            || a.results.len() != b.results.len()
+            || a.regions.len() != b.regions.len()
+        {
+            return false;
+        }
+        let regions_match = a
+            .regions
+            .iter()
+            .zip(&b.regions)
+            .all(|(&x, &y)| self.regions(x, y));
+        regions_match
+            && a.results
+                .iter()
+                .zip(&b.results)
+                .all(|(&x, &y)| self.define(x, y))
+    }
+}

@@ -1,0 +1,40 @@
+//! `kiln-ir`: the one typed SSA IR that Kiln's static programs and traced dygraph code lower into.
+//!
+//! - [`types`]: dtypes, shapes with fixed and symbolic dimensions, tensor types.
+//! - [`op`]: the op table — every op declared once; everything else matches on it.
+//! - [`function`], [`module`]: arena storage with typed ids ([`Value`], [`Inst`], [`Region`]).
+//! - [`builder`]: building functions in Rust, typed as you go, errors with the caller's line.
+//! - [`infer`]: the type rule of every op. [`verify`]: the verifier.
+//! - [`print`], [`parse`]: the text form; `parse(print(m)) == m` for every module.
+//!
+//! Architecture invariants:
+//! - Control flow is structured: `cond` and `while` own regions, so dominance is lexical.
+//! - A function reads state as of its call; its stores take effect when it returns.
+//! - Elementwise ops take operands of one type: broadcasting is an explicit `broadcast` op.
+//! - No panics on user input: parsing, building and verifying return errors with locations.
+
+pub mod builder;
+pub mod diagnostic;
+pub mod entities;
+pub mod function;
+pub mod infer;
+pub mod literal;
+pub mod loc;
+pub mod module;
+pub mod op;
+pub mod parse;
+pub mod print;
+pub mod types;
+pub mod verify;
+
+pub use builder::{BuildError, BuildResult, FunctionBuilder};
+pub use entities::{Inst, Region, Value};
+pub use function::{Function, InstData, RegionData, ValueData, ValueDef};
+pub use infer::TypeError;
+pub use literal::Literal;
+pub use loc::Loc;
+pub use module::{Initializer, Module, StateDecl};
+pub use op::{ArgOp, AxisSlice, BinaryOp, CompareOp, Distribution, Op, OpClass, ReduceOp, UnaryOp};
+pub use parse::{ParseError, parse_module};
+pub use types::{DType, Dim, Shape, Symbol, SymbolBindings, Type};
+pub use verify::{VerifyError, VerifyErrors, verify_module};

@@ -1,0 +1,194 @@
+//! Modules: named state (parameters, optimizer moments) and functions.
+//!
+//! Architecture invariant: a function reads state as it was when the function was called, and
+//! its stores take effect when it returns. So a function's meaning does not depend on where a
+//! `load` sits relative to a `store`, and a failed run changes no state.
+
+use crate::function::Function;
+use crate::op::{Attr, F64Attr};
+use crate::types::Type;
+
+/// How a state variable gets its first value.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Initializer {
+    /// Every element `value` (converted to the state's dtype).
+    Constant { value: F64Attr },
+    /// Independent samples from `U[low, high)`.
+    Uniform {
+        low: F64Attr,
+        high: F64Attr,
+        seed: u64,
+    },
+    /// Independent samples from `N(mean, std²)`.
+    Normal {
+        mean: F64Attr,
+        std: F64Attr,
+        seed: u64,
+    },
+}
+
+impl Initializer {
+    pub fn constant(value: f64) -> Initializer {
+        Initializer::Constant {
+            value: F64Attr(value),
+        }
+    }
+
+    pub fn uniform(low: f64, high: f64, seed: u64) -> Initializer {
+        Initializer::Uniform {
+            low: F64Attr(low),
+            high: F64Attr(high),
+            seed,
+        }
+    }
+
+    pub fn normal(mean: f64, std: f64, seed: u64) -> Initializer {
+        Initializer::Normal {
+            mean: F64Attr(mean),
+            std: F64Attr(std),
+            seed,
+        }
+    }
+
+    pub fn name(&self) -> &'static str {
+        match self {
+            Initializer::Constant { .. } => "constant",
+            Initializer::Uniform { .. } => "uniform",
+            Initializer::Normal { .. } => "normal",
+        }
+    }
+
+    pub fn attributes(&self) -> Vec<(&'static str, Attr)> {
+        match *self {
+            Initializer::Constant { value } => vec![("value", Attr::Float(value.0))],
+            Initializer::Uniform { low, high, seed } => vec![
+                ("low", Attr::Float(low.0)),
+                ("high", Attr::Float(high.0)),
+                ("seed", Attr::Int(seed as i128)),
+            ],
+            Initializer::Normal { mean, std, seed } => vec![
+                ("mean", Attr::Float(mean.0)),
+                ("std", Attr::Float(std.0)),
+                ("seed", Attr::Int(seed as i128)),
+            ],
+        }
+    }
+
+    /// Rebuilds an initializer from its text form `name(key=value, ...)`.
+    pub fn from_parts(name: &str, attrs: &[(String, Attr)]) -> Result<Initializer, String> {
+        let expected: &[&str] = match name {
+            "constant" => &["value"],
+            "uniform" => &["low", "high", "seed"],
+            "normal" => &["mean", "std", "seed"],
+            other => {
+                return Err(format!(
+                    "unknown initializer `{other}`; expected `constant`, `uniform` or `normal`"
+                ));
+            }
+        };
+        if let Some((key, _)) = attrs.iter().find(|(k, _)| !expected.contains(&k.as_str())) {
+            return Err(format!("initializer `{name}` has no argument `{key}`"));
+        }
+        let get = |key: &str| -> Result<&Attr, String> {
+            attrs
+                .iter()
+                .find(|(k, _)| k == key)
+                .map(|(_, v)| v)
+                .ok_or_else(|| format!("initializer `{name}` needs `{key}=`"))
+        };
+        let number = |key: &str| -> Result<F64Attr, String> {
+            match get(key)? {
+                Attr::Float(v) => Ok(F64Attr(*v)),
+                Attr::Int(v) => Ok(F64Attr(*v as f64)),
+                other => Err(format!("`{key}` must be a number, found `{other}`")),
+            }
+        };
+        let seed = || -> Result<u64, String> {
+            match get("seed")? {
+                Attr::Int(v) if u64::try_from(*v).is_ok() => Ok(*v as u64),
+                other => Err(format!(
+                    "`seed` must be a non-negative integer, found `{other}`"
+                )),
+            }
+        };
+        Ok(match name {
+            "constant" => Initializer::Constant {
+                value: number("value")?,
+            },
+            "uniform" => Initializer::Uniform {
+                low: number("low")?,
+                high: number("high")?,
+                seed: seed()?,
+            },
+            _ => Initializer::Normal {
+                mean: number("mean")?,
+                std: number("std")?,
+                seed: seed()?,
+            },
+        })
+    }
+}
+
+/// A named, typed piece of state: `state @fc1.w : f32[784,512] = normal(...)`.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct StateDecl {
+    pub name: String,
+    pub ty: Type,
+    pub init: Initializer,
+}
+
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Module {
+    /// State declarations, in the order they print. Names are unique (the verifier checks).
+    pub states: Vec<StateDecl>,
+    /// Functions, in the order they print. Names are unique (the verifier checks).
+    pub functions: Vec<Function>,
+}
+
+impl Module {
+    pub fn new() -> Module {
+        Module::default()
+    }
+
+    pub fn state(&self, name: &str) -> Option<&StateDecl> {
+        self.states.iter().find(|s| s.name == name)
+    }
+
+    pub fn function(&self, name: &str) -> Option<&Function> {
+        self.functions.iter().find(|f| f.name() == name)
+    }
+
+    pub fn function_mut(&mut self, name: &str) -> Option<&mut Function> {
+        self.functions.iter_mut().find(|f| f.name() == name)
+    }
+
+    /// Declares state, replacing nothing: `Err` if the name is taken with a different
+    /// declaration. Declaring the same thing twice is allowed and changes nothing.
+    pub fn declare_state(&mut self, decl: StateDecl) -> Result<&StateDecl, String> {
+        match self.states.iter().position(|s| s.name == decl.name) {
+            Some(i) if self.states[i] == decl => Ok(&self.states[i]),
+            Some(i) => Err(format!(
+                "state @{} is already declared as {} = {}(...)",
+                decl.name,
+                self.states[i].ty,
+                self.states[i].init.name()
+            )),
+            None => {
+                self.states.push(decl);
+                Ok(self.states.last().expect("just pushed"))
+            }
+        }
+    }
+
+    /// Adds a function, replacing one of the same name.
+    pub fn add_function(&mut self, function: Function) {
+        match self
+            .functions
+            .iter()
+            .position(|f| f.name() == function.name())
+        {
+            Some(i) => self.functions[i] = function,
+            None => self.functions.push(function),
+        }
+    }
+}

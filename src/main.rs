@@ -1,0 +1,236 @@
+//! `kiln`: check, print, run and draw Kiln IR programs.
+
+use clap::{Parser, Subcommand};
+use kiln::backend::{Interpreter, StateStore};
+use kiln::ir::print::ValueNames;
+use kiln::ir::{Function, Module, parse_module, verify_module};
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+#[derive(Parser)]
+#[command(
+    name = "kiln",
+    version,
+    about = "Check, print, run and draw Kiln IR programs (.kir)"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Parse and verify programs; print every error with its line.
+    #[command(after_help = "Example:\n  kiln check tests/programs/mlp.kir")]
+    Check {
+        /// One or more .kir files.
+        #[arg(required = true)]
+        files: Vec<PathBuf>,
+    },
+    /// Print a program in canonical form.
+    #[command(after_help = "Example:\n  kiln dump tests/programs/mlp.kir")]
+    Dump { file: PathBuf },
+    /// Run a function with the reference interpreter and print its results.
+    #[command(after_help = "Examples:\n  \
+        kiln run tests/programs/mlp.kir --func predict --feed 'x=[[1,2,3,4]]'\n  \
+        kiln run tests/programs/mlp.kir --feed x=inputs.npy --out results/")]
+    Run {
+        file: PathBuf,
+        /// The function to run; may be left out when the program has only one.
+        #[arg(long)]
+        func: Option<String>,
+        /// An argument: NAME=FILE.npy, or NAME=LITERAL such as 'x=[[1,2],[3,4]]'.
+        #[arg(long = "feed", value_name = "NAME=VALUE")]
+        feeds: Vec<String>,
+        /// Write each result as DIR/<name>.npy.
+        #[arg(long, value_name = "DIR")]
+        out: Option<PathBuf>,
+    },
+    /// Draw a function's dataflow as Graphviz DOT (render with `dot -Tsvg`).
+    #[command(after_help = "Example:\n  kiln dot tests/programs/mlp.kir | dot -Tsvg > mlp.svg")]
+    Dot {
+        file: PathBuf,
+        /// The function to draw; may be left out when the program has only one.
+        #[arg(long)]
+        func: Option<String>,
+    },
+}
+
+/// A failure already explained to the user.
+struct Failed(String);
+
+impl<E: std::fmt::Display> From<E> for Failed {
+    fn from(e: E) -> Failed {
+        Failed(e.to_string())
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let outcome = match cli.command {
+        Command::Check { files } => check(&files),
+        Command::Dump { file } => load(&file).map(|m| print!("{m}")),
+        Command::Run {
+            file,
+            func,
+            feeds,
+            out,
+        } => run(&file, func.as_deref(), &feeds, out.as_deref()),
+        Command::Dot { file, func } => load(&file).and_then(|m| {
+            let f = pick_function(&m, func.as_deref())?;
+            print!("{}", kiln::dot::function_to_dot(f));
+            Ok(())
+        }),
+    };
+    match outcome {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(Failed(message)) => {
+            eprintln!("{message}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Reads, parses and verifies a program, rendering errors against its source.
+fn load(path: &Path) -> Result<Module, Failed> {
+    let source = std::fs::read_to_string(path)
+        .map_err(|e| Failed(format!("error: cannot read {}: {e}", path.display())))?;
+    let module = parse_module(&source)
+        .map_err(|e| Failed(format!("{}: {}", path.display(), e.render(&source))))?;
+    verify_module(&module)
+        .map_err(|e| Failed(format!("{}: {}", path.display(), e.render_source(&source))))?;
+    Ok(module)
+}
+
+fn check(files: &[PathBuf]) -> Result<(), Failed> {
+    let mut failures = Vec::new();
+    for path in files {
+        match load(path) {
+            Ok(m) => println!(
+                "ok: {} ({} function{}, {} state)",
+                path.display(),
+                m.functions.len(),
+                if m.functions.len() == 1 { "" } else { "s" },
+                m.states.len()
+            ),
+            Err(Failed(message)) => failures.push(message),
+        }
+    }
+    if failures.is_empty() {
+        Ok(())
+    } else {
+        Err(Failed(failures.join("\n")))
+    }
+}
+
+fn pick_function<'m>(module: &'m Module, name: Option<&str>) -> Result<&'m Function, Failed> {
+    let available = || {
+        module
+            .functions
+            .iter()
+            .map(|f| format!("@{}", f.name()))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    match name {
+        Some(n) => {
+            let n = n.trim_start_matches('@');
+            module.function(n).ok_or_else(|| {
+                Failed(format!(
+                    "error: no function @{n}; the program has: {}",
+                    available()
+                ))
+            })
+        }
+        None => match &module.functions[..] {
+            [only] => Ok(only),
+            [] => Err(Failed("error: the program has no functions".into())),
+            _ => Err(Failed(format!(
+                "error: the program has several functions ({}); choose one with --func",
+                available()
+            ))),
+        },
+    }
+}
+
+fn run(
+    path: &Path,
+    func: Option<&str>,
+    feeds: &[String],
+    out: Option<&Path>,
+) -> Result<(), Failed> {
+    let module = load(path)?;
+    let func = pick_function(&module, func)?;
+    let names = ValueNames::new(func);
+    let mut given: Vec<(&str, &str)> = Vec::new();
+    for feed in feeds {
+        let (name, value) = feed
+            .split_once('=')
+            .ok_or_else(|| Failed(format!("error: --feed {feed:?} is not NAME=VALUE")))?;
+        given.push((name.trim_start_matches('%'), value));
+    }
+    let mut args = Vec::new();
+    for &arg in func.args() {
+        let printed = names.get(arg);
+        let name = &printed[1..];
+        let ty = func.value_type(arg);
+        let (_, value) = given.iter().find(|(n, _)| *n == name).ok_or_else(|| {
+            Failed(format!(
+                "error: no feed for argument %{name}: {ty} of @{}; pass --feed {name}=FILE.npy or --feed '{name}=[...]'",
+                func.name()
+            ))
+        })?;
+        let array = if value.ends_with(".npy") {
+            kiln::npy::read_npy(Path::new(value), ty.dtype)?
+        } else {
+            kiln::npy::parse_array_literal(value, ty.dtype)?
+        };
+        args.push(array);
+    }
+    if let Some((unknown, _)) = given
+        .iter()
+        .find(|(n, _)| !func.args().iter().any(|&a| names.get(a)[1..] == **n))
+    {
+        return Err(Failed(format!(
+            "error: @{} has no argument %{unknown}",
+            func.name()
+        )));
+    }
+    let mut state = StateStore::initialize(&module).map_err(|e| Failed(format!("error: {e}")))?;
+    let before = state.clone();
+    let results = Interpreter::new(&module)
+        .run_function(func, args, &mut state)
+        .map_err(|e| Failed(format!("error: {e}")))?;
+    if let Some(dir) = out {
+        std::fs::create_dir_all(dir)
+            .map_err(|e| Failed(format!("error: cannot create {}: {e}", dir.display())))?;
+    }
+    for (i, (&v, array)) in func.results().iter().zip(&results).enumerate() {
+        let printed = names.get(v);
+        println!("result {i} ({printed}): {}", array.ty());
+        println!("{array}");
+        if let Some(dir) = out {
+            let file = dir.join(result_file_name(&printed, i, func.results()));
+            kiln::npy::write_npy(&file, array)?;
+            println!("  written to {}", file.display());
+        }
+    }
+    for (name, value) in state.iter() {
+        if before.get(name) != Some(value) {
+            println!("state @{name} updated: {}", value.ty());
+        }
+    }
+    Ok(())
+}
+
+/// `y.npy` for a named result returned once; `result<i>.npy` otherwise.
+fn result_file_name(printed: &str, index: usize, results: &[kiln::ir::Value]) -> String {
+    let name = &printed[1..];
+    let named = !name.chars().all(|c| c.is_ascii_digit());
+    let unique = results.iter().filter(|&&v| v == results[index]).count() == 1;
+    if named && unique {
+        format!("{name}.npy")
+    } else {
+        format!("result{index}.npy")
+    }
+}
