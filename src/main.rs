@@ -3,7 +3,7 @@
 use clap::{Parser, Subcommand};
 use kiln::backend::{Interpreter, StateStore};
 use kiln::ir::print::ValueNames;
-use kiln::ir::{Function, Module, parse_module, verify_module};
+use kiln::ir::{Function, Module, parse_and_verify};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
@@ -95,11 +95,8 @@ fn main() -> ExitCode {
 fn load(path: &Path) -> Result<Module, Failed> {
     let source = std::fs::read_to_string(path)
         .map_err(|e| Failed(format!("error: cannot read {}: {e}", path.display())))?;
-    let module = parse_module(&source)
-        .map_err(|e| Failed(format!("{}: {}", path.display(), e.render(&source))))?;
-    verify_module(&module)
-        .map_err(|e| Failed(format!("{}: {}", path.display(), e.render_source(&source))))?;
-    Ok(module)
+    parse_and_verify(&source)
+        .map_err(|e| Failed(format!("{}: {}", path.display(), e.render(&source))))
 }
 
 fn check(files: &[PathBuf]) -> Result<(), Failed> {

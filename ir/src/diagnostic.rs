@@ -44,3 +44,29 @@ mod tests {
         );
     }
 }
+
+/// Why a source text is not a valid module.
+#[derive(Debug, thiserror::Error)]
+pub enum SourceError {
+    #[error("{0}")]
+    Parse(#[from] crate::parse::ParseError),
+    #[error("{0}")]
+    Verify(#[from] crate::verify::VerifyErrors),
+}
+
+impl SourceError {
+    /// Every error with its source line and a caret.
+    pub fn render(&self, source: &str) -> String {
+        match self {
+            SourceError::Parse(e) => e.render(source),
+            SourceError::Verify(e) => e.render_source(source),
+        }
+    }
+}
+
+/// Parses and verifies a module: what `kiln check` does.
+pub fn parse_and_verify(source: &str) -> Result<crate::module::Module, SourceError> {
+    let module = crate::parse::parse_module(source)?;
+    crate::verify::verify_module(&module)?;
+    Ok(module)
+}

@@ -60,6 +60,8 @@ pub struct Function {
     regions: PrimaryMap<Region, RegionData>,
     body: Region,
     result_types: Vec<Type>,
+    /// Where the function was defined (its `func` keyword in text); not part of equality.
+    loc: Loc,
 }
 
 impl Function {
@@ -73,7 +75,16 @@ impl Function {
             regions,
             body,
             result_types: Vec::new(),
+            loc: Loc::Unknown,
         }
+    }
+
+    pub fn loc(&self) -> Loc {
+        self.loc
+    }
+
+    pub fn set_loc(&mut self, loc: Loc) {
+        self.loc = loc;
     }
 
     pub fn name(&self) -> &str {

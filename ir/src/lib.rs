@@ -28,6 +28,7 @@ pub mod types;
 pub mod verify;
 
 pub use builder::{BuildError, BuildResult, FunctionBuilder};
+pub use diagnostic::{SourceError, parse_and_verify};
 pub use entities::{Inst, Region, Value};
 pub use function::{Function, InstData, RegionData, ValueData, ValueDef};
 pub use infer::TypeError;

@@ -615,7 +615,12 @@ impl Op {
                     results: parts.result_types.to_vec(),
                 },
                 "const" => return Err("`const` takes a literal value: `const 1.0 : f32[]`".into()),
-                other => return Err(format!("unknown op `{other}`")),
+                other => {
+                    let hint = closest(other, &Op::all_names())
+                        .map(|n| format!("; did you mean `{n}`?"))
+                        .unwrap_or_default();
+                    return Err(format!("unknown op `{other}`{hint}"));
+                }
             }
         };
         attrs.finish(parts.name)?;
@@ -656,6 +661,16 @@ impl Op {
         ]);
         names
     }
+}
+
+/// The candidate nearest to `word` by edit distance, if it is near enough to be a likely typo.
+pub fn closest<'a>(word: &str, candidates: &[&'a str]) -> Option<&'a str> {
+    candidates
+        .iter()
+        .map(|c| (strsim::levenshtein(word, c), *c))
+        .filter(|&(d, c)| d <= 2.max(c.len() / 4))
+        .min()
+        .map(|(_, c)| c)
 }
 
 /// Reads attributes by name, remembering which were used so unknown ones are reported.

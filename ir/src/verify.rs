@@ -216,7 +216,7 @@ impl Verifier<'_> {
         self.errors.push(VerifyError {
             function: Some(self.func.name().to_owned()),
             inst,
-            loc: inst.map_or(Loc::Unknown, |i| self.func.inst(i).loc),
+            loc: inst.map_or(self.func.loc(), |i| self.func.inst(i).loc),
             context: inst.map(|i| inst_line(self.func, i)),
             message,
         });

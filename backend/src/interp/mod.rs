@@ -41,8 +41,8 @@ pub enum InterpError {
     ArgMismatch {
         func: String,
         arg: String,
-        expected: Type,
-        found: Type,
+        expected: Box<Type>,
+        found: Box<Type>,
         reason: String,
     },
     #[error("state @{name}: {message}")]
@@ -142,8 +142,8 @@ impl<'a> Interpreter<'a> {
             let mismatch = |reason: String| InterpError::ArgMismatch {
                 func: func.name().to_owned(),
                 arg: names.get(v),
-                expected: expected.clone(),
-                found: array.ty(),
+                expected: Box::new(expected.clone()),
+                found: Box::new(array.ty()),
                 reason,
             };
             if array.dtype() != expected.dtype {
@@ -218,7 +218,7 @@ impl<'a> Interpreter<'a> {
         let data = func.inst(inst);
         let results = self.eval(frame, inst, state).map_err(|e| match e {
             Eval::Kernel(message) => self.fail(frame, inst, message),
-            Eval::Nested(err) => err,
+            Eval::Nested(err) => *err,
         })?;
         if results.len() != data.results.len() {
             return Err(self.fail(
@@ -349,7 +349,8 @@ impl<'a> Interpreter<'a> {
                 let region = data.regions.get(if pred { 0 } else { 1 }).copied();
                 let region =
                     region.ok_or_else(|| Eval::Kernel("`cond` needs two regions".into()))?;
-                self.region(frame, region, state).map_err(Eval::Nested)
+                self.region(frame, region, state)
+                    .map_err(|e| Eval::Nested(Box::new(e)))
             }
             Op::While => self.while_loop(frame, inst, state),
             Op::Call { callee, .. } => {
@@ -391,7 +392,9 @@ impl<'a> Interpreter<'a> {
             for (&a, v) in func.region(cond).args.iter().zip(&carried) {
                 frame.values.insert(a, v.clone());
             }
-            let keep_going = self.region(frame, cond, state).map_err(Eval::Nested)?;
+            let keep_going = self
+                .region(frame, cond, state)
+                .map_err(|e| Eval::Nested(Box::new(e)))?;
             match keep_going.first().and_then(Array::as_bool_scalar) {
                 Some(true) => {}
                 Some(false) => return Ok(carried),
@@ -404,7 +407,9 @@ impl<'a> Interpreter<'a> {
             for (&a, v) in func.region(body).args.iter().zip(carried) {
                 frame.values.insert(a, v);
             }
-            carried = self.region(frame, body, state).map_err(Eval::Nested)?;
+            carried = self
+                .region(frame, body, state)
+                .map_err(|e| Eval::Nested(Box::new(e)))?;
         }
     }
 }
@@ -412,5 +417,5 @@ impl<'a> Interpreter<'a> {
 /// Why evaluating one instruction failed: its own kernel, or an instruction in its regions.
 enum Eval {
     Kernel(String),
-    Nested(InterpError),
+    Nested(Box<InterpError>),
 }

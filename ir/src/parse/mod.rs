@@ -217,9 +217,13 @@ impl Parser {
     }
 
     fn function(&mut self) -> Result<Function, ParseError> {
-        self.expect_keyword("func")?;
+        let keyword = self.expect_keyword("func")?;
         let (name, _) = self.symbol("a function name such as `@main`")?;
         let mut func = Function::new(name);
+        func.set_loc(Loc::Text {
+            line: keyword.line,
+            col: keyword.col,
+        });
         let body = func.body();
         let mut scope = Scope {
             values: HashMap::new(),
@@ -732,7 +736,10 @@ impl Parser {
             };
             self.error_at(
                 t,
-                format!("expected {what} for a {dtype} literal, found `{}`", t.text),
+                format!(
+                    "expected {what} for this {dtype} constant, found `{}`",
+                    t.text
+                ),
             )
         };
         fn all<T>(

@@ -1,0 +1,166 @@
+//! The `kiln` command-line tool, run as a user runs it.
+
+mod common;
+
+use std::process::{Command, Output};
+
+fn kiln(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_kiln"))
+        .args(args)
+        .current_dir(common::root())
+        .output()
+        .expect("the kiln binary runs")
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+#[test]
+fn check_accepts_the_corpus_and_rejects_bad_programs() {
+    let ok = kiln(&[
+        "check",
+        "tests/programs/mlp.kir",
+        "tests/programs/control_flow.kir",
+    ]);
+    assert!(ok.status.success(), "{}", stderr(&ok));
+    assert_eq!(
+        stdout(&ok),
+        "ok: tests/programs/mlp.kir (1 function, 4 state)\nok: tests/programs/control_flow.kir (2 functions, 0 state)\n"
+    );
+    let bad = kiln(&["check", "tests/diagnostics/matmul_contraction_mismatch.kir"]);
+    assert_eq!(bad.status.code(), Some(1));
+    let err = stderr(&bad);
+    assert!(
+        err.contains("line 3, column 10: in @f: matmul: contraction dimensions differ"),
+        "{err}"
+    );
+    assert!(
+        err.contains("   3 |     %y = matmul %x, %w : f32[N,10]\n     |          ^"),
+        "{err}"
+    );
+}
+
+#[test]
+fn dump_prints_the_canonical_form() {
+    let out = kiln(&["dump", "tests/programs/sgd_step.kir"]);
+    assert!(out.status.success());
+    let text = stdout(&out);
+    assert!(
+        text.starts_with("module {\n  state @w : f32[3,1] = constant(value=0.0)\n"),
+        "{text}"
+    );
+    assert!(kiln::ir::parse_and_verify(&text).is_ok());
+}
+
+#[test]
+fn run_feeds_literals_and_npy_files_and_writes_results() {
+    let dir = std::env::temp_dir().join(format!("kiln-cli-test-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let x = dir.join("x.npy");
+    let input = kiln::backend::Array::F64(ndarray::arr1(&[4.0, 9.0]).into_dyn());
+    kiln::npy::write_npy(&x, &input).unwrap();
+    let out_dir = dir.join("out");
+    let out = kiln(&[
+        "run",
+        "tests/programs/control_flow.kir",
+        "--func",
+        "newton_sqrt",
+        "--feed",
+        &format!("a={}", x.display()),
+        "--feed",
+        "iters=25",
+        "--out",
+        out_dir.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = stdout(&out);
+    assert!(
+        text.starts_with("result 0 (%root): f64[2]\n[2, 3]\n"),
+        "{text}"
+    );
+    let written = kiln::npy::read_npy(&out_dir.join("root.npy"), kiln::ir::DType::F64).unwrap();
+    assert_eq!(written.to_f64_vec(), [2.0, 3.0]);
+
+    let step = kiln(&[
+        "run",
+        "tests/programs/sgd_step.kir",
+        "--feed",
+        "x=[[1,0,0],[0,1,0]]",
+        "--feed",
+        "y=[[1],[2]]",
+        "--feed",
+        "lr=0.5",
+    ]);
+    assert!(step.status.success(), "{}", stderr(&step));
+    let text = stdout(&step);
+    assert!(text.contains("result 0 (%loss): f32[]\n2.5\n"), "{text}");
+    assert!(text.contains("state @w updated: f32[3,1]"), "{text}");
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
+fn run_explains_what_is_missing_or_wrong() {
+    let cases: [(&[&str], &str); 5] = [
+        (
+            &["run", "tests/programs/control_flow.kir"],
+            "several functions (@newton_sqrt, @clip_by_norm); choose one with --func",
+        ),
+        (
+            &["run", "tests/programs/mlp.kir", "--func", "predcit"],
+            "no function @predcit; the program has: @predict",
+        ),
+        (
+            &["run", "tests/programs/mlp.kir"],
+            "no feed for argument %x: f32[N,4] of @predict",
+        ),
+        (
+            &["run", "tests/programs/mlp.kir", "--feed", "x=[[1,2]]"],
+            "argument %x of @predict: expected f32[N,4], found f32[1,2]",
+        ),
+        (
+            &[
+                "run",
+                "tests/programs/mlp.kir",
+                "--feed",
+                "x=[[1,2,3,4]]",
+                "--feed",
+                "z=1",
+            ],
+            "@predict has no argument %z",
+        ),
+    ];
+    for (args, expected) in cases {
+        let out = kiln(args);
+        assert_eq!(out.status.code(), Some(1), "{args:?}");
+        assert!(
+            stderr(&out).contains(expected),
+            "{args:?}: {}",
+            stderr(&out)
+        );
+    }
+}
+
+#[test]
+fn dot_draws_regions_as_clusters() {
+    let out = kiln(&[
+        "dot",
+        "tests/programs/control_flow.kir",
+        "--func",
+        "clip_by_norm",
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let dot = stdout(&out);
+    assert!(dot.starts_with("digraph \"@clip_by_norm\" {"), "{dot}");
+    assert!(dot.contains("label=\"cond then\""), "{dot}");
+    assert!(dot.contains("label=\"cond else\""), "{dot}");
+    assert!(
+        dot.contains("[shape=box, label=\"sqrt\\n%norm: f32[]\"]"),
+        "{dot}"
+    );
+    assert_eq!(dot.matches('{').count(), dot.matches('}').count());
+}

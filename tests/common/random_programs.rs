@@ -1,0 +1,343 @@
+//! A seeded generator of random well-typed modules, built through the `FunctionBuilder` so that
+//! every op is typed as it is added. It covers every op of the IR, every dtype, fixed and
+//! symbolic dimensions, size-0 and size-1 dimensions, nested regions, state, odd names and
+//! awkward constants (NaN, infinities, -0.0, extreme integers and seeds).
+
+use kiln::backend::random::Stream;
+use kiln::ir::{
+    ArgOp, AxisSlice, BinaryOp, BuildResult, CompareOp, DType, Dim, FunctionBuilder, Initializer,
+    Literal, Module, ReduceOp, Shape, StateDecl, Type, UnaryOp, Value,
+};
+
+pub struct Gen {
+    stream: Stream,
+    next: u64,
+}
+
+impl Gen {
+    pub fn new(seed: u64) -> Gen {
+        Gen {
+            stream: Stream::new(seed, 0),
+            next: 0,
+        }
+    }
+
+    fn bits(&mut self) -> u64 {
+        self.next += 1;
+        self.stream.bits(self.next)
+    }
+
+    /// A number in `0..n` (n > 0).
+    pub fn below(&mut self, n: usize) -> usize {
+        (self.bits() % n.max(1) as u64) as usize
+    }
+
+    pub fn chance(&mut self, percent: usize) -> bool {
+        self.below(100) < percent
+    }
+
+    pub fn pick<T: Clone>(&mut self, items: &[T]) -> T {
+        items[self.below(items.len())].clone()
+    }
+
+    fn dtype(&mut self) -> DType {
+        self.pick(&DType::ALL)
+    }
+
+    fn dim(&mut self, symbolic: bool) -> Dim {
+        if symbolic && self.chance(30) {
+            self.pick(&[Dim::sym("N"), Dim::sym("M")])
+        } else {
+            Dim::Fixed(self.pick(&[0, 1, 1, 2, 3, 4]))
+        }
+    }
+
+    fn shape(&mut self, symbolic: bool) -> Shape {
+        let rank = self.pick(&[0, 1, 1, 2, 2, 3]);
+        Shape((0..rank).map(|_| self.dim(symbolic)).collect())
+    }
+
+    fn float(&mut self) -> f64 {
+        match self.below(12) {
+            0 => f64::NAN,
+            1 => f64::INFINITY,
+            2 => f64::NEG_INFINITY,
+            3 => -0.0,
+            4 => 1e-300,
+            5 => f64::MAX,
+            _ => (self.bits() as i64 as f64) / 1e15,
+        }
+    }
+
+    fn literal(&mut self, dtype: DType, n: usize) -> Literal {
+        match dtype {
+            DType::F32 => Literal::F32((0..n).map(|_| self.float() as f32).collect()),
+            DType::F64 => Literal::F64((0..n).map(|_| self.float()).collect()),
+            DType::I32 => Literal::I32(
+                (0..n)
+                    .map(|_| self.pick(&[i32::MIN, -7, 0, 1, 42, i32::MAX]))
+                    .collect(),
+            ),
+            DType::I64 => Literal::I64(
+                (0..n)
+                    .map(|_| self.pick(&[i64::MIN, -3, 0, 5, i64::MAX]))
+                    .collect(),
+            ),
+            DType::Bool => Literal::Bool((0..n).map(|_| self.chance(50)).collect()),
+        }
+    }
+
+    fn name(&mut self) -> String {
+        self.pick(&[
+            "x",
+            "h",
+            "fc1.w",
+            "9lives",
+            "with space",
+            "_",
+            "x",
+            "loss",
+            "grad/x",
+        ])
+        .to_owned()
+    }
+}
+
+/// A random module of up to `size` ops per function.
+pub fn random_module(seed: u64, size: usize) -> Module {
+    let mut g = Gen::new(seed);
+    let mut module = Module::new();
+    for i in 0..g.below(4) {
+        let dtype = g.dtype();
+        let shape = g.shape(false);
+        let init = match g.below(3) {
+            0 => Initializer::constant(g.float()),
+            1 => Initializer::uniform(-1.0, 1.0, g.bits()),
+            _ => Initializer::normal(0.0, 0.5, g.bits()),
+        };
+        let name = if g.chance(20) {
+            format!("odd name {i}\"")
+        } else {
+            format!("layer{i}.w")
+        };
+        let _ = module.declare_state(StateDecl {
+            name,
+            ty: Type::new(dtype, shape),
+            init,
+        });
+    }
+    for f in 0..1 + g.below(2) {
+        let func = random_function(&mut g, &module, &format!("f{f}"), size);
+        module.add_function(func);
+    }
+    module
+}
+
+fn random_function(g: &mut Gen, module: &Module, name: &str, size: usize) -> kiln::ir::Function {
+    let mut b = FunctionBuilder::new(name);
+    let mut pool: Vec<Value> = Vec::new();
+    for _ in 0..1 + g.below(3) {
+        let ty = Type::new(g.dtype(), g.shape(true));
+        let arg_name = g.name();
+        pool.push(b.arg(&arg_name, ty));
+    }
+    let mut stored = Vec::new();
+    for _ in 0..size {
+        if let Ok(Some(v)) = random_op(g, &mut b, module, &pool, &mut stored, 0) {
+            if g.chance(30) {
+                let n = g.name();
+                b.set_name(v, &n);
+            }
+            // Only small values feed later ops, so no chain of ops can blow up the sizes.
+            if is_small(b.value_type(v)) {
+                pool.push(v);
+            }
+        }
+    }
+    let results: Vec<Value> = (0..g.below(3)).map(|_| g.pick(&pool)).collect();
+    b.finish(&results)
+        .expect("pool values are visible at the top level")
+}
+
+/// At most rank 4 and 256 elements, counting a symbolic dimension as 3.
+fn is_small(ty: &Type) -> bool {
+    let elements: usize = ty
+        .shape
+        .dims()
+        .iter()
+        .map(|d| d.as_fixed().unwrap_or(3))
+        .product();
+    ty.rank() <= 4 && elements <= 256
+}
+
+/// Adds one random op over values of `pool`; `Ok(None)` when the op has no result.
+/// Type errors are expected (the operands were picked blindly) and simply skipped.
+fn random_op(
+    g: &mut Gen,
+    b: &mut FunctionBuilder,
+    module: &Module,
+    pool: &[Value],
+    stored: &mut Vec<String>,
+    depth: usize,
+) -> BuildResult<Option<Value>> {
+    let x = g.pick(pool);
+    let y = g.pick(pool);
+    let tx = b.value_type(x).clone();
+    let v = match g.below(24) {
+        0 | 1 => b.unary(g.pick(UnaryOp::ALL), x)?,
+        2 | 3 => b.binary(g.pick(BinaryOp::ALL), x, y)?,
+        4 => b.compare(g.pick(CompareOp::ALL), x, y)?,
+        5 => {
+            let c = b.compare(CompareOp::Eq, x, x)?;
+            b.select(c, x, x)?
+        }
+        6 => b.cast(x, g.dtype())?,
+        7 => match tx.shape.as_fixed() {
+            Some(dims) => {
+                let n: usize = dims.iter().product();
+                b.reshape(x, Shape::fixed(&[n]))?
+            }
+            None => b.reshape(x, Shape(tx.shape.0.iter().rev().cloned().collect()))?,
+        },
+        8 => {
+            let mut perm: Vec<usize> = (0..tx.rank()).collect();
+            perm.reverse();
+            b.transpose(x, perm)?
+        }
+        9 => {
+            let axes = tx
+                .shape
+                .dims()
+                .iter()
+                .map(|d| match d.as_fixed() {
+                    Some(n) if n > 0 && g.chance(70) => {
+                        let start = g.below(n);
+                        AxisSlice::Range {
+                            start,
+                            end: start + g.below(n - start + 1),
+                            step: 1 + g.below(2),
+                        }
+                    }
+                    _ => AxisSlice::Full,
+                })
+                .collect();
+            b.slice(x, axes)?
+        }
+        10 => b.concat(&[x, x], g.below(tx.rank().max(1)))?,
+        11 => {
+            let axes: Vec<usize> = (0..tx.rank()).filter(|_| g.chance(50)).collect();
+            b.reduce(g.pick(ReduceOp::ALL), x, axes, g.chance(50))?
+        }
+        12 => b.arg_reduce(
+            g.pick(ArgOp::ALL),
+            x,
+            g.below(tx.rank().max(1)),
+            g.chance(50),
+        )?,
+        13 => b.matmul_t(x, x, false, true)?,
+        14 => {
+            let n = tx.shape.dims().first().and_then(Dim::as_fixed).unwrap_or(0);
+            let idx_ty = Type::new(DType::I64, Shape::fixed(&[2.min(n), 1]));
+            let idx = b.iota(idx_ty, 0)?;
+            b.gather(x, idx, 0)?
+        }
+        15 => {
+            let labels_ty = Type::new(g.pick(&[DType::I32, DType::I64]), g.shape(false));
+            let labels = b.iota(labels_ty.clone(), g.below(labels_ty.rank().max(1)))?;
+            b.one_hot(labels, 1 + g.below(4), g.dtype())?
+        }
+        16 => {
+            let dtype = g.dtype();
+            let shape = if g.chance(50) {
+                tx.shape.clone()
+            } else {
+                g.shape(false)
+            };
+            let n = if g.chance(40) {
+                1
+            } else {
+                shape.num_elements().unwrap_or(1)
+            };
+            let lit = g.literal(dtype, n);
+            b.constant(lit, Type::new(dtype, shape))?
+        }
+        17 => {
+            let ty = Type::new(g.pick(&[DType::F32, DType::F64]), tx.shape.clone());
+            let seed = g.bits();
+            if g.chance(50) {
+                b.random_uniform(ty, -1.0, 2.0, seed)?
+            } else {
+                b.random_normal(ty, 0.5, 3.0, seed)?
+            }
+        }
+        18 => b.iota(
+            Type::new(
+                g.pick(&[DType::I32, DType::I64, DType::F32]),
+                tx.shape.clone(),
+            ),
+            g.below(tx.rank().max(1)),
+        )?,
+        19 if !module.states.is_empty() => {
+            let decl = g.pick(&module.states);
+            let loaded = b.load(&decl)?;
+            if depth == 0 && !stored.contains(&decl.name) && g.chance(50) {
+                let next = b.unary(UnaryOp::Abs, loaded).unwrap_or(loaded);
+                if b.store(&decl, next).is_ok() {
+                    stored.push(decl.name.clone());
+                }
+            }
+            loaded
+        }
+        20 if depth < 2 => {
+            let p = b.scalar(DType::Bool, 1.0)?;
+            let then_pool = pool.to_vec();
+            let mut inner = Vec::new();
+            let results = b.cond(
+                p,
+                |b| {
+                    let v =
+                        random_op(g, b, module, &then_pool, &mut inner, depth + 1)?.unwrap_or(x);
+                    Ok(vec![v])
+                },
+                |_| Ok(vec![x]),
+            );
+            match results {
+                Ok(r) => r[0],
+                // The branches yielded different types: build a well-typed cond instead.
+                Err(_) => b.cond(
+                    p,
+                    |_| Ok(vec![x]),
+                    |b| Ok(vec![b.unary(UnaryOp::Abs, x).unwrap_or(x)]),
+                )?[0],
+            }
+        }
+        21 if depth < 2 => {
+            let zero = b.scalar(DType::I32, 0.0)?;
+            let limit = b.scalar(DType::I32, g.below(4) as f64)?;
+            let out = b.while_loop(
+                &[zero, x],
+                |b, c| b.compare(CompareOp::Lt, c[0], limit),
+                |b, c| {
+                    let one = b.scalar(DType::I32, 1.0)?;
+                    let i = b.add(c[0], one)?;
+                    let next = b.binary(BinaryOp::Max, c[1], c[1]).unwrap_or(c[1]);
+                    Ok(vec![i, next])
+                },
+            )?;
+            out[1]
+        }
+        22 => {
+            let out = b.call("custom.op", &[x, y], vec![tx.clone()])?;
+            out[0]
+        }
+        _ => b.broadcast_to(
+            x,
+            &Shape(
+                std::iter::once(Dim::Fixed(2))
+                    .chain(tx.shape.0.iter().cloned())
+                    .collect(),
+            ),
+        )?,
+    };
+    Ok(Some(v))
+}
