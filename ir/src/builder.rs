@@ -49,6 +49,36 @@ impl FunctionBuilder {
         }
     }
 
+    /// Continues building `func`: new ops are appended to its body, which can use the body's
+    /// arguments and results; names stay unique across old and new values.
+    pub fn resume(func: Function) -> FunctionBuilder {
+        let body = func.body();
+        let mut defined_in = HashMap::new();
+        for &v in func.args() {
+            defined_in.insert(v, body);
+        }
+        for &inst in &func.region(body).insts {
+            for &v in &func.inst(inst).results {
+                defined_in.insert(v, body);
+            }
+        }
+        let names = func
+            .all_values()
+            .filter_map(|(_, data)| data.name.clone())
+            .collect();
+        FunctionBuilder {
+            func,
+            open: vec![body],
+            defined_in,
+            names,
+        }
+    }
+
+    /// The function, keeping the results it already has.
+    pub fn into_function(self) -> Function {
+        self.func
+    }
+
     /// The function as built so far.
     pub fn function(&self) -> &Function {
         &self.func
@@ -332,6 +362,23 @@ impl FunctionBuilder {
         self.insert1(Op::Slice { axes }, &[x])
     }
 
+    /// Zero padding before (`low`), after (`high`) and between (`interior`) elements.
+    #[track_caller]
+    pub fn pad(
+        &mut self,
+        x: Value,
+        low: Vec<usize>,
+        high: Vec<usize>,
+        interior: Vec<usize>,
+    ) -> BuildResult<Value> {
+        let op = Op::Pad {
+            low,
+            high,
+            interior,
+        };
+        self.insert1(op, &[x])
+    }
+
     #[track_caller]
     pub fn concat(&mut self, xs: &[Value], axis: usize) -> BuildResult<Value> {
         self.insert1(Op::Concat { axis }, xs)
@@ -399,6 +446,18 @@ impl FunctionBuilder {
     #[track_caller]
     pub fn gather(&mut self, table: Value, indices: Value, axis: usize) -> BuildResult<Value> {
         self.insert1(Op::Gather { axis }, &[table, indices])
+    }
+
+    /// Zeros of `shape` with `updates` added at `indices` along `axis`.
+    #[track_caller]
+    pub fn scatter_add(
+        &mut self,
+        updates: Value,
+        indices: Value,
+        axis: usize,
+        shape: Shape,
+    ) -> BuildResult<Value> {
+        self.insert1(Op::ScatterAdd { axis, shape }, &[updates, indices])
     }
 
     #[track_caller]

@@ -42,12 +42,17 @@ fn check_counts(op: &Op, args: &[&Type], regions: &[RegionTypes<'_>]) -> Result<
         | Op::Reshape { .. }
         | Op::Transpose { .. }
         | Op::Slice { .. }
+        | Op::Pad { .. }
         | Op::Reduce { .. }
         | Op::ArgReduce { .. }
         | Op::OneHot { .. }
         | Op::Store { .. }
         | Op::Cond => Some(1),
-        Op::Binary(_) | Op::Compare(_) | Op::MatMul { .. } | Op::Gather { .. } => Some(2),
+        Op::Binary(_)
+        | Op::Compare(_)
+        | Op::MatMul { .. }
+        | Op::Gather { .. }
+        | Op::ScatterAdd { .. } => Some(2),
         Op::Select => Some(3),
         Op::Concat { .. } | Op::While | Op::Call { .. } => None,
     };
@@ -242,6 +247,33 @@ fn rule(op: &Op, args: &[&Type], regions: &[RegionTypes<'_>]) -> Result<Vec<Type
             }
             one(t.with_shape(Shape(dims)))
         }
+        Op::Pad {
+            low,
+            high,
+            interior,
+        } => {
+            let t = args[0];
+            if low.len() != t.rank() || high.len() != t.rank() || interior.len() != t.rank() {
+                return Err(format!(
+                    "`low`, `high` and `interior` need one entry per axis of {t}"
+                ));
+            }
+            let mut dims = Vec::with_capacity(t.rank());
+            for (axis, dim) in t.shape.dims().iter().enumerate() {
+                let (lo, hi, mid) = (low[axis], high[axis], interior[axis]);
+                dims.push(match dim {
+                    Dim::Sym(_) if lo == 0 && hi == 0 && mid == 0 => dim.clone(),
+                    Dim::Sym(s) => {
+                        return Err(format!(
+                            "axis {axis} of {t} has symbolic size {s} and cannot be padded"
+                        ));
+                    }
+                    &Dim::Fixed(0) => Dim::Fixed(lo + hi),
+                    &Dim::Fixed(n) => Dim::Fixed(lo + n + (n - 1) * mid + hi),
+                });
+            }
+            one(t.with_shape(Shape(dims)))
+        }
         Op::Concat { axis } => {
             let Some(first) = args.first() else {
                 return Err("takes at least one operand".into());
@@ -328,6 +360,31 @@ fn rule(op: &Op, args: &[&Type], regions: &[RegionTypes<'_>]) -> Result<Vec<Type
             shape.extend(idx.shape.0.iter().cloned());
             shape.extend(dims[axis + 1..].iter().cloned());
             one(table.with_shape(Shape(shape)))
+        }
+        Op::ScatterAdd { axis, shape } => {
+            let (updates, idx) = (args[0], args[1]);
+            if *axis >= shape.rank() {
+                return Err(format!(
+                    "axis {axis} is out of range for the result shape {shape}"
+                ));
+            }
+            if !idx.dtype.is_int() {
+                return Err(format!("indices must be i32 or i64, found {idx}"));
+            }
+            if !updates.dtype.is_numeric() {
+                return Err(format!("updates must be numeric, found {updates}"));
+            }
+            let mut expected = shape.0[..*axis].to_vec();
+            expected.extend(idx.shape.0.iter().cloned());
+            expected.extend(shape.0[axis + 1..].iter().cloned());
+            if updates.shape.0 != expected {
+                return Err(format!(
+                    "updates {updates} do not fit indices {idx} into {shape} along axis {axis}: \
+                     expected updates of shape {}",
+                    Shape(expected)
+                ));
+            }
+            one(updates.with_shape(shape.clone()))
         }
         Op::OneHot { depth, dtype } => {
             let labels = args[0];

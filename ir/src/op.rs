@@ -237,6 +237,13 @@ pub enum Op {
     Slice {
         axes: Vec<AxisSlice>,
     },
+    /// Zero padding: `low` before, `high` after, and `interior` between the elements of each
+    /// axis (so a strided slice's gradient is a pad).
+    Pad {
+        low: Vec<usize>,
+        high: Vec<usize>,
+        interior: Vec<usize>,
+    },
     Concat {
         axis: usize,
     },
@@ -260,6 +267,12 @@ pub enum Op {
     /// `table[..axis] ++ indices ++ table[axis+1..]`.
     Gather {
         axis: usize,
+    },
+    /// The transpose of `gather`: zeros of `shape` with `updates` added at `indices` along
+    /// `axis` (repeated indices accumulate). Operands: updates, indices.
+    ScatterAdd {
+        axis: usize,
+        shape: Shape,
     },
     /// Integer labels to one-hot vectors along a new last axis of size `depth`.
     OneHot {
@@ -380,11 +393,13 @@ impl Op {
             Op::Reshape { .. } => "reshape",
             Op::Transpose { .. } => "transpose",
             Op::Slice { .. } => "slice",
+            Op::Pad { .. } => "pad",
             Op::Concat { .. } => "concat",
             Op::Reduce { op, .. } => op.name(),
             Op::ArgReduce { op, .. } => op.name(),
             Op::MatMul { .. } => "matmul",
             Op::Gather { .. } => "gather",
+            Op::ScatterAdd { .. } => "scatter_add",
             Op::OneHot { .. } => "one_hot",
             Op::Iota { .. } => "iota",
             Op::Random {
@@ -412,10 +427,11 @@ impl Op {
             | Op::Reshape { .. }
             | Op::Transpose { .. }
             | Op::Slice { .. }
+            | Op::Pad { .. }
             | Op::Concat { .. } => OpClass::Layout,
             Op::Reduce { .. } | Op::ArgReduce { .. } => OpClass::Reduction,
             Op::MatMul { .. } => OpClass::Contraction,
-            Op::Gather { .. } | Op::OneHot { .. } => OpClass::Indexing,
+            Op::Gather { .. } | Op::ScatterAdd { .. } | Op::OneHot { .. } => OpClass::Indexing,
             Op::Const { .. } | Op::Iota { .. } | Op::Random { .. } | Op::Load { .. } => {
                 OpClass::Source
             }
@@ -455,7 +471,19 @@ impl Op {
         match self {
             Op::Transpose { perm } => vec![("perm", ints(perm))],
             Op::Slice { axes } => vec![("ranges", Attr::Slices(axes.clone()))],
-            Op::Concat { axis } | Op::Gather { axis } | Op::Iota { axis, .. } => {
+            Op::Pad {
+                low,
+                high,
+                interior,
+            } => vec![
+                ("low", ints(low)),
+                ("high", ints(high)),
+                ("interior", ints(interior)),
+            ],
+            Op::Concat { axis }
+            | Op::Gather { axis }
+            | Op::ScatterAdd { axis, .. }
+            | Op::Iota { axis, .. } => {
                 vec![("axis", Attr::Int(*axis as i128))]
             }
             Op::Reduce {
@@ -563,6 +591,11 @@ impl Op {
                 "slice" => Op::Slice {
                     axes: attrs.slices("ranges")?,
                 },
+                "pad" => Op::Pad {
+                    low: attrs.usizes("low")?,
+                    high: attrs.usizes("high")?,
+                    interior: attrs.usizes("interior")?,
+                },
                 "concat" => Op::Concat {
                     axis: attrs.usize("axis")?,
                 },
@@ -572,6 +605,10 @@ impl Op {
                 },
                 "gather" => Op::Gather {
                     axis: attrs.usize("axis")?,
+                },
+                "scatter_add" => Op::ScatterAdd {
+                    axis: attrs.usize("axis")?,
+                    shape: single_result()?.shape,
                 },
                 "one_hot" => {
                     let ty = single_result()?;
@@ -646,9 +683,11 @@ impl Op {
             "reshape",
             "transpose",
             "slice",
+            "pad",
             "concat",
             "matmul",
             "gather",
+            "scatter_add",
             "one_hot",
             "iota",
             "random_uniform",

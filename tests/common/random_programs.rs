@@ -183,7 +183,7 @@ fn random_op(
     let x = g.pick(pool);
     let y = g.pick(pool);
     let tx = b.value_type(x).clone();
-    let v = match g.below(24) {
+    let v = match g.below(25) {
         0 | 1 => b.unary(g.pick(UnaryOp::ALL), x)?,
         2 | 3 => b.binary(g.pick(BinaryOp::ALL), x, y)?,
         4 => b.compare(g.pick(CompareOp::ALL), x, y)?,
@@ -329,6 +329,22 @@ fn random_op(
         22 => {
             let out = b.call("custom.op", &[x, y], vec![tx.clone()])?;
             out[0]
+        }
+        23 if g.chance(50) => {
+            let low = (0..tx.rank()).map(|_| g.below(2)).collect();
+            let high = (0..tx.rank()).map(|_| g.below(2)).collect();
+            let interior = (0..tx.rank()).map(|_| g.below(2)).collect();
+            b.pad(x, low, high, interior)?
+        }
+        23 => {
+            let n = tx.shape.dims().first().and_then(Dim::as_fixed).unwrap_or(0);
+            let idx_ty = Type::new(DType::I32, Shape::fixed(&[n]));
+            let idx = b.iota(idx_ty, 0)?;
+            let mut shape = tx.shape.clone();
+            if let Some(first) = shape.0.first_mut() {
+                *first = Dim::Fixed(n + g.below(2));
+            }
+            b.scatter_add(x, idx, 0, shape)?
         }
         _ => b.broadcast_to(
             x,

@@ -370,6 +370,39 @@ pub fn slice(x: &Array, axes: &[AxisSlice]) -> KernelResult<Array> {
     Ok(map_array!(x, a => standard(a.slice_each_axis(info))))
 }
 
+/// Zeros with `x` placed at `low + i * (interior + 1)` along each axis.
+pub fn pad(x: &Array, low: &[usize], high: &[usize], interior: &[usize]) -> KernelResult<Array> {
+    let rank = x.shape().len();
+    if low.len() != rank || high.len() != rank || interior.len() != rank {
+        return Err(format!("padding needs one entry per axis of rank {rank}"));
+    }
+    let out_shape: Vec<usize> = x
+        .shape()
+        .iter()
+        .enumerate()
+        .map(|(a, &n)| low[a] + high[a] + if n == 0 { 0 } else { n + (n - 1) * interior[a] })
+        .collect();
+    if x.is_empty() {
+        return Ok(Array::zeros(x.dtype(), &out_shape));
+    }
+    let place = |d: ndarray::AxisDescription| {
+        let a = d.axis.index();
+        let step = interior[a] + 1;
+        let end = low[a] + (x.shape()[a] - 1) * step + 1;
+        Slice::new(low[a] as isize, Some(end as isize), step as isize)
+    };
+    let mut out = Array::zeros(x.dtype(), &out_shape);
+    match (&mut out, x) {
+        (Array::F32(o), Array::F32(v)) => o.slice_each_axis_mut(place).assign(v),
+        (Array::F64(o), Array::F64(v)) => o.slice_each_axis_mut(place).assign(v),
+        (Array::I32(o), Array::I32(v)) => o.slice_each_axis_mut(place).assign(v),
+        (Array::I64(o), Array::I64(v)) => o.slice_each_axis_mut(place).assign(v),
+        (Array::Bool(o), Array::Bool(v)) => o.slice_each_axis_mut(place).assign(v),
+        _ => unreachable!("zeros has the operand's dtype"),
+    }
+    Ok(out)
+}
+
 pub fn concat(xs: &[&Array], axis: usize) -> KernelResult<Array> {
     let Some(first) = xs.first() else {
         return Err("concat of nothing".into());
@@ -682,6 +715,84 @@ pub fn gather(table: &Array, idx: &Array, axis: usize) -> KernelResult<Array> {
     shape.extend_from_slice(&table.shape()[axis + 1..]);
     let picked = map_array!(table, a => a.select(Axis(axis), &positions));
     reshape(&picked, &shape)
+}
+
+/// Zeros of `shape` with `updates` added at `indices` along `axis`; repeats accumulate.
+pub fn scatter_add(updates: &Array, idx: &Array, axis: usize, shape: &[usize]) -> KernelResult<Array> {
+    if axis >= shape.len() {
+        return Err(format!("axis {axis} is out of range for rank {}", shape.len()));
+    }
+    let size = shape[axis];
+    let positions = indices(idx)?
+        .into_iter()
+        .map(|i| {
+            usize::try_from(i)
+                .ok()
+                .filter(|&u| u < size)
+                .ok_or_else(|| format!("index {i} is out of range for axis {axis} of size {size}"))
+        })
+        .collect::<KernelResult<Vec<usize>>>()?;
+    let outer: usize = shape[..axis].iter().product();
+    let inner: usize = shape[axis + 1..].iter().product();
+    if updates.len() != outer * positions.len() * inner {
+        return Err(format!(
+            "updates {:?} do not fit {} indices into {shape:?}",
+            updates.shape(),
+            positions.len()
+        ));
+    }
+    fn accumulate<T: Copy>(
+        out: &mut [T],
+        upd: &[T],
+        positions: &[usize],
+        (outer, size, inner): (usize, usize, usize),
+        add: fn(T, T) -> T,
+    ) {
+        let k = positions.len();
+        for p in 0..outer {
+            for (j, &at) in positions.iter().enumerate() {
+                for s in 0..inner {
+                    let o = (p * size + at) * inner + s;
+                    out[o] = add(out[o], upd[(p * k + j) * inner + s]);
+                }
+            }
+        }
+    }
+    let dims = (outer, size, inner);
+    let mut out = Array::zeros(updates.dtype(), shape);
+    let contiguous = "arrays in standard layout";
+    match (&mut out, updates) {
+        (Array::F32(o), Array::F32(u)) => accumulate(
+            o.as_slice_mut().expect(contiguous),
+            &u.iter().copied().collect::<Vec<_>>(),
+            &positions,
+            dims,
+            |a, b| a + b,
+        ),
+        (Array::F64(o), Array::F64(u)) => accumulate(
+            o.as_slice_mut().expect(contiguous),
+            &u.iter().copied().collect::<Vec<_>>(),
+            &positions,
+            dims,
+            |a, b| a + b,
+        ),
+        (Array::I32(o), Array::I32(u)) => accumulate(
+            o.as_slice_mut().expect(contiguous),
+            &u.iter().copied().collect::<Vec<_>>(),
+            &positions,
+            dims,
+            i32::wrapping_add,
+        ),
+        (Array::I64(o), Array::I64(u)) => accumulate(
+            o.as_slice_mut().expect(contiguous),
+            &u.iter().copied().collect::<Vec<_>>(),
+            &positions,
+            dims,
+            i64::wrapping_add,
+        ),
+        _ => return Err(format!("`scatter_add` is not defined for {}", updates.dtype())),
+    }
+    Ok(out)
 }
 
 pub fn one_hot(labels: &Array, depth: usize, dtype: DType) -> KernelResult<Array> {

@@ -295,6 +295,11 @@ impl<'a> Interpreter<'a> {
             Op::Reshape { .. } => one(k::reshape(arg(0)?, &result_shape(0)?)),
             Op::Transpose { perm } => one(k::transpose(arg(0)?, perm)),
             Op::Slice { axes } => one(k::slice(arg(0)?, axes)),
+            Op::Pad {
+                low,
+                high,
+                interior,
+            } => one(k::pad(arg(0)?, low, high, interior)),
             Op::Concat { axis } => {
                 let xs = (0..data.args.len())
                     .map(arg)
@@ -316,6 +321,9 @@ impl<'a> Interpreter<'a> {
                 transpose_b,
             } => one(k::matmul(arg(0)?, arg(1)?, *transpose_a, *transpose_b)),
             Op::Gather { axis } => one(k::gather(arg(0)?, arg(1)?, *axis)),
+            Op::ScatterAdd { axis, .. } => {
+                one(k::scatter_add(arg(0)?, arg(1)?, *axis, &result_shape(0)?))
+            }
             Op::OneHot { depth, dtype } => one(k::one_hot(arg(0)?, *depth, *dtype)),
             Op::Iota { axis, ty } => one(k::iota(&result_shape(0)?, *axis, ty.dtype)),
             Op::Random { dist, seed, ty } => {

@@ -1,0 +1,358 @@
+//! Reverse-mode automatic differentiation as a pass over the IR.
+//!
+//! [`append_gradients`] extends a function with the ops that compute the gradient of a scalar
+//! loss with respect to chosen values (arguments, or the results of `load`s of state). The
+//! result is ordinary IR: printable, verifiable, runnable by any backend.
+//!
+//! How it works:
+//! - *Activity*: a value is active when it depends on a value we differentiate with respect
+//!   to. Only active float values receive gradients; integer, boolean and comparison results
+//!   stop gradients by construction.
+//! - *Reverse sweep*: instructions are visited last to first; each instruction whose results
+//!   have adjoints contributes to its active operands through its vector-Jacobian rule
+//!   (`rules.rs`, one rule per op). Contributions to one value are summed.
+//! - *Regions*: the gradient of a `cond` is a `cond` on the same predicate whose branches
+//!   recompute the forward branch and then run the reverse sweep over it, yielding the
+//!   gradients of the values the branch captured.
+
+mod rules;
+
+use kiln_ir::{
+    BuildError, DType, Function, FunctionBuilder, Inst, Literal, Op, Region, Type, Value,
+};
+use std::collections::{HashMap, HashSet};
+
+#[derive(Debug, thiserror::Error)]
+pub enum AutodiffError {
+    #[error("the loss must be a float scalar, found {0}")]
+    LossNotScalar(Type),
+    #[error("cannot differentiate with respect to {value}: {reason}")]
+    BadWrt { value: String, reason: String },
+    #[error("`{op}` has no gradient rule yet, and the loss depends on it through {line}")]
+    NoRule { op: &'static str, line: String },
+    #[error("building the gradient failed: {0}")]
+    Build(#[from] BuildError),
+}
+
+/// Appends to `func`'s body the ops computing `d loss / d w` for each `w` in `wrt`, and
+/// returns those gradient values (zeros where the loss does not depend on `w`). `loss` and
+/// every `w` must be top-level values of `func`; `loss` a float scalar, each `w` a float.
+pub fn append_gradients(
+    func: &mut Function,
+    loss: Value,
+    wrt: &[Value],
+) -> Result<Vec<Value>, AutodiffError> {
+    let loss_ty = func.value_type(loss).clone();
+    if !loss_ty.dtype.is_float() || loss_ty.rank() != 0 {
+        return Err(AutodiffError::LossNotScalar(loss_ty));
+    }
+    let top: HashSet<Value> = top_level_values(func);
+    for &w in wrt {
+        let ty = func.value_type(w);
+        let problem = if !top.contains(&w) {
+            Some("it is not a top-level value of the function".to_owned())
+        } else if !ty.dtype.is_float() {
+            Some(format!("it has type {ty}; only floats have gradients"))
+        } else {
+            None
+        };
+        if let Some(reason) = problem {
+            return Err(AutodiffError::BadWrt {
+                value: format!("{w}"),
+                reason,
+            });
+        }
+    }
+    let src = func.clone();
+    let mut b = FunctionBuilder::resume(std::mem::replace(func, Function::new("")));
+    let outcome = (|| -> Result<Vec<Value>, AutodiffError> {
+        let active = activity(&src, wrt);
+        let mut sweep = Sweep {
+            src: &src,
+            active: &active,
+            remap: HashMap::new(),
+            adjoints: HashMap::new(),
+        };
+        let one = b.constant(literal(loss_ty.dtype, 1.0), loss_ty.clone())?;
+        sweep.adjoints.insert(loss, one);
+        sweep.region(&mut b, src.body())?;
+        let gradients = wrt.iter().map(|&w| sweep.adjoint_or_zeros(&mut b, w));
+        Ok(gradients.collect::<Result<Vec<_>, _>>()?)
+    })();
+    *func = b.into_function();
+    outcome
+}
+
+fn top_level_values(func: &Function) -> HashSet<Value> {
+    let body = func.region(func.body());
+    let mut values: HashSet<Value> = body.args.iter().copied().collect();
+    for &inst in &body.insts {
+        values.extend(func.inst(inst).results.iter().copied());
+    }
+    values
+}
+
+fn literal(dtype: DType, value: f64) -> Literal {
+    Literal::scalar(dtype, value)
+}
+
+/// The values that depend on `wrt` (and are floats), across all regions.
+fn activity(func: &Function, wrt: &[Value]) -> HashSet<Value> {
+    let mut active: HashSet<Value> = wrt.iter().copied().collect();
+    mark_region(func, func.body(), &mut active);
+    active
+}
+
+fn mark_region(func: &Function, region: Region, active: &mut HashSet<Value>) {
+    for &inst in &func.region(region).insts {
+        let data = func.inst(inst);
+        for &r in &data.regions {
+            // Region arguments carry the operands' activity (loops: over-approximated by
+            // treating every carried float as active when any operand is).
+            if data.args.iter().any(|a| active.contains(a)) {
+                active.extend(func.region(r).args.iter().copied());
+            }
+            mark_region(func, r, active);
+        }
+        let uses_active = data.args.iter().any(|a| active.contains(a))
+            || data
+                .regions
+                .iter()
+                .any(|&r| free_values(func, r).iter().any(|v| active.contains(v)));
+        if uses_active {
+            for &r in &data.results {
+                if func.value_type(r).dtype.is_float() {
+                    active.insert(r);
+                }
+            }
+        }
+    }
+}
+
+/// Values used in `region` (or regions nested in it) but defined outside it, in order of use.
+pub(crate) fn free_values(func: &Function, region: Region) -> Vec<Value> {
+    fn walk(func: &Function, region: Region, defined: &mut HashSet<Value>, out: &mut Vec<Value>) {
+        let data = func.region(region);
+        defined.extend(data.args.iter().copied());
+        let use_value = |v: Value, defined: &HashSet<Value>, out: &mut Vec<Value>| {
+            if !defined.contains(&v) && !out.contains(&v) {
+                out.push(v);
+            }
+        };
+        for &inst in &data.insts {
+            let d = func.inst(inst);
+            for &a in &d.args {
+                use_value(a, defined, out);
+            }
+            for &r in &d.regions {
+                walk(func, r, defined, out);
+            }
+            defined.extend(d.results.iter().copied());
+        }
+        for &v in &data.results {
+            use_value(v, defined, out);
+        }
+    }
+    let mut out = Vec::new();
+    walk(func, region, &mut HashSet::new(), &mut out);
+    out
+}
+
+/// The reverse sweep over one region: adjoints of the forward values, and where the forward
+/// values are available in the region being built (`remap`; identity at the top level).
+pub(crate) struct Sweep<'a> {
+    src: &'a Function,
+    active: &'a HashSet<Value>,
+    remap: HashMap<Value, Value>,
+    adjoints: HashMap<Value, Value>,
+}
+
+impl<'a> Sweep<'a> {
+    /// The value computing forward value `v` in the region being built.
+    pub(crate) fn fwd(&self, v: Value) -> Value {
+        self.remap.get(&v).copied().unwrap_or(v)
+    }
+
+    pub(crate) fn ty(&self, v: Value) -> &'a Type {
+        self.src.value_type(v)
+    }
+
+    pub(crate) fn is_active(&self, v: Value) -> bool {
+        self.active.contains(&v)
+    }
+
+    fn accumulate(&mut self, b: &mut FunctionBuilder, v: Value, g: Value) -> Result<(), BuildError> {
+        let sum = match self.adjoints.get(&v) {
+            Some(&prev) => b.add(prev, g)?,
+            None => g,
+        };
+        self.adjoints.insert(v, sum);
+        Ok(())
+    }
+
+    fn adjoint_or_zeros(&self, b: &mut FunctionBuilder, v: Value) -> Result<Value, BuildError> {
+        match self.adjoints.get(&v) {
+            Some(&g) => Ok(g),
+            None => zeros(b, self.ty(v)),
+        }
+    }
+
+    /// Runs the reverse sweep over `region`'s instructions.
+    fn region(&mut self, b: &mut FunctionBuilder, region: Region) -> Result<(), AutodiffError> {
+        for &inst in self.src.region(region).insts.iter().rev() {
+            let results = &self.src.inst(inst).results;
+            let grads: Vec<Option<Value>> = results.iter().map(|r| self.adjoints.get(r).copied()).collect();
+            if grads.iter().all(Option::is_none) {
+                continue;
+            }
+            let contributions = if self.src.inst(inst).op == Op::Cond {
+                self.cond(b, inst, &grads)?
+            } else {
+                rules::vjp(self, b, inst, &grads)?
+            };
+            for (v, g) in contributions {
+                if self.is_active(v) {
+                    self.accumulate(b, v, g)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The gradient of a `cond`: a `cond` on the same predicate whose branches recompute the
+    /// forward branch, sweep it backwards, and yield the gradients of the captured values.
+    fn cond(
+        &mut self,
+        b: &mut FunctionBuilder,
+        inst: Inst,
+        grads: &[Option<Value>],
+    ) -> Result<Vec<(Value, Value)>, AutodiffError> {
+        let data = self.src.inst(inst);
+        let (then_r, else_r) = (data.regions[0], data.regions[1]);
+        let mut captured: Vec<Value> = Vec::new();
+        for r in [then_r, else_r] {
+            for v in free_values(self.src, r) {
+                if self.is_active(v) && !captured.contains(&v) {
+                    captured.push(v);
+                }
+            }
+        }
+        if captured.is_empty() {
+            return Ok(Vec::new());
+        }
+        let pred = self.fwd(data.args[0]);
+        let seeds = |region: Region| -> Vec<(Value, Option<Value>)> {
+            let yields = &self.src.region(region).results;
+            yields.iter().copied().zip(grads.iter().copied()).collect()
+        };
+        let (then_seeds, else_seeds) = (seeds(then_r), seeds(else_r));
+        // The builder's closures return `BuildError`s; an autodiff error is kept aside here.
+        let failure = std::cell::RefCell::new(None);
+        let run = |b: &mut FunctionBuilder, region, seeds: &[(Value, Option<Value>)]| {
+            self.branch(b, region, seeds, &captured).map_err(|e| {
+                let error = kiln_ir::TypeError {
+                    op: "cond",
+                    message: e.to_string(),
+                };
+                failure.borrow_mut().get_or_insert(e);
+                BuildError {
+                    error,
+                    loc: kiln_ir::Loc::Unknown,
+                }
+            })
+        };
+        let built = b.cond(
+            pred,
+            |b| run(b, then_r, &then_seeds),
+            |b| run(b, else_r, &else_seeds),
+        );
+        match built {
+            Ok(gradients) => Ok(captured.into_iter().zip(gradients).collect()),
+            Err(e) => Err(failure.into_inner().unwrap_or(AutodiffError::Build(e))),
+        }
+    }
+
+    /// Inside a new branch: recompute forward `region`, seed its yields, sweep it backwards,
+    /// and return the gradients of `captured` (zeros where the branch does not use them).
+    fn branch(
+        &self,
+        b: &mut FunctionBuilder,
+        region: Region,
+        seeds: &[(Value, Option<Value>)],
+        captured: &[Value],
+    ) -> Result<Vec<Value>, AutodiffError> {
+        let mut inner = Sweep {
+            src: self.src,
+            active: self.active,
+            remap: self.remap.clone(),
+            adjoints: HashMap::new(),
+        };
+        for &inst in &self.src.region(region).insts {
+            clone_inst(b, self.src, inst, &mut inner.remap)?;
+        }
+        for &(y, g) in seeds {
+            if let Some(g) = g {
+                inner.accumulate(b, y, g)?;
+            }
+        }
+        inner.region(b, region)?;
+        captured
+            .iter()
+            .map(|&v| inner.adjoint_or_zeros(b, v).map_err(AutodiffError::from))
+            .collect()
+    }
+}
+
+/// A splat of zeros of type `ty`.
+pub(crate) fn zeros(b: &mut FunctionBuilder, ty: &Type) -> Result<Value, BuildError> {
+    b.constant(literal(ty.dtype, 0.0), ty.clone())
+}
+
+/// Re-emits forward instruction `inst` of `src` in the builder's current region, mapping its
+/// operands through `remap` and recording its results there.
+pub(crate) fn clone_inst(
+    b: &mut FunctionBuilder,
+    src: &Function,
+    inst: Inst,
+    remap: &mut HashMap<Value, Value>,
+) -> Result<(), BuildError> {
+    let data = src.inst(inst);
+    let map = |v: &Value, remap: &HashMap<Value, Value>| remap.get(v).copied().unwrap_or(*v);
+    let args: Vec<Value> = data.args.iter().map(|v| map(v, remap)).collect();
+    let results = match &data.op {
+        Op::Cond => {
+            let (then_r, else_r) = (data.regions[0], data.regions[1]);
+            let clone_branch = |b: &mut FunctionBuilder, region: Region| {
+                let mut inner = remap.clone();
+                for &i in &src.region(region).insts {
+                    clone_inst(b, src, i, &mut inner)?;
+                }
+                Ok(src.region(region).results.iter().map(|v| map(v, &inner)).collect())
+            };
+            b.cond(args[0], |b| clone_branch(b, then_r), |b| clone_branch(b, else_r))?
+        }
+        Op::While => {
+            let (cond_r, body_r) = (data.regions[0], data.regions[1]);
+            let clone_loop_region = |b: &mut FunctionBuilder, region: Region, carried: &[Value]| {
+                let mut inner = remap.clone();
+                for (&a, &c) in src.region(region).args.iter().zip(carried) {
+                    inner.insert(a, c);
+                }
+                for &i in &src.region(region).insts {
+                    clone_inst(b, src, i, &mut inner)?;
+                }
+                Ok::<Vec<Value>, BuildError>(src.region(region).results.iter().map(|v| map(v, &inner)).collect())
+            };
+            b.while_loop(
+                &args,
+                |b, c| Ok(clone_loop_region(b, cond_r, c)?[0]),
+                |b, c| clone_loop_region(b, body_r, c),
+            )?
+        }
+        op => b.insert(op.clone(), &args)?,
+    };
+    for (&old, new) in data.results.iter().zip(results) {
+        remap.insert(old, new);
+    }
+    Ok(())
+}

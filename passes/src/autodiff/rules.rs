@@ -1,0 +1,438 @@
+//! The vector-Jacobian rule of every op, in one `match`.
+//!
+//! A rule receives the adjoint `g` of the op's result and returns the contribution to each
+//! active operand. Notation in the comments: `x`, `a`, `b` operands, `y` the result.
+
+use super::{AutodiffError, Sweep, zeros};
+use kiln_ir::{
+    AxisSlice, BinaryOp, BuildError, CompareOp, Dim, FunctionBuilder, Inst, Op, ReduceOp,
+    Shape, Type, UnaryOp, Value,
+};
+
+type Contributions = Vec<(Value, Value)>;
+
+pub(super) fn vjp(
+    s: &Sweep<'_>,
+    b: &mut FunctionBuilder,
+    inst: Inst,
+    grads: &[Option<Value>],
+) -> Result<Contributions, AutodiffError> {
+    let data = s.src.inst(inst);
+    let args = &data.args;
+    let x = |i: usize| s.fwd(args[i]);
+    let y = |i: usize| s.fwd(data.results[i]);
+    let active = |i: usize| s.is_active(args[i]);
+    let no_rule = || AutodiffError::NoRule {
+        op: data.op.name(),
+        line: kiln_ir::print::inst_line(s.src, inst),
+    };
+    // Every op with a rule below has one result; `grads` has at least one adjoint.
+    let g = grads.first().copied().flatten();
+    let Some(g) = g else {
+        return Err(no_rule());
+    };
+    let mut out: Contributions = Vec::new();
+    match &data.op {
+        Op::Unary(op) => {
+            if active(0) {
+                out.push((args[0], unary(b, *op, x(0), y(0), g)?));
+            }
+        }
+        Op::Binary(op) => {
+            let (ga, gb) = binary(b, *op, x(0), x(1), y(0), g, (active(0), active(1)))?;
+            out.extend(ga.map(|v| (args[0], v)));
+            out.extend(gb.map(|v| (args[1], v)));
+        }
+        Op::Select => {
+            let zero = zeros(b, s.ty(args[1]))?;
+            if active(1) {
+                out.push((args[1], b.select(x(0), g, zero)?));
+            }
+            if active(2) {
+                out.push((args[2], b.select(x(0), zero, g)?));
+            }
+        }
+        Op::Cast { .. } => {
+            let from = s.ty(args[0]).dtype;
+            if active(0) && from.is_float() {
+                out.push((args[0], b.cast(g, from)?));
+            }
+        }
+        Op::Broadcast { .. } => {
+            if active(0) {
+                out.push((args[0], unbroadcast(b, g, &s.ty(args[0]).shape)?));
+            }
+        }
+        Op::Reshape { .. } => {
+            if active(0) {
+                out.push((args[0], b.reshape(g, s.ty(args[0]).shape.clone())?));
+            }
+        }
+        Op::Transpose { perm } => {
+            if active(0) {
+                let mut inverse = vec![0; perm.len()];
+                for (i, &p) in perm.iter().enumerate() {
+                    inverse[p] = i;
+                }
+                out.push((args[0], b.transpose(g, inverse)?));
+            }
+        }
+        Op::Slice { axes } => {
+            // dx = g placed back where the slice took it from: a pad.
+            if active(0) {
+                let dims = s.ty(args[0]).shape.dims();
+                let (mut low, mut high, mut interior) = (Vec::new(), Vec::new(), Vec::new());
+                for (range, dim) in axes.iter().zip(dims) {
+                    let (lo, hi, mid) = match (*range, dim.as_fixed()) {
+                        (AxisSlice::Full, _) | (_, None) => (0, 0, 0),
+                        (AxisSlice::Range { start, end, step }, Some(n)) => {
+                            let taken = range.len(n);
+                            let last = if taken == 0 { start } else { start + (taken - 1) * step + 1 };
+                            let _ = end;
+                            (start, n - last, step - 1)
+                        }
+                    };
+                    low.push(lo);
+                    high.push(hi);
+                    interior.push(mid);
+                }
+                out.push((args[0], b.pad(g, low, high, interior)?));
+            }
+        }
+        Op::Pad { low, interior, .. } => {
+            // dx = the elements of g that came from x: a strided slice.
+            if active(0) {
+                let dims = s.ty(args[0]).shape.dims();
+                let axes = dims
+                    .iter()
+                    .enumerate()
+                    .map(|(a, d)| match d.as_fixed() {
+                        None => AxisSlice::Full,
+                        Some(n) => {
+                            let step = interior[a] + 1;
+                            let end = if n == 0 { low[a] } else { low[a] + (n - 1) * step + 1 };
+                            AxisSlice::Range { start: low[a], end, step }
+                        }
+                    })
+                    .collect();
+                out.push((args[0], b.slice(g, axes)?));
+            }
+        }
+        Op::Concat { axis } => {
+            let mut offset = 0;
+            for (i, &arg) in args.iter().enumerate() {
+                let dims = s.ty(arg).shape.dims();
+                let width = dims[*axis].as_fixed();
+                if active(i) {
+                    let piece = if args.len() == 1 {
+                        g
+                    } else {
+                        let width = width.expect("concat of several operands has fixed widths");
+                        let axes = (0..dims.len())
+                            .map(|a| {
+                                if a == *axis {
+                                    AxisSlice::Range { start: offset, end: offset + width, step: 1 }
+                                } else {
+                                    AxisSlice::Full
+                                }
+                            })
+                            .collect();
+                        b.slice(g, axes)?
+                    };
+                    out.push((arg, piece));
+                }
+                offset += width.unwrap_or(0);
+            }
+        }
+        Op::Reduce { op, axes, keep_dims } => {
+            if active(0) {
+                let dx = reduce(b, s.ty(args[0]), *op, axes, *keep_dims, x(0), y(0), g)?;
+                out.push((args[0], dx));
+            }
+        }
+        Op::MatMul {
+            transpose_a,
+            transpose_b,
+        } => {
+            // C = op(A) op(B): d op(A) = g op(B)ᵀ and d op(B) = op(A)ᵀ g, each transposed back
+            // when the operand was transposed, then summed over broadcast batch dimensions.
+            let (a, bm) = (x(0), x(1));
+            if active(0) {
+                let da = match (*transpose_a, *transpose_b) {
+                    (false, false) => b.matmul_t(g, bm, false, true)?,
+                    (false, true) => b.matmul_t(g, bm, false, false)?,
+                    (true, false) => b.matmul_t(bm, g, false, true)?,
+                    (true, true) => b.matmul_t(bm, g, true, true)?,
+                };
+                out.push((args[0], unbroadcast(b, da, &s.ty(args[0]).shape)?));
+            }
+            if active(1) {
+                let db = match (*transpose_a, *transpose_b) {
+                    (false, false) => b.matmul_t(a, g, true, false)?,
+                    (false, true) => b.matmul_t(g, a, true, false)?,
+                    (true, false) => b.matmul_t(a, g, false, false)?,
+                    (true, true) => b.matmul_t(g, a, true, true)?,
+                };
+                out.push((args[1], unbroadcast(b, db, &s.ty(args[1]).shape)?));
+            }
+        }
+        Op::Gather { axis } => {
+            if active(0) {
+                let shape = s.ty(args[0]).shape.clone();
+                out.push((args[0], b.scatter_add(g, x(1), *axis, shape)?));
+            }
+        }
+        Op::ScatterAdd { axis, .. } => {
+            if active(0) {
+                out.push((args[0], b.gather(g, x(1), *axis)?));
+            }
+        }
+        // Ops whose results are integers, booleans or independent of their operands.
+        Op::Compare(_)
+        | Op::ArgReduce { .. }
+        | Op::OneHot { .. }
+        | Op::Const { .. }
+        | Op::Iota { .. }
+        | Op::Random { .. }
+        | Op::Load { .. }
+        | Op::Store { .. } => {}
+        // `cond` is handled by the sweep itself (its gradient is a region of its own).
+        Op::Cond | Op::While | Op::Call { .. } => return Err(no_rule()),
+    }
+    Ok(out)
+}
+
+fn zeros_like(b: &mut FunctionBuilder, v: Value) -> Result<Value, BuildError> {
+    let ty = b.value_type(v).clone();
+    zeros(b, &ty)
+}
+
+/// `c` as a scalar constant of `x`'s dtype, broadcast by the builder where it is used.
+fn scalar(b: &mut FunctionBuilder, like: Value, c: f64) -> Result<Value, BuildError> {
+    let dtype = b.value_type(like).dtype;
+    b.scalar(dtype, c)
+}
+
+fn unary(b: &mut FunctionBuilder, op: UnaryOp, x: Value, y: Value, g: Value) -> Result<Value, BuildError> {
+    Ok(match op {
+        UnaryOp::Neg => b.neg(g)?,
+        // d|x| = sign(x)
+        UnaryOp::Abs => {
+            let sign = b.unary(UnaryOp::Sign, x)?;
+            b.mul(g, sign)?
+        }
+        // Piecewise constant: zero almost everywhere.
+        UnaryOp::Sign | UnaryOp::Floor | UnaryOp::Ceil | UnaryOp::Round => zeros_like(b, x)?,
+        // d relu = [x > 0]
+        UnaryOp::Relu => {
+            let zero = scalar(b, x, 0.0)?;
+            let positive = b.compare(CompareOp::Gt, x, zero)?;
+            let zeros_g = zeros_like(b, g)?;
+            b.select(positive, g, zeros_g)?
+        }
+        // d exp = y
+        UnaryOp::Exp => b.mul(g, y)?,
+        // d log = 1/x
+        UnaryOp::Log => b.div(g, x)?,
+        // d sqrt = 1 / (2 y)
+        UnaryOp::Sqrt => {
+            let two = scalar(b, y, 2.0)?;
+            let twice = b.mul(y, two)?;
+            b.div(g, twice)?
+        }
+        // d x^(-1/2) = -y³/2
+        UnaryOp::Rsqrt => {
+            let y2 = b.mul(y, y)?;
+            let y3 = b.mul(y2, y)?;
+            let minus_half = scalar(b, y, -0.5)?;
+            let dy = b.mul(y3, minus_half)?;
+            b.mul(g, dy)?
+        }
+        // d 1/x = -y²
+        UnaryOp::Recip => {
+            let y2 = b.mul(y, y)?;
+            let gy2 = b.mul(g, y2)?;
+            b.neg(gy2)?
+        }
+        // d tanh = 1 - y²
+        UnaryOp::Tanh => {
+            let y2 = b.mul(y, y)?;
+            let one = scalar(b, y, 1.0)?;
+            let dy = b.sub(one, y2)?;
+            b.mul(g, dy)?
+        }
+        // d sigmoid = y (1 - y)
+        UnaryOp::Sigmoid => {
+            let one = scalar(b, y, 1.0)?;
+            let rest = b.sub(one, y)?;
+            let dy = b.mul(y, rest)?;
+            b.mul(g, dy)?
+        }
+        // d erf = 2/√π · exp(-x²)
+        UnaryOp::Erf => {
+            let x2 = b.mul(x, x)?;
+            let neg = b.neg(x2)?;
+            let e = b.exp(neg)?;
+            let c = scalar(b, x, std::f64::consts::FRAC_2_SQRT_PI)?;
+            let dy = b.mul(e, c)?;
+            b.mul(g, dy)?
+        }
+        UnaryOp::Sin => {
+            let c = b.unary(UnaryOp::Cos, x)?;
+            b.mul(g, c)?
+        }
+        UnaryOp::Cos => {
+            let sn = b.unary(UnaryOp::Sin, x)?;
+            let gs = b.mul(g, sn)?;
+            b.neg(gs)?
+        }
+        UnaryOp::Not => unreachable!("bool values are never active"),
+    })
+}
+
+type Pair = (Option<Value>, Option<Value>);
+
+fn binary(
+    b: &mut FunctionBuilder,
+    op: BinaryOp,
+    x: Value,
+    z: Value,
+    y: Value,
+    g: Value,
+    (want_x, want_z): (bool, bool),
+) -> Result<Pair, BuildError> {
+    let when = |want: bool, v: Result<Value, BuildError>| if want { v.map(Some) } else { Ok(None) };
+    Ok(match op {
+        BinaryOp::Add => (want_x.then_some(g), want_z.then_some(g)),
+        BinaryOp::Sub => (want_x.then_some(g), when(want_z, b.neg(g))?),
+        BinaryOp::Mul => (when(want_x, b.mul(g, z))?, when(want_z, b.mul(g, x))?),
+        // d(x/z) = (1/z, -y/z)
+        BinaryOp::Div => {
+            let gx = when(want_x, b.div(g, z))?;
+            let gz = if want_z {
+                let gy = b.mul(g, y)?;
+                let q = b.div(gy, z)?;
+                Some(b.neg(q)?)
+            } else {
+                None
+            };
+            (gx, gz)
+        }
+        // The larger operand takes the gradient; a tie splits it in halves (as JAX does).
+        BinaryOp::Max | BinaryOp::Min => {
+            let wins = if op == BinaryOp::Max { CompareOp::Gt } else { CompareOp::Lt };
+            let x_wins = b.compare(wins, x, z)?;
+            let tie = b.compare(CompareOp::Eq, x, z)?;
+            let half = scalar(b, g, 0.5)?;
+            let half_g = b.mul(g, half)?;
+            let zero = zeros_like(b, g)?;
+            let tied_x = b.select(tie, half_g, zero)?;
+            let tied_z = b.select(tie, half_g, g)?;
+            let gx = when(want_x, b.select(x_wins, g, tied_x))?;
+            let gz = when(want_z, b.select(x_wins, zero, tied_z))?;
+            (gx, gz)
+        }
+        // d x^z = (z x^(z-1), y log x), the second taken as 0 where x <= 0.
+        BinaryOp::Pow => {
+            let gx = if want_x {
+                let one = scalar(b, z, 1.0)?;
+                let zm1 = b.sub(z, one)?;
+                let p = b.binary(BinaryOp::Pow, x, zm1)?;
+                let d = b.mul(z, p)?;
+                Some(b.mul(g, d)?)
+            } else {
+                None
+            };
+            let gz = if want_z {
+                let zero = scalar(b, x, 0.0)?;
+                let positive = b.compare(CompareOp::Gt, x, zero)?;
+                let one = scalar(b, x, 1.0)?;
+                let safe = b.select(positive, x, one)?;
+                let log = b.log(safe)?;
+                let d = b.mul(y, log)?;
+                let gd = b.mul(g, d)?;
+                let zeros_g = zeros_like(b, g)?;
+                Some(b.select(positive, gd, zeros_g)?)
+            } else {
+                None
+            };
+            (gx, gz)
+        }
+        BinaryOp::And | BinaryOp::Or | BinaryOp::Xor => (None, None),
+    })
+}
+
+/// Sums `g` over the dimensions that broadcasting added or stretched, back to `shape`.
+pub(super) fn unbroadcast(b: &mut FunctionBuilder, g: Value, shape: &Shape) -> Result<Value, BuildError> {
+    let g_shape = b.value_type(g).shape.clone();
+    if g_shape == *shape {
+        return Ok(g);
+    }
+    let offset = g_shape.rank() - shape.rank();
+    let axes: Vec<usize> = (0..g_shape.rank())
+        .filter(|&a| a < offset || (shape.0[a - offset].is_one() && !g_shape.0[a].is_one()))
+        .collect();
+    let summed = if axes.is_empty() {
+        g
+    } else {
+        b.reduce(ReduceOp::Sum, g, axes, true)?
+    };
+    b.reshape(summed, shape.clone())
+}
+
+/// The gradient of a reduction over `axes` of `x` (type `x_ty`) giving `y`.
+#[allow(clippy::too_many_arguments)]
+fn reduce(
+    b: &mut FunctionBuilder,
+    x_ty: &Type,
+    op: ReduceOp,
+    axes: &[usize],
+    keep_dims: bool,
+    x: Value,
+    y: Value,
+    g: Value,
+) -> Result<Value, BuildError> {
+    // Shapes with the reduced axes kept as 1, so they broadcast against x.
+    let kept = Shape(
+        x_ty.shape
+            .dims()
+            .iter()
+            .enumerate()
+            .map(|(a, d)| if axes.contains(&a) { Dim::Fixed(1) } else { d.clone() })
+            .collect(),
+    );
+    let g_kept = if keep_dims { g } else { b.reshape(g, kept.clone())? };
+    let spread = b.broadcast_to(g_kept, &x_ty.shape)?;
+    Ok(match op {
+        ReduceOp::Sum => spread,
+        ReduceOp::Mean => {
+            let count = element_count(b, x_ty, axes)?;
+            b.div(spread, count)?
+        }
+        // The extreme elements share the gradient equally (as JAX does).
+        ReduceOp::Max | ReduceOp::Min => {
+            let y_kept = if keep_dims { y } else { b.reshape(y, kept)? };
+            let y_spread = b.broadcast_to(y_kept, &x_ty.shape)?;
+            let hit = b.compare(CompareOp::Eq, x, y_spread)?;
+            let hit_f = b.cast(hit, x_ty.dtype)?;
+            let hits = b.reduce(ReduceOp::Sum, hit_f, axes.to_vec(), true)?;
+            let share = b.div(g_kept, hits)?;
+            let share_spread = b.broadcast_to(share, &x_ty.shape)?;
+            b.mul(share_spread, hit_f)?
+        }
+    })
+}
+
+/// The number of elements a reduction over `axes` combines, as a scalar of `ty`'s dtype:
+/// a constant for fixed sizes, counted at run time for symbolic ones.
+fn element_count(b: &mut FunctionBuilder, ty: &Type, axes: &[usize]) -> Result<Value, BuildError> {
+    let dims: Vec<Dim> = axes.iter().map(|&a| ty.shape.0[a].clone()).collect();
+    let fixed: Option<usize> = dims.iter().map(Dim::as_fixed).product();
+    match fixed {
+        Some(n) => b.scalar(ty.dtype, n as f64),
+        None => {
+            let ones = b.constant(kiln_ir::Literal::scalar(ty.dtype, 1.0), Type::new(ty.dtype, Shape(dims.clone())))?;
+            b.reduce(ReduceOp::Sum, ones, (0..dims.len()).collect(), false)
+        }
+    }
+}
