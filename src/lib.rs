@@ -28,6 +28,7 @@ pub use kiln_ir as ir;
 pub use kiln_passes as passes;
 pub use kiln_runtime as runtime;
 
+pub mod demos;
 pub mod dot;
 pub mod npy;
 

@@ -1,9 +1,10 @@
 //! `kiln`: check, print, run and draw Kiln IR programs.
 
 use clap::{Parser, Subcommand};
-use kiln::backend::{Interpreter, StateStore};
+use kiln::backend::Interpreter;
 use kiln::ir::print::ValueNames;
 use kiln::ir::{Function, Module, parse_and_verify};
+use kiln::runtime::Scope;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
@@ -45,6 +46,29 @@ enum Command {
         /// Write each result as DIR/<name>.npy.
         #[arg(long, value_name = "DIR")]
         out: Option<PathBuf>,
+        /// Start from the state values in a safetensors checkpoint (instead of the
+        /// declared initializers).
+        #[arg(long, value_name = "FILE")]
+        state: Option<PathBuf>,
+        /// After the run, save every state value to a safetensors checkpoint.
+        #[arg(long, value_name = "FILE")]
+        save_state: Option<PathBuf>,
+    },
+    /// Print the gradient function of a scalar loss: `@<func>_grad` returns the loss and the
+    /// gradient with respect to each `--wrt` (arguments by name, state as `@name`).
+    #[command(after_help = "Example:\n  \
+        kiln grad tests/programs/softmax_xent.kir --func loss --wrt logits")]
+    Grad {
+        file: PathBuf,
+        /// The function whose result is the loss; may be left out when there is only one.
+        #[arg(long)]
+        func: Option<String>,
+        /// Which result of the function is the loss.
+        #[arg(long, default_value_t = 0)]
+        loss: usize,
+        /// What to differentiate with respect to: `x,@fc1.w` (arguments and state).
+        #[arg(long, value_delimiter = ',', required = true)]
+        wrt: Vec<kiln::passes::Wrt>,
     },
     /// Draw a function's dataflow as Graphviz DOT (render with `dot -Tsvg`).
     #[command(after_help = "Example:\n  kiln dot tests/programs/mlp.kir | dot -Tsvg > mlp.svg")]
@@ -75,7 +99,38 @@ fn main() -> ExitCode {
             func,
             feeds,
             out,
-        } => run(&file, func.as_deref(), &feeds, out.as_deref()),
+            state,
+            save_state,
+        } => run(&RunArgs {
+            file: &file,
+            func: func.as_deref(),
+            feeds: &feeds,
+            out: out.as_deref(),
+            state: state.as_deref(),
+            save_state: save_state.as_deref(),
+        }),
+        Command::Grad {
+            file,
+            func,
+            loss,
+            wrt,
+        } => load(&file).and_then(|m| {
+            let f = pick_function(&m, func.as_deref())?;
+            let grad = kiln::passes::gradient_function(&m, f, loss, &wrt)
+                .map_err(|e| Failed(format!("error: {e}")))?;
+            let out = Module {
+                states: m.states.clone(),
+                functions: vec![grad],
+            };
+            kiln::ir::verify_module(&out).map_err(|e| {
+                Failed(format!(
+                    "error: the gradient does not verify:\n{}",
+                    e.render(&out)
+                ))
+            })?;
+            print!("{out}");
+            Ok(())
+        }),
         Command::Dot { file, func } => load(&file).and_then(|m| {
             let f = pick_function(&m, func.as_deref())?;
             print!("{}", kiln::dot::function_to_dot(f));
@@ -150,14 +205,19 @@ fn pick_function<'m>(module: &'m Module, name: Option<&str>) -> Result<&'m Funct
     }
 }
 
-fn run(
-    path: &Path,
-    func: Option<&str>,
-    feeds: &[String],
-    out: Option<&Path>,
-) -> Result<(), Failed> {
-    let module = load(path)?;
-    let func = pick_function(&module, func)?;
+struct RunArgs<'a> {
+    file: &'a Path,
+    func: Option<&'a str>,
+    feeds: &'a [String],
+    out: Option<&'a Path>,
+    state: Option<&'a Path>,
+    save_state: Option<&'a Path>,
+}
+
+fn run(opts: &RunArgs<'_>) -> Result<(), Failed> {
+    let (feeds, out) = (opts.feeds, opts.out);
+    let module = load(opts.file)?;
+    let func = pick_function(&module, opts.func)?;
     let names = ValueNames::new(func);
     let mut given: Vec<(&str, &str)> = Vec::new();
     for feed in feeds {
@@ -193,7 +253,13 @@ fn run(
             func.name()
         )));
     }
-    let mut state = StateStore::initialize(&module).map_err(|e| Failed(format!("error: {e}")))?;
+    let mut scope = Scope::from_module(&module).map_err(|e| Failed(format!("error: {e}")))?;
+    if let Some(checkpoint) = opts.state {
+        scope
+            .load(checkpoint)
+            .map_err(|e| Failed(format!("error: {e}")))?;
+    }
+    let mut state = scope.store().clone();
     let before = state.clone();
     let results = Interpreter::new(&module)
         .run_function(func, args, &mut state)
@@ -216,6 +282,11 @@ fn run(
         if before.get(name) != Some(value) {
             println!("state @{name} updated: {}", value.ty());
         }
+    }
+    if let Some(path) = opts.save_state {
+        kiln::runtime::checkpoint::save(state.iter(), path)
+            .map_err(|e| Failed(format!("error: {e}")))?;
+        println!("state saved to {}", path.display());
     }
     Ok(())
 }

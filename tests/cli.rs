@@ -164,3 +164,25 @@ fn dot_draws_regions_as_clusters() {
     );
     assert_eq!(dot.matches('{').count(), dot.matches('}').count());
 }
+
+#[test]
+fn grad_prints_a_runnable_gradient_function() {
+    let out = kiln(&["grad", "tests/programs/sgd_step.kir", "--wrt", "x,@w"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = stdout(&out);
+    assert!(text.contains("func @train_step_grad(%x: f32[N,3], %y: f32[N,1], %lr: f32[]) -> (f32[], f32[N,3], f32[3,1])"), "{text}");
+    assert!(text.contains("return %loss, %grad_x, %grad_w"), "{text}");
+    let module = kiln::ir::parse_and_verify(&text).unwrap();
+    assert_eq!(module.functions.len(), 1);
+
+    let not_scalar = kiln(&["grad", "tests/programs/mlp.kir", "--wrt", "x"]);
+    assert_eq!(not_scalar.status.code(), Some(1));
+    assert!(stderr(&not_scalar).contains("the loss must be a float scalar, found f32[N,3]"));
+    let unknown = kiln(&["grad", "tests/programs/sgd_step.kir", "--wrt", "z"]);
+    assert!(
+        stderr(&unknown)
+            .contains("@train_step has no such argument; its arguments are %x, %y, %lr"),
+        "{}",
+        stderr(&unknown)
+    );
+}

@@ -770,15 +770,24 @@ fn constants_splat_and_fill() {
 #[test]
 fn pad_places_elements_with_gaps() {
     let x = i32s(&[2, 2], &[1, 2, 3, 4]);
-    let p = eval1(vec![x], |b, a| b.pad(a[0], vec![1, 0], vec![0, 2], vec![1, 1]));
+    let p = eval1(vec![x], |b, a| {
+        b.pad(a[0], vec![1, 0], vec![0, 2], vec![1, 1])
+    });
     // rows: 1 + 2 + 1 (interior) = 4; cols: 2 + 1 (interior) + 2 (high) = 5
     assert_eq!(
         p,
-        i32s(&[4, 5], &[0, 0, 0, 0, 0, 1, 0, 2, 0, 0, 0, 0, 0, 0, 0, 3, 0, 4, 0, 0])
+        i32s(
+            &[4, 5],
+            &[0, 0, 0, 0, 0, 1, 0, 2, 0, 0, 0, 0, 0, 0, 0, 3, 0, 4, 0, 0]
+        )
     );
-    let empty = eval1(vec![f32s(&[0], &[])], |b, a| b.pad(a[0], vec![2], vec![1], vec![3]));
+    let empty = eval1(vec![f32s(&[0], &[])], |b, a| {
+        b.pad(a[0], vec![2], vec![1], vec![3])
+    });
     assert_eq!(values(&empty), [0.0, 0.0, 0.0]);
-    let flags = eval1(vec![bools(&[1], &[true])], |b, a| b.pad(a[0], vec![1], vec![0], vec![0]));
+    let flags = eval1(vec![bools(&[1], &[true])], |b, a| {
+        b.pad(a[0], vec![1], vec![0], vec![0])
+    });
     assert_eq!(flags, bools(&[2], &[false, true]));
 }
 
@@ -786,14 +795,25 @@ fn pad_places_elements_with_gaps() {
 fn scatter_add_is_the_transpose_of_gather() {
     let updates = f32s(&[3, 2], &[1.0, 2.0, 10.0, 20.0, 100.0, 200.0]);
     let idx = i64s(&[3], &[2, 0, 2]);
-    let out = eval1(vec![updates, idx], |b, a| b.scatter_add(a[0], a[1], 0, Shape::fixed(&[4, 2])));
-    assert_eq!(values(&out), [10.0, 20.0, 0.0, 0.0, 101.0, 202.0, 0.0, 0.0], "repeats accumulate");
+    let out = eval1(vec![updates, idx], |b, a| {
+        b.scatter_add(a[0], a[1], 0, Shape::fixed(&[4, 2]))
+    });
+    assert_eq!(
+        values(&out),
+        [10.0, 20.0, 0.0, 0.0, 101.0, 202.0, 0.0, 0.0],
+        "repeats accumulate"
+    );
     let cols = i32s(&[2, 2], &[5, 6, 7, 8]);
     let at = i32s(&[2], &[1, 1]);
-    let out = eval1(vec![cols, at], |b, a| b.scatter_add(a[0], a[1], 1, Shape::fixed(&[2, 3])));
+    let out = eval1(vec![cols, at], |b, a| {
+        b.scatter_add(a[0], a[1], 1, Shape::fixed(&[2, 3]))
+    });
     assert_eq!(out, i32s(&[2, 3], &[0, 11, 0, 0, 15, 0]));
     let err = eval_err(vec![f32s(&[1], &[1.0]), i64s(&[1], &[4])], |b, a| {
         b.scatter_add(a[0], a[1], 0, Shape::fixed(&[4]))
     });
-    assert!(err.contains("index 4 is out of range for axis 0 of size 4"), "{err}");
+    assert!(
+        err.contains("index 4 is out of range for axis 0 of size 4"),
+        "{err}"
+    );
 }

@@ -29,6 +29,7 @@ pub type BuildResult<T> = Result<T, BuildError>;
 
 /// Builds one function. Values defined inside a region are visible only until that region
 /// closes; the builder rejects uses that would break SSA dominance.
+#[derive(Clone)]
 pub struct FunctionBuilder {
     func: Function,
     /// Regions being built, outermost (the function body) first.

@@ -16,7 +16,7 @@ use crate::loc::Loc;
 use crate::op::Op;
 use crate::types::Type;
 use cranelift_entity::PrimaryMap;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 /// Where a value is defined.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -215,6 +215,21 @@ impl Function {
         inst
     }
 
+    /// Removes the arguments of `region` for which `keep` is false, renumbering the rest.
+    /// The removed values must have no uses left.
+    pub fn retain_region_args(&mut self, region: Region, keep: impl Fn(Value) -> bool) {
+        let args: Vec<Value> = self.regions[region]
+            .args
+            .iter()
+            .copied()
+            .filter(|&v| keep(v))
+            .collect();
+        for (index, &v) in args.iter().enumerate() {
+            self.values[v].def = ValueDef::Arg(region, index);
+        }
+        self.regions[region].args = args;
+    }
+
     pub fn append_inst(&mut self, region: Region, inst: Inst) {
         self.regions[region].insts.push(inst);
     }
@@ -255,6 +270,38 @@ impl Function {
                     *res = new;
                 }
             }
+        }
+    }
+
+    /// Values used in `region` (or regions nested in it) but defined outside it, in order of
+    /// first use: what the region captures.
+    pub fn free_values(&self, region: Region) -> Vec<Value> {
+        let mut defined = HashSet::new();
+        let mut out = Vec::new();
+        self.collect_free(region, &mut defined, &mut out);
+        out
+    }
+
+    fn collect_free(&self, region: Region, defined: &mut HashSet<Value>, out: &mut Vec<Value>) {
+        let data = &self.regions[region];
+        defined.extend(data.args.iter().copied());
+        let note = |v: Value, defined: &HashSet<Value>, out: &mut Vec<Value>| {
+            if !defined.contains(&v) && !out.contains(&v) {
+                out.push(v);
+            }
+        };
+        for &inst in &data.insts {
+            let d = &self.insts[inst];
+            for &a in &d.args {
+                note(a, defined, out);
+            }
+            for &r in &d.regions {
+                self.collect_free(r, defined, out);
+            }
+            defined.extend(d.results.iter().copied());
+        }
+        for &v in &data.results {
+            note(v, defined, out);
         }
     }
 

@@ -19,7 +19,11 @@ fn values(n: usize, seed: u64, lo: f64, hi: f64, signed: bool) -> Vec<f64> {
     (0..n as u64)
         .map(|i| {
             let v = s.uniform(2 * i, lo, hi);
-            if signed && s.unit(2 * i + 1) < 0.5 { -v } else { v }
+            if signed && s.unit(2 * i + 1) < 0.5 {
+                -v
+            } else {
+                v
+            }
         })
         .collect()
 }
@@ -57,9 +61,15 @@ impl Check {
             .collect();
         let out = build(&mut b, &args).unwrap();
         let out_ty = b.value_type(out).clone();
-        let n = out_ty.shape.num_elements().expect("checks use static shapes");
+        let n = out_ty
+            .shape
+            .num_elements()
+            .expect("checks use static shapes");
         let w = b
-            .constant(Literal::F64(values(n, 99, 0.5, 1.5, true)), out_ty.with_dtype(DType::F64))
+            .constant(
+                Literal::F64(values(n, 99, 0.5, 1.5, true)),
+                out_ty.with_dtype(DType::F64),
+            )
             .unwrap();
         let out64 = b.cast(out, DType::F64).unwrap();
         let weighted = b.mul(out64, w).unwrap();
@@ -76,7 +86,12 @@ impl Check {
         results.extend(&grads);
         let body = func.body();
         func.set_region_results(body, results.clone());
-        func.set_result_types(results.iter().map(|&v| func.value_type(v).clone()).collect());
+        func.set_result_types(
+            results
+                .iter()
+                .map(|&v| func.value_type(v).clone())
+                .collect(),
+        );
         let mut module = Module::new();
         module.add_function(func);
         if let Err(e) = verify_module(&module) {
@@ -111,8 +126,9 @@ impl Check {
                 let at = |delta: f64| {
                     let mut moved = base.clone();
                     moved[j] += delta;
-                    let arg = Array::F64(ArrayD::from_shape_vec(IxDyn(input.shape()), moved).unwrap())
-                        .cast(input.dtype());
+                    let arg =
+                        Array::F64(ArrayD::from_shape_vec(IxDyn(input.shape()), moved).unwrap())
+                            .cast(input.dtype());
                     let mut args = inputs.to_vec();
                     args[i] = arg;
                     self.run(&args)[0].to_f64_vec()[0]
@@ -129,7 +145,10 @@ impl Check {
     }
 }
 
-fn check(inputs: Vec<Array>, build: impl FnOnce(&mut FunctionBuilder, &[Value]) -> BuildResult<Value>) {
+fn check(
+    inputs: Vec<Array>,
+    build: impl FnOnce(&mut FunctionBuilder, &[Value]) -> BuildResult<Value>,
+) {
     Check::new(&inputs, build).against_finite_differences(&inputs, 1e-6, 1e-6);
 }
 
@@ -157,7 +176,11 @@ fn unary_ops() {
         }
         // Piecewise-constant ops: zero gradient away from their jumps.
         let n = shape.iter().product();
-        let away: Vec<f64> = values(n, seed, 0.2, 0.4, true).iter().zip(0..).map(|(v, i)| v + i as f64).collect();
+        let away: Vec<f64> = values(n, seed, 0.2, 0.4, true)
+            .iter()
+            .zip(0..)
+            .map(|(v, i)| v + i as f64)
+            .collect();
         for op in [UnaryOp::Sign, UnaryOp::Floor, UnaryOp::Ceil, UnaryOp::Round] {
             check(vec![array(shape, away.clone())], |b, a| b.unary(op, a[0]));
         }
@@ -166,20 +189,38 @@ fn unary_ops() {
 
 #[test]
 fn binary_ops_with_broadcasting() {
-    let pairs: [(&[usize], &[usize]); 4] = [(&[2, 3], &[2, 3]), (&[2, 3], &[3]), (&[2, 1], &[1, 3]), (&[], &[4])];
+    let pairs: [(&[usize], &[usize]); 4] = [
+        (&[2, 3], &[2, 3]),
+        (&[2, 3], &[3]),
+        (&[2, 1], &[1, 3]),
+        (&[], &[4]),
+    ];
     for (k, (sa, sb)) in pairs.iter().enumerate() {
         let seed = 10 + 2 * k as u64;
-        for op in [BinaryOp::Add, BinaryOp::Sub, BinaryOp::Mul, BinaryOp::Div, BinaryOp::Max, BinaryOp::Min] {
-            check(vec![input(sa, seed), input(sb, seed + 1)], |b, a| b.binary(op, a[0], a[1]));
+        for op in [
+            BinaryOp::Add,
+            BinaryOp::Sub,
+            BinaryOp::Mul,
+            BinaryOp::Div,
+            BinaryOp::Max,
+            BinaryOp::Min,
+        ] {
+            check(vec![input(sa, seed), input(sb, seed + 1)], |b, a| {
+                b.binary(op, a[0], a[1])
+            });
         }
-        check(vec![positive(sa, seed), input(sb, seed + 1)], |b, a| b.binary(BinaryOp::Pow, a[0], a[1]));
+        check(vec![positive(sa, seed), input(sb, seed + 1)], |b, a| {
+            b.binary(BinaryOp::Pow, a[0], a[1])
+        });
     }
 }
 
 #[test]
 fn max_and_min_split_ties() {
     let x = array(&[3], vec![1.0, 2.0, 3.0]);
-    let check = Check::new(&[x.clone(), x.clone()], |b, a| b.binary(BinaryOp::Max, a[0], a[1]));
+    let check = Check::new(&[x.clone(), x.clone()], |b, a| {
+        b.binary(BinaryOp::Max, a[0], a[1])
+    });
     let out = check.run(&[x.clone(), x]);
     let (ga, gb) = (out[1].to_f64_vec(), out[2].to_f64_vec());
     assert_eq!(ga, gb, "a tie shares the gradient equally");
@@ -188,10 +229,13 @@ fn max_and_min_split_ties() {
 
 #[test]
 fn select_and_cast() {
-    check(vec![input(&[2, 3], 1), input(&[2, 3], 2), input(&[3], 3)], |b, a| {
-        let c = b.compare(CompareOp::Gt, a[0], a[2])?;
-        b.select(c, a[0], a[1])
-    });
+    check(
+        vec![input(&[2, 3], 1), input(&[2, 3], 2), input(&[3], 3)],
+        |b, a| {
+            let c = b.compare(CompareOp::Gt, a[0], a[2])?;
+            b.select(c, a[0], a[1])
+        },
+    );
     // f32 through a cast: a linear function, so differences are exact up to f32 rounding.
     let x = Array::F32(ArrayD::from_shape_vec(IxDyn(&[4]), vec![0.5f32, -1.0, 2.0, 0.25]).unwrap());
     let c = Check::new(std::slice::from_ref(&x), |b, a| b.cast(a[0], DType::F64));
@@ -201,28 +245,50 @@ fn select_and_cast() {
 #[test]
 fn layout_ops() {
     let x = || vec![input(&[2, 3, 4], 5)];
-    check(x(), |b, a| b.broadcast_to(a[0], &Shape::fixed(&[3, 2, 3, 4])));
-    check(vec![input(&[3, 1], 6)], |b, a| b.broadcast_to(a[0], &Shape::fixed(&[2, 3, 5])));
+    check(x(), |b, a| {
+        b.broadcast_to(a[0], &Shape::fixed(&[3, 2, 3, 4]))
+    });
+    check(vec![input(&[3, 1], 6)], |b, a| {
+        b.broadcast_to(a[0], &Shape::fixed(&[2, 3, 5]))
+    });
     check(x(), |b, a| b.reshape(a[0], Shape::fixed(&[4, 6])));
     check(x(), |b, a| b.transpose(a[0], vec![2, 0, 1]));
     let range = |start, end, step| AxisSlice::Range { start, end, step };
-    check(x(), |b, a| b.slice(a[0], vec![AxisSlice::Full, range(1, 3, 1), range(0, 4, 3)]));
-    check(x(), |b, a| b.slice(a[0], vec![range(1, 2, 1), range(0, 3, 2), range(1, 1, 1)]));
-    check(x(), |b, a| b.pad(a[0], vec![1, 0, 2], vec![0, 2, 1], vec![0, 1, 2]));
-    check(vec![input(&[2, 3], 7), input(&[2, 1], 8), input(&[2, 2], 9)], |b, a| b.concat(a, 1));
+    check(x(), |b, a| {
+        b.slice(a[0], vec![AxisSlice::Full, range(1, 3, 1), range(0, 4, 3)])
+    });
+    check(x(), |b, a| {
+        b.slice(a[0], vec![range(1, 2, 1), range(0, 3, 2), range(1, 1, 1)])
+    });
+    check(x(), |b, a| {
+        b.pad(a[0], vec![1, 0, 2], vec![0, 2, 1], vec![0, 1, 2])
+    });
+    check(
+        vec![input(&[2, 3], 7), input(&[2, 1], 8), input(&[2, 2], 9)],
+        |b, a| b.concat(a, 1),
+    );
 }
 
 #[test]
 fn reductions() {
     for op in ReduceOp::ALL.iter().copied() {
-        for (axes, keep) in [(vec![0], false), (vec![1, 2], true), (vec![0, 1, 2], false), (vec![], false)] {
+        for (axes, keep) in [
+            (vec![0], false),
+            (vec![1, 2], true),
+            (vec![0, 1, 2], false),
+            (vec![], false),
+        ] {
             // Distinct values, so max and min have no ties.
-            check(vec![input(&[2, 3, 4], 20)], |b, a| b.reduce(op, a[0], axes.clone(), keep));
+            check(vec![input(&[2, 3, 4], 20)], |b, a| {
+                b.reduce(op, a[0], axes.clone(), keep)
+            });
         }
     }
     // Ties share the gradient of max equally.
     let tied = array(&[4], vec![1.0, 3.0, 3.0, 2.0]);
-    let c = Check::new(std::slice::from_ref(&tied), |b, a| b.reduce(ReduceOp::Max, a[0], vec![0], false));
+    let c = Check::new(std::slice::from_ref(&tied), |b, a| {
+        b.reduce(ReduceOp::Max, a[0], vec![0], false)
+    });
     let g = c.run(&[tied])[1].to_f64_vec();
     assert_eq!(g[0], 0.0);
     assert_eq!(g[1], g[2]);
@@ -234,19 +300,35 @@ fn matmul_every_transpose_and_batch_broadcast() {
     for (ta, tb) in [(false, false), (false, true), (true, false), (true, true)] {
         let sa: &[usize] = if ta { &[4, 3] } else { &[3, 4] };
         let sb: &[usize] = if tb { &[5, 4] } else { &[4, 5] };
-        check(vec![input(sa, 30), input(sb, 31)], |b, a| b.matmul_t(a[0], a[1], ta, tb));
+        check(vec![input(sa, 30), input(sb, 31)], |b, a| {
+            b.matmul_t(a[0], a[1], ta, tb)
+        });
     }
-    check(vec![input(&[2, 3, 4], 32), input(&[4, 2], 33)], |b, a| b.matmul(a[0], a[1]));
-    check(vec![input(&[2, 1, 3, 4], 34), input(&[3, 4, 2], 35)], |b, a| b.matmul(a[0], a[1]));
-    check(vec![input(&[3, 4, 2], 36), input(&[3, 5, 4], 37)], |b, a| b.matmul_t(a[0], a[1], true, true));
+    check(vec![input(&[2, 3, 4], 32), input(&[4, 2], 33)], |b, a| {
+        b.matmul(a[0], a[1])
+    });
+    check(
+        vec![input(&[2, 1, 3, 4], 34), input(&[3, 4, 2], 35)],
+        |b, a| b.matmul(a[0], a[1]),
+    );
+    check(
+        vec![input(&[3, 4, 2], 36), input(&[3, 5, 4], 37)],
+        |b, a| b.matmul_t(a[0], a[1], true, true),
+    );
 }
 
 #[test]
 fn gather_and_scatter_add() {
     let idx = Array::I64(ArrayD::from_shape_vec(IxDyn(&[2, 2]), vec![2, 0, 2, 1]).unwrap());
-    check(vec![input(&[3, 4], 40), idx.clone()], |b, a| b.gather(a[0], a[1], 0));
-    check(vec![input(&[4, 3], 41), idx.clone()], |b, a| b.gather(a[0], a[1], 1));
-    check(vec![input(&[2, 2, 5], 42), idx], |b, a| b.scatter_add(a[0], a[1], 0, Shape::fixed(&[3, 5])));
+    check(vec![input(&[3, 4], 40), idx.clone()], |b, a| {
+        b.gather(a[0], a[1], 0)
+    });
+    check(vec![input(&[4, 3], 41), idx.clone()], |b, a| {
+        b.gather(a[0], a[1], 1)
+    });
+    check(vec![input(&[2, 2, 5], 42), idx], |b, a| {
+        b.scatter_add(a[0], a[1], 0, Shape::fixed(&[3, 5]))
+    });
 }
 
 #[test]
@@ -275,7 +357,13 @@ fn cond_both_branches_and_captured_values() {
 #[test]
 fn mlp_with_softmax_cross_entropy() {
     let labels = Array::I64(ArrayD::from_shape_vec(IxDyn(&[4]), vec![2, 0, 1, 2]).unwrap());
-    let inputs = vec![input(&[4, 5], 60), input(&[5, 6], 61), input(&[6], 62), input(&[6, 3], 63), labels];
+    let inputs = vec![
+        input(&[4, 5], 60),
+        input(&[5, 6], 61),
+        input(&[6], 62),
+        input(&[6, 3], 63),
+        labels,
+    ];
     check(inputs, |b, a| {
         let (x, w1, b1, w2, y) = (a[0], a[1], a[2], a[3], a[4]);
         let h = b.matmul(x, w1)?;
@@ -298,36 +386,45 @@ fn mlp_with_softmax_cross_entropy() {
 
 #[test]
 fn layer_norm() {
-    check(vec![input(&[3, 5], 70), input(&[5], 71), input(&[5], 72)], |b, a| {
-        let (x, gamma, beta) = (a[0], a[1], a[2]);
-        let mu = b.reduce(ReduceOp::Mean, x, vec![1], true)?;
-        let d = b.sub(x, mu)?;
-        let d2 = b.mul(d, d)?;
-        let var = b.reduce(ReduceOp::Mean, d2, vec![1], true)?;
-        let eps = b.scalar(DType::F64, 1e-5)?;
-        let ve = b.add(var, eps)?;
-        let inv = b.rsqrt(ve)?;
-        let xhat = b.mul(d, inv)?;
-        let scaled = b.mul(xhat, gamma)?;
-        b.add(scaled, beta)
-    });
+    check(
+        vec![input(&[3, 5], 70), input(&[5], 71), input(&[5], 72)],
+        |b, a| {
+            let (x, gamma, beta) = (a[0], a[1], a[2]);
+            let mu = b.reduce(ReduceOp::Mean, x, vec![1], true)?;
+            let d = b.sub(x, mu)?;
+            let d2 = b.mul(d, d)?;
+            let var = b.reduce(ReduceOp::Mean, d2, vec![1], true)?;
+            let eps = b.scalar(DType::F64, 1e-5)?;
+            let ve = b.add(var, eps)?;
+            let inv = b.rsqrt(ve)?;
+            let xhat = b.mul(d, inv)?;
+            let scaled = b.mul(xhat, gamma)?;
+            b.add(scaled, beta)
+        },
+    );
 }
 
 #[test]
 fn tanh_sigmoid_network() {
-    check(vec![input(&[3, 2], 80), input(&[2, 4], 81), input(&[4, 1], 82)], |b, a| {
-        let h = b.matmul(a[0], a[1])?;
-        let h = b.tanh(h)?;
-        let o = b.matmul(h, a[2])?;
-        b.sigmoid(o)
-    });
+    check(
+        vec![input(&[3, 2], 80), input(&[2, 4], 81), input(&[4, 1], 82)],
+        |b, a| {
+            let h = b.matmul(a[0], a[1])?;
+            let h = b.tanh(h)?;
+            let o = b.matmul(h, a[2])?;
+            b.sigmoid(o)
+        },
+    );
 }
 
 /// Gradients of functions with a symbolic batch dimension run at any batch size.
 #[test]
 fn symbolic_batch_mean() {
     let mut b = FunctionBuilder::new("f");
-    let x = b.arg("x", Type::new(DType::F64, Shape(vec![Dim::sym("N"), Dim::Fixed(2)])));
+    let x = b.arg(
+        "x",
+        Type::new(DType::F64, Shape(vec![Dim::sym("N"), Dim::Fixed(2)])),
+    );
     let sq = b.mul(x, x).unwrap();
     let loss = b.reduce(ReduceOp::Mean, sq, vec![0, 1], false).unwrap();
     let mut func = b.finish(&[loss]).unwrap();
@@ -341,7 +438,11 @@ fn symbolic_batch_mean() {
     for n in [1usize, 3] {
         let data: Vec<f64> = (0..2 * n).map(|v| v as f64).collect();
         let g = Interpreter::new(&module)
-            .run("f", vec![array(&[n, 2], data.clone())], &mut StateStore::new())
+            .run(
+                "f",
+                vec![array(&[n, 2], data.clone())],
+                &mut StateStore::new(),
+            )
             .unwrap();
         let want: Vec<f64> = data.iter().map(|v| 2.0 * v / (2 * n) as f64).collect();
         for (got, want) in g[0].to_f64_vec().iter().zip(&want) {
@@ -361,5 +462,9 @@ fn integer_paths_stop_gradients_and_unused_inputs_get_zeros() {
     });
     let out = c.run(&[x, input(&[3], 91)]);
     assert_eq!(out[1].to_f64_vec(), [0.0; 3], "through an integer cast");
-    assert_eq!(out[2].to_f64_vec(), [0.0; 3], "an input the loss does not use");
+    assert_eq!(
+        out[2].to_f64_vec(),
+        [0.0; 3],
+        "an input the loss does not use"
+    );
 }

@@ -1,1 +1,27 @@
+//! `kiln-runtime`: running Kiln programs.
+//!
+//! - [`program`]: static programs — placeholders, parameters, ops, targets.
+//! - [`layers`], [`init`], [`optim`]: layers, initializers and optimizers for them.
+//! - [`session`]: runs any part of a program with feeds and fetches, over one [`scope`].
+//! - [`checkpoint`]: state as safetensors files; [`data`]: the built-in datasets.
+//!
+//! Architecture invariant: a `Session` runs only verified slices of its program, and every
+//! state update goes through the scope, which checks types; a failed run or load changes
+//! nothing.
 
+pub mod checkpoint;
+pub mod data;
+pub mod error;
+pub mod init;
+pub mod layers;
+pub mod optim;
+pub mod program;
+pub mod scope;
+pub mod session;
+
+pub use error::{RuntimeError, RuntimeResult};
+pub use init::Init;
+pub use optim::{Adam, LearningRate, Momentum, Optimizer, Sgd};
+pub use program::{Param, Program, Target};
+pub use scope::Scope;
+pub use session::{Fetch, KerasFunction, Session};

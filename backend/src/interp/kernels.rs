@@ -718,9 +718,17 @@ pub fn gather(table: &Array, idx: &Array, axis: usize) -> KernelResult<Array> {
 }
 
 /// Zeros of `shape` with `updates` added at `indices` along `axis`; repeats accumulate.
-pub fn scatter_add(updates: &Array, idx: &Array, axis: usize, shape: &[usize]) -> KernelResult<Array> {
+pub fn scatter_add(
+    updates: &Array,
+    idx: &Array,
+    axis: usize,
+    shape: &[usize],
+) -> KernelResult<Array> {
     if axis >= shape.len() {
-        return Err(format!("axis {axis} is out of range for rank {}", shape.len()));
+        return Err(format!(
+            "axis {axis} is out of range for rank {}",
+            shape.len()
+        ));
     }
     let size = shape[axis];
     let positions = indices(idx)?
@@ -790,7 +798,12 @@ pub fn scatter_add(updates: &Array, idx: &Array, axis: usize, shape: &[usize]) -
             dims,
             i64::wrapping_add,
         ),
-        _ => return Err(format!("`scatter_add` is not defined for {}", updates.dtype())),
+        _ => {
+            return Err(format!(
+                "`scatter_add` is not defined for {}",
+                updates.dtype()
+            ));
+        }
     }
     Ok(out)
 }

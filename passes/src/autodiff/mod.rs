@@ -18,7 +18,7 @@
 mod rules;
 
 use kiln_ir::{
-    BuildError, DType, Function, FunctionBuilder, Inst, Literal, Op, Region, Type, Value,
+    BuildError, DType, Function, FunctionBuilder, Inst, Literal, Module, Op, Region, Type, Value,
 };
 use std::collections::{HashMap, HashSet};
 
@@ -83,6 +83,110 @@ pub fn append_gradients(
     outcome
 }
 
+/// A value to differentiate with respect to, by name.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Wrt {
+    /// A function argument, `%x` in the text form.
+    Arg(String),
+    /// A state variable, `@fc1.w`: the gradient with respect to the value its `load`s read.
+    State(String),
+}
+
+impl std::str::FromStr for Wrt {
+    type Err = std::convert::Infallible;
+
+    /// `@name` is state; `%name` or `name` an argument.
+    fn from_str(s: &str) -> Result<Wrt, Self::Err> {
+        Ok(match s.strip_prefix('@') {
+            Some(state) => Wrt::State(state.to_owned()),
+            None => Wrt::Arg(s.trim_start_matches('%').to_owned()),
+        })
+    }
+}
+
+/// A new function `@<name>_grad` with `func`'s arguments, returning result `loss_index` of
+/// `func` (the loss) followed by its gradient with respect to each of `wrt`.
+pub fn gradient_function(
+    module: &Module,
+    func: &Function,
+    loss_index: usize,
+    wrt: &[Wrt],
+) -> Result<Function, AutodiffError> {
+    let mut f = func.clone();
+    f.set_name(format!("{}_grad", func.name()));
+    let loss = *f
+        .results()
+        .get(loss_index)
+        .ok_or_else(|| AutodiffError::BadWrt {
+            value: format!("result {loss_index}"),
+            reason: format!("@{} has {} results", func.name(), func.results().len()),
+        })?;
+    let names = kiln_ir::print::ValueNames::new(&f);
+    let mut targets: Vec<Vec<Value>> = Vec::new();
+    for w in wrt {
+        targets.push(match w {
+            Wrt::Arg(name) => {
+                let arg = f
+                    .args()
+                    .iter()
+                    .copied()
+                    .find(|&a| names.get(a)[1..] == **name);
+                vec![arg.ok_or_else(|| AutodiffError::BadWrt {
+                    value: format!("%{name}"),
+                    reason: format!(
+                        "@{} has no such argument; its arguments are {}",
+                        func.name(),
+                        f.args().iter().map(|&a| names.get(a)).collect::<Vec<_>>().join(", ")
+                    ),
+                })?]
+            }
+            Wrt::State(state) => {
+                if module.state(state).is_none() {
+                    return Err(AutodiffError::BadWrt {
+                        value: format!("@{state}"),
+                        reason: "no such state is declared".into(),
+                    });
+                }
+                let body = f.region(f.body());
+                body.insts
+                    .iter()
+                    .filter(|&&i| matches!(&f.inst(i).op, Op::Load { state: s, .. } if s == state))
+                    .map(|&i| f.inst(i).results[0])
+                    .collect()
+            }
+        });
+    }
+    let flat: Vec<Value> = targets.concat();
+    let grads = append_gradients(&mut f, loss, &flat)?;
+    let mut b = FunctionBuilder::resume(f);
+    let mut results = vec![loss];
+    let mut next = grads.into_iter();
+    for (w, values) in wrt.iter().zip(&targets) {
+        let mut sum: Option<Value> = None;
+        for _ in values {
+            let g = next.next().expect("one gradient per target");
+            sum = Some(match sum {
+                Some(s) => b.add(s, g)?,
+                None => g,
+            });
+        }
+        let g = match (sum, w) {
+            (Some(g), _) => g,
+            (None, Wrt::State(state)) => {
+                let ty = module.state(state).expect("checked above").ty.clone();
+                zeros(&mut b, &ty)?
+            }
+            (None, Wrt::Arg(_)) => unreachable!("an argument is one target"),
+        };
+        let name = match w {
+            Wrt::Arg(n) | Wrt::State(n) => format!("grad_{n}"),
+        };
+        b.set_name(g, &name);
+        results.push(g);
+    }
+    Ok(b.finish(&results)?)
+}
+
 fn top_level_values(func: &Function) -> HashSet<Value> {
     let body = func.region(func.body());
     let mut values: HashSet<Value> = body.args.iter().copied().collect();
@@ -118,7 +222,7 @@ fn mark_region(func: &Function, region: Region, active: &mut HashSet<Value>) {
             || data
                 .regions
                 .iter()
-                .any(|&r| free_values(func, r).iter().any(|v| active.contains(v)));
+                .any(|&r| func.free_values(r).iter().any(|v| active.contains(v)));
         if uses_active {
             for &r in &data.results {
                 if func.value_type(r).dtype.is_float() {
@@ -127,35 +231,6 @@ fn mark_region(func: &Function, region: Region, active: &mut HashSet<Value>) {
             }
         }
     }
-}
-
-/// Values used in `region` (or regions nested in it) but defined outside it, in order of use.
-pub(crate) fn free_values(func: &Function, region: Region) -> Vec<Value> {
-    fn walk(func: &Function, region: Region, defined: &mut HashSet<Value>, out: &mut Vec<Value>) {
-        let data = func.region(region);
-        defined.extend(data.args.iter().copied());
-        let use_value = |v: Value, defined: &HashSet<Value>, out: &mut Vec<Value>| {
-            if !defined.contains(&v) && !out.contains(&v) {
-                out.push(v);
-            }
-        };
-        for &inst in &data.insts {
-            let d = func.inst(inst);
-            for &a in &d.args {
-                use_value(a, defined, out);
-            }
-            for &r in &d.regions {
-                walk(func, r, defined, out);
-            }
-            defined.extend(d.results.iter().copied());
-        }
-        for &v in &data.results {
-            use_value(v, defined, out);
-        }
-    }
-    let mut out = Vec::new();
-    walk(func, region, &mut HashSet::new(), &mut out);
-    out
 }
 
 /// The reverse sweep over one region: adjoints of the forward values, and where the forward
@@ -181,7 +256,12 @@ impl<'a> Sweep<'a> {
         self.active.contains(&v)
     }
 
-    fn accumulate(&mut self, b: &mut FunctionBuilder, v: Value, g: Value) -> Result<(), BuildError> {
+    fn accumulate(
+        &mut self,
+        b: &mut FunctionBuilder,
+        v: Value,
+        g: Value,
+    ) -> Result<(), BuildError> {
         let sum = match self.adjoints.get(&v) {
             Some(&prev) => b.add(prev, g)?,
             None => g,
@@ -201,7 +281,10 @@ impl<'a> Sweep<'a> {
     fn region(&mut self, b: &mut FunctionBuilder, region: Region) -> Result<(), AutodiffError> {
         for &inst in self.src.region(region).insts.iter().rev() {
             let results = &self.src.inst(inst).results;
-            let grads: Vec<Option<Value>> = results.iter().map(|r| self.adjoints.get(r).copied()).collect();
+            let grads: Vec<Option<Value>> = results
+                .iter()
+                .map(|r| self.adjoints.get(r).copied())
+                .collect();
             if grads.iter().all(Option::is_none) {
                 continue;
             }
@@ -231,7 +314,7 @@ impl<'a> Sweep<'a> {
         let (then_r, else_r) = (data.regions[0], data.regions[1]);
         let mut captured: Vec<Value> = Vec::new();
         for r in [then_r, else_r] {
-            for v in free_values(self.src, r) {
+            for v in self.src.free_values(r) {
                 if self.is_active(v) && !captured.contains(&v) {
                     captured.push(v);
                 }
@@ -327,9 +410,18 @@ pub(crate) fn clone_inst(
                 for &i in &src.region(region).insts {
                     clone_inst(b, src, i, &mut inner)?;
                 }
-                Ok(src.region(region).results.iter().map(|v| map(v, &inner)).collect())
+                Ok(src
+                    .region(region)
+                    .results
+                    .iter()
+                    .map(|v| map(v, &inner))
+                    .collect())
             };
-            b.cond(args[0], |b| clone_branch(b, then_r), |b| clone_branch(b, else_r))?
+            b.cond(
+                args[0],
+                |b| clone_branch(b, then_r),
+                |b| clone_branch(b, else_r),
+            )?
         }
         Op::While => {
             let (cond_r, body_r) = (data.regions[0], data.regions[1]);
@@ -341,7 +433,13 @@ pub(crate) fn clone_inst(
                 for &i in &src.region(region).insts {
                     clone_inst(b, src, i, &mut inner)?;
                 }
-                Ok::<Vec<Value>, BuildError>(src.region(region).results.iter().map(|v| map(v, &inner)).collect())
+                Ok::<Vec<Value>, BuildError>(
+                    src.region(region)
+                        .results
+                        .iter()
+                        .map(|v| map(v, &inner))
+                        .collect(),
+                )
             };
             b.while_loop(
                 &args,

@@ -5,8 +5,8 @@
 
 use super::{AutodiffError, Sweep, zeros};
 use kiln_ir::{
-    AxisSlice, BinaryOp, BuildError, CompareOp, Dim, FunctionBuilder, Inst, Op, ReduceOp,
-    Shape, Type, UnaryOp, Value,
+    AxisSlice, BinaryOp, BuildError, CompareOp, Dim, FunctionBuilder, Inst, Op, ReduceOp, Shape,
+    Type, UnaryOp, Value,
 };
 
 type Contributions = Vec<(Value, Value)>;
@@ -87,7 +87,11 @@ pub(super) fn vjp(
                         (AxisSlice::Full, _) | (_, None) => (0, 0, 0),
                         (AxisSlice::Range { start, end, step }, Some(n)) => {
                             let taken = range.len(n);
-                            let last = if taken == 0 { start } else { start + (taken - 1) * step + 1 };
+                            let last = if taken == 0 {
+                                start
+                            } else {
+                                start + (taken - 1) * step + 1
+                            };
                             let _ = end;
                             (start, n - last, step - 1)
                         }
@@ -110,8 +114,16 @@ pub(super) fn vjp(
                         None => AxisSlice::Full,
                         Some(n) => {
                             let step = interior[a] + 1;
-                            let end = if n == 0 { low[a] } else { low[a] + (n - 1) * step + 1 };
-                            AxisSlice::Range { start: low[a], end, step }
+                            let end = if n == 0 {
+                                low[a]
+                            } else {
+                                low[a] + (n - 1) * step + 1
+                            };
+                            AxisSlice::Range {
+                                start: low[a],
+                                end,
+                                step,
+                            }
                         }
                     })
                     .collect();
@@ -131,7 +143,11 @@ pub(super) fn vjp(
                         let axes = (0..dims.len())
                             .map(|a| {
                                 if a == *axis {
-                                    AxisSlice::Range { start: offset, end: offset + width, step: 1 }
+                                    AxisSlice::Range {
+                                        start: offset,
+                                        end: offset + width,
+                                        step: 1,
+                                    }
                                 } else {
                                     AxisSlice::Full
                                 }
@@ -144,7 +160,11 @@ pub(super) fn vjp(
                 offset += width.unwrap_or(0);
             }
         }
-        Op::Reduce { op, axes, keep_dims } => {
+        Op::Reduce {
+            op,
+            axes,
+            keep_dims,
+        } => {
             if active(0) {
                 let dx = reduce(b, s.ty(args[0]), *op, axes, *keep_dims, x(0), y(0), g)?;
                 out.push((args[0], dx));
@@ -213,7 +233,13 @@ fn scalar(b: &mut FunctionBuilder, like: Value, c: f64) -> Result<Value, BuildEr
     b.scalar(dtype, c)
 }
 
-fn unary(b: &mut FunctionBuilder, op: UnaryOp, x: Value, y: Value, g: Value) -> Result<Value, BuildError> {
+fn unary(
+    b: &mut FunctionBuilder,
+    op: UnaryOp,
+    x: Value,
+    y: Value,
+    g: Value,
+) -> Result<Value, BuildError> {
     Ok(match op {
         UnaryOp::Neg => b.neg(g)?,
         // d|x| = sign(x)
@@ -301,14 +327,23 @@ fn binary(
     g: Value,
     (want_x, want_z): (bool, bool),
 ) -> Result<Pair, BuildError> {
-    let when = |want: bool, v: Result<Value, BuildError>| if want { v.map(Some) } else { Ok(None) };
+    // Emits `build` only when that operand wants a gradient.
+    let when = |want: bool,
+                b: &mut FunctionBuilder,
+                build: &dyn Fn(&mut FunctionBuilder) -> Result<Value, BuildError>|
+     -> Result<Option<Value>, BuildError> {
+        if want { build(b).map(Some) } else { Ok(None) }
+    };
     Ok(match op {
         BinaryOp::Add => (want_x.then_some(g), want_z.then_some(g)),
-        BinaryOp::Sub => (want_x.then_some(g), when(want_z, b.neg(g))?),
-        BinaryOp::Mul => (when(want_x, b.mul(g, z))?, when(want_z, b.mul(g, x))?),
+        BinaryOp::Sub => (want_x.then_some(g), when(want_z, b, &|b| b.neg(g))?),
+        BinaryOp::Mul => (
+            when(want_x, b, &|b| b.mul(g, z))?,
+            when(want_z, b, &|b| b.mul(g, x))?,
+        ),
         // d(x/z) = (1/z, -y/z)
         BinaryOp::Div => {
-            let gx = when(want_x, b.div(g, z))?;
+            let gx = when(want_x, b, &|b| b.div(g, z))?;
             let gz = if want_z {
                 let gy = b.mul(g, y)?;
                 let q = b.div(gy, z)?;
@@ -320,7 +355,11 @@ fn binary(
         }
         // The larger operand takes the gradient; a tie splits it in halves (as JAX does).
         BinaryOp::Max | BinaryOp::Min => {
-            let wins = if op == BinaryOp::Max { CompareOp::Gt } else { CompareOp::Lt };
+            let wins = if op == BinaryOp::Max {
+                CompareOp::Gt
+            } else {
+                CompareOp::Lt
+            };
             let x_wins = b.compare(wins, x, z)?;
             let tie = b.compare(CompareOp::Eq, x, z)?;
             let half = scalar(b, g, 0.5)?;
@@ -328,8 +367,8 @@ fn binary(
             let zero = zeros_like(b, g)?;
             let tied_x = b.select(tie, half_g, zero)?;
             let tied_z = b.select(tie, half_g, g)?;
-            let gx = when(want_x, b.select(x_wins, g, tied_x))?;
-            let gz = when(want_z, b.select(x_wins, zero, tied_z))?;
+            let gx = when(want_x, b, &|b| b.select(x_wins, g, tied_x))?;
+            let gz = when(want_z, b, &|b| b.select(x_wins, zero, tied_z))?;
             (gx, gz)
         }
         // d x^z = (z x^(z-1), y log x), the second taken as 0 where x <= 0.
@@ -363,7 +402,11 @@ fn binary(
 }
 
 /// Sums `g` over the dimensions that broadcasting added or stretched, back to `shape`.
-pub(super) fn unbroadcast(b: &mut FunctionBuilder, g: Value, shape: &Shape) -> Result<Value, BuildError> {
+pub(super) fn unbroadcast(
+    b: &mut FunctionBuilder,
+    g: Value,
+    shape: &Shape,
+) -> Result<Value, BuildError> {
     let g_shape = b.value_type(g).shape.clone();
     if g_shape == *shape {
         return Ok(g);
@@ -398,10 +441,20 @@ fn reduce(
             .dims()
             .iter()
             .enumerate()
-            .map(|(a, d)| if axes.contains(&a) { Dim::Fixed(1) } else { d.clone() })
+            .map(|(a, d)| {
+                if axes.contains(&a) {
+                    Dim::Fixed(1)
+                } else {
+                    d.clone()
+                }
+            })
             .collect(),
     );
-    let g_kept = if keep_dims { g } else { b.reshape(g, kept.clone())? };
+    let g_kept = if keep_dims {
+        g
+    } else {
+        b.reshape(g, kept.clone())?
+    };
     let spread = b.broadcast_to(g_kept, &x_ty.shape)?;
     Ok(match op {
         ReduceOp::Sum => spread,
@@ -431,7 +484,10 @@ fn element_count(b: &mut FunctionBuilder, ty: &Type, axes: &[usize]) -> Result<V
     match fixed {
         Some(n) => b.scalar(ty.dtype, n as f64),
         None => {
-            let ones = b.constant(kiln_ir::Literal::scalar(ty.dtype, 1.0), Type::new(ty.dtype, Shape(dims.clone())))?;
+            let ones = b.constant(
+                kiln_ir::Literal::scalar(ty.dtype, 1.0),
+                Type::new(ty.dtype, Shape(dims.clone())),
+            )?;
             b.reduce(ReduceOp::Sum, ones, (0..dims.len()).collect(), false)
         }
     }

@@ -1,0 +1,87 @@
+//! Pruning: the part of a function that some outputs and some stores need.
+//!
+//! A static program is one graph function holding every op the user built; a `Session::run`
+//! executes only the slice its fetches need. The slice keeps the instructions the outputs and
+//! the chosen stores depend on (an instruction with regions counts with everything its regions
+//! use), drops every other instruction, store and argument, and keeps names and source
+//! locations as they were.
+
+use kiln_ir::{Function, Inst, Op, Value};
+use std::collections::HashSet;
+
+/// The slice of `graph` (top level) computing `outputs` and performing `stores`, as a new
+/// function `name` returning `outputs`. Arguments it does not need are removed.
+pub fn prune(graph: &Function, name: &str, outputs: &[Value], stores: &[Inst]) -> Function {
+    let mut needed: HashSet<Value> = outputs.iter().copied().collect();
+    let keep_store: HashSet<Inst> = stores.iter().copied().collect();
+    let body = graph.body();
+    let mut kept: Vec<Inst> = Vec::new();
+    for &inst in graph.region(body).insts.iter().rev() {
+        let data = graph.inst(inst);
+        let wanted = match data.op {
+            Op::Store { .. } => keep_store.contains(&inst),
+            _ => data.results.iter().any(|r| needed.contains(r)),
+        };
+        if wanted {
+            kept.push(inst);
+            needed.extend(data.args.iter().copied());
+            for &r in &data.regions {
+                needed.extend(graph.free_values(r));
+            }
+        }
+    }
+    kept.reverse();
+    let mut f = graph.clone();
+    f.set_name(name);
+    f.region_mut(body).insts = kept;
+    f.retain_region_args(body, |v| needed.contains(&v));
+    f.set_region_results(body, outputs.to_vec());
+    f.set_result_types(
+        outputs
+            .iter()
+            .map(|&v| graph.value_type(v).clone())
+            .collect(),
+    );
+    f
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kiln_ir::{DType, FunctionBuilder, Initializer, Module, StateDecl, Type, verify_module};
+
+    #[test]
+    fn keeps_what_outputs_and_chosen_stores_need() {
+        let w = StateDecl {
+            name: "w".into(),
+            ty: Type::scalar(DType::F32),
+            init: Initializer::constant(0.0),
+        };
+        let mut module = Module::new();
+        module.declare_state(w.clone()).unwrap();
+        let mut b = FunctionBuilder::new("graph");
+        let x = b.arg("x", Type::scalar(DType::F32));
+        let y = b.arg("y", Type::scalar(DType::F32));
+        let wv = b.load(&w).unwrap();
+        let sx = b.mul(x, wv).unwrap();
+        let sy = b.exp(y).unwrap();
+        let store_x = b.store(&w, sx).unwrap();
+        let _store_y = b.store(&w, sy).unwrap();
+        let graph = b.finish(&[]).unwrap();
+
+        let only_y = prune(&graph, "f", &[sy], &[]);
+        assert_eq!(only_y.args().len(), 1);
+        assert_eq!(only_y.num_insts(), 1);
+        let update = prune(&graph, "g", &[], &[store_x]);
+        let names: Vec<&str> = update
+            .walk_insts()
+            .iter()
+            .map(|&i| update.inst(i).op.name())
+            .collect();
+        assert_eq!(names, ["load", "mul", "store"]);
+        assert_eq!(update.value_name(update.args()[0]), Some("x"));
+        module.add_function(only_y);
+        module.add_function(update);
+        verify_module(&module).unwrap();
+    }
+}

@@ -1,0 +1,291 @@
+//! Static programs: build once, run any part of it in a [`Session`](crate::session::Session).
+//!
+//! A program is one graph function (`@graph`) holding every op built so far, plus the state
+//! it declares (parameters, optimizer moments), its placeholders (the graph's arguments), and
+//! its *targets*: named groups of `store`s, such as an optimizer's updates. A session runs the
+//! slice of the graph that the requested values and targets need, so nothing that was built is
+//! lost for want of a fetch, and sub-programs share one set of parameters.
+//!
+//! `Program` dereferences to the graph's [`FunctionBuilder`], so every op of the IR is a method
+//! on it: `let h = p.matmul(x, w)?;`.
+
+use crate::error::{RuntimeError, RuntimeResult};
+use crate::init::Init;
+use kiln_ir::{
+    DType, Function, FunctionBuilder, Initializer, Inst, Module, Shape, StateDecl, Type, Value,
+    verify_module,
+};
+use std::collections::HashSet;
+use std::ops::{Deref, DerefMut};
+
+/// A trainable parameter: its state name and the value its `load` gives in the graph.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Param {
+    pub name: String,
+    pub value: Value,
+}
+
+/// A named group of state updates, run by fetching it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Target(pub(crate) usize);
+
+#[derive(Clone, Debug)]
+struct TargetData {
+    name: String,
+    stores: Vec<Inst>,
+}
+
+#[derive(Clone)]
+pub struct Program {
+    module: Module,
+    graph: FunctionBuilder,
+    placeholders: Vec<(String, Value)>,
+    params: Vec<Param>,
+    targets: Vec<TargetData>,
+    seed: u64,
+}
+
+impl Default for Program {
+    fn default() -> Program {
+        Program::new()
+    }
+}
+
+impl Deref for Program {
+    type Target = FunctionBuilder;
+
+    fn deref(&self) -> &FunctionBuilder {
+        &self.graph
+    }
+}
+
+impl DerefMut for Program {
+    fn deref_mut(&mut self) -> &mut FunctionBuilder {
+        &mut self.graph
+    }
+}
+
+/// FNV-1a: a stable hash, so parameter seeds do not depend on the standard library's hasher.
+fn stable_hash(text: &str) -> u64 {
+    text.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
+        (h ^ b as u64).wrapping_mul(0x0100_0000_01b3)
+    })
+}
+
+impl Program {
+    pub fn new() -> Program {
+        Program::with_seed(0)
+    }
+
+    /// A program whose random initializers derive their seeds from `seed` and each
+    /// parameter's name, so building the same program twice gives the same IR.
+    pub fn with_seed(seed: u64) -> Program {
+        Program {
+            module: Module::new(),
+            graph: FunctionBuilder::new("graph"),
+            placeholders: Vec::new(),
+            params: Vec::new(),
+            targets: Vec::new(),
+            seed,
+        }
+    }
+
+    /// An input fed at run time. Dimensions may be symbolic: `["N".into(), 64.into()]`.
+    pub fn placeholder(
+        &mut self,
+        name: &str,
+        dtype: DType,
+        shape: impl Into<Shape>,
+    ) -> RuntimeResult<Value> {
+        self.check_new_name(name)?;
+        let v = self.graph.arg(name, Type::new(dtype, shape.into()));
+        self.placeholders.push((name.to_owned(), v));
+        Ok(v)
+    }
+
+    /// A trainable parameter of a static `shape`, initialised by `init`.
+    pub fn parameter(
+        &mut self,
+        name: &str,
+        dtype: DType,
+        shape: &[usize],
+        init: Init,
+    ) -> RuntimeResult<Value> {
+        let seed = self.seed ^ stable_hash(name);
+        let initializer = init.initializer(shape, seed);
+        let (_, v) = self.state(name, Type::new(dtype, Shape::fixed(shape)), initializer)?;
+        self.params.push(Param {
+            name: name.to_owned(),
+            value: v,
+        });
+        Ok(v)
+    }
+
+    /// State that is not trained (a step counter, a running mean, an optimizer moment): its
+    /// declaration and the value of a `load` of it in the graph.
+    pub fn state(
+        &mut self,
+        name: &str,
+        ty: Type,
+        init: Initializer,
+    ) -> RuntimeResult<(StateDecl, Value)> {
+        self.check_new_name(name)?;
+        if !ty.shape.is_static() {
+            return Err(RuntimeError::DynamicParameter {
+                name: name.to_owned(),
+                ty: Box::new(ty),
+            });
+        }
+        let decl = StateDecl {
+            name: name.to_owned(),
+            ty,
+            init,
+        };
+        self.module
+            .declare_state(decl.clone())
+            .map_err(|_| RuntimeError::Duplicate {
+                name: name.to_owned(),
+            })?;
+        let v = self.graph.load(&decl)?;
+        self.graph.set_name(v, name);
+        Ok((decl, v))
+    }
+
+    fn check_new_name(&self, name: &str) -> RuntimeResult<()> {
+        let taken =
+            self.placeholders.iter().any(|(n, _)| n == name) || self.module.state(name).is_some();
+        if taken {
+            Err(RuntimeError::Duplicate {
+                name: name.to_owned(),
+            })
+        } else {
+            Ok(())
+        }
+    }
+
+    /// The state declarations (parameters and other state).
+    pub fn module(&self) -> &Module {
+        &self.module
+    }
+
+    /// The graph function holding every op built so far.
+    pub fn graph(&self) -> &Function {
+        self.graph.function()
+    }
+
+    pub fn params(&self) -> &[Param] {
+        &self.params
+    }
+
+    pub fn placeholders(&self) -> &[(String, Value)] {
+        &self.placeholders
+    }
+
+    pub fn seed(&self) -> u64 {
+        self.seed
+    }
+
+    /// Groups `stores` (instructions of the graph) into a target named `name`.
+    pub fn add_target(&mut self, name: &str, stores: Vec<Inst>) -> RuntimeResult<Target> {
+        if self.targets.iter().any(|t| t.name == name) {
+            return Err(RuntimeError::Duplicate {
+                name: name.to_owned(),
+            });
+        }
+        self.targets.push(TargetData {
+            name: name.to_owned(),
+            stores,
+        });
+        Ok(Target(self.targets.len() - 1))
+    }
+
+    pub fn target_name(&self, target: Target) -> &str {
+        &self.targets[target.0].name
+    }
+
+    pub(crate) fn target_stores(&self, target: Target) -> &[Inst] {
+        &self.targets[target.0].stores
+    }
+
+    /// A target by name.
+    pub fn target(&self, name: &str) -> Option<Target> {
+        self.targets.iter().position(|t| t.name == name).map(Target)
+    }
+
+    /// A named value of the graph (a placeholder, a parameter, or a value named with
+    /// `set_name`).
+    pub fn value(&self, name: &str) -> Option<Value> {
+        let graph = self.graph();
+        graph
+            .args()
+            .iter()
+            .copied()
+            .chain(
+                graph
+                    .walk_insts()
+                    .iter()
+                    .flat_map(|&i| graph.inst(i).results.clone()),
+            )
+            .find(|&v| graph.value_name(v) == Some(name))
+    }
+
+    /// Every name a fetch may use: named values and targets.
+    pub(crate) fn fetchable_names(&self) -> Vec<String> {
+        let graph = self.graph();
+        let mut names: Vec<String> = graph
+            .all_values()
+            .filter_map(|(_, d)| d.name.clone())
+            .collect();
+        names.extend(self.targets.iter().map(|t| t.name.clone()));
+        names
+    }
+
+    /// Appends the gradient of `loss` with respect to `wrt` to the graph.
+    pub fn gradients(&mut self, loss: Value, wrt: &[Value]) -> RuntimeResult<Vec<Value>> {
+        let placeholder = FunctionBuilder::new("graph");
+        let mut graph = std::mem::replace(&mut self.graph, placeholder).into_function();
+        let result = kiln_passes::append_gradients(&mut graph, loss, wrt);
+        self.graph = FunctionBuilder::resume(graph);
+        Ok(result?)
+    }
+
+    /// The values `of` depends on, itself included (top level of the graph).
+    pub fn ancestors(&self, of: Value) -> HashSet<Value> {
+        let graph = self.graph();
+        let mut needed = HashSet::from([of]);
+        for &inst in graph.region(graph.body()).insts.iter().rev() {
+            let data = graph.inst(inst);
+            if data.results.iter().any(|r| needed.contains(r)) {
+                needed.extend(data.args.iter().copied());
+                for &r in &data.regions {
+                    needed.extend(graph.free_values(r));
+                }
+            }
+        }
+        needed
+    }
+
+    /// The slice of the graph computing `outputs` and performing the stores of `targets`, as
+    /// a function `name` whose arguments are the placeholders it needs.
+    pub fn export(&self, name: &str, outputs: &[Value], targets: &[Target]) -> Function {
+        let stores: Vec<Inst> = targets
+            .iter()
+            .flat_map(|&t| self.target_stores(t).iter().copied())
+            .collect();
+        kiln_passes::prune(self.graph(), name, outputs, &stores)
+    }
+
+    /// A verified module with this program's state and the exported functions, e.g.
+    /// `[("predict", &[logits][..])]` for serving.
+    pub fn export_module(&self, functions: &[(&str, &[Value])]) -> RuntimeResult<Module> {
+        let mut module = Module {
+            states: self.module.states.clone(),
+            functions: Vec::new(),
+        };
+        for (name, outputs) in functions {
+            module.add_function(self.export(name, outputs, &[]));
+        }
+        verify_module(&module).map_err(|e| RuntimeError::Verify(e.render(&module)))?;
+        Ok(module)
+    }
+}

@@ -1,0 +1,281 @@
+//! Sessions: run any part of a program with feeds and fetches, over one parameter scope.
+//!
+//! `run(fetches, feeds)` resolves the fetches (values or targets), prunes the graph to what
+//! they need, verifies the slice, and caches it under its *signature* — the fetch set and the
+//! feeds' names, dtypes and shapes — so a second call with the same signature prepares
+//! nothing ([`Session::compilations`] counts the preparations). Every run reads and writes the
+//! session's one [`Scope`], so a GAN's discriminator and generator updates are two runs over
+//! the same parameters.
+
+use crate::error::{RuntimeError, RuntimeResult};
+use crate::program::{Program, Target};
+use crate::scope::Scope;
+use kiln_backend::{Array, Interpreter};
+use kiln_ir::{DType, Module, SymbolBindings, Value, verify_module};
+use std::collections::HashMap;
+
+/// Something to compute in a run: a value, a target (its updates), or either by name.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Fetch {
+    Value(Value),
+    Target(Target),
+    Name(String),
+}
+
+impl From<Value> for Fetch {
+    fn from(v: Value) -> Fetch {
+        Fetch::Value(v)
+    }
+}
+
+impl From<Target> for Fetch {
+    fn from(t: Target) -> Fetch {
+        Fetch::Target(t)
+    }
+}
+
+impl From<&str> for Fetch {
+    fn from(name: &str) -> Fetch {
+        Fetch::Name(name.to_owned())
+    }
+}
+
+/// What a prepared run is keyed by.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+struct Signature {
+    values: Vec<Value>,
+    targets: Vec<Target>,
+    feeds: Vec<(String, DType, Vec<usize>)>,
+}
+
+/// A pruned, verified slice of the program, ready to run.
+struct Prepared {
+    module: Module,
+    /// The placeholder behind each argument of the function.
+    arg_names: Vec<String>,
+}
+
+pub struct Session {
+    program: Program,
+    scope: Scope,
+    cache: HashMap<Signature, Prepared>,
+    compilations: usize,
+    runs: u64,
+}
+
+impl Session {
+    /// A session over a snapshot of `program`, with a fresh scope holding every parameter at
+    /// its (seeded) initial value.
+    pub fn new(program: &Program) -> RuntimeResult<Session> {
+        Session::with_scope(program, Scope::new())
+    }
+
+    /// A session over `program` that uses (and initialises what is missing in) `scope`: how
+    /// parameters trained elsewhere are run by another program.
+    pub fn with_scope(program: &Program, mut scope: Scope) -> RuntimeResult<Session> {
+        scope.declare(program.module())?;
+        Ok(Session {
+            program: program.clone(),
+            scope,
+            cache: HashMap::new(),
+            compilations: 0,
+            runs: 0,
+        })
+    }
+
+    pub fn program(&self) -> &Program {
+        &self.program
+    }
+
+    pub fn scope(&self) -> &Scope {
+        &self.scope
+    }
+
+    pub fn scope_mut(&mut self) -> &mut Scope {
+        &mut self.scope
+    }
+
+    pub fn into_scope(self) -> Scope {
+        self.scope
+    }
+
+    /// How many times a run had to prune and verify a new slice of the program.
+    pub fn compilations(&self) -> usize {
+        self.compilations
+    }
+
+    /// Runs what `fetches` need, feeding placeholders by name; returns the fetched values in
+    /// order (targets fetch nothing; their updates are applied).
+    pub fn run(&mut self, fetches: &[Fetch], feeds: &[(&str, Array)]) -> RuntimeResult<Vec<Array>> {
+        let (values, targets) = self.resolve(fetches)?;
+        let mut feed_sig: Vec<(String, DType, Vec<usize>)> = feeds
+            .iter()
+            .map(|(n, a)| (n.to_string(), a.dtype(), a.shape().to_vec()))
+            .collect();
+        feed_sig.sort();
+        let signature = Signature {
+            values,
+            targets,
+            feeds: feed_sig,
+        };
+        if !self.cache.contains_key(&signature) {
+            let prepared = self.prepare(&signature)?;
+            self.compilations += 1;
+            self.cache.insert(signature.clone(), prepared);
+        }
+        let prepared = &self.cache[&signature];
+        let args = self.arguments(prepared, feeds)?;
+        let func = &prepared.module.functions[0];
+        let counter = self.runs;
+        self.runs += 1;
+        Ok(Interpreter::new(&prepared.module)
+            .with_rng_counter(counter)
+            .run_function(func, args, self.scope.store_mut())?)
+    }
+
+    fn resolve(&self, fetches: &[Fetch]) -> RuntimeResult<(Vec<Value>, Vec<Target>)> {
+        let (mut values, mut targets) = (Vec::new(), Vec::new());
+        for fetch in fetches {
+            match fetch {
+                Fetch::Value(v) => values.push(*v),
+                Fetch::Target(t) => targets.push(*t),
+                Fetch::Name(name) => match (self.program.target(name), self.program.value(name)) {
+                    (Some(t), _) => targets.push(t),
+                    (None, Some(v)) => values.push(v),
+                    (None, None) => {
+                        let mut names = self.program.fetchable_names();
+                        names.sort();
+                        return Err(RuntimeError::UnknownFetch {
+                            name: name.clone(),
+                            available: names.join(", "),
+                        });
+                    }
+                },
+            }
+        }
+        Ok((values, targets))
+    }
+
+    fn prepare(&self, signature: &Signature) -> RuntimeResult<Prepared> {
+        let name = format!("run{}", self.compilations);
+        let func = self
+            .program
+            .export(&name, &signature.values, &signature.targets);
+        let graph = self.program.graph();
+        let arg_names = func
+            .args()
+            .iter()
+            .map(|&a| {
+                self.program
+                    .placeholders()
+                    .iter()
+                    .find(|(_, v)| *v == a)
+                    .map(|(n, _)| n.clone())
+                    .unwrap_or_else(|| graph.value_name(a).unwrap_or_default().to_owned())
+            })
+            .collect();
+        let module = Module {
+            states: self.program.module().states.clone(),
+            functions: vec![func],
+        };
+        verify_module(&module).map_err(|e| RuntimeError::Verify(e.render(&module)))?;
+        Ok(Prepared { module, arg_names })
+    }
+
+    /// The run's arguments from `feeds`, checked against the placeholders' types.
+    fn arguments(&self, prepared: &Prepared, feeds: &[(&str, Array)]) -> RuntimeResult<Vec<Array>> {
+        for (name, _) in feeds {
+            if !self.program.placeholders().iter().any(|(n, _)| n == name) {
+                let names: Vec<&str> = self
+                    .program
+                    .placeholders()
+                    .iter()
+                    .map(|(n, _)| n.as_str())
+                    .collect();
+                return Err(RuntimeError::UnknownFeed {
+                    name: name.to_string(),
+                    available: names.join(", "),
+                });
+            }
+        }
+        let func = &prepared.module.functions[0];
+        let mut bindings = SymbolBindings::new();
+        let mut args = Vec::with_capacity(func.args().len());
+        for (&v, name) in func.args().iter().zip(&prepared.arg_names) {
+            let ty = func.value_type(v);
+            let Some((_, array)) = feeds.iter().find(|(n, _)| n == name) else {
+                return Err(RuntimeError::MissingFeed {
+                    name: name.clone(),
+                    ty: Box::new(ty.clone()),
+                });
+            };
+            let mismatch = |reason: String| RuntimeError::FeedMismatch {
+                name: name.clone(),
+                expected: Box::new(ty.clone()),
+                found: Box::new(array.ty()),
+                reason,
+            };
+            if array.dtype() != ty.dtype {
+                return Err(mismatch(format!(
+                    "the dtype differs: {} vs {}",
+                    array.dtype(),
+                    ty.dtype
+                )));
+            }
+            ty.shape
+                .bind(array.shape(), &mut bindings)
+                .map_err(mismatch)?;
+            args.push(array.clone());
+        }
+        Ok(args)
+    }
+
+    /// A Keras-style function: call it with arrays for `inputs` (in order) to get `outputs`
+    /// and apply the updates of `updates`.
+    pub fn function(
+        &self,
+        inputs: &[Value],
+        outputs: &[Value],
+        updates: &[Target],
+    ) -> RuntimeResult<KerasFunction> {
+        let names = inputs
+            .iter()
+            .map(|&v| {
+                self.program
+                    .placeholders()
+                    .iter()
+                    .find(|(_, p)| *p == v)
+                    .map(|(n, _)| n.clone())
+                    .ok_or_else(|| RuntimeError::UnknownFeed {
+                        name: format!("{v}"),
+                        available: "the inputs of a function must be placeholders".into(),
+                    })
+            })
+            .collect::<RuntimeResult<Vec<_>>>()?;
+        let mut fetches: Vec<Fetch> = outputs.iter().map(|&v| Fetch::Value(v)).collect();
+        fetches.extend(updates.iter().map(|&t| Fetch::Target(t)));
+        Ok(KerasFunction {
+            inputs: names,
+            fetches,
+        })
+    }
+}
+
+/// `function(inputs, outputs, updates)`: a thin layer over [`Session::run`].
+#[derive(Clone, Debug)]
+pub struct KerasFunction {
+    inputs: Vec<String>,
+    fetches: Vec<Fetch>,
+}
+
+impl KerasFunction {
+    pub fn call(&self, session: &mut Session, args: &[Array]) -> RuntimeResult<Vec<Array>> {
+        let feeds: Vec<(&str, Array)> = self
+            .inputs
+            .iter()
+            .zip(args)
+            .map(|(n, a)| (n.as_str(), a.clone()))
+            .collect();
+        session.run(&self.fetches, &feeds)
+    }
+}

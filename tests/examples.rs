@@ -1,0 +1,84 @@
+//! The examples, at a small size: the GAN trained by sub-graphs over one scope, and the digits
+//! classifier trained, exported, saved and served by `kiln run`.
+
+mod common;
+
+use kiln::demos::{digits_static, gan_1d};
+use std::process::Command;
+
+#[test]
+fn gan_generator_learns_the_real_mean_and_runs_reuse_prepared_programs() {
+    let config = gan_1d::Config {
+        iterations: 600,
+        report_every: 100,
+        ..gan_1d::Config::default()
+    };
+    let outcome = gan_1d::train(&config, |_| {}).unwrap();
+    let late = &outcome.history[3..];
+    let mean = late.iter().map(|r| r.mean).sum::<f64>() / late.len() as f64;
+    assert!(
+        (mean - 4.0).abs() < 0.5,
+        "generated mean {mean}: {:?}",
+        outcome.history
+    );
+    // 1,200 training runs and 6 sample runs prepared exactly three programs: the D step,
+    // the G step, and the sampler.
+    assert_eq!(outcome.session.compilations(), 3);
+}
+
+#[test]
+fn digits_classifier_trains_exports_and_serves() {
+    let config = digits_static::Config {
+        epochs: 3,
+        ..digits_static::Config::default()
+    };
+    let outcome = digits_static::train(&config, |_| {}).unwrap();
+    let last = outcome.history.last().unwrap();
+    assert!(last.test_accuracy > 0.90, "{:?}", outcome.history);
+    assert!(outcome.history[0].mean_loss > last.mean_loss);
+
+    let dir = std::env::temp_dir().join(format!("kiln-digits-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let module = outcome
+        .model
+        .program
+        .export_module(&[("predict", &[outcome.model.logits][..])])
+        .unwrap();
+    let (ir, params) = (dir.join("digits.kir"), dir.join("digits.safetensors"));
+    std::fs::write(&ir, module.to_string()).unwrap();
+    outcome.session.scope().save(&params).unwrap();
+
+    let sample = outcome.test.select(&[0, 1, 2]).all();
+    let x_path = dir.join("x.npy");
+    kiln::npy::write_npy(&x_path, &sample.x).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_kiln"))
+        .args([
+            "run",
+            ir.to_str().unwrap(),
+            "--state",
+            params.to_str().unwrap(),
+        ])
+        .args([
+            "--feed",
+            &format!("x={}", x_path.display()),
+            "--out",
+            dir.to_str().unwrap(),
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let served = kiln::npy::read_npy(&dir.join("logits.npy"), kiln::ir::DType::F32).unwrap();
+    let mut session = outcome.session;
+    let direct = session
+        .run(&[outcome.model.logits.into()], &[("x", sample.x)])
+        .unwrap();
+    assert_eq!(
+        served, direct[0],
+        "kiln run on the saved files gives the session's logits"
+    );
+    std::fs::remove_dir_all(&dir).ok();
+}
