@@ -31,7 +31,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .program
         .export_module(&[("predict", &[outcome.model.logits][..])])?;
     let ir = out.join("digits.kir");
-    std::fs::write(&ir, module.to_string())?;
+    kiln::runtime::checkpoint::save_module(&module, &ir)?;
     let params = out.join("digits.safetensors");
     outcome.session.scope().save(&params)?;
     println!("wrote {} and {}", ir.display(), params.display());

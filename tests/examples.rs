@@ -45,7 +45,8 @@ fn digits_classifier_trains_exports_and_serves() {
         .export_module(&[("predict", &[outcome.model.logits][..])])
         .unwrap();
     let (ir, params) = (dir.join("digits.kir"), dir.join("digits.safetensors"));
-    std::fs::write(&ir, module.to_string()).unwrap();
+    kiln::runtime::checkpoint::save_module(&module, &ir).unwrap();
+    assert!(kiln::runtime::checkpoint::load_module(&ir).unwrap() == module);
     outcome.session.scope().save(&params).unwrap();
 
     let sample = outcome.test.select(&[0, 1, 2]).all();

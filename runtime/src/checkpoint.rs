@@ -212,3 +212,24 @@ pub fn load(
     }
     Ok(out)
 }
+
+/// Writes a module as text IR, atomically (a failed save leaves the previous file intact).
+pub fn save_module(module: &kiln_ir::Module, path: &Path) -> Result<(), CheckpointError> {
+    write_atomically(path, module.to_string().as_bytes()).map_err(|source| CheckpointError::Write {
+        path: path.display().to_string(),
+        source,
+    })
+}
+
+/// Reads a module saved as text IR, parsed and verified; errors carry the line and a caret.
+pub fn load_module(path: &Path) -> Result<kiln_ir::Module, CheckpointError> {
+    let shown = path.display().to_string();
+    let text = std::fs::read_to_string(path).map_err(|source| CheckpointError::Read {
+        path: shown.clone(),
+        source,
+    })?;
+    kiln_ir::parse_and_verify(&text).map_err(|e| CheckpointError::Invalid {
+        path: shown,
+        message: e.render(&text),
+    })
+}
