@@ -14,5 +14,5 @@ pub mod random;
 pub mod state;
 
 pub use array::Array;
-pub use interp::{CustomOpError, CustomOps, InterpError, Interpreter};
+pub use interp::{CustomOpError, CustomOps, Env, InterpError, Interpreter, unshare};
 pub use state::StateStore;

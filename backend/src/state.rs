@@ -5,11 +5,13 @@ use crate::interp::InterpError;
 use crate::random::Stream;
 use kiln_ir::{Initializer, Module, StateDecl};
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 /// State values by name. Functions read it as of their call and write it when they return.
+/// Values are shared, not copied, with the runs that load them.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct StateStore {
-    values: BTreeMap<String, Array>,
+    values: BTreeMap<String, Arc<Array>>,
 }
 
 impl StateStore {
@@ -28,26 +30,35 @@ impl StateStore {
     pub fn initialize_missing(&mut self, module: &Module) -> Result<(), InterpError> {
         for decl in &module.states {
             if !self.values.contains_key(&decl.name) {
-                self.values.insert(decl.name.clone(), initial_value(decl)?);
+                self.values.insert(decl.name.clone(), Arc::new(initial_value(decl)?));
             }
         }
         Ok(())
     }
 
     pub fn get(&self, name: &str) -> Option<&Array> {
+        self.values.get(name).map(|v| &**v)
+    }
+
+    /// The value, shared.
+    pub fn get_shared(&self, name: &str) -> Option<&Arc<Array>> {
         self.values.get(name)
     }
 
-    pub fn insert(&mut self, name: impl Into<String>, value: Array) -> Option<Array> {
-        self.values.insert(name.into(), value)
+    pub fn insert(&mut self, name: impl Into<String>, value: Array) {
+        self.values.insert(name.into(), Arc::new(value));
     }
 
-    pub fn remove(&mut self, name: &str) -> Option<Array> {
+    pub fn insert_shared(&mut self, name: impl Into<String>, value: Arc<Array>) {
+        self.values.insert(name.into(), value);
+    }
+
+    pub fn remove(&mut self, name: &str) -> Option<Arc<Array>> {
         self.values.remove(name)
     }
 
     pub fn iter(&self) -> impl Iterator<Item = (&str, &Array)> {
-        self.values.iter().map(|(k, v)| (k.as_str(), v))
+        self.values.iter().map(|(k, v)| (k.as_str(), &**v))
     }
 
     pub fn len(&self) -> usize {

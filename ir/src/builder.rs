@@ -598,6 +598,19 @@ impl FunctionBuilder {
         fill: impl FnOnce(&mut FunctionBuilder, &[Value]) -> BuildResult<Vec<Value>>,
         loc: Loc,
     ) -> BuildResult<Region> {
+        let (region, args) = self.begin_region(arg_types);
+        match fill(self, &args) {
+            Ok(yielded) => self.end_region_at(region, &yielded, loc).map(|()| region),
+            Err(e) => {
+                self.abandon_region(region);
+                Err(e)
+            }
+        }
+    }
+
+    /// Opens a region with arguments of `arg_types`: new ops go into it until it ends. For
+    /// callers that cannot pass a closure (tracing, where user code fills the region).
+    pub fn begin_region(&mut self, arg_types: &[Type]) -> (Region, Vec<Value>) {
         let region = self.func.create_region();
         let args: Vec<Value> = arg_types
             .iter()
@@ -608,15 +621,53 @@ impl FunctionBuilder {
             })
             .collect();
         self.open.push(region);
-        let yielded = fill(self, &args);
-        let visible = yielded
-            .as_ref()
-            .map_or(Ok(()), |values| self.check_visible("yield", values, loc));
+        (region, args)
+    }
+
+    /// Closes `region` (the innermost open one), which yields `yields`.
+    #[track_caller]
+    pub fn end_region(&mut self, region: Region, yields: &[Value]) -> BuildResult<()> {
+        self.end_region_at(region, yields, Loc::caller())
+    }
+
+    fn end_region_at(&mut self, region: Region, yields: &[Value], loc: Loc) -> BuildResult<()> {
+        if self.open.last() != Some(&region) || self.open.len() < 2 {
+            return Err(self.error("yield", format!("{region} is not the innermost open region"), loc));
+        }
+        let visible = self.check_visible("yield", yields, loc);
         self.open.pop();
-        let yielded = yielded?;
         visible?;
-        self.func.set_region_results(region, yielded);
-        Ok(region)
+        self.func.set_region_results(region, yields.to_vec());
+        Ok(())
+    }
+
+    /// Closes `region` after a failure while filling it; it is left unused.
+    pub fn abandon_region(&mut self, region: Region) {
+        if self.open.last() == Some(&region) && self.open.len() > 1 {
+            self.open.pop();
+        }
+    }
+
+    /// Adds `op` owning `regions` (built with `begin_region`/`end_region`).
+    #[track_caller]
+    pub fn insert_with_regions(&mut self, op: Op, args: &[Value], regions: Vec<Region>) -> BuildResult<Vec<Value>> {
+        self.insert_at(op, args, regions, Loc::caller())
+    }
+
+    /// Sets the source location of the instructions of the innermost open region from index
+    /// `from` on: wrappers use it to report their caller's line rather than their own.
+    pub fn relocate_since(&mut self, from: usize, loc: Loc) {
+        let region = *self.open.last().expect("the body region is always open");
+        let insts: Vec<Inst> = self.func.region(region).insts[from.min(self.func.region(region).insts.len())..].to_vec();
+        for inst in insts {
+            self.func.inst_mut(inst).loc = loc;
+        }
+    }
+
+    /// The number of instructions in the innermost open region.
+    pub fn current_len(&self) -> usize {
+        let region = *self.open.last().expect("the body region is always open");
+        self.func.region(region).insts.len()
     }
 }
 

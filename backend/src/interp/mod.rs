@@ -4,7 +4,8 @@
 //!
 //! It binds symbolic dimensions from the arguments, checks every result it computes against the
 //! result's type, and commits `store`s only when the whole function succeeds: a failed run
-//! leaves the state as it was.
+//! leaves the state as it was. Arrays are shared by reference count: a `load`, a region's
+//! results and a loop's carried values are never copied.
 
 pub mod kernels;
 
@@ -14,6 +15,7 @@ use crate::state::StateStore;
 use kiln_ir::print::{ValueNames, inst_line};
 use kiln_ir::{Function, Inst, Loc, Module, Op, Region, SymbolBindings, Type, Value};
 use std::collections::HashMap;
+use std::sync::Arc;
 
 /// Custom ops: user code that runs on host arrays. The runtime registers them; the interpreter
 /// calls them for `call @name` instructions.
@@ -57,6 +59,9 @@ pub enum InterpError {
     },
 }
 
+/// Values by SSA id, shared.
+pub type Env = HashMap<Value, Arc<Array>>;
+
 /// Runs functions of one module.
 pub struct Interpreter<'a> {
     module: &'a Module,
@@ -67,9 +72,9 @@ pub struct Interpreter<'a> {
 /// The values of one call, keyed by SSA value (region arguments are rebound as loops go round).
 struct Frame<'f> {
     func: &'f Function,
-    values: HashMap<Value, Array>,
+    values: Env,
     bindings: SymbolBindings,
-    stores: Vec<(String, Array)>,
+    stores: Vec<(String, Arc<Array>)>,
 }
 
 impl<'a> Interpreter<'a> {
@@ -94,25 +99,17 @@ impl<'a> Interpreter<'a> {
     }
 
     /// Runs the module's function `name`.
-    pub fn run(
-        &self,
-        name: &str,
-        args: Vec<Array>,
-        state: &mut StateStore,
-    ) -> Result<Vec<Array>, InterpError> {
-        let func = self
-            .module
-            .function(name)
-            .ok_or_else(|| InterpError::UnknownFunction {
-                name: name.to_owned(),
-                available: self
-                    .module
-                    .functions
-                    .iter()
-                    .map(|f| format!("@{}", f.name()))
-                    .collect::<Vec<_>>()
-                    .join(", "),
-            })?;
+    pub fn run(&self, name: &str, args: Vec<Array>, state: &mut StateStore) -> Result<Vec<Array>, InterpError> {
+        let func = self.module.function(name).ok_or_else(|| InterpError::UnknownFunction {
+            name: name.to_owned(),
+            available: self
+                .module
+                .functions
+                .iter()
+                .map(|f| format!("@{}", f.name()))
+                .collect::<Vec<_>>()
+                .join(", "),
+        })?;
         self.run_function(func, args, state)
     }
 
@@ -123,6 +120,18 @@ impl<'a> Interpreter<'a> {
         args: Vec<Array>,
         state: &mut StateStore,
     ) -> Result<Vec<Array>, InterpError> {
+        let shared = args.into_iter().map(Arc::new).collect();
+        let results = self.run_shared(func, shared, state)?;
+        Ok(results.into_iter().map(unshare).collect())
+    }
+
+    /// Like [`Interpreter::run_function`], with arguments and results shared.
+    pub fn run_shared(
+        &self,
+        func: &Function,
+        args: Vec<Arc<Array>>,
+        state: &mut StateStore,
+    ) -> Result<Vec<Arc<Array>>, InterpError> {
         if args.len() != func.args().len() {
             return Err(InterpError::ArgCount {
                 func: func.name().to_owned(),
@@ -130,10 +139,9 @@ impl<'a> Interpreter<'a> {
                 found: args.len(),
             });
         }
-        let names = ValueNames::new(func);
         let mut frame = Frame {
             func,
-            values: HashMap::new(),
+            values: Env::new(),
             bindings: SymbolBindings::new(),
             stores: Vec::new(),
         };
@@ -141,7 +149,7 @@ impl<'a> Interpreter<'a> {
             let expected = func.value_type(v);
             let mismatch = |reason: String| InterpError::ArgMismatch {
                 func: func.name().to_owned(),
-                arg: names.get(v),
+                arg: ValueNames::new(func).get(v),
                 expected: Box::new(expected.clone()),
                 found: Box::new(array.ty()),
                 reason,
@@ -149,25 +157,38 @@ impl<'a> Interpreter<'a> {
             if array.dtype() != expected.dtype {
                 return Err(mismatch(format!("the dtype is {}", array.dtype())));
             }
-            expected
-                .shape
-                .bind(array.shape(), &mut frame.bindings)
-                .map_err(mismatch)?;
-            frame.values.insert(v, array.into_standard_layout());
+            expected.shape.bind(array.shape(), &mut frame.bindings).map_err(mismatch)?;
+            frame.values.insert(v, array);
         }
         let results = self.region(&mut frame, func.body(), state)?;
         for (name, value) in frame.stores {
-            state.insert(name, value);
+            state.insert_shared(name, value);
         }
         Ok(results)
     }
 
-    fn region(
+    /// Evaluates `insts` — top-level instructions of `func`, in order — reading operands from
+    /// `env` and adding their results to it. For callers that grow a function an instruction
+    /// at a time (the eager tape). Shapes must be static; `store`s are not applied.
+    pub fn eval_insts(
         &self,
-        frame: &mut Frame<'_>,
-        region: Region,
+        func: &Function,
+        insts: &[Inst],
+        env: &mut Env,
         state: &StateStore,
-    ) -> Result<Vec<Array>, InterpError> {
+    ) -> Result<(), InterpError> {
+        let mut frame = Frame {
+            func,
+            values: std::mem::take(env),
+            bindings: SymbolBindings::new(),
+            stores: Vec::new(),
+        };
+        let result = insts.iter().try_for_each(|&inst| self.inst(&mut frame, inst, state));
+        *env = frame.values;
+        result
+    }
+
+    fn region(&self, frame: &mut Frame<'_>, region: Region, state: &StateStore) -> Result<Vec<Arc<Array>>, InterpError> {
         let func = frame.func;
         for &inst in &func.region(region).insts {
             self.inst(frame, inst, state)?;
@@ -198,22 +219,7 @@ impl<'a> Interpreter<'a> {
         }
     }
 
-    fn resolve(&self, frame: &Frame<'_>, inst: Inst, ty: &Type) -> Result<Vec<usize>, InterpError> {
-        ty.shape.resolve(&frame.bindings).map_err(|s| {
-            self.fail(
-                frame,
-                inst,
-                format!("symbol {s} is not bound by the arguments"),
-            )
-        })
-    }
-
-    fn inst(
-        &self,
-        frame: &mut Frame<'_>,
-        inst: Inst,
-        state: &StateStore,
-    ) -> Result<(), InterpError> {
+    fn inst(&self, frame: &mut Frame<'_>, inst: Inst, state: &StateStore) -> Result<(), InterpError> {
         let func = frame.func;
         let data = func.inst(inst);
         let results = self.eval(frame, inst, state).map_err(|e| match e {
@@ -221,69 +227,80 @@ impl<'a> Interpreter<'a> {
             Eval::Nested(err) => *err,
         })?;
         if results.len() != data.results.len() {
-            return Err(self.fail(
-                frame,
-                inst,
-                format!(
-                    "produced {} results for {} result values",
-                    results.len(),
-                    data.results.len()
-                ),
-            ));
+            let message = format!("produced {} results for {} result values", results.len(), data.results.len());
+            return Err(self.fail(frame, inst, message));
         }
         for (&v, array) in data.results.iter().zip(results) {
             let ty = func.value_type(v);
-            let shape = self.resolve(frame, inst, ty)?;
+            let shape = ty
+                .shape
+                .resolve(&frame.bindings)
+                .map_err(|s| self.fail(frame, inst, format!("symbol {s} is not bound by the arguments")))?;
             if array.dtype() != ty.dtype || array.shape() != shape.as_slice() {
-                return Err(self.fail(
-                    frame,
-                    inst,
-                    format!(
-                        "computed {} where the IR says {ty} (= {shape:?})",
-                        array.ty()
-                    ),
-                ));
+                let message = format!("computed {} where the IR says {ty} (= {shape:?})", array.ty());
+                return Err(self.fail(frame, inst, message));
             }
             frame.values.insert(v, array);
         }
         Ok(())
     }
 
-    fn eval(
-        &self,
-        frame: &mut Frame<'_>,
-        inst: Inst,
-        state: &StateStore,
-    ) -> Result<Vec<Array>, Eval> {
+    fn eval(&self, frame: &mut Frame<'_>, inst: Inst, state: &StateStore) -> Result<Vec<Arc<Array>>, Eval> {
         let func = frame.func;
         let data = func.inst(inst);
-        let arg = |i: usize| -> Result<&Array, Eval> {
-            data.args
-                .get(i)
-                .and_then(|v| frame.values.get(v))
-                .ok_or_else(|| {
-                    Eval::Kernel(format!(
-                        "operand {i} has no value (is the function verified?)"
-                    ))
-                })
-        };
-        let result_shape = |i: usize| -> Result<Vec<usize>, Eval> {
-            let v = data
-                .results
-                .get(i)
-                .ok_or_else(|| Eval::Kernel("missing result".into()))?;
-            func.value_type(*v)
-                .shape
-                .resolve(&frame.bindings)
-                .map_err(|s| Eval::Kernel(format!("symbol {s} is not bound by the arguments")))
-        };
-        use kernels as k;
-        let one = |r: Result<Array, String>| r.map(|a| vec![a]).map_err(Eval::Kernel);
         match &data.op {
+            Op::Load { state: name, ty } => {
+                let value = state.get_shared(name).ok_or_else(|| {
+                    Eval::Kernel(format!("state @{name} has no value; initialize the state store first"))
+                })?;
+                if value.dtype() != ty.dtype || Some(value.shape().to_vec()) != ty.shape.as_fixed() {
+                    return Err(Eval::Kernel(format!("state @{name} holds {}, but the IR loads {ty}", value.ty())));
+                }
+                Ok(vec![value.clone()])
+            }
+            Op::Store { state: name } => {
+                let value = operand(frame, data.args.first())?;
+                frame.stores.push((name.clone(), value));
+                Ok(Vec::new())
+            }
+            Op::Cond => {
+                let pred = operand(frame, data.args.first())?
+                    .as_bool_scalar()
+                    .ok_or_else(|| Eval::Kernel("the predicate is not a bool scalar".into()))?;
+                let region = data.regions.get(if pred { 0 } else { 1 }).copied();
+                let region = region.ok_or_else(|| Eval::Kernel("`cond` needs two regions".into()))?;
+                self.region(frame, region, state).map_err(|e| Eval::Nested(Box::new(e)))
+            }
+            Op::While => self.while_loop(frame, inst, state),
+            op => {
+                let args: Vec<Arc<Array>> = data
+                    .args
+                    .iter()
+                    .map(|v| operand(frame, Some(v)))
+                    .collect::<Result<_, _>>()?;
+                let arg_refs: Vec<&Array> = args.iter().map(|a| &**a).collect();
+                let shapes = data
+                    .results
+                    .iter()
+                    .map(|&v| func.value_type(v).shape.resolve(&frame.bindings))
+                    .collect::<Result<Vec<_>, _>>()
+                    .map_err(|s| Eval::Kernel(format!("symbol {s} is not bound by the arguments")))?;
+                let results = self.eval_op(op, &arg_refs, &shapes).map_err(Eval::Kernel)?;
+                Ok(results.into_iter().map(Arc::new).collect())
+            }
+        }
+    }
+
+    /// Applies an op without regions or state to `args`; `result_shapes` are the concrete
+    /// shapes of its results (for ops whose result shape is an attribute, like `broadcast`).
+    pub fn eval_op(&self, op: &Op, args: &[&Array], result_shapes: &[Vec<usize>]) -> Result<Vec<Array>, String> {
+        use kernels as k;
+        let arg = |i: usize| args.get(i).copied().ok_or_else(|| format!("operand {i} is missing"));
+        let shape = |i: usize| result_shapes.get(i).ok_or_else(|| "a result shape is missing".to_owned());
+        let one = |r: Result<Array, String>| r.map(|a| vec![a]);
+        match op {
             Op::Const { value, ty } => {
-                let shape = result_shape(0)?;
-                let array = Array::from_literal(value, &shape)
-                    .ok_or_else(|| Eval::Kernel(format!("the literal does not fill {ty}")))?;
+                let array = Array::from_literal(value, shape(0)?).ok_or_else(|| format!("the literal does not fill {ty}"))?;
                 Ok(vec![array])
             }
             Op::Unary(op) => one(k::unary(*op, arg(0)?)),
@@ -291,135 +308,76 @@ impl<'a> Interpreter<'a> {
             Op::Compare(op) => one(k::compare(*op, arg(0)?, arg(1)?)),
             Op::Select => one(k::select(arg(0)?, arg(1)?, arg(2)?)),
             Op::Cast { to } => Ok(vec![arg(0)?.cast(*to)]),
-            Op::Broadcast { .. } => one(k::broadcast(arg(0)?, &result_shape(0)?)),
-            Op::Reshape { .. } => one(k::reshape(arg(0)?, &result_shape(0)?)),
+            Op::Broadcast { .. } => one(k::broadcast(arg(0)?, shape(0)?)),
+            Op::Reshape { .. } => one(k::reshape(arg(0)?, shape(0)?)),
             Op::Transpose { perm } => one(k::transpose(arg(0)?, perm)),
             Op::Slice { axes } => one(k::slice(arg(0)?, axes)),
-            Op::Pad {
-                low,
-                high,
-                interior,
-            } => one(k::pad(arg(0)?, low, high, interior)),
-            Op::Concat { axis } => {
-                let xs = (0..data.args.len())
-                    .map(arg)
-                    .collect::<Result<Vec<_>, _>>()?;
-                one(k::concat(&xs, *axis))
-            }
-            Op::Reduce {
-                op,
-                axes,
-                keep_dims,
-            } => one(k::reduce(*op, arg(0)?, axes, *keep_dims)),
-            Op::ArgReduce {
-                op,
-                axis,
-                keep_dims,
-            } => one(k::arg_reduce(*op, arg(0)?, *axis, *keep_dims)),
-            Op::MatMul {
-                transpose_a,
-                transpose_b,
-            } => one(k::matmul(arg(0)?, arg(1)?, *transpose_a, *transpose_b)),
+            Op::Pad { low, high, interior } => one(k::pad(arg(0)?, low, high, interior)),
+            Op::Concat { axis } => one(k::concat(args, *axis)),
+            Op::Reduce { op, axes, keep_dims } => one(k::reduce(*op, arg(0)?, axes, *keep_dims)),
+            Op::ArgReduce { op, axis, keep_dims } => one(k::arg_reduce(*op, arg(0)?, *axis, *keep_dims)),
+            Op::MatMul { transpose_a, transpose_b } => one(k::matmul(arg(0)?, arg(1)?, *transpose_a, *transpose_b)),
             Op::Gather { axis } => one(k::gather(arg(0)?, arg(1)?, *axis)),
-            Op::ScatterAdd { axis, .. } => {
-                one(k::scatter_add(arg(0)?, arg(1)?, *axis, &result_shape(0)?))
-            }
+            Op::ScatterAdd { axis, .. } => one(k::scatter_add(arg(0)?, arg(1)?, *axis, shape(0)?)),
             Op::OneHot { depth, dtype } => one(k::one_hot(arg(0)?, *depth, *dtype)),
-            Op::Iota { axis, ty } => one(k::iota(&result_shape(0)?, *axis, ty.dtype)),
+            Op::Iota { axis, ty } => one(k::iota(shape(0)?, *axis, ty.dtype)),
             Op::Random { dist, seed, ty } => {
                 let stream = Stream::new(*seed, self.rng_counter);
-                Ok(vec![k::random(*dist, stream, &result_shape(0)?, ty.dtype)])
+                Ok(vec![k::random(*dist, stream, shape(0)?, ty.dtype)])
             }
-            Op::Load { state: name, ty } => {
-                let value = state.get(name).ok_or_else(|| {
-                    Eval::Kernel(format!(
-                        "state @{name} has no value; initialize the state store first"
-                    ))
-                })?;
-                if value.dtype() != ty.dtype || Some(value.shape().to_vec()) != ty.shape.as_fixed()
-                {
-                    return Err(Eval::Kernel(format!(
-                        "state @{name} holds {}, but the IR loads {ty}",
-                        value.ty()
-                    )));
-                }
-                Ok(vec![value.clone()])
-            }
-            Op::Store { state: name } => {
-                let value = arg(0)?.clone();
-                frame.stores.push((name.clone(), value));
-                Ok(Vec::new())
-            }
-            Op::Cond => {
-                let pred = arg(0)?
-                    .as_bool_scalar()
-                    .ok_or_else(|| Eval::Kernel("the predicate is not a bool scalar".into()))?;
-                let region = data.regions.get(if pred { 0 } else { 1 }).copied();
-                let region =
-                    region.ok_or_else(|| Eval::Kernel("`cond` needs two regions".into()))?;
-                self.region(frame, region, state)
-                    .map_err(|e| Eval::Nested(Box::new(e)))
-            }
-            Op::While => self.while_loop(frame, inst, state),
             Op::Call { callee, .. } => {
-                let ops = self.custom_ops.ok_or_else(|| {
-                    Eval::Kernel(format!(
-                        "custom op @{callee} called, but no custom ops are registered"
-                    ))
-                })?;
-                let args: Vec<Array> = (0..data.args.len())
-                    .map(|i| arg(i).cloned())
-                    .collect::<Result<_, _>>()?;
-                ops.call(callee, &args)
+                let ops = self
+                    .custom_ops
+                    .ok_or_else(|| format!("custom op @{callee} called, but no custom ops are registered"))?;
+                let owned: Vec<Array> = args.iter().map(|&a| a.clone()).collect();
+                ops.call(callee, &owned)
                     .map(|rs| rs.into_iter().map(Array::into_standard_layout).collect())
-                    .map_err(|e| Eval::Kernel(format!("custom op @{callee}: {e}")))
+                    .map_err(|e| format!("custom op @{callee}: {e}"))
+            }
+            Op::Load { .. } | Op::Store { .. } | Op::Cond | Op::While => {
+                Err(format!("`{}` needs state or regions; run it in a function", op.name()))
             }
         }
     }
 
-    fn while_loop(
-        &self,
-        frame: &mut Frame<'_>,
-        inst: Inst,
-        state: &StateStore,
-    ) -> Result<Vec<Array>, Eval> {
+    fn while_loop(&self, frame: &mut Frame<'_>, inst: Inst, state: &StateStore) -> Result<Vec<Arc<Array>>, Eval> {
         let func = frame.func;
         let data = func.inst(inst);
         let [cond, body] = data.regions[..] else {
             return Err(Eval::Kernel("`while` needs two regions".into()));
         };
-        let mut carried: Vec<Array> = data
+        let mut carried: Vec<Arc<Array>> = data
             .args
             .iter()
-            .map(|v| frame.values.get(v).cloned())
-            .collect::<Option<_>>()
-            .ok_or_else(|| {
-                Eval::Kernel("an operand has no value (is the function verified?)".into())
-            })?;
+            .map(|v| operand(frame, Some(v)))
+            .collect::<Result<_, _>>()?;
         loop {
             for (&a, v) in func.region(cond).args.iter().zip(&carried) {
                 frame.values.insert(a, v.clone());
             }
-            let keep_going = self
-                .region(frame, cond, state)
-                .map_err(|e| Eval::Nested(Box::new(e)))?;
-            match keep_going.first().and_then(Array::as_bool_scalar) {
+            let keep_going = self.region(frame, cond, state).map_err(|e| Eval::Nested(Box::new(e)))?;
+            match keep_going.first().and_then(|a| a.as_bool_scalar()) {
                 Some(true) => {}
                 Some(false) => return Ok(carried),
-                None => {
-                    return Err(Eval::Kernel(
-                        "the `cond` region did not yield a bool scalar".into(),
-                    ));
-                }
+                None => return Err(Eval::Kernel("the `cond` region did not yield a bool scalar".into())),
             }
             for (&a, v) in func.region(body).args.iter().zip(carried) {
                 frame.values.insert(a, v);
             }
-            carried = self
-                .region(frame, body, state)
-                .map_err(|e| Eval::Nested(Box::new(e)))?;
+            carried = self.region(frame, body, state).map_err(|e| Eval::Nested(Box::new(e)))?;
         }
     }
+}
+
+fn operand(frame: &Frame<'_>, v: Option<&Value>) -> Result<Arc<Array>, Eval> {
+    v.and_then(|v| frame.values.get(v))
+        .cloned()
+        .ok_or_else(|| Eval::Kernel("an operand has no value (is the function verified?)".into()))
+}
+
+/// The array behind a shared reference, copied only if it is still shared.
+pub fn unshare(a: Arc<Array>) -> Array {
+    Arc::try_unwrap(a).unwrap_or_else(|shared| (*shared).clone())
 }
 
 /// Why evaluating one instruction failed: its own kernel, or an instruction in its regions.
