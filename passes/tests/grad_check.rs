@@ -105,6 +105,7 @@ impl Check {
 
     fn run(&self, inputs: &[Array]) -> Vec<Array> {
         Interpreter::new(&self.module)
+            .with_custom_ops(&Cube)
             .run("f", inputs.to_vec(), &mut StateStore::new())
             .unwrap()
     }
@@ -467,4 +468,96 @@ fn integer_paths_stop_gradients_and_unused_inputs_get_zeros() {
         [0.0; 3],
         "an input the loss does not use"
     );
+}
+
+/// `x ← tanh(x·w + 0.1)` three times: gradients flow to the initial value and to the captured
+/// weight through every iteration.
+#[test]
+fn while_with_a_fixed_trip_count() {
+    check(vec![input(&[2, 3], 100), input(&[3], 101)], |b, a| {
+        let (x0, w) = (a[0], a[1]);
+        let zero = b.scalar(DType::I32, 0.0)?;
+        let out = b.while_loop(
+            &[zero, x0],
+            |b, c| {
+                let three = b.scalar(DType::I32, 3.0)?;
+                b.compare(CompareOp::Lt, c[0], three)
+            },
+            |b, c| {
+                let one = b.scalar(DType::I32, 1.0)?;
+                let i = b.add(c[0], one)?;
+                let xw = b.mul(c[1], w)?;
+                let shift = b.scalar(DType::F64, 0.1)?;
+                let z = b.add(xw, shift)?;
+                Ok(vec![i, b.tanh(z)?])
+            },
+        )?;
+        Ok(out[1])
+    });
+}
+
+/// The trip count depends on the data (`while sum(x) < 4: x ← 1.5·x + c`), and the body holds
+/// a `cond`.
+#[test]
+fn while_with_a_data_dependent_trip_count_and_a_cond_inside() {
+    // Small starting values (sum < 1.5), so the loop runs several times.
+    let x0 = array(&[3], values(3, 102, 0.2, 0.5, false));
+    check(vec![x0, input(&[3], 103)], |b, a| {
+        let (x0, c) = (a[0], a[1]);
+        let out = b.while_loop(
+            &[x0],
+            |b, s| {
+                let total = b.reduce(ReduceOp::Sum, s[0], vec![0], false)?;
+                let four = b.scalar(DType::F64, 4.0)?;
+                b.compare(CompareOp::Lt, total, four)
+            },
+            |b, s| {
+                let x = s[0];
+                let k = b.scalar(DType::F64, 1.5)?;
+                let grown = b.mul(x, k)?;
+                let total = b.reduce(ReduceOp::Sum, x, vec![0], false)?;
+                let two = b.scalar(DType::F64, 2.0)?;
+                let small = b.compare(CompareOp::Lt, total, two)?;
+                let shifted = b.cond(
+                    small,
+                    |b| Ok(vec![b.add(grown, c)?]),
+                    |b| {
+                        let e = b.exp(c)?;
+                        let tenth = b.scalar(DType::F64, 0.1)?;
+                        let ce = b.mul(e, tenth)?;
+                        Ok(vec![b.add(grown, ce)?])
+                    },
+                )?;
+                let pos = b.abs(shifted[0])?;
+                let eps = b.scalar(DType::F64, 0.05)?;
+                Ok(vec![b.add(pos, eps)?])
+            },
+        )?;
+        Ok(out[0])
+    });
+}
+
+/// A custom op `cube` whose backward the interpreter finds as `cube.grad`.
+struct Cube;
+
+impl kiln_backend::CustomOps for Cube {
+    fn call(&self, name: &str, args: &[Array]) -> Result<Vec<Array>, kiln_backend::CustomOpError> {
+        match (name, args) {
+            ("cube", [Array::F64(x)]) => Ok(vec![Array::F64(x.mapv(|v| v * v * v))]),
+            // inputs, outputs, output adjoints → one gradient per input
+            ("cube.grad", [Array::F64(x), _y, Array::F64(g)]) => {
+                Ok(vec![Array::F64(ndarray::Zip::from(x).and(g).map_collect(|&x, &g| 3.0 * x * x * g))])
+            }
+            _ => Err(kiln_backend::CustomOpError(format!("no custom op {name}"))),
+        }
+    }
+}
+
+#[test]
+fn custom_ops_use_their_own_backward() {
+    check(vec![input(&[2, 3], 110), input(&[3], 111)], |b, a| {
+        let ty = b.value_type(a[0]).clone();
+        let cubed = b.call("cube", &[a[0]], vec![ty])?;
+        b.mul(cubed[0], a[1])
+    });
 }

@@ -210,19 +210,20 @@ fn activity(func: &Function, wrt: &[Value]) -> HashSet<Value> {
 fn mark_region(func: &Function, region: Region, active: &mut HashSet<Value>) {
     for &inst in &func.region(region).insts {
         let data = func.inst(inst);
-        for &r in &data.regions {
-            // Region arguments carry the operands' activity (loops: over-approximated by
-            // treating every carried float as active when any operand is).
-            if data.args.iter().any(|a| active.contains(a)) {
-                active.extend(func.region(r).args.iter().copied());
-            }
-            mark_region(func, r, active);
-        }
         let uses_active = data.args.iter().any(|a| active.contains(a))
             || data
                 .regions
                 .iter()
                 .any(|&r| func.free_values(r).iter().any(|v| active.contains(v)));
+        for &r in &data.regions {
+            // Region arguments (a loop's carried values) are active when anything the
+            // instruction uses is: an over-approximation that keeps loops simple.
+            if uses_active {
+                let floats = func.region(r).args.iter().filter(|&&a| func.value_type(a).dtype.is_float());
+                active.extend(floats);
+            }
+            mark_region(func, r, active);
+        }
         if uses_active {
             for &r in &data.results {
                 if func.value_type(r).dtype.is_float() {
@@ -288,10 +289,10 @@ impl<'a> Sweep<'a> {
             if grads.iter().all(Option::is_none) {
                 continue;
             }
-            let contributions = if self.src.inst(inst).op == Op::Cond {
-                self.cond(b, inst, &grads)?
-            } else {
-                rules::vjp(self, b, inst, &grads)?
+            let contributions = match self.src.inst(inst).op {
+                Op::Cond => self.cond(b, inst, &grads)?,
+                Op::While => self.while_loop(b, inst, &grads)?,
+                _ => rules::vjp(self, b, inst, &grads)?,
             };
             for (v, g) in contributions {
                 if self.is_active(v) {
@@ -355,6 +356,175 @@ impl<'a> Sweep<'a> {
         }
     }
 
+    /// The gradient of a `while` loop, by recomputation. It counts the trips `T`, then for
+    /// `k = T-1` down to `0` recomputes the carried values before iteration `k` (running the
+    /// body `k` times from the initial values) and sweeps the body backwards there. That costs
+    /// O(T²) body evaluations and no storage that grows with `T`.
+    fn while_loop(
+        &mut self,
+        b: &mut FunctionBuilder,
+        inst: Inst,
+        grads: &[Option<Value>],
+    ) -> Result<Vec<(Value, Value)>, AutodiffError> {
+        let data = self.src.inst(inst);
+        let (cond_r, body_r) = (data.regions[0], data.regions[1]);
+        let init: Vec<Value> = data.args.iter().map(|&v| self.fwd(v)).collect();
+        let floats: Vec<usize> = (0..data.args.len())
+            .filter(|&i| self.ty(data.args[i]).dtype.is_float())
+            .collect();
+        let captured: Vec<Value> = self
+            .src
+            .free_values(body_r)
+            .into_iter()
+            .filter(|&v| self.is_active(v) && self.ty(v).dtype.is_float())
+            .collect();
+        if floats.is_empty() && captured.is_empty() {
+            return Ok(Vec::new());
+        }
+        let loop_shape = LoopShape {
+            body: body_r,
+            init: &init,
+            floats: &floats,
+            captured: &captured,
+        };
+        let trips = self.trip_count(b, cond_r, body_r, &init)?;
+        let mut start = vec![trips];
+        for &i in &floats {
+            start.push(match grads[i] {
+                Some(g) => g,
+                None => zeros(b, self.ty(data.args[i]))?,
+            });
+        }
+        for &v in &captured {
+            start.push(zeros(b, self.ty(v))?);
+        }
+        let failure = std::cell::RefCell::new(None);
+        let backward = b.while_loop(
+            &start,
+            |b, c| {
+                let zero = b.scalar(DType::I32, 0.0)?;
+                b.compare(kiln_ir::CompareOp::Gt, c[0], zero)
+            },
+            |b, c| {
+                self.reverse_iteration(b, &loop_shape, c).map_err(|e| {
+                    let error = kiln_ir::TypeError {
+                        op: "while",
+                        message: e.to_string(),
+                    };
+                    failure.borrow_mut().get_or_insert(e);
+                    BuildError {
+                        error,
+                        loc: kiln_ir::Loc::Unknown,
+                    }
+                })
+            },
+        );
+        let results = backward.map_err(|e| failure.into_inner().unwrap_or(AutodiffError::Build(e)))?;
+        let mut out = Vec::new();
+        for (k, &i) in floats.iter().enumerate() {
+            out.push((data.args[i], results[1 + k]));
+        }
+        for (j, &v) in captured.iter().enumerate() {
+            out.push((v, results[1 + floats.len() + j]));
+        }
+        Ok(out)
+    }
+
+    /// Re-runs the loop with a counter: how many times the body runs.
+    fn trip_count(
+        &self,
+        b: &mut FunctionBuilder,
+        cond_r: Region,
+        body_r: Region,
+        init: &[Value],
+    ) -> Result<Value, BuildError> {
+        let zero = b.scalar(DType::I32, 0.0)?;
+        let mut start = vec![zero];
+        start.extend_from_slice(init);
+        let counted = b.while_loop(
+            &start,
+            |b, c| Ok(self.clone_region(b, cond_r, &c[1..])?[0]),
+            |b, c| {
+                let one = b.scalar(DType::I32, 1.0)?;
+                let mut next = vec![b.add(c[0], one)?];
+                next.extend(self.clone_region(b, body_r, &c[1..])?);
+                Ok(next)
+            },
+        )?;
+        Ok(counted[0])
+    }
+
+    /// One step of the backward loop, whose carried values `c` are the iteration count, the
+    /// adjoints of the float carried values, and the gradients gathered for captured values.
+    fn reverse_iteration(
+        &self,
+        b: &mut FunctionBuilder,
+        l: &LoopShape<'_>,
+        c: &[Value],
+    ) -> Result<Vec<Value>, AutodiffError> {
+        let one = b.scalar(DType::I32, 1.0)?;
+        let k = b.sub(c[0], one)?;
+        // The carried values before iteration k: the body run k times from the start.
+        let zero = b.scalar(DType::I32, 0.0)?;
+        let mut start = vec![zero];
+        start.extend_from_slice(l.init);
+        let state = b.while_loop(
+            &start,
+            |b, s| b.compare(kiln_ir::CompareOp::Lt, s[0], k),
+            |b, s| {
+                let one = b.scalar(DType::I32, 1.0)?;
+                let mut next = vec![b.add(s[0], one)?];
+                next.extend(self.clone_region(b, l.body, &s[1..])?);
+                Ok(next)
+            },
+        )?;
+        let body = self.src.region(l.body);
+        let mut inner = Sweep {
+            src: self.src,
+            active: self.active,
+            remap: self.remap.clone(),
+            adjoints: HashMap::new(),
+        };
+        for (&arg, &v) in body.args.iter().zip(&state[1..]) {
+            inner.remap.insert(arg, v);
+        }
+        for &inst in &body.insts {
+            clone_inst(b, self.src, inst, &mut inner.remap)?;
+        }
+        for (slot, &i) in l.floats.iter().enumerate() {
+            inner.accumulate(b, body.results[i], c[1 + slot])?;
+        }
+        inner.region(b, l.body)?;
+        let mut next = vec![k];
+        for &i in l.floats {
+            next.push(inner.adjoint_or_zeros(b, body.args[i])?);
+        }
+        for (j, &v) in l.captured.iter().enumerate() {
+            let g = inner.adjoint_or_zeros(b, v)?;
+            next.push(b.add(c[1 + l.floats.len() + j], g)?);
+        }
+        Ok(next)
+    }
+
+    /// Re-emits `region`'s instructions with its arguments bound to `args`; returns what it
+    /// yields.
+    fn clone_region(&self, b: &mut FunctionBuilder, region: Region, args: &[Value]) -> Result<Vec<Value>, BuildError> {
+        let mut remap = self.remap.clone();
+        for (&a, &v) in self.src.region(region).args.iter().zip(args) {
+            remap.insert(a, v);
+        }
+        for &inst in &self.src.region(region).insts {
+            clone_inst(b, self.src, inst, &mut remap)?;
+        }
+        Ok(self
+            .src
+            .region(region)
+            .results
+            .iter()
+            .map(|v| remap.get(v).copied().unwrap_or(*v))
+            .collect())
+    }
+
     /// Inside a new branch: recompute forward `region`, seed its yields, sweep it backwards,
     /// and return the gradients of `captured` (zeros where the branch does not use them).
     fn branch(
@@ -384,6 +554,17 @@ impl<'a> Sweep<'a> {
             .map(|&v| inner.adjoint_or_zeros(b, v).map_err(AutodiffError::from))
             .collect()
     }
+}
+
+/// What the backward loop of a `while` needs to know about the forward loop.
+struct LoopShape<'l> {
+    body: Region,
+    /// The initial carried values, as the gradient code sees them.
+    init: &'l [Value],
+    /// Which carried values are floats (they get adjoints).
+    floats: &'l [usize],
+    /// Active float values the body captures from outside the loop.
+    captured: &'l [Value],
 }
 
 /// A splat of zeros of type `ty`.

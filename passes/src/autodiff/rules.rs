@@ -26,6 +26,9 @@ pub(super) fn vjp(
         op: data.op.name(),
         line: kiln_ir::print::inst_line(s.src, inst),
     };
+    if let Op::Call { callee, .. } = &data.op {
+        return call(s, b, inst, callee, grads);
+    }
     // Every op with a rule below has one result; `grads` has at least one adjoint.
     let g = grads.first().copied().flatten();
     let Some(g) = g else {
@@ -216,10 +219,41 @@ pub(super) fn vjp(
         | Op::Random { .. }
         | Op::Load { .. }
         | Op::Store { .. } => {}
-        // `cond` is handled by the sweep itself (its gradient is a region of its own).
+        // `cond` and `while` are handled by the sweep (their gradients have regions of their
+        // own); `call` above.
         Op::Cond | Op::While | Op::Call { .. } => return Err(no_rule()),
     }
     Ok(out)
+}
+
+/// A custom op's gradient comes from the op's own backward, which the runtime registers as
+/// `<name>.grad`: it takes the inputs, the outputs and the outputs' adjoints (zeros where a
+/// result has none) and returns one gradient per input.
+fn call(
+    s: &Sweep<'_>,
+    b: &mut FunctionBuilder,
+    inst: Inst,
+    callee: &str,
+    grads: &[Option<Value>],
+) -> Result<Contributions, AutodiffError> {
+    let data = s.src.inst(inst);
+    let mut args: Vec<Value> = data.args.iter().map(|&a| s.fwd(a)).collect();
+    args.extend(data.results.iter().map(|&r| s.fwd(r)));
+    for (&r, g) in data.results.iter().zip(grads) {
+        args.push(match g {
+            Some(g) => *g,
+            None => zeros(b, s.ty(r))?,
+        });
+    }
+    let input_types = data.args.iter().map(|&a| s.ty(a).clone()).collect();
+    let input_grads = b.call(&format!("{callee}.grad"), &args, input_types)?;
+    Ok(data
+        .args
+        .iter()
+        .zip(input_grads)
+        .filter(|(a, _)| s.is_active(**a) && s.ty(**a).dtype.is_float())
+        .map(|(&a, g)| (a, g))
+        .collect())
 }
 
 fn zeros_like(b: &mut FunctionBuilder, v: Value) -> Result<Value, BuildError> {
