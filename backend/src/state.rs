@@ -30,7 +30,8 @@ impl StateStore {
     pub fn initialize_missing(&mut self, module: &Module) -> Result<(), InterpError> {
         for decl in &module.states {
             if !self.values.contains_key(&decl.name) {
-                self.values.insert(decl.name.clone(), Arc::new(initial_value(decl)?));
+                self.values
+                    .insert(decl.name.clone(), Arc::new(initial_value(decl)?));
             }
         }
         Ok(())

@@ -632,7 +632,11 @@ impl FunctionBuilder {
 
     fn end_region_at(&mut self, region: Region, yields: &[Value], loc: Loc) -> BuildResult<()> {
         if self.open.last() != Some(&region) || self.open.len() < 2 {
-            return Err(self.error("yield", format!("{region} is not the innermost open region"), loc));
+            return Err(self.error(
+                "yield",
+                format!("{region} is not the innermost open region"),
+                loc,
+            ));
         }
         let visible = self.check_visible("yield", yields, loc);
         self.open.pop();
@@ -650,7 +654,12 @@ impl FunctionBuilder {
 
     /// Adds `op` owning `regions` (built with `begin_region`/`end_region`).
     #[track_caller]
-    pub fn insert_with_regions(&mut self, op: Op, args: &[Value], regions: Vec<Region>) -> BuildResult<Vec<Value>> {
+    pub fn insert_with_regions(
+        &mut self,
+        op: Op,
+        args: &[Value],
+        regions: Vec<Region>,
+    ) -> BuildResult<Vec<Value>> {
         self.insert_at(op, args, regions, Loc::caller())
     }
 
@@ -658,7 +667,9 @@ impl FunctionBuilder {
     /// `from` on: wrappers use it to report their caller's line rather than their own.
     pub fn relocate_since(&mut self, from: usize, loc: Loc) {
         let region = *self.open.last().expect("the body region is always open");
-        let insts: Vec<Inst> = self.func.region(region).insts[from.min(self.func.region(region).insts.len())..].to_vec();
+        let insts: Vec<Inst> = self.func.region(region).insts
+            [from.min(self.func.region(region).insts.len())..]
+            .to_vec();
         for inst in insts {
             self.func.inst_mut(inst).loc = loc;
         }

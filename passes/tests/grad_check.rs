@@ -545,9 +545,11 @@ impl kiln_backend::CustomOps for Cube {
         match (name, args) {
             ("cube", [Array::F64(x)]) => Ok(vec![Array::F64(x.mapv(|v| v * v * v))]),
             // inputs, outputs, output adjoints → one gradient per input
-            ("cube.grad", [Array::F64(x), _y, Array::F64(g)]) => {
-                Ok(vec![Array::F64(ndarray::Zip::from(x).and(g).map_collect(|&x, &g| 3.0 * x * x * g))])
-            }
+            ("cube.grad", [Array::F64(x), _y, Array::F64(g)]) => Ok(vec![Array::F64(
+                ndarray::Zip::from(x)
+                    .and(g)
+                    .map_collect(|&x, &g| 3.0 * x * x * g),
+            )]),
             _ => Err(kiln_backend::CustomOpError(format!("no custom op {name}"))),
         }
     }

@@ -3,6 +3,8 @@
 //! - [`program`]: static programs — placeholders, parameters, ops, targets.
 //! - [`layers`], [`init`], [`optim`]: layers, initializers and optimizers for them.
 //! - [`session`]: runs any part of a program with feeds and fetches, over one [`scope`].
+//! - [`eager`]: dygraph — eager tensors with a tape, layers, custom ops, control flow, and
+//!   `to_static` tracing into static programs.
 //! - [`checkpoint`]: state as safetensors files; [`data`]: the built-in datasets.
 //!
 //! Architecture invariant: a `Session` runs only verified slices of its program, and every
@@ -11,6 +13,7 @@
 
 pub mod checkpoint;
 pub mod data;
+pub mod eager;
 pub mod error;
 pub mod init;
 pub mod layers;
@@ -24,4 +27,4 @@ pub use init::Init;
 pub use optim::{Adam, LearningRate, Momentum, Optimizer, Sgd};
 pub use program::{Param, Program, Target};
 pub use scope::Scope;
-pub use session::{Fetch, KerasFunction, Session};
+pub use session::{Fetch, KerasFunction, Runner, Session};

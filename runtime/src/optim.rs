@@ -88,16 +88,30 @@ pub trait Optimizer {
             .collect();
         let values: Vec<Value> = params.iter().map(|(_, v)| *v).collect();
         let grads = p.gradients(loss, &values)?;
+        let updates: Vec<(StateDecl, Value, Value)> = params
+            .into_iter()
+            .zip(grads)
+            .map(|((decl, value), grad)| (decl, value, grad))
+            .collect();
+        self.apply_gradients(p, &updates, "minimize")
+    }
+
+    /// Update ops for each `(parameter, current value, gradient)`, grouped as the target
+    /// `<optimizer>.<suffix>`.
+    fn apply_gradients(
+        &mut self,
+        p: &mut Program,
+        updates: &[(StateDecl, Value, Value)],
+        suffix: &str,
+    ) -> RuntimeResult<Target> {
         let mut stores = Vec::new();
-        for ((decl, value), grad) in params.iter().zip(grads) {
-            let step = self.step(
-                p,
-                &Update {
-                    decl,
-                    value: *value,
-                    grad,
-                },
-            )?;
+        for (decl, value, grad) in updates {
+            let update = Update {
+                decl,
+                value: *value,
+                grad: *grad,
+            };
+            let step = self.step(p, &update)?;
             stores.push(p.store(decl, step.param)?);
             for (state, next) in &step.state {
                 stores.push(p.store(state, *next)?);
@@ -106,7 +120,7 @@ pub trait Optimizer {
         for (state, next) in self.finish(p)? {
             stores.push(p.store(&state, next)?);
         }
-        let name = format!("{}.minimize", self.name());
+        let name = format!("{}.{suffix}", self.name());
         p.add_target(&name, stores)
     }
 }

@@ -121,6 +121,27 @@ impl Program {
         Ok(v)
     }
 
+    /// Makes already-declared state (from another program, or the eager scope) a trainable
+    /// parameter of this program; returns its value. Adopting it twice gives the same value.
+    pub fn adopt_parameter(&mut self, decl: &StateDecl) -> RuntimeResult<Value> {
+        if let Some(param) = self.params.iter().find(|q| q.name == decl.name) {
+            return Ok(param.value);
+        }
+        self.module
+            .declare_state(decl.clone())
+            .map_err(|message| RuntimeError::State {
+                name: decl.name.clone(),
+                message,
+            })?;
+        let v = self.graph.load(decl)?;
+        self.graph.set_name(v, &decl.name);
+        self.params.push(Param {
+            name: decl.name.clone(),
+            value: v,
+        });
+        Ok(v)
+    }
+
     /// State that is not trained (a step counter, a running mean, an optimizer moment): its
     /// declaration and the value of a `load` of it in the graph.
     pub fn state(

@@ -7,6 +7,7 @@
 //! session's one [`Scope`], so a GAN's discriminator and generator updates are two runs over
 //! the same parameters.
 
+use crate::eager::custom::Registry;
 use crate::error::{RuntimeError, RuntimeResult};
 use crate::program::{Program, Target};
 use crate::scope::Scope;
@@ -55,12 +56,169 @@ struct Prepared {
     arg_names: Vec<String>,
 }
 
-pub struct Session {
-    program: Program,
-    scope: Scope,
+/// Runs slices of a program against a scope, caching each prepared slice by signature. A
+/// [`Session`] is a runner with a program and a scope of its own; compiled eager functions
+/// and eager optimizers use a runner against the eager parameter scope.
+#[derive(Default)]
+pub struct Runner {
     cache: HashMap<Signature, Prepared>,
     compilations: usize,
     runs: u64,
+}
+
+impl Runner {
+    pub fn new() -> Runner {
+        Runner::default()
+    }
+
+    /// How many times a run had to prune and verify a new slice of a program.
+    pub fn compilations(&self) -> usize {
+        self.compilations
+    }
+
+    /// Runs what `fetches` need in `program`, feeding placeholders by name, reading and
+    /// writing `scope`. Returns the fetched values in order.
+    pub fn run(
+        &mut self,
+        program: &Program,
+        scope: &mut Scope,
+        fetches: &[Fetch],
+        feeds: &[(&str, Array)],
+    ) -> RuntimeResult<Vec<Array>> {
+        let (values, targets) = resolve(program, fetches)?;
+        let mut feed_sig: Vec<(String, DType, Vec<usize>)> = feeds
+            .iter()
+            .map(|(n, a)| (n.to_string(), a.dtype(), a.shape().to_vec()))
+            .collect();
+        feed_sig.sort();
+        let signature = Signature {
+            values,
+            targets,
+            feeds: feed_sig,
+        };
+        if !self.cache.contains_key(&signature) {
+            let prepared = prepare(program, &signature, self.compilations)?;
+            self.compilations += 1;
+            self.cache.insert(signature.clone(), prepared);
+        }
+        let prepared = &self.cache[&signature];
+        let args = arguments(program, prepared, feeds)?;
+        let func = &prepared.module.functions[0];
+        let counter = self.runs;
+        self.runs += 1;
+        Ok(Interpreter::new(&prepared.module)
+            .with_custom_ops(&Registry)
+            .with_rng_counter(counter)
+            .run_function(func, args, scope.store_mut())?)
+    }
+}
+
+fn resolve(program: &Program, fetches: &[Fetch]) -> RuntimeResult<(Vec<Value>, Vec<Target>)> {
+    let (mut values, mut targets) = (Vec::new(), Vec::new());
+    for fetch in fetches {
+        match fetch {
+            Fetch::Value(v) => values.push(*v),
+            Fetch::Target(t) => targets.push(*t),
+            Fetch::Name(name) => match (program.target(name), program.value(name)) {
+                (Some(t), _) => targets.push(t),
+                (None, Some(v)) => values.push(v),
+                (None, None) => {
+                    let mut names = program.fetchable_names();
+                    names.sort();
+                    return Err(RuntimeError::UnknownFetch {
+                        name: name.clone(),
+                        available: names.join(", "),
+                    });
+                }
+            },
+        }
+    }
+    Ok((values, targets))
+}
+
+fn prepare(program: &Program, signature: &Signature, index: usize) -> RuntimeResult<Prepared> {
+    let func = program.export(
+        &format!("run{index}"),
+        &signature.values,
+        &signature.targets,
+    );
+    let graph = program.graph();
+    let arg_names = func
+        .args()
+        .iter()
+        .map(|&a| {
+            program
+                .placeholders()
+                .iter()
+                .find(|(_, v)| *v == a)
+                .map(|(n, _)| n.clone())
+                .unwrap_or_else(|| graph.value_name(a).unwrap_or_default().to_owned())
+        })
+        .collect();
+    let module = Module {
+        states: program.module().states.clone(),
+        functions: vec![func],
+    };
+    verify_module(&module).map_err(|e| RuntimeError::Verify(e.render(&module)))?;
+    Ok(Prepared { module, arg_names })
+}
+
+/// The run's arguments from `feeds`, checked against the placeholders' types.
+fn arguments(
+    program: &Program,
+    prepared: &Prepared,
+    feeds: &[(&str, Array)],
+) -> RuntimeResult<Vec<Array>> {
+    for (name, _) in feeds {
+        if !program.placeholders().iter().any(|(n, _)| n == name) {
+            let names: Vec<&str> = program
+                .placeholders()
+                .iter()
+                .map(|(n, _)| n.as_str())
+                .collect();
+            return Err(RuntimeError::UnknownFeed {
+                name: name.to_string(),
+                available: names.join(", "),
+            });
+        }
+    }
+    let func = &prepared.module.functions[0];
+    let mut bindings = SymbolBindings::new();
+    let mut args = Vec::with_capacity(func.args().len());
+    for (&v, name) in func.args().iter().zip(&prepared.arg_names) {
+        let ty = func.value_type(v);
+        let Some((_, array)) = feeds.iter().find(|(n, _)| n == name) else {
+            return Err(RuntimeError::MissingFeed {
+                name: name.clone(),
+                ty: Box::new(ty.clone()),
+            });
+        };
+        let mismatch = |reason: String| RuntimeError::FeedMismatch {
+            name: name.clone(),
+            expected: Box::new(ty.clone()),
+            found: Box::new(array.ty()),
+            reason,
+        };
+        if array.dtype() != ty.dtype {
+            return Err(mismatch(format!(
+                "the dtype differs: {} vs {}",
+                array.dtype(),
+                ty.dtype
+            )));
+        }
+        ty.shape
+            .bind(array.shape(), &mut bindings)
+            .map_err(mismatch)?;
+        args.push(array.clone());
+    }
+    Ok(args)
+}
+
+/// A program, the scope its parameters live in, and a runner.
+pub struct Session {
+    program: Program,
+    scope: Scope,
+    runner: Runner,
 }
 
 impl Session {
@@ -77,9 +235,7 @@ impl Session {
         Ok(Session {
             program: program.clone(),
             scope,
-            cache: HashMap::new(),
-            compilations: 0,
-            runs: 0,
+            runner: Runner::default(),
         })
     }
 
@@ -101,133 +257,14 @@ impl Session {
 
     /// How many times a run had to prune and verify a new slice of the program.
     pub fn compilations(&self) -> usize {
-        self.compilations
+        self.runner.compilations
     }
 
     /// Runs what `fetches` need, feeding placeholders by name; returns the fetched values in
     /// order (targets fetch nothing; their updates are applied).
     pub fn run(&mut self, fetches: &[Fetch], feeds: &[(&str, Array)]) -> RuntimeResult<Vec<Array>> {
-        let (values, targets) = self.resolve(fetches)?;
-        let mut feed_sig: Vec<(String, DType, Vec<usize>)> = feeds
-            .iter()
-            .map(|(n, a)| (n.to_string(), a.dtype(), a.shape().to_vec()))
-            .collect();
-        feed_sig.sort();
-        let signature = Signature {
-            values,
-            targets,
-            feeds: feed_sig,
-        };
-        if !self.cache.contains_key(&signature) {
-            let prepared = self.prepare(&signature)?;
-            self.compilations += 1;
-            self.cache.insert(signature.clone(), prepared);
-        }
-        let prepared = &self.cache[&signature];
-        let args = self.arguments(prepared, feeds)?;
-        let func = &prepared.module.functions[0];
-        let counter = self.runs;
-        self.runs += 1;
-        Ok(Interpreter::new(&prepared.module)
-            .with_rng_counter(counter)
-            .run_function(func, args, self.scope.store_mut())?)
-    }
-
-    fn resolve(&self, fetches: &[Fetch]) -> RuntimeResult<(Vec<Value>, Vec<Target>)> {
-        let (mut values, mut targets) = (Vec::new(), Vec::new());
-        for fetch in fetches {
-            match fetch {
-                Fetch::Value(v) => values.push(*v),
-                Fetch::Target(t) => targets.push(*t),
-                Fetch::Name(name) => match (self.program.target(name), self.program.value(name)) {
-                    (Some(t), _) => targets.push(t),
-                    (None, Some(v)) => values.push(v),
-                    (None, None) => {
-                        let mut names = self.program.fetchable_names();
-                        names.sort();
-                        return Err(RuntimeError::UnknownFetch {
-                            name: name.clone(),
-                            available: names.join(", "),
-                        });
-                    }
-                },
-            }
-        }
-        Ok((values, targets))
-    }
-
-    fn prepare(&self, signature: &Signature) -> RuntimeResult<Prepared> {
-        let name = format!("run{}", self.compilations);
-        let func = self
-            .program
-            .export(&name, &signature.values, &signature.targets);
-        let graph = self.program.graph();
-        let arg_names = func
-            .args()
-            .iter()
-            .map(|&a| {
-                self.program
-                    .placeholders()
-                    .iter()
-                    .find(|(_, v)| *v == a)
-                    .map(|(n, _)| n.clone())
-                    .unwrap_or_else(|| graph.value_name(a).unwrap_or_default().to_owned())
-            })
-            .collect();
-        let module = Module {
-            states: self.program.module().states.clone(),
-            functions: vec![func],
-        };
-        verify_module(&module).map_err(|e| RuntimeError::Verify(e.render(&module)))?;
-        Ok(Prepared { module, arg_names })
-    }
-
-    /// The run's arguments from `feeds`, checked against the placeholders' types.
-    fn arguments(&self, prepared: &Prepared, feeds: &[(&str, Array)]) -> RuntimeResult<Vec<Array>> {
-        for (name, _) in feeds {
-            if !self.program.placeholders().iter().any(|(n, _)| n == name) {
-                let names: Vec<&str> = self
-                    .program
-                    .placeholders()
-                    .iter()
-                    .map(|(n, _)| n.as_str())
-                    .collect();
-                return Err(RuntimeError::UnknownFeed {
-                    name: name.to_string(),
-                    available: names.join(", "),
-                });
-            }
-        }
-        let func = &prepared.module.functions[0];
-        let mut bindings = SymbolBindings::new();
-        let mut args = Vec::with_capacity(func.args().len());
-        for (&v, name) in func.args().iter().zip(&prepared.arg_names) {
-            let ty = func.value_type(v);
-            let Some((_, array)) = feeds.iter().find(|(n, _)| n == name) else {
-                return Err(RuntimeError::MissingFeed {
-                    name: name.clone(),
-                    ty: Box::new(ty.clone()),
-                });
-            };
-            let mismatch = |reason: String| RuntimeError::FeedMismatch {
-                name: name.clone(),
-                expected: Box::new(ty.clone()),
-                found: Box::new(array.ty()),
-                reason,
-            };
-            if array.dtype() != ty.dtype {
-                return Err(mismatch(format!(
-                    "the dtype differs: {} vs {}",
-                    array.dtype(),
-                    ty.dtype
-                )));
-            }
-            ty.shape
-                .bind(array.shape(), &mut bindings)
-                .map_err(mismatch)?;
-            args.push(array.clone());
-        }
-        Ok(args)
+        self.runner
+            .run(&self.program, &mut self.scope, fetches, feeds)
     }
 
     /// A Keras-style function: call it with arrays for `inputs` (in order) to get `outputs`

@@ -99,17 +99,25 @@ impl<'a> Interpreter<'a> {
     }
 
     /// Runs the module's function `name`.
-    pub fn run(&self, name: &str, args: Vec<Array>, state: &mut StateStore) -> Result<Vec<Array>, InterpError> {
-        let func = self.module.function(name).ok_or_else(|| InterpError::UnknownFunction {
-            name: name.to_owned(),
-            available: self
-                .module
-                .functions
-                .iter()
-                .map(|f| format!("@{}", f.name()))
-                .collect::<Vec<_>>()
-                .join(", "),
-        })?;
+    pub fn run(
+        &self,
+        name: &str,
+        args: Vec<Array>,
+        state: &mut StateStore,
+    ) -> Result<Vec<Array>, InterpError> {
+        let func = self
+            .module
+            .function(name)
+            .ok_or_else(|| InterpError::UnknownFunction {
+                name: name.to_owned(),
+                available: self
+                    .module
+                    .functions
+                    .iter()
+                    .map(|f| format!("@{}", f.name()))
+                    .collect::<Vec<_>>()
+                    .join(", "),
+            })?;
         self.run_function(func, args, state)
     }
 
@@ -157,7 +165,10 @@ impl<'a> Interpreter<'a> {
             if array.dtype() != expected.dtype {
                 return Err(mismatch(format!("the dtype is {}", array.dtype())));
             }
-            expected.shape.bind(array.shape(), &mut frame.bindings).map_err(mismatch)?;
+            expected
+                .shape
+                .bind(array.shape(), &mut frame.bindings)
+                .map_err(mismatch)?;
             frame.values.insert(v, array);
         }
         let results = self.region(&mut frame, func.body(), state)?;
@@ -183,12 +194,19 @@ impl<'a> Interpreter<'a> {
             bindings: SymbolBindings::new(),
             stores: Vec::new(),
         };
-        let result = insts.iter().try_for_each(|&inst| self.inst(&mut frame, inst, state));
+        let result = insts
+            .iter()
+            .try_for_each(|&inst| self.inst(&mut frame, inst, state));
         *env = frame.values;
         result
     }
 
-    fn region(&self, frame: &mut Frame<'_>, region: Region, state: &StateStore) -> Result<Vec<Arc<Array>>, InterpError> {
+    fn region(
+        &self,
+        frame: &mut Frame<'_>,
+        region: Region,
+        state: &StateStore,
+    ) -> Result<Vec<Arc<Array>>, InterpError> {
         let func = frame.func;
         for &inst in &func.region(region).insts {
             self.inst(frame, inst, state)?;
@@ -219,7 +237,12 @@ impl<'a> Interpreter<'a> {
         }
     }
 
-    fn inst(&self, frame: &mut Frame<'_>, inst: Inst, state: &StateStore) -> Result<(), InterpError> {
+    fn inst(
+        &self,
+        frame: &mut Frame<'_>,
+        inst: Inst,
+        state: &StateStore,
+    ) -> Result<(), InterpError> {
         let func = frame.func;
         let data = func.inst(inst);
         let results = self.eval(frame, inst, state).map_err(|e| match e {
@@ -227,17 +250,27 @@ impl<'a> Interpreter<'a> {
             Eval::Nested(err) => *err,
         })?;
         if results.len() != data.results.len() {
-            let message = format!("produced {} results for {} result values", results.len(), data.results.len());
+            let message = format!(
+                "produced {} results for {} result values",
+                results.len(),
+                data.results.len()
+            );
             return Err(self.fail(frame, inst, message));
         }
         for (&v, array) in data.results.iter().zip(results) {
             let ty = func.value_type(v);
-            let shape = ty
-                .shape
-                .resolve(&frame.bindings)
-                .map_err(|s| self.fail(frame, inst, format!("symbol {s} is not bound by the arguments")))?;
+            let shape = ty.shape.resolve(&frame.bindings).map_err(|s| {
+                self.fail(
+                    frame,
+                    inst,
+                    format!("symbol {s} is not bound by the arguments"),
+                )
+            })?;
             if array.dtype() != ty.dtype || array.shape() != shape.as_slice() {
-                let message = format!("computed {} where the IR says {ty} (= {shape:?})", array.ty());
+                let message = format!(
+                    "computed {} where the IR says {ty} (= {shape:?})",
+                    array.ty()
+                );
                 return Err(self.fail(frame, inst, message));
             }
             frame.values.insert(v, array);
@@ -245,16 +278,27 @@ impl<'a> Interpreter<'a> {
         Ok(())
     }
 
-    fn eval(&self, frame: &mut Frame<'_>, inst: Inst, state: &StateStore) -> Result<Vec<Arc<Array>>, Eval> {
+    fn eval(
+        &self,
+        frame: &mut Frame<'_>,
+        inst: Inst,
+        state: &StateStore,
+    ) -> Result<Vec<Arc<Array>>, Eval> {
         let func = frame.func;
         let data = func.inst(inst);
         match &data.op {
             Op::Load { state: name, ty } => {
                 let value = state.get_shared(name).ok_or_else(|| {
-                    Eval::Kernel(format!("state @{name} has no value; initialize the state store first"))
+                    Eval::Kernel(format!(
+                        "state @{name} has no value; initialize the state store first"
+                    ))
                 })?;
-                if value.dtype() != ty.dtype || Some(value.shape().to_vec()) != ty.shape.as_fixed() {
-                    return Err(Eval::Kernel(format!("state @{name} holds {}, but the IR loads {ty}", value.ty())));
+                if value.dtype() != ty.dtype || Some(value.shape().to_vec()) != ty.shape.as_fixed()
+                {
+                    return Err(Eval::Kernel(format!(
+                        "state @{name} holds {}, but the IR loads {ty}",
+                        value.ty()
+                    )));
                 }
                 Ok(vec![value.clone()])
             }
@@ -268,8 +312,10 @@ impl<'a> Interpreter<'a> {
                     .as_bool_scalar()
                     .ok_or_else(|| Eval::Kernel("the predicate is not a bool scalar".into()))?;
                 let region = data.regions.get(if pred { 0 } else { 1 }).copied();
-                let region = region.ok_or_else(|| Eval::Kernel("`cond` needs two regions".into()))?;
-                self.region(frame, region, state).map_err(|e| Eval::Nested(Box::new(e)))
+                let region =
+                    region.ok_or_else(|| Eval::Kernel("`cond` needs two regions".into()))?;
+                self.region(frame, region, state)
+                    .map_err(|e| Eval::Nested(Box::new(e)))
             }
             Op::While => self.while_loop(frame, inst, state),
             op => {
@@ -284,7 +330,9 @@ impl<'a> Interpreter<'a> {
                     .iter()
                     .map(|&v| func.value_type(v).shape.resolve(&frame.bindings))
                     .collect::<Result<Vec<_>, _>>()
-                    .map_err(|s| Eval::Kernel(format!("symbol {s} is not bound by the arguments")))?;
+                    .map_err(|s| {
+                        Eval::Kernel(format!("symbol {s} is not bound by the arguments"))
+                    })?;
                 let results = self.eval_op(op, &arg_refs, &shapes).map_err(Eval::Kernel)?;
                 Ok(results.into_iter().map(Arc::new).collect())
             }
@@ -293,14 +341,28 @@ impl<'a> Interpreter<'a> {
 
     /// Applies an op without regions or state to `args`; `result_shapes` are the concrete
     /// shapes of its results (for ops whose result shape is an attribute, like `broadcast`).
-    pub fn eval_op(&self, op: &Op, args: &[&Array], result_shapes: &[Vec<usize>]) -> Result<Vec<Array>, String> {
+    pub fn eval_op(
+        &self,
+        op: &Op,
+        args: &[&Array],
+        result_shapes: &[Vec<usize>],
+    ) -> Result<Vec<Array>, String> {
         use kernels as k;
-        let arg = |i: usize| args.get(i).copied().ok_or_else(|| format!("operand {i} is missing"));
-        let shape = |i: usize| result_shapes.get(i).ok_or_else(|| "a result shape is missing".to_owned());
+        let arg = |i: usize| {
+            args.get(i)
+                .copied()
+                .ok_or_else(|| format!("operand {i} is missing"))
+        };
+        let shape = |i: usize| {
+            result_shapes
+                .get(i)
+                .ok_or_else(|| "a result shape is missing".to_owned())
+        };
         let one = |r: Result<Array, String>| r.map(|a| vec![a]);
         match op {
             Op::Const { value, ty } => {
-                let array = Array::from_literal(value, shape(0)?).ok_or_else(|| format!("the literal does not fill {ty}"))?;
+                let array = Array::from_literal(value, shape(0)?)
+                    .ok_or_else(|| format!("the literal does not fill {ty}"))?;
                 Ok(vec![array])
             }
             Op::Unary(op) => one(k::unary(*op, arg(0)?)),
@@ -312,11 +374,26 @@ impl<'a> Interpreter<'a> {
             Op::Reshape { .. } => one(k::reshape(arg(0)?, shape(0)?)),
             Op::Transpose { perm } => one(k::transpose(arg(0)?, perm)),
             Op::Slice { axes } => one(k::slice(arg(0)?, axes)),
-            Op::Pad { low, high, interior } => one(k::pad(arg(0)?, low, high, interior)),
+            Op::Pad {
+                low,
+                high,
+                interior,
+            } => one(k::pad(arg(0)?, low, high, interior)),
             Op::Concat { axis } => one(k::concat(args, *axis)),
-            Op::Reduce { op, axes, keep_dims } => one(k::reduce(*op, arg(0)?, axes, *keep_dims)),
-            Op::ArgReduce { op, axis, keep_dims } => one(k::arg_reduce(*op, arg(0)?, *axis, *keep_dims)),
-            Op::MatMul { transpose_a, transpose_b } => one(k::matmul(arg(0)?, arg(1)?, *transpose_a, *transpose_b)),
+            Op::Reduce {
+                op,
+                axes,
+                keep_dims,
+            } => one(k::reduce(*op, arg(0)?, axes, *keep_dims)),
+            Op::ArgReduce {
+                op,
+                axis,
+                keep_dims,
+            } => one(k::arg_reduce(*op, arg(0)?, *axis, *keep_dims)),
+            Op::MatMul {
+                transpose_a,
+                transpose_b,
+            } => one(k::matmul(arg(0)?, arg(1)?, *transpose_a, *transpose_b)),
             Op::Gather { axis } => one(k::gather(arg(0)?, arg(1)?, *axis)),
             Op::ScatterAdd { axis, .. } => one(k::scatter_add(arg(0)?, arg(1)?, *axis, shape(0)?)),
             Op::OneHot { depth, dtype } => one(k::one_hot(arg(0)?, *depth, *dtype)),
@@ -326,21 +403,27 @@ impl<'a> Interpreter<'a> {
                 Ok(vec![k::random(*dist, stream, shape(0)?, ty.dtype)])
             }
             Op::Call { callee, .. } => {
-                let ops = self
-                    .custom_ops
-                    .ok_or_else(|| format!("custom op @{callee} called, but no custom ops are registered"))?;
+                let ops = self.custom_ops.ok_or_else(|| {
+                    format!("custom op @{callee} called, but no custom ops are registered")
+                })?;
                 let owned: Vec<Array> = args.iter().map(|&a| a.clone()).collect();
                 ops.call(callee, &owned)
                     .map(|rs| rs.into_iter().map(Array::into_standard_layout).collect())
                     .map_err(|e| format!("custom op @{callee}: {e}"))
             }
-            Op::Load { .. } | Op::Store { .. } | Op::Cond | Op::While => {
-                Err(format!("`{}` needs state or regions; run it in a function", op.name()))
-            }
+            Op::Load { .. } | Op::Store { .. } | Op::Cond | Op::While => Err(format!(
+                "`{}` needs state or regions; run it in a function",
+                op.name()
+            )),
         }
     }
 
-    fn while_loop(&self, frame: &mut Frame<'_>, inst: Inst, state: &StateStore) -> Result<Vec<Arc<Array>>, Eval> {
+    fn while_loop(
+        &self,
+        frame: &mut Frame<'_>,
+        inst: Inst,
+        state: &StateStore,
+    ) -> Result<Vec<Arc<Array>>, Eval> {
         let func = frame.func;
         let data = func.inst(inst);
         let [cond, body] = data.regions[..] else {
@@ -355,16 +438,24 @@ impl<'a> Interpreter<'a> {
             for (&a, v) in func.region(cond).args.iter().zip(&carried) {
                 frame.values.insert(a, v.clone());
             }
-            let keep_going = self.region(frame, cond, state).map_err(|e| Eval::Nested(Box::new(e)))?;
+            let keep_going = self
+                .region(frame, cond, state)
+                .map_err(|e| Eval::Nested(Box::new(e)))?;
             match keep_going.first().and_then(|a| a.as_bool_scalar()) {
                 Some(true) => {}
                 Some(false) => return Ok(carried),
-                None => return Err(Eval::Kernel("the `cond` region did not yield a bool scalar".into())),
+                None => {
+                    return Err(Eval::Kernel(
+                        "the `cond` region did not yield a bool scalar".into(),
+                    ));
+                }
             }
             for (&a, v) in func.region(body).args.iter().zip(carried) {
                 frame.values.insert(a, v);
             }
-            carried = self.region(frame, body, state).map_err(|e| Eval::Nested(Box::new(e)))?;
+            carried = self
+                .region(frame, body, state)
+                .map_err(|e| Eval::Nested(Box::new(e)))?;
         }
     }
 }

@@ -219,7 +219,11 @@ fn mark_region(func: &Function, region: Region, active: &mut HashSet<Value>) {
             // Region arguments (a loop's carried values) are active when anything the
             // instruction uses is: an over-approximation that keeps loops simple.
             if uses_active {
-                let floats = func.region(r).args.iter().filter(|&&a| func.value_type(a).dtype.is_float());
+                let floats = func
+                    .region(r)
+                    .args
+                    .iter()
+                    .filter(|&&a| func.value_type(a).dtype.is_float());
                 active.extend(floats);
             }
             mark_region(func, r, active);
@@ -419,7 +423,8 @@ impl<'a> Sweep<'a> {
                 })
             },
         );
-        let results = backward.map_err(|e| failure.into_inner().unwrap_or(AutodiffError::Build(e)))?;
+        let results =
+            backward.map_err(|e| failure.into_inner().unwrap_or(AutodiffError::Build(e)))?;
         let mut out = Vec::new();
         for (k, &i) in floats.iter().enumerate() {
             out.push((data.args[i], results[1 + k]));
@@ -508,7 +513,12 @@ impl<'a> Sweep<'a> {
 
     /// Re-emits `region`'s instructions with its arguments bound to `args`; returns what it
     /// yields.
-    fn clone_region(&self, b: &mut FunctionBuilder, region: Region, args: &[Value]) -> Result<Vec<Value>, BuildError> {
+    fn clone_region(
+        &self,
+        b: &mut FunctionBuilder,
+        region: Region,
+        args: &[Value],
+    ) -> Result<Vec<Value>, BuildError> {
         let mut remap = self.remap.clone();
         for (&a, &v) in self.src.region(region).args.iter().zip(args) {
             remap.insert(a, v);

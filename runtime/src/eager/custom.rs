@@ -1,0 +1,118 @@
+//! Custom ops (the PyLayer of the dygraph design): user code with its own forward and
+//! backward over host arrays.
+//!
+//! A registered op runs eagerly, is traced as `call @name`, runs in the interpreter and in
+//! compiled programs, and its gradient comes from its own backward: the autodiff pass emits
+//! `call @name.grad(inputs…, outputs…, output gradients…)`, which this registry routes to
+//! [`CustomOp::backward`].
+
+use kiln_backend::{Array, CustomOpError, CustomOps};
+use kiln_ir::Type;
+use std::collections::HashMap;
+use std::sync::{Arc, OnceLock, RwLock};
+
+pub trait CustomOp: Send + Sync {
+    /// The name the IR calls it by: `call @name`.
+    fn name(&self) -> &str;
+
+    /// How many results it has.
+    fn num_outputs(&self) -> usize {
+        1
+    }
+
+    /// The result types for operands of `inputs` types (dimensions may be symbolic while
+    /// tracing). The default: one result of the first operand's type.
+    fn output_types(&self, inputs: &[Type]) -> Result<Vec<Type>, String> {
+        inputs
+            .first()
+            .map(|t| vec![t.clone()])
+            .ok_or_else(|| format!("`{}` needs an operand", self.name()))
+    }
+
+    fn forward(&self, inputs: &[Array]) -> Result<Vec<Array>, String>;
+
+    /// One gradient per input, given the inputs, the outputs and the gradients of the outputs.
+    fn backward(
+        &self,
+        inputs: &[Array],
+        outputs: &[Array],
+        output_grads: &[Array],
+    ) -> Result<Vec<Array>, String>;
+}
+
+fn registry() -> &'static RwLock<HashMap<String, Arc<dyn CustomOp>>> {
+    static REGISTRY: OnceLock<RwLock<HashMap<String, Arc<dyn CustomOp>>>> = OnceLock::new();
+    REGISTRY.get_or_init(Default::default)
+}
+
+/// Registers `op` for every thread; registering a name again replaces the op.
+pub fn register(op: Arc<dyn CustomOp>) -> Result<(), String> {
+    let name = op.name().to_owned();
+    if name.ends_with(".grad") || name.is_empty() {
+        return Err(format!(
+            "`{name}` cannot name a custom op (empty, or ends with `.grad`)"
+        ));
+    }
+    registry()
+        .write()
+        .map_err(|_| "the custom-op registry is poisoned".to_owned())?
+        .insert(name, op);
+    Ok(())
+}
+
+/// The op registered as `name`.
+pub fn lookup(name: &str) -> Option<Arc<dyn CustomOp>> {
+    registry().read().ok()?.get(name).cloned()
+}
+
+/// The registry as the interpreter sees it.
+pub struct Registry;
+
+impl CustomOps for Registry {
+    fn call(&self, name: &str, args: &[Array]) -> Result<Vec<Array>, CustomOpError> {
+        let (base, backward) = match name.strip_suffix(".grad") {
+            Some(base) => (base, true),
+            None => (name, false),
+        };
+        let op = lookup(base)
+            .ok_or_else(|| CustomOpError(format!("no custom op `{base}` is registered")))?;
+        let result = if backward {
+            let outputs = op.num_outputs();
+            let inputs = args.len().checked_sub(2 * outputs).ok_or_else(|| {
+                CustomOpError(format!(
+                    "`{name}` needs the inputs, {outputs} outputs and {outputs} gradients"
+                ))
+            })?;
+            op.backward(
+                &args[..inputs],
+                &args[inputs..inputs + outputs],
+                &args[inputs + outputs..],
+            )
+        } else {
+            op.forward(args)
+        };
+        result.map_err(CustomOpError)
+    }
+}
+
+/// Calls registered custom op `name` on `inputs`: evaluated eagerly (recorded on the tape
+/// when gradients flow), or traced as `call @name`.
+#[track_caller]
+pub fn call(name: &str, inputs: &[&super::Tensor]) -> super::EagerResult<Vec<super::Tensor>> {
+    let usage = |m: String| super::EagerError::Usage(m);
+    let op = lookup(name).ok_or_else(|| usage(format!("no custom op `{name}` is registered")))?;
+    let types: Vec<Type> = inputs.iter().map(|t| t.ty()).collect();
+    let results = op
+        .output_types(&types)
+        .map_err(|m| usage(format!("custom op `{name}`: {m}")))?;
+    if results.len() != op.num_outputs() {
+        return Err(usage(format!(
+            "custom op `{name}` declares {} outputs but its output_types gave {}",
+            op.num_outputs(),
+            results.len()
+        )));
+    }
+    super::tensor::apply(inputs, kiln_ir::Loc::caller(), |b, v| {
+        b.call(name, v, results)
+    })
+}

@@ -1,0 +1,196 @@
+//! Dygraph: eager tensors that compute at once, record a tape for `backward()`, and trace into
+//! static programs with `to_static`.
+//!
+//! There is one list of ops, one set of shape rules, one set of kernels and one set of gradient
+//! rules, shared with the static front end:
+//! - every tensor op is a call of the IR builder (`FunctionBuilder`), so it is typed by the same
+//!   inference rules and reports shape errors the same way;
+//! - eagerly, the instructions an op adds are evaluated at once by the reference interpreter's
+//!   kernels; when gradients are needed they stay on a *tape* — itself an IR function — and
+//!   `backward()` runs the autodiff pass over it and evaluates the gradient instructions;
+//! - while tracing (`to_static`), the same calls build a [`Program`](crate::Program) instead,
+//!   with no evaluation; parameters become `load`s of state, so the compiled function reads the
+//!   same parameters as the eager code.
+//!
+//! The context — parameter scope, tape, trace, accumulated gradients — is per thread. A tensor
+//! refers to its tape value by id; the tape is cleared after `backward()`, and when no tensor
+//! recorded on it is alive any more.
+
+pub mod control;
+pub mod custom;
+pub mod nn;
+pub mod optim;
+mod tape;
+mod tensor;
+mod trace;
+
+pub use control::{cond, while_loop};
+pub use custom::{CustomOp, register as register_custom_op};
+pub use nn::Parameter;
+pub use optim::EagerOptimizer;
+pub use tensor::Tensor;
+pub use trace::{Gradients, StaticFunction, to_static};
+
+use crate::error::RuntimeError;
+use crate::scope::Scope;
+use kiln_backend::{Array, InterpError};
+use kiln_ir::{BuildError, Module};
+use kiln_passes::AutodiffError;
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::sync::Arc;
+
+#[derive(Debug, thiserror::Error)]
+pub enum EagerError {
+    #[error(transparent)]
+    Build(#[from] BuildError),
+    #[error(transparent)]
+    Run(#[from] InterpError),
+    #[error(transparent)]
+    Runtime(#[from] RuntimeError),
+    #[error(transparent)]
+    Autodiff(#[from] AutodiffError),
+    #[error(
+        "cannot read the value of {value} while tracing with `to_static`: it is not known until \
+         the compiled function runs. To branch or loop on a tensor, use `kiln::eager::cond` or \
+         `kiln::eager::while_loop`, which trace into `cond` and `while` ops"
+    )]
+    TracedRead { value: String },
+    #[error("{0}")]
+    Usage(String),
+}
+
+pub type EagerResult<T> = Result<T, EagerError>;
+
+/// Identifies a tensor whose gradient is accumulated (a parameter, or `requires_grad()`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct LeafId(u64);
+
+pub(crate) struct Context {
+    /// Parameter values, shared with compiled functions and static programs.
+    pub scope: Scope,
+    /// Declarations of the parameters created eagerly.
+    pub states: Module,
+    /// The leaf of each parameter.
+    pub param_leaves: HashMap<String, LeafId>,
+    pub tape: tape::Tape,
+    pub trace: Option<trace::Trace>,
+    pub grad_enabled: bool,
+    pub grads: HashMap<LeafId, Arc<Array>>,
+    next_leaf: u64,
+    next_trace: u64,
+    /// Mixed into eager random ops' seeds; advanced by each op that draws.
+    pub rng_counter: u64,
+    /// Mixed into parameter initializers' seeds.
+    pub seed: u64,
+}
+
+impl Context {
+    fn new() -> Context {
+        Context {
+            scope: Scope::new(),
+            states: Module::new(),
+            param_leaves: HashMap::new(),
+            tape: tape::Tape::new(),
+            trace: None,
+            grad_enabled: true,
+            grads: HashMap::new(),
+            next_leaf: 0,
+            next_trace: 0,
+            rng_counter: 0,
+            seed: 0,
+        }
+    }
+
+    pub fn new_leaf(&mut self) -> LeafId {
+        self.next_leaf += 1;
+        LeafId(self.next_leaf)
+    }
+
+    pub fn new_trace_id(&mut self) -> u64 {
+        self.next_trace += 1;
+        self.next_trace
+    }
+}
+
+thread_local! {
+    static CONTEXT: RefCell<Context> = RefCell::new(Context::new());
+}
+
+/// Runs `f` with this thread's context. Tensor code never calls it re-entrantly; a custom op
+/// that calls tensor ops from its forward or backward gets an error, not a panic.
+pub(crate) fn with<R>(f: impl FnOnce(&mut Context) -> EagerResult<R>) -> EagerResult<R> {
+    CONTEXT.with(|cell| match cell.try_borrow_mut() {
+        Ok(mut cx) => f(&mut cx),
+        Err(_) => Err(EagerError::Usage(
+            "a tensor op ran inside another (a custom op's forward or backward must work on \
+             arrays, not tensors)"
+                .into(),
+        )),
+    })
+}
+
+/// Forgets every parameter, gradient and recorded op of this thread: a fresh start.
+pub fn reset() {
+    CONTEXT.with(|cell| {
+        if let Ok(mut cx) = cell.try_borrow_mut() {
+            *cx = Context::new();
+        }
+    });
+}
+
+/// Seeds parameter initializers (with each parameter's name) and eager random ops.
+pub fn manual_seed(seed: u64) {
+    let _ = with(|cx| {
+        cx.seed = seed;
+        cx.rng_counter = 0;
+        Ok(())
+    });
+}
+
+/// A copy of this thread's parameter scope: to save it, or to serve it from a `Session`.
+pub fn scope() -> EagerResult<Scope> {
+    with(|cx| Ok(cx.scope.clone()))
+}
+
+/// The declarations of every parameter created eagerly in this thread.
+pub fn parameters_module() -> EagerResult<Module> {
+    with(|cx| Ok(cx.states.clone()))
+}
+
+/// Saves every parameter (and optimizer state) of this thread as a safetensors checkpoint.
+pub fn save_parameters(path: &std::path::Path) -> EagerResult<()> {
+    with(|cx| Ok(cx.scope.save(path).map_err(RuntimeError::from)?))
+}
+
+/// Loads parameter values from a checkpoint; nothing changes on error.
+pub fn load_parameters(path: &std::path::Path) -> EagerResult<()> {
+    with(|cx| Ok(cx.scope.load(path).map_err(RuntimeError::from)?))
+}
+
+/// How many instructions the tape holds (0 once no recorded tensor is alive): for
+/// inspecting memory use.
+pub fn tape_len() -> usize {
+    with(|cx| Ok(cx.tape.len())).unwrap_or(0)
+}
+
+/// While alive, ops record nothing for gradients (inference, updates).
+pub struct NoGradGuard {
+    previous: bool,
+}
+
+/// Disables gradient recording until the guard is dropped.
+pub fn no_grad() -> NoGradGuard {
+    let previous = with(|cx| Ok(std::mem::replace(&mut cx.grad_enabled, false))).unwrap_or(true);
+    NoGradGuard { previous }
+}
+
+impl Drop for NoGradGuard {
+    fn drop(&mut self) {
+        let previous = self.previous;
+        let _ = with(|cx| {
+            cx.grad_enabled = previous;
+            Ok(())
+        });
+    }
+}

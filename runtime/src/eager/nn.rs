@@ -1,0 +1,340 @@
+//! Layers with parameters, for eager code (and, traced, for static programs).
+//!
+//! A [`Parameter`] is named state in this thread's scope: eagerly it is a leaf tensor whose
+//! gradient `backward()` accumulates; traced it is a `load` of that state. So the same
+//! parameters train eagerly and serve compiled.
+
+use super::{EagerError, EagerResult, Tensor, with};
+use crate::init::Init;
+use kiln_ir::{DType, Shape, StateDecl, Type};
+
+/// A named parameter in this thread's scope.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Parameter {
+    decl: StateDecl,
+}
+
+/// FNV-1a, so a parameter's seed depends only on its name and the context seed.
+fn stable_hash(text: &str) -> u64 {
+    text.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
+        (h ^ b as u64).wrapping_mul(0x0100_0000_01b3)
+    })
+}
+
+impl Parameter {
+    /// Declares a parameter `name` (made unique with a suffix if taken) initialised by `init`,
+    /// seeded by the context seed and the name.
+    pub fn new(name: &str, dtype: DType, shape: &[usize], init: Init) -> EagerResult<Parameter> {
+        with(|cx| {
+            let mut unique = name.to_owned();
+            let mut n = 1;
+            while cx.states.state(&unique).is_some() {
+                unique = format!("{name}_{n}");
+                n += 1;
+            }
+            let decl = StateDecl {
+                ty: Type::new(dtype, Shape::fixed(shape)),
+                init: init.initializer(shape, cx.seed ^ stable_hash(&unique)),
+                name: unique,
+            };
+            cx.states
+                .declare_state(decl.clone())
+                .map_err(EagerError::Usage)?;
+            let leaf = cx.new_leaf();
+            cx.param_leaves.insert(decl.name.clone(), leaf);
+            let module = kiln_ir::Module {
+                states: vec![decl.clone()],
+                functions: Vec::new(),
+            };
+            cx.scope.declare(&module)?;
+            Ok(Parameter { decl })
+        })
+    }
+
+    pub fn name(&self) -> &str {
+        &self.decl.name
+    }
+
+    pub fn decl(&self) -> &StateDecl {
+        &self.decl
+    }
+
+    /// The parameter as a tensor: eagerly its current value (gradients accumulate for it);
+    /// while tracing, a `load` of its state.
+    pub fn tensor(&self) -> EagerResult<Tensor> {
+        with(|cx| {
+            if let Some(trace) = cx.trace.as_mut() {
+                let v = trace.program.adopt_parameter(&self.decl)?;
+                return Ok(trace.tensor(v));
+            }
+            let data = cx.scope.store().get_shared(&self.decl.name).cloned().ok_or_else(|| {
+                EagerError::Usage(format!("parameter `{}` has no value in this thread (was kiln::eager::reset called?)", self.decl.name))
+            })?;
+            let leaf = cx.param_leaves[&self.decl.name];
+            Ok(Tensor::leaf(data, leaf))
+        })
+    }
+
+    /// The gradient accumulated by `backward()` since the last `zero_grad`.
+    pub fn grad(&self) -> Option<Tensor> {
+        with(|cx| {
+            let leaf = cx.param_leaves.get(&self.decl.name);
+            Ok(leaf
+                .and_then(|l| cx.grads.get(l))
+                .cloned()
+                .map(Tensor::from_shared))
+        })
+        .ok()
+        .flatten()
+    }
+
+    pub fn zero_grad(&self) {
+        let _ = with(|cx| {
+            if let Some(leaf) = cx.param_leaves.get(&self.decl.name) {
+                cx.grads.remove(leaf);
+            }
+            Ok(())
+        });
+    }
+}
+
+/// A layer: a function of a tensor with named parameters, in training or evaluation mode.
+pub trait Layer {
+    fn forward(&self, x: &Tensor) -> EagerResult<Tensor>;
+
+    fn parameters(&self) -> Vec<Parameter> {
+        Vec::new()
+    }
+
+    /// Training mode changes what some layers do (dropout); the default ignores it.
+    fn set_training(&mut self, _training: bool) {}
+
+    fn zero_grad(&self) {
+        for p in self.parameters() {
+            p.zero_grad();
+        }
+    }
+}
+
+/// `x @ w + b`, with `w: [in, out]` (Kaiming-uniform) and `b: [out]` (zeros).
+pub struct Linear {
+    pub w: Parameter,
+    pub b: Parameter,
+}
+
+impl Linear {
+    pub fn new(name: &str, inputs: usize, outputs: usize) -> EagerResult<Linear> {
+        Ok(Linear {
+            w: Parameter::new(
+                &format!("{name}.w"),
+                DType::F32,
+                &[inputs, outputs],
+                Init::KaimingUniform,
+            )?,
+            b: Parameter::new(&format!("{name}.b"), DType::F32, &[outputs], Init::Zeros)?,
+        })
+    }
+}
+
+impl Layer for Linear {
+    fn forward(&self, x: &Tensor) -> EagerResult<Tensor> {
+        x.matmul(&self.w.tensor()?)?.add(&self.b.tensor()?)
+    }
+
+    fn parameters(&self) -> Vec<Parameter> {
+        vec![self.w.clone(), self.b.clone()]
+    }
+}
+
+/// Layers applied in order.
+#[derive(Default)]
+pub struct Sequential {
+    layers: Vec<Box<dyn Layer>>,
+}
+
+impl Sequential {
+    pub fn new() -> Sequential {
+        Sequential::default()
+    }
+
+    pub fn add(mut self, layer: impl Layer + 'static) -> Sequential {
+        self.layers.push(Box::new(layer));
+        self
+    }
+}
+
+impl Layer for Sequential {
+    fn forward(&self, x: &Tensor) -> EagerResult<Tensor> {
+        self.layers
+            .iter()
+            .try_fold(x.clone(), |h, layer| layer.forward(&h))
+    }
+
+    fn parameters(&self) -> Vec<Parameter> {
+        self.layers.iter().flat_map(|l| l.parameters()).collect()
+    }
+
+    fn set_training(&mut self, training: bool) {
+        for l in &mut self.layers {
+            l.set_training(training);
+        }
+    }
+}
+
+macro_rules! activation_layers {
+    ($($name:ident => $method:ident),*) => {$(
+        #[doc = concat!("The `", stringify!($method), "` activation as a layer.")]
+        #[derive(Clone, Copy, Debug, Default)]
+        pub struct $name;
+
+        impl Layer for $name {
+            fn forward(&self, x: &Tensor) -> EagerResult<Tensor> {
+                x.$method()
+            }
+        }
+    )*};
+}
+
+activation_layers!(Relu => relu, Tanh => tanh, Sigmoid => sigmoid);
+
+/// Layer normalisation over the last axis, with a learned scale (ones) and shift (zeros).
+pub struct LayerNorm {
+    pub gamma: Parameter,
+    pub beta: Parameter,
+    pub eps: f64,
+}
+
+impl LayerNorm {
+    pub fn new(name: &str, width: usize, eps: f64) -> EagerResult<LayerNorm> {
+        Ok(LayerNorm {
+            gamma: Parameter::new(&format!("{name}.gamma"), DType::F32, &[width], Init::Ones)?,
+            beta: Parameter::new(&format!("{name}.beta"), DType::F32, &[width], Init::Zeros)?,
+            eps,
+        })
+    }
+}
+
+impl Layer for LayerNorm {
+    fn forward(&self, x: &Tensor) -> EagerResult<Tensor> {
+        let last = x.rank() - 1;
+        let mu = x.mean(&[last], true)?;
+        let d = x.sub(&mu)?;
+        let var = d.mul(&d)?.mean(&[last], true)?;
+        let inv = var
+            .binary_scalar(kiln_ir::BinaryOp::Add, self.eps)?
+            .rsqrt()?;
+        d.mul(&inv)?
+            .mul(&self.gamma.tensor()?)?
+            .add(&self.beta.tensor()?)
+    }
+
+    fn parameters(&self) -> Vec<Parameter> {
+        vec![self.gamma.clone(), self.beta.clone()]
+    }
+}
+
+/// A table of `vocab` vectors of `dim`, indexed by integer tensors.
+pub struct Embedding {
+    pub table: Parameter,
+}
+
+impl Embedding {
+    pub fn new(name: &str, vocab: usize, dim: usize) -> EagerResult<Embedding> {
+        let init = Init::Normal {
+            mean: 0.0,
+            std: 1.0,
+        };
+        Ok(Embedding {
+            table: Parameter::new(&format!("{name}.table"), DType::F32, &[vocab, dim], init)?,
+        })
+    }
+}
+
+impl Layer for Embedding {
+    /// `indices: i32/i64[...]` → `f32[..., dim]`.
+    fn forward(&self, indices: &Tensor) -> EagerResult<Tensor> {
+        self.table.tensor()?.gather(indices, 0)
+    }
+
+    fn parameters(&self) -> Vec<Parameter> {
+        vec![self.table.clone()]
+    }
+}
+
+/// Zeroes each element with probability `p` in training mode (scaling the rest by 1/(1-p));
+/// the identity in evaluation mode. Each run draws a fresh mask.
+pub struct Dropout {
+    pub p: f64,
+    pub seed: u64,
+    pub training: bool,
+}
+
+impl Dropout {
+    pub fn new(p: f64, seed: u64) -> Dropout {
+        Dropout {
+            p,
+            seed,
+            training: true,
+        }
+    }
+}
+
+impl Layer for Dropout {
+    fn forward(&self, x: &Tensor) -> EagerResult<Tensor> {
+        if !self.training || self.p == 0.0 {
+            return Ok(x.clone());
+        }
+        let keep = x
+            .rand_like(0.0, 1.0, self.seed)?
+            .compare_scalar(kiln_ir::CompareOp::Ge, self.p)?;
+        let scaled = x.binary_scalar(kiln_ir::BinaryOp::Mul, 1.0 / (1.0 - self.p))?;
+        let zeros = scaled.binary_scalar(kiln_ir::BinaryOp::Mul, 0.0)?;
+        Tensor::select(&keep, &scaled, &zeros)
+    }
+
+    fn set_training(&mut self, training: bool) {
+        self.training = training;
+    }
+}
+
+/// Mean softmax cross-entropy of `logits: [N, C]` against integer `labels: [N]`.
+pub fn cross_entropy(logits: &Tensor, labels: &Tensor) -> EagerResult<Tensor> {
+    let classes = logits
+        .ty()
+        .shape
+        .dims()
+        .last()
+        .and_then(|d| d.as_fixed())
+        .unwrap_or(0);
+    let last = logits.rank() - 1;
+    let logp = logits.log_softmax(last)?;
+    let onehot = labels.one_hot(classes, logits.dtype())?;
+    logp.mul(&onehot)?.sum(&[last], false)?.mean_all()?.neg()
+}
+
+/// Mean squared error.
+pub fn mse(prediction: &Tensor, target: &Tensor) -> EagerResult<Tensor> {
+    let d = prediction.sub(target)?;
+    d.mul(&d)?.mean_all()
+}
+
+/// Mean binary cross-entropy of `sigmoid(logits)` against `targets` in [0, 1], computed
+/// stably as `max(x, 0) - x·z + log(1 + exp(-|x|))`.
+pub fn binary_cross_entropy_with_logits(logits: &Tensor, targets: &Tensor) -> EagerResult<Tensor> {
+    let pos = logits.binary_scalar(kiln_ir::BinaryOp::Max, 0.0)?;
+    let soft = logits
+        .abs()?
+        .neg()?
+        .exp()?
+        .binary_scalar(kiln_ir::BinaryOp::Add, 1.0)?
+        .log()?;
+    pos.sub(&logits.mul(targets)?)?.add(&soft)?.mean_all()
+}
+
+/// The fraction of rows whose arg-max equals the label.
+pub fn accuracy(logits: &Tensor, labels: &Tensor) -> EagerResult<Tensor> {
+    let pred = logits.argmax(logits.rank() - 1)?;
+    pred.eq(&labels.cast(DType::I64)?)?
+        .cast(DType::F32)?
+        .mean_all()
+}

@@ -1,0 +1,252 @@
+//! `to_static`: tracing eager code into a static program that shares its parameters.
+//!
+//! While a function is traced, every tensor op is recorded into a [`Program`] instead of
+//! running: inputs become placeholders (dimensions may be symbolic, so one compiled function
+//! serves every batch size), parameters become `load`s of their state, and eager tensors the
+//! function closes over become constants. The result runs in a [`Runner`] against this
+//! thread's parameter scope, so it always sees the parameters the eager code trains.
+
+use super::tensor::Repr;
+use super::{EagerError, EagerResult, Tensor, with};
+use crate::optim::Optimizer;
+use crate::program::{Program, Target};
+use crate::session::{Fetch, Runner};
+use kiln_backend::Array;
+use kiln_ir::{BuildResult, Module, Type, Value};
+use std::collections::HashMap;
+use std::sync::Arc;
+
+pub(crate) struct Trace {
+    pub id: u64,
+    pub program: Program,
+    /// Eager tensors embedded as constants, kept alive so their addresses stay theirs.
+    constants: HashMap<usize, (Arc<Array>, Value)>,
+}
+
+impl Trace {
+    /// `data` as a constant of the traced program (one constant per tensor).
+    pub(crate) fn constant(&mut self, data: &Arc<Array>) -> BuildResult<Value> {
+        let key = Arc::as_ptr(data) as usize;
+        if let Some((_, v)) = self.constants.get(&key) {
+            return Ok(*v);
+        }
+        let v = self.program.constant(data.to_literal(), data.ty())?;
+        self.constants.insert(key, (data.clone(), v));
+        Ok(v)
+    }
+}
+
+/// Traces `f` over inputs named and typed by `inputs` into a compiled function.
+///
+/// ```ignore
+/// let forward = to_static(&[("x", ty(F32, ["N".into(), 64.into()]))], |t| Ok(vec![model.forward(&t[0])?]))?;
+/// let logits = forward.call(&[&x])?;
+/// ```
+pub fn to_static(
+    inputs: &[(&str, Type)],
+    f: impl FnOnce(&[Tensor]) -> EagerResult<Vec<Tensor>>,
+) -> EagerResult<StaticFunction> {
+    let args = with(|cx| {
+        if cx.trace.is_some() {
+            return Err(EagerError::Usage(
+                "to_static cannot run inside another to_static".into(),
+            ));
+        }
+        let mut trace = Trace {
+            id: cx.new_trace_id(),
+            program: Program::with_seed(cx.seed),
+            constants: HashMap::new(),
+        };
+        let mut args = Vec::new();
+        for (name, ty) in inputs {
+            let v = trace
+                .program
+                .placeholder(name, ty.dtype, ty.shape.clone())?;
+            args.push((name.to_string(), v, trace.tensor(v)));
+        }
+        cx.trace = Some(trace);
+        Ok(args)
+    })?;
+    let tensors: Vec<Tensor> = args.iter().map(|(_, _, t)| t.clone()).collect();
+    let result = f(&tensors);
+    let mut trace = with(|cx| Ok(cx.trace.take()))?
+        .ok_or_else(|| EagerError::Usage("the trace ended early".into()))?;
+    let outputs = result?
+        .iter()
+        .map(|t| trace.value_of(t))
+        .collect::<EagerResult<Vec<_>>>()?;
+    Ok(StaticFunction {
+        program: trace.program,
+        inputs: args.into_iter().map(|(name, v, _)| (name, v)).collect(),
+        outputs,
+        runner: Runner::new(),
+        gradients: HashMap::new(),
+    })
+}
+
+/// A traced function, compiled once per signature and run against this thread's parameters.
+pub struct StaticFunction {
+    program: Program,
+    inputs: Vec<(String, Value)>,
+    outputs: Vec<Value>,
+    runner: Runner,
+    /// Gradient values appended for an output: (float inputs, parameters).
+    gradients: HashMap<usize, (Vec<(usize, Value)>, Vec<(String, Value)>)>,
+}
+
+/// Gradients from a compiled function: for each float input (in order, `None` for others),
+/// and for each parameter by name.
+#[derive(Debug)]
+pub struct Gradients {
+    pub inputs: Vec<Option<Tensor>>,
+    pub parameters: Vec<(String, Tensor)>,
+}
+
+impl StaticFunction {
+    /// The traced program: placeholders for the inputs, state for the parameters.
+    pub fn program(&self) -> &Program {
+        &self.program
+    }
+
+    pub fn outputs(&self) -> &[Value] {
+        &self.outputs
+    }
+
+    /// How many times a call had to prepare (prune and verify) a new signature.
+    pub fn compilations(&self) -> usize {
+        self.runner.compilations()
+    }
+
+    /// The traced function as a verified module named `name` (state + one function), to
+    /// print, save, or serve with `kiln run`.
+    pub fn module(&self, name: &str) -> EagerResult<Module> {
+        Ok(self.program.export_module(&[(name, &self.outputs[..])])?)
+    }
+
+    /// Runs the function on `args` (eager tensors) and returns its outputs.
+    pub fn call(&mut self, args: &[&Tensor]) -> EagerResult<Vec<Tensor>> {
+        let fetches: Vec<Fetch> = self.outputs.iter().map(|&v| v.into()).collect();
+        self.run(args, &fetches)
+    }
+
+    /// Adds an optimizer's update of every parameter the `output`-th output (a scalar loss)
+    /// depends on; run it with [`StaticFunction::call_and_update`].
+    pub fn minimize(&mut self, rule: &mut dyn Optimizer, output: usize) -> EagerResult<Target> {
+        let loss = self.output(output)?;
+        Ok(rule.minimize(&mut self.program, loss)?)
+    }
+
+    /// Runs the outputs and applies `updates`: a compiled training step.
+    pub fn call_and_update(
+        &mut self,
+        args: &[&Tensor],
+        updates: &[Target],
+    ) -> EagerResult<Vec<Tensor>> {
+        let mut fetches: Vec<Fetch> = self.outputs.iter().map(|&v| v.into()).collect();
+        fetches.extend(updates.iter().map(|&t| Fetch::Target(t)));
+        self.run(args, &fetches)
+    }
+
+    /// The `output`-th output (a scalar) and its gradients with respect to the float inputs
+    /// and the parameters, computed by the compiled program.
+    pub fn gradients(
+        &mut self,
+        args: &[&Tensor],
+        output: usize,
+    ) -> EagerResult<(Tensor, Gradients)> {
+        if !self.gradients.contains_key(&output) {
+            let loss = self.output(output)?;
+            let inputs: Vec<(usize, Value)> = self
+                .inputs
+                .iter()
+                .enumerate()
+                .filter(|(_, (_, v))| self.program.value_type(*v).dtype.is_float())
+                .map(|(i, (_, v))| (i, *v))
+                .collect();
+            let params: Vec<(String, Value)> = self
+                .program
+                .params()
+                .iter()
+                .map(|p| (p.name.clone(), p.value))
+                .collect();
+            let mut wrt: Vec<Value> = inputs.iter().map(|(_, v)| *v).collect();
+            wrt.extend(params.iter().map(|(_, v)| *v));
+            let grads = self.program.gradients(loss, &wrt)?;
+            let (input_grads, param_grads) = grads.split_at(inputs.len());
+            let inputs = inputs
+                .iter()
+                .zip(input_grads)
+                .map(|((i, _), g)| (*i, *g))
+                .collect();
+            let params = params
+                .iter()
+                .zip(param_grads)
+                .map(|((n, _), g)| (n.clone(), *g))
+                .collect();
+            self.gradients.insert(output, (inputs, params));
+        }
+        let (inputs, params) = &self.gradients[&output];
+        let mut fetches: Vec<Fetch> = vec![self.outputs[output].into()];
+        fetches.extend(inputs.iter().map(|(_, g)| Fetch::Value(*g)));
+        fetches.extend(params.iter().map(|(_, g)| Fetch::Value(*g)));
+        let (inputs, params) = (inputs.clone(), params.clone());
+        let mut results = self.run(args, &fetches)?.into_iter();
+        let value = results
+            .next()
+            .ok_or_else(|| EagerError::Usage("no loss came back".into()))?;
+        let mut by_input: Vec<Option<Tensor>> = vec![None; self.inputs.len()];
+        for ((i, _), g) in inputs.iter().zip(results.by_ref()) {
+            by_input[*i] = Some(g);
+        }
+        let parameters = params.iter().map(|(n, _)| n.clone()).zip(results).collect();
+        Ok((
+            value,
+            Gradients {
+                inputs: by_input,
+                parameters,
+            },
+        ))
+    }
+
+    fn output(&self, index: usize) -> EagerResult<Value> {
+        self.outputs.get(index).copied().ok_or_else(|| {
+            EagerError::Usage(format!(
+                "the function has {} outputs, not {}",
+                self.outputs.len(),
+                index + 1
+            ))
+        })
+    }
+
+    fn run(&mut self, args: &[&Tensor], fetches: &[Fetch]) -> EagerResult<Vec<Tensor>> {
+        if args.len() != self.inputs.len() {
+            return Err(EagerError::Usage(format!(
+                "the function takes {} inputs ({}), {} given",
+                self.inputs.len(),
+                self.inputs
+                    .iter()
+                    .map(|(n, _)| n.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                args.len()
+            )));
+        }
+        let feeds: Vec<(&str, Array)> = self
+            .inputs
+            .iter()
+            .zip(args)
+            .map(|((name, _), t)| match &t.0 {
+                Repr::Eager { data, .. } => Ok((name.as_str(), (**data).clone())),
+                Repr::Traced { .. } => Err(EagerError::Usage(
+                    "a compiled function takes eager tensors".into(),
+                )),
+            })
+            .collect::<EagerResult<_>>()?;
+        let (program, runner) = (&self.program, &mut self.runner);
+        let results = with(|cx| {
+            cx.scope.declare(program.module())?;
+            Ok(runner.run(program, &mut cx.scope, fetches, &feeds)?)
+        })?;
+        Ok(results.into_iter().map(Tensor::new).collect())
+    }
+}

@@ -1,0 +1,364 @@
+//! Eager tensors: values, gradients, the tape's life, errors, control flow, custom ops,
+//! optimizers, and compiled functions sharing the eager parameters.
+
+use kiln_backend::Array;
+use kiln_ir::{DType, Dim, Shape, Type};
+use kiln_runtime::eager::nn::{self, Layer, Linear, Parameter};
+use kiln_runtime::eager::{self, CustomOp, EagerOptimizer, Tensor};
+use kiln_runtime::{Adam, Init, Sgd};
+use std::sync::Arc;
+
+fn t(shape: &[usize], values: &[f32]) -> Tensor {
+    Tensor::from_f32(shape, values.to_vec()).unwrap()
+}
+
+fn close(got: &[f64], want: &[f64], tol: f64) {
+    assert_eq!(got.len(), want.len(), "{got:?} vs {want:?}");
+    for (g, w) in got.iter().zip(want) {
+        assert!(
+            (g - w).abs() <= tol * (1.0 + w.abs()),
+            "{got:?} vs {want:?}"
+        );
+    }
+}
+
+#[test]
+fn ops_compute_at_once_with_broadcasting_and_operators() {
+    eager::reset();
+    let a = t(&[2, 3], &[1., 2., 3., 4., 5., 6.]);
+    let b = t(&[3], &[10., 20., 30.]);
+    let c = &a + &b;
+    assert_eq!(c.to_f64_vec().unwrap(), [11., 22., 33., 14., 25., 36.]);
+    let d = (&a * 2.0 - 1.0).sum(&[1], false).unwrap();
+    assert_eq!(d.to_f64_vec().unwrap(), [9., 27.]);
+    let m = a.matmul(&a.t().unwrap()).unwrap();
+    assert_eq!(m.to_f64_vec().unwrap(), [14., 32., 32., 77.]);
+    assert_eq!((-&b).to_f64_vec().unwrap(), [-10., -20., -30.]);
+    let ints = Tensor::new(Array::I64(ndarray::arr1(&[1, 0]).into_dyn()));
+    assert_eq!(
+        a.gather(&ints, 0).unwrap().to_f64_vec().unwrap(),
+        [4., 5., 6., 1., 2., 3.]
+    );
+    let out_of_range = Tensor::new(Array::I64(ndarray::arr1(&[2]).into_dyn()));
+    let line = line!() + 1;
+    let err = a.gather(&out_of_range, 0).unwrap_err().to_string();
+    assert!(
+        err.contains("index 2 is out of range for axis 0 of size 2"),
+        "{err}"
+    );
+    assert!(
+        err.contains(&format!("runtime/tests/eager.rs:{line}:")),
+        "run errors point at the caller: {err}"
+    );
+    assert!(
+        !c.tracks_grad(),
+        "nothing required grad: nothing was recorded"
+    );
+}
+
+#[test]
+fn backward_matches_hand_gradients_and_accumulates() {
+    eager::reset();
+    let x = t(&[3], &[1., -2., 0.5]).requires_grad().unwrap();
+    let w = t(&[3], &[0.5, 0.25, 2.0]).requires_grad().unwrap();
+    // loss = sum(tanh(x * w)); d/dx = (1 - tanh²) w; d/dw = (1 - tanh²) x
+    let loss = x.mul(&w).unwrap().tanh().unwrap().sum_all().unwrap();
+    loss.backward().unwrap();
+    let (xs, ws) = ([1.0f64, -2.0, 0.5], [0.5f64, 0.25, 2.0]);
+    let dt: Vec<f64> = xs
+        .iter()
+        .zip(&ws)
+        .map(|(x, w)| 1.0 - (x * w).tanh().powi(2))
+        .collect();
+    close(
+        &x.grad().unwrap().to_f64_vec().unwrap(),
+        &dt.iter().zip(&ws).map(|(d, w)| d * w).collect::<Vec<_>>(),
+        1e-6,
+    );
+    close(
+        &w.grad().unwrap().to_f64_vec().unwrap(),
+        &dt.iter().zip(&xs).map(|(d, x)| d * x).collect::<Vec<_>>(),
+        1e-6,
+    );
+    // A second backward adds to the gradient; zero_grad clears it.
+    let loss = x.sum_all().unwrap();
+    loss.backward().unwrap();
+    let g = x.grad().unwrap().to_f64_vec().unwrap();
+    close(
+        &g,
+        &dt.iter()
+            .zip(&ws)
+            .map(|(d, w)| d * w + 1.0)
+            .collect::<Vec<_>>(),
+        1e-6,
+    );
+    x.zero_grad();
+    assert!(x.grad().is_none());
+}
+
+#[test]
+fn no_grad_detach_and_the_tape_life() {
+    eager::reset();
+    let x = t(&[2], &[1., 2.]).requires_grad().unwrap();
+    {
+        let _guard = eager::no_grad();
+        let y = &x * &x;
+        assert!(!y.tracks_grad());
+        assert_eq!(eager::tape_len(), 0);
+    }
+    let y = &x * &x;
+    assert!(y.tracks_grad());
+    assert!(eager::tape_len() > 0);
+    let cut = y.detach().unwrap();
+    let z = (&cut * &x).sum_all().unwrap();
+    z.backward().unwrap();
+    assert_eq!(
+        x.grad().unwrap().to_f64_vec().unwrap(),
+        [1., 4.],
+        "no gradient through the detached y"
+    );
+    drop((y, z));
+    assert_eq!(
+        eager::tape_len(),
+        0,
+        "no recorded tensor alive: the tape is released"
+    );
+    let err = cut.sum_all().unwrap().backward().unwrap_err().to_string();
+    assert!(
+        err.contains("does not depend on any tensor that requires grad"),
+        "{err}"
+    );
+}
+
+#[test]
+fn shape_errors_name_the_op_shapes_and_caller() {
+    eager::reset();
+    let a = t(&[2, 3], &[0.; 6]);
+    let b = t(&[4], &[0.; 4]);
+    let line = line!() + 1;
+    let err = a.add(&b).unwrap_err().to_string();
+    assert!(
+        err.starts_with("add: operand shapes do not broadcast: f32[2,3], f32[4]"),
+        "{err}"
+    );
+    assert!(
+        err.contains(&format!("runtime/tests/eager.rs:{line}:")),
+        "{err}"
+    );
+    let panic =
+        std::panic::catch_unwind(|| &t(&[2, 3], &[0.; 6]) + &t(&[4], &[0.; 4])).unwrap_err();
+    let message = panic.downcast_ref::<String>().unwrap();
+    assert!(
+        message.starts_with("add: operand shapes do not broadcast"),
+        "operators panic with the same message: {message}"
+    );
+}
+
+#[test]
+fn reading_a_traced_value_explains_what_to_do() {
+    eager::reset();
+    let ty = Type::new(DType::F32, Shape(vec![Dim::sym("N")]));
+    let err = eager::to_static(&[("x", ty)], |x| {
+        let total = x[0].sum_all()?;
+        if total.item()? > 0.0 {
+            Ok(vec![x[0].exp()?])
+        } else {
+            Ok(vec![x[0].clone()])
+        }
+    })
+    .err()
+    .unwrap()
+    .to_string();
+    assert!(
+        err.starts_with("cannot read the value of traced tensor"),
+        "{err}"
+    );
+    assert!(
+        err.contains("f32[]")
+            && err.contains("use `kiln::eager::cond` or `kiln::eager::while_loop`"),
+        "{err}"
+    );
+}
+
+#[test]
+fn cond_and_while_run_eagerly_and_trace_into_regions() {
+    eager::reset();
+    let f = |x: &Tensor| -> eager::EagerResult<Tensor> {
+        let positive = x.sum_all()?.compare_scalar(kiln_ir::CompareOp::Gt, 0.0)?;
+        let r = eager::cond(&positive, || Ok(vec![x.exp()?]), || Ok(vec![x.neg()?]))?;
+        // Double until the sum passes 10.
+        let out = eager::while_loop(
+            &[r[0].clone()],
+            |v| v[0].sum_all()?.compare_scalar(kiln_ir::CompareOp::Lt, 10.0),
+            |v| Ok(vec![v[0].binary_scalar(kiln_ir::BinaryOp::Mul, 2.0)?]),
+        )?;
+        Ok(out[0].clone())
+    };
+    let ty = Type::new(DType::F32, Shape(vec![Dim::sym("N")]));
+    let mut compiled = eager::to_static(&[("x", ty)], |x| Ok(vec![f(&x[0])?])).unwrap();
+    let text = compiled.module("f").unwrap().to_string();
+    assert!(
+        text.contains(" = cond ") && text.contains(" = while "),
+        "{text}"
+    );
+    for values in [[0.5f32, 1.0], [-1.0, -2.0]] {
+        let x = t(&[2], &values);
+        let eager_out = f(&x).unwrap().to_f64_vec().unwrap();
+        let compiled_out = compiled.call(&[&x]).unwrap()[0].to_f64_vec().unwrap();
+        close(&compiled_out, &eager_out, 1e-6);
+    }
+}
+
+/// `cube(x) = x³`, with its own backward `3x²·g`.
+struct Cube;
+
+impl CustomOp for Cube {
+    fn name(&self) -> &str {
+        "test.cube"
+    }
+    fn forward(&self, inputs: &[Array]) -> Result<Vec<Array>, String> {
+        match inputs {
+            [Array::F32(x)] => Ok(vec![Array::F32(x.mapv(|v| v * v * v))]),
+            _ => Err("cube takes one f32 tensor".into()),
+        }
+    }
+    fn backward(
+        &self,
+        inputs: &[Array],
+        _outputs: &[Array],
+        grads: &[Array],
+    ) -> Result<Vec<Array>, String> {
+        match (inputs, grads) {
+            ([Array::F32(x)], [Array::F32(g)]) => Ok(vec![Array::F32(
+                ndarray::Zip::from(x)
+                    .and(g)
+                    .map_collect(|&x, &g| 3.0 * x * x * g),
+            )]),
+            _ => Err("cube.grad takes f32 tensors".into()),
+        }
+    }
+}
+
+fn cube(x: &Tensor) -> eager::EagerResult<Tensor> {
+    eager::custom::call("test.cube", &[x]).map(|mut v| v.remove(0))
+}
+
+#[test]
+fn custom_ops_run_eagerly_traced_and_compiled_with_their_backward() {
+    eager::reset();
+    eager::register_custom_op(Arc::new(Cube)).unwrap();
+    let x = t(&[3], &[1., -2., 0.5]).requires_grad().unwrap();
+    let y = cube(&x).unwrap();
+    assert_eq!(y.to_f64_vec().unwrap(), [1., -8., 0.125]);
+    y.sum_all().unwrap().backward().unwrap();
+    assert_eq!(x.grad().unwrap().to_f64_vec().unwrap(), [3., 12., 0.75]);
+    let ty = Type::new(DType::F32, Shape(vec![Dim::sym("N")]));
+    let mut compiled =
+        eager::to_static(&[("x", ty)], |v| Ok(vec![cube(&v[0])?.sum_all()?])).unwrap();
+    assert!(
+        compiled
+            .module("f")
+            .unwrap()
+            .to_string()
+            .contains("call @test.cube, %x")
+    );
+    let (loss, grads) = compiled.gradients(&[&t(&[3], &[1., -2., 0.5])], 0).unwrap();
+    assert_eq!(loss.item().unwrap(), -6.875);
+    assert_eq!(
+        grads.inputs[0].as_ref().unwrap().to_f64_vec().unwrap(),
+        [3., 12., 0.75]
+    );
+    let err = eager::custom::call("test.missing", &[&x])
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("no custom op `test.missing` is registered"),
+        "{err}"
+    );
+}
+
+#[test]
+fn optimizers_update_parameters_and_compiled_functions_see_them() {
+    eager::reset();
+    eager::manual_seed(3);
+    let layer = Linear::new("fc", 2, 1).unwrap();
+    let ty = Type::new(DType::F32, Shape(vec![Dim::sym("N"), Dim::Fixed(2)]));
+    let mut compiled = eager::to_static(&[("x", ty)], |x| Ok(vec![layer.forward(&x[0])?])).unwrap();
+    let mut opt = EagerOptimizer::new(Sgd::new(0.1), layer.parameters()).unwrap();
+    let x = t(&[4, 2], &[1., 0., 0., 1., 1., 1., 0., 0.]);
+    let y = t(&[4, 1], &[1., -1., 0., 0.5]);
+    let mut losses = Vec::new();
+    for _ in 0..30 {
+        opt.zero_grad();
+        let loss = nn::mse(&layer.forward(&x).unwrap(), &y).unwrap();
+        loss.backward().unwrap();
+        opt.step().unwrap();
+        losses.push(loss.item().unwrap());
+    }
+    assert!(losses[29] < losses[0] / 2.0, "{losses:?}");
+    let eager_out = layer.forward(&x).unwrap().to_f64_vec().unwrap();
+    let compiled_out = compiled.call(&[&x]).unwrap()[0].to_f64_vec().unwrap();
+    assert_eq!(
+        eager_out, compiled_out,
+        "the compiled function reads the trained parameters"
+    );
+    assert_eq!(compiled.compilations(), 1);
+
+    // Adam keeps its moments in the same scope.
+    let mut adam = EagerOptimizer::new(Adam::new(0.01), layer.parameters()).unwrap();
+    nn::mse(&layer.forward(&x).unwrap(), &y)
+        .unwrap()
+        .backward()
+        .unwrap();
+    adam.step().unwrap();
+    let scope = eager::scope().unwrap();
+    assert!(
+        scope.get("adam.m.fc.w").is_some() && scope.get("adam.step").unwrap().to_f64_vec() == [1.0]
+    );
+}
+
+#[test]
+fn compiled_training_steps_update_the_shared_parameters() {
+    eager::reset();
+    let w = Parameter::new("w", DType::F32, &[1], Init::Constant(0.0)).unwrap();
+    let ty = Type::new(DType::F32, Shape(vec![Dim::sym("N")]));
+    let mut step = eager::to_static(&[("x", ty)], |x| {
+        // loss = mean((x - w)²): its minimum is w = mean(x)
+        let d = x[0].sub(&w.tensor()?)?;
+        Ok(vec![d.mul(&d)?.mean_all()?])
+    })
+    .unwrap();
+    let train = step.minimize(&mut Sgd::new(0.25), 0).unwrap();
+    let x = t(&[4], &[1., 2., 3., 6.]);
+    for _ in 0..40 {
+        step.call_and_update(&[&x], &[train]).unwrap();
+    }
+    close(&w.tensor().unwrap().to_f64_vec().unwrap(), &[3.0], 1e-4);
+}
+
+#[test]
+fn parameters_save_and_load_and_serve_from_a_session() {
+    eager::reset();
+    let layer = Linear::new("dense", 3, 2).unwrap();
+    let ty = Type::new(DType::F32, Shape(vec![Dim::sym("N"), Dim::Fixed(3)]));
+    let compiled = eager::to_static(&[("x", ty)], |x| Ok(vec![layer.forward(&x[0])?])).unwrap();
+    let dir = std::env::temp_dir().join(format!("kiln-eager-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    eager::save_parameters(&dir.join("p.safetensors")).unwrap();
+    let module = compiled.module("forward").unwrap();
+    let mut scope = kiln_runtime::Scope::from_module(&module).unwrap();
+    scope.load(&dir.join("p.safetensors")).unwrap();
+    let x = t(&[1, 3], &[1., 2., 3.]);
+    let served = kiln_backend::Interpreter::new(&module)
+        .run(
+            "forward",
+            vec![x.to_array().unwrap()],
+            &mut scope.store().clone(),
+        )
+        .unwrap();
+    assert_eq!(
+        served[0].to_f64_vec(),
+        layer.forward(&x).unwrap().to_f64_vec().unwrap()
+    );
+    std::fs::remove_dir_all(&dir).ok();
+}
