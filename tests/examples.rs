@@ -83,3 +83,64 @@ fn digits_classifier_trains_exports_and_serves() {
     );
     std::fs::remove_dir_all(&dir).ok();
 }
+
+#[test]
+fn digits_dygraph_trains_eagerly_compiles_and_serves() {
+    use kiln::demos::digits_dygraph;
+    let config = digits_dygraph::Config {
+        epochs: 3,
+        ..digits_dygraph::Config::default()
+    };
+    let mut outcome = digits_dygraph::train(&config, |_| {}).unwrap();
+    assert!(
+        outcome.history.last().unwrap().test_accuracy > 0.90,
+        "{:?}",
+        outcome.history
+    );
+    assert!(
+        outcome.max_logit_difference < 1e-5,
+        "{}",
+        outcome.max_logit_difference
+    );
+    assert_eq!(outcome.prediction_agreement, 1.0);
+
+    let dir = std::env::temp_dir().join(format!("kiln-dygraph-{}", std::process::id()));
+    let (ir, params) = digits_dygraph::save(&outcome, &dir).unwrap();
+    let sample = outcome.test.select(&[3, 4]).all();
+    let x_path = dir.join("x.npy");
+    kiln::npy::write_npy(&x_path, &sample.x).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_kiln"))
+        .args([
+            "run",
+            ir.to_str().unwrap(),
+            "--state",
+            params.to_str().unwrap(),
+        ])
+        .args([
+            "--feed",
+            &format!("x={}", x_path.display()),
+            "--out",
+            dir.to_str().unwrap(),
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let served = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.extension().is_some_and(|e| e == "npy") && p != &x_path)
+        .expect("kiln run wrote the logits");
+    let served = kiln::npy::read_npy(&served, kiln::ir::DType::F32).unwrap();
+    let x = kiln::runtime::eager::Tensor::new(sample.x);
+    let compiled = outcome.compiled.call(&[&x]).unwrap();
+    assert_eq!(
+        served,
+        compiled[0].to_array().unwrap(),
+        "kiln run on the saved files agrees"
+    );
+    std::fs::remove_dir_all(&dir).ok();
+}

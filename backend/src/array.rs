@@ -184,6 +184,33 @@ impl Array {
     }
 }
 
+/// The element types an [`Array`] holds, for typed access: `array.as_ndarray::<f32>()`.
+pub trait Element: Sized + Clone {
+    fn view(array: &Array) -> Option<&ArrayD<Self>>;
+}
+
+macro_rules! elements {
+    ($($t:ty => $variant:ident),*) => {$(
+        impl Element for $t {
+            fn view(array: &Array) -> Option<&ArrayD<$t>> {
+                match array {
+                    Array::$variant(a) => Some(a),
+                    _ => None,
+                }
+            }
+        }
+    )*};
+}
+
+elements!(f32 => F32, f64 => F64, i32 => I32, i64 => I64, bool => Bool);
+
+impl Array {
+    /// The ndarray inside, if it holds elements of type `T`.
+    pub fn as_ndarray<T: Element>(&self) -> Option<&ArrayD<T>> {
+        T::view(self)
+    }
+}
+
 macro_rules! array_from {
     ($($t:ty => $variant:ident),*) => {
         $(

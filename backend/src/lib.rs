@@ -13,6 +13,6 @@ pub mod interp;
 pub mod random;
 pub mod state;
 
-pub use array::Array;
+pub use array::{Array, Element};
 pub use interp::{CustomOpError, CustomOps, Env, InterpError, Interpreter, unshare};
 pub use state::StateStore;

@@ -513,6 +513,27 @@ impl FunctionBuilder {
         self.insert1(op, &[])
     }
 
+    /// Reads declared state at the top level of the function, even while a region is being
+    /// built (the load lands before the instruction that will own the region, so it dominates
+    /// it): a loop or branch that reads a parameter reads it once, at the top.
+    #[track_caller]
+    pub fn load_at_top(&mut self, state: &StateDecl) -> BuildResult<Value> {
+        let op = Op::Load {
+            state: state.name.clone(),
+            ty: state.ty.clone(),
+        };
+        let loc = Loc::caller();
+        let result_types = infer(&op, &[], &[]).map_err(|error| BuildError { error, loc })?;
+        let inst = self
+            .func
+            .create_inst(op, Vec::new(), result_types, Vec::new(), loc);
+        let body = self.func.body();
+        self.func.append_inst(body, inst);
+        let v = self.func.inst(inst).results[0];
+        self.defined_in.insert(v, body);
+        Ok(v)
+    }
+
     /// Writes declared state when the function returns. The verifier checks the type.
     #[track_caller]
     pub fn store(&mut self, state: &StateDecl, value: Value) -> BuildResult<Inst> {

@@ -133,7 +133,7 @@ impl Program {
                 name: decl.name.clone(),
                 message,
             })?;
-        let v = self.graph.load(decl)?;
+        let v = self.graph.load_at_top(decl)?;
         self.graph.set_name(v, &decl.name);
         self.params.push(Param {
             name: decl.name.clone(),

@@ -362,3 +362,12 @@ fn parameters_save_and_load_and_serve_from_a_session() {
     );
     std::fs::remove_dir_all(&dir).ok();
 }
+
+#[test]
+fn tensors_convert_to_and_from_ndarray() {
+    let a = ndarray::arr2(&[[1.0f32, 2.0], [3.0, 4.0]]).into_dyn();
+    let t = Tensor::from(a.clone());
+    assert_eq!(t.to_ndarray::<f32>().unwrap(), a);
+    let err = t.to_ndarray::<i64>().unwrap_err().to_string();
+    assert_eq!(err, "the tensor is f32[2,2], not i64");
+}

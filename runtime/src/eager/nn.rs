@@ -157,7 +157,7 @@ impl Sequential {
         Sequential::default()
     }
 
-    pub fn add(mut self, layer: impl Layer + 'static) -> Sequential {
+    pub fn push(mut self, layer: impl Layer + 'static) -> Sequential {
         self.layers.push(Box::new(layer));
         self
     }

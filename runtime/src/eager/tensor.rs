@@ -301,6 +301,18 @@ impl Tensor {
         Ok((**self.data()?).clone())
     }
 
+    /// The value as an ndarray of `T`: `x.to_ndarray::<f32>()?`.
+    pub fn to_ndarray<T: kiln_backend::Element>(&self) -> EagerResult<ndarray::ArrayD<T>> {
+        let data = self.data()?;
+        data.as_ndarray::<T>().cloned().ok_or_else(|| {
+            EagerError::Usage(format!(
+                "the tensor is {}, not {}",
+                data.ty(),
+                std::any::type_name::<T>()
+            ))
+        })
+    }
+
     pub fn to_f64_vec(&self) -> EagerResult<Vec<f64>> {
         Ok(self.data()?.to_f64_vec())
     }

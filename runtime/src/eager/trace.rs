@@ -38,9 +38,16 @@ impl Trace {
 
 /// Traces `f` over inputs named and typed by `inputs` into a compiled function.
 ///
-/// ```ignore
-/// let forward = to_static(&[("x", ty(F32, ["N".into(), 64.into()]))], |t| Ok(vec![model.forward(&t[0])?]))?;
-/// let logits = forward.call(&[&x])?;
+/// ```
+/// use kiln_ir::{DType, Dim, Shape, Type};
+/// use kiln_runtime::eager::{self, Tensor, nn::{Layer, Linear}};
+///
+/// let layer = Linear::new("doc.fc", 3, 2)?;
+/// let x_type = Type::new(DType::F32, Shape(vec![Dim::sym("N"), Dim::Fixed(3)]));
+/// let mut forward = eager::to_static(&[("x", x_type)], |t| Ok(vec![layer.forward(&t[0])?]))?;
+/// let x = Tensor::from_f32(&[1, 3], vec![1.0, 2.0, 3.0])?;
+/// assert_eq!(forward.call(&[&x])?[0].to_f64_vec()?, layer.forward(&x)?.to_f64_vec()?);
+/// # Ok::<(), kiln_runtime::eager::EagerError>(())
 /// ```
 pub fn to_static(
     inputs: &[(&str, Type)],
@@ -90,8 +97,17 @@ pub struct StaticFunction {
     inputs: Vec<(String, Value)>,
     outputs: Vec<Value>,
     runner: Runner,
-    /// Gradient values appended for an output: (float inputs, parameters).
-    gradients: HashMap<usize, (Vec<(usize, Value)>, Vec<(String, Value)>)>,
+    /// The gradient values appended to the program for each output.
+    gradients: HashMap<usize, GradientValues>,
+}
+
+/// Where the gradients of one output live in the program.
+#[derive(Clone)]
+struct GradientValues {
+    /// For each float input: its index and its gradient.
+    inputs: Vec<(usize, Value)>,
+    /// For each parameter: its name and its gradient.
+    params: Vec<(String, Value)>,
 }
 
 /// Gradients from a compiled function: for each float input (in order, `None` for others),
@@ -183,9 +199,10 @@ impl StaticFunction {
                 .zip(param_grads)
                 .map(|((n, _), g)| (n.clone(), *g))
                 .collect();
-            self.gradients.insert(output, (inputs, params));
+            self.gradients
+                .insert(output, GradientValues { inputs, params });
         }
-        let (inputs, params) = &self.gradients[&output];
+        let GradientValues { inputs, params } = &self.gradients[&output];
         let mut fetches: Vec<Fetch> = vec![self.outputs[output].into()];
         fetches.extend(inputs.iter().map(|(_, g)| Fetch::Value(*g)));
         fetches.extend(params.iter().map(|(_, g)| Fetch::Value(*g)));
