@@ -596,6 +596,21 @@ impl FunctionBuilder {
         self.insert_at(Op::While, init, vec![cond_region, body_region], loc)
     }
 
+    /// A `fused` group over `args`: `body` receives the region's arguments (standing for
+    /// `args`) and returns the values the group yields.
+    #[track_caller]
+    pub fn fused(
+        &mut self,
+        args: &[Value],
+        body: impl FnOnce(&mut FunctionBuilder, &[Value]) -> BuildResult<Vec<Value>>,
+    ) -> BuildResult<Vec<Value>> {
+        let loc = Loc::caller();
+        self.check_visible("fused", args, loc)?;
+        let types: Vec<Type> = args.iter().map(|&v| self.func.value_type(v).clone()).collect();
+        let region = self.region(&types, body, loc)?;
+        self.insert_at(Op::Fused, args, vec![region], loc)
+    }
+
     /// Calls a registered custom op whose results have the stated types.
     #[track_caller]
     pub fn call(

@@ -54,7 +54,7 @@ fn check_counts(op: &Op, args: &[&Type], regions: &[RegionTypes<'_>]) -> Result<
         | Op::Gather { .. }
         | Op::ScatterAdd { .. } => Some(2),
         Op::Select => Some(3),
-        Op::Concat { .. } | Op::While | Op::Call { .. } => None,
+        Op::Concat { .. } | Op::While | Op::Fused | Op::Call { .. } => None,
     };
     if let Some(n) = arity
         && args.len() != n
@@ -464,6 +464,17 @@ fn rule(op: &Op, args: &[&Type], regions: &[RegionTypes<'_>]) -> Result<Vec<Type
                 ));
             }
             Ok(args.iter().map(|&t| t.clone()).collect())
+        }
+        Op::Fused => {
+            let body = &regions[0];
+            if body.args != args {
+                return Err(format!(
+                    "the `body` region's arguments ({}) must match the operands ({})",
+                    Types(&body.args),
+                    Types(args)
+                ));
+            }
+            Ok(body.results.iter().map(|&t| t.clone()).collect())
         }
         Op::Call { results, .. } => Ok(results.clone()),
     }

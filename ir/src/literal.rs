@@ -146,6 +146,29 @@ impl PartialEq for Literal {
 
 impl Eq for Literal {}
 
+/// A total order consistent with `==`: by dtype, then elementwise (floats by their canonical
+/// bits), so literals can key ordered maps and e-graph nodes.
+impl Ord for Literal {
+    fn cmp(&self, other: &Literal) -> std::cmp::Ordering {
+        let by_dtype = self.dtype().cmp(&other.dtype());
+        if by_dtype.is_ne() {
+            return by_dtype;
+        }
+        match (self, other) {
+            (Literal::I32(a), Literal::I32(b)) => a.cmp(b),
+            (Literal::I64(a), Literal::I64(b)) => a.cmp(b),
+            (Literal::Bool(a), Literal::Bool(b)) => a.cmp(b),
+            _ => self.float_bits().cmp(&other.float_bits()),
+        }
+    }
+}
+
+impl PartialOrd for Literal {
+    fn partial_cmp(&self, other: &Literal) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
 impl Hash for Literal {
     fn hash<H: Hasher>(&self, state: &mut H) {
         self.dtype().hash(state);

@@ -157,6 +157,18 @@ impl PartialEq for F64Attr {
 
 impl Eq for F64Attr {}
 
+impl Ord for F64Attr {
+    fn cmp(&self, other: &F64Attr) -> std::cmp::Ordering {
+        self.0.to_bits().cmp(&other.0.to_bits())
+    }
+}
+
+impl PartialOrd for F64Attr {
+    fn partial_cmp(&self, other: &F64Attr) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
 impl Hash for F64Attr {
     fn hash<H: Hasher>(&self, state: &mut H) {
         self.0.to_bits().hash(state)
@@ -164,14 +176,14 @@ impl Hash for F64Attr {
 }
 
 /// The distribution a `random_*` op samples.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Distribution {
     Uniform { low: F64Attr, high: F64Attr },
     Normal { mean: F64Attr, std: F64Attr },
 }
 
 /// The range a `slice` takes along one axis: `start..end` by `step`, or the whole axis.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum AxisSlice {
     Full,
     Range {
@@ -206,7 +218,8 @@ impl fmt::Display for AxisSlice {
 }
 
 /// What an instruction computes. Operands, results and regions live in the instruction.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+/// Ops are ordered (totally, consistently with `==`) so they can be e-graph operators.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Op {
     /// A constant: one element (splat) or every element of a static shape.
     Const {
@@ -305,6 +318,9 @@ pub enum Op {
     /// `while %init...` with regions `cond` (yields a bool) and `body` (yields the next values),
     /// both taking the loop-carried values as arguments.
     While,
+    /// A group of ops that runs as one kernel: its region's arguments are the operands, and
+    /// it yields the results. Made by the fusion pass.
+    Fused,
     /// A registered custom op, with its result types stated.
     Call {
         callee: String,
@@ -414,6 +430,7 @@ impl Op {
             Op::Store { .. } => "store",
             Op::Cond => "cond",
             Op::While => "while",
+            Op::Fused => "fused",
             Op::Call { .. } => "call",
         }
     }
@@ -436,7 +453,7 @@ impl Op {
                 OpClass::Source
             }
             Op::Store { .. } => OpClass::Effect,
-            Op::Cond | Op::While => OpClass::Control,
+            Op::Cond | Op::While | Op::Fused => OpClass::Control,
             Op::Call { .. } => OpClass::Call,
         }
     }
@@ -446,8 +463,14 @@ impl Op {
         match self {
             Op::Cond => &["then", "else"],
             Op::While => &["cond", "body"],
+            Op::Fused => &["body"],
             _ => &[],
         }
+    }
+
+    /// Whether the op's regions take arguments (printed even when there are none).
+    pub fn regions_take_args(&self) -> bool {
+        matches!(self, Op::While | Op::Fused)
     }
 
     /// The `@name` the op refers to: state for load/store, the callee for call.
@@ -534,6 +557,7 @@ impl Op {
             | Op::Store { .. }
             | Op::Cond
             | Op::While
+            | Op::Fused
             | Op::Call { .. } => Vec::new(),
         }
     }
@@ -647,6 +671,7 @@ impl Op {
                 "store" => Op::Store { state: symbol()? },
                 "cond" => Op::Cond,
                 "while" => Op::While,
+                "fused" => Op::Fused,
                 "call" => Op::Call {
                     callee: symbol()?,
                     results: parts.result_types.to_vec(),
@@ -696,6 +721,7 @@ impl Op {
             "store",
             "cond",
             "while",
+            "fused",
             "call",
         ]);
         names

@@ -308,7 +308,7 @@ impl<'a> FunctionPrinter<'a> {
             let label = labels.get(i).copied().unwrap_or("region");
             write!(self.out, " {label}")?;
             let args = self.func.region(region).args.clone();
-            if !args.is_empty() || self.func.inst(inst).op == Op::While {
+            if !args.is_empty() || self.func.inst(inst).op.regions_take_args() {
                 self.out.push('(');
                 self.typed_values(&args)?;
                 self.out.push(')');

@@ -318,6 +318,14 @@ impl<'a> Interpreter<'a> {
                     .map_err(|e| Eval::Nested(Box::new(e)))
             }
             Op::While => self.while_loop(frame, inst, state),
+            Op::Fused => {
+                let body = *data.regions.first().ok_or_else(|| Eval::Kernel("`fused` needs a region".into()))?;
+                for (&a, v) in func.region(body).args.iter().zip(&data.args) {
+                    let value = operand(frame, Some(v))?;
+                    frame.values.insert(a, value);
+                }
+                self.region(frame, body, state).map_err(|e| Eval::Nested(Box::new(e)))
+            }
             op => {
                 let args: Vec<Arc<Array>> = data
                     .args
@@ -411,7 +419,7 @@ impl<'a> Interpreter<'a> {
                     .map(|rs| rs.into_iter().map(Array::into_standard_layout).collect())
                     .map_err(|e| format!("custom op @{callee}: {e}"))
             }
-            Op::Load { .. } | Op::Store { .. } | Op::Cond | Op::While => Err(format!(
+            Op::Load { .. } | Op::Store { .. } | Op::Cond | Op::While | Op::Fused => Err(format!(
                 "`{}` needs state or regions; run it in a function",
                 op.name()
             )),

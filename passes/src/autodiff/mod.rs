@@ -296,6 +296,7 @@ impl<'a> Sweep<'a> {
             let contributions = match self.src.inst(inst).op {
                 Op::Cond => self.cond(b, inst, &grads)?,
                 Op::While => self.while_loop(b, inst, &grads)?,
+                Op::Fused => self.fused(b, inst, &grads)?,
                 _ => rules::vjp(self, b, inst, &grads)?,
             };
             for (v, g) in contributions {
@@ -431,6 +432,42 @@ impl<'a> Sweep<'a> {
         }
         for (j, &v) in captured.iter().enumerate() {
             out.push((v, results[1 + floats.len() + j]));
+        }
+        Ok(out)
+    }
+
+    /// The gradient of a `fused` group: its body, inlined, swept backwards.
+    fn fused(
+        &mut self,
+        b: &mut FunctionBuilder,
+        inst: Inst,
+        grads: &[Option<Value>],
+    ) -> Result<Vec<(Value, Value)>, AutodiffError> {
+        let data = self.src.inst(inst);
+        let body = self.src.region(data.regions[0]);
+        let mut inner = Sweep {
+            src: self.src,
+            active: self.active,
+            remap: self.remap.clone(),
+            adjoints: HashMap::new(),
+        };
+        for (&arg, &operand) in body.args.iter().zip(&data.args) {
+            inner.remap.insert(arg, self.fwd(operand));
+        }
+        for &i in &body.insts {
+            clone_inst(b, self.src, i, &mut inner.remap)?;
+        }
+        for (&y, g) in body.results.iter().zip(grads) {
+            if let Some(g) = g {
+                inner.accumulate(b, y, *g)?;
+            }
+        }
+        inner.region(b, data.regions[0])?;
+        let mut out = Vec::new();
+        for (&arg, &operand) in body.args.iter().zip(&data.args) {
+            if let Some(&g) = inner.adjoints.get(&arg) {
+                out.push((operand, g));
+            }
         }
         Ok(out)
     }
@@ -613,6 +650,20 @@ pub(crate) fn clone_inst(
                 |b| clone_branch(b, then_r),
                 |b| clone_branch(b, else_r),
             )?
+        }
+        Op::Fused => {
+            let body_r = data.regions[0];
+            let clone_body = |b: &mut FunctionBuilder, args: &[Value]| {
+                let mut inner = remap.clone();
+                for (&a, &v) in src.region(body_r).args.iter().zip(args) {
+                    inner.insert(a, v);
+                }
+                for &i in &src.region(body_r).insts {
+                    clone_inst(b, src, i, &mut inner)?;
+                }
+                Ok(src.region(body_r).results.iter().map(|v| map(v, &inner)).collect())
+            };
+            b.fused(&args, clone_body)?
         }
         Op::While => {
             let (cond_r, body_r) = (data.regions[0], data.regions[1]);

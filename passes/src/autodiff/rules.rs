@@ -221,7 +221,7 @@ pub(super) fn vjp(
         | Op::Store { .. } => {}
         // `cond` and `while` are handled by the sweep (their gradients have regions of their
         // own); `call` above.
-        Op::Cond | Op::While | Op::Call { .. } => return Err(no_rule()),
+        Op::Cond | Op::While | Op::Fused | Op::Call { .. } => return Err(no_rule()),
     }
     Ok(out)
 }
