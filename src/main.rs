@@ -70,6 +70,27 @@ enum Command {
         #[arg(long, value_delimiter = ',', required = true)]
         wrt: Vec<kiln::passes::Wrt>,
     },
+    /// Optimise a program with a pipeline or a list of passes, and print the result.
+    #[command(after_help = "Examples:\n  \
+        kiln opt tests/programs/layer_norm.kir\n  \
+        kiln opt tests/programs/mlp.kir --passes canonicalize,cse,simplify,dce --print-after-all\n  \
+        kiln opt tests/programs/softmax_xent.kir --stats\n\n\
+        Passes: canonicalize, fold, cse, simplify, dce, fuse. Pipelines: default, simplify, none.")]
+    Opt {
+        file: PathBuf,
+        /// Passes to run, in order, separated by commas.
+        #[arg(long, value_delimiter = ',', conflicts_with = "pipeline")]
+        passes: Vec<String>,
+        /// A named pipeline.
+        #[arg(long, default_value = "default")]
+        pipeline: String,
+        /// Print the IR after every pass, each under a header naming the pass.
+        #[arg(long)]
+        print_after_all: bool,
+        /// Print each pass's time, instruction counts and statistics (to stderr).
+        #[arg(long)]
+        stats: bool,
+    },
     /// Draw a function's dataflow as Graphviz DOT (render with `dot -Tsvg`).
     #[command(after_help = "Example:\n  kiln dot tests/programs/mlp.kir | dot -Tsvg > mlp.svg")]
     Dot {
@@ -131,6 +152,13 @@ fn main() -> ExitCode {
             print!("{out}");
             Ok(())
         }),
+        Command::Opt {
+            file,
+            passes,
+            pipeline,
+            print_after_all,
+            stats,
+        } => opt(&file, &passes, &pipeline, print_after_all, stats),
         Command::Dot { file, func } => load(&file).and_then(|m| {
             let f = pick_function(&m, func.as_deref())?;
             print!("{}", kiln::dot::function_to_dot(f));
@@ -203,6 +231,43 @@ fn pick_function<'m>(module: &'m Module, name: Option<&str>) -> Result<&'m Funct
             ))),
         },
     }
+}
+
+fn opt(
+    path: &Path,
+    passes: &[String],
+    pipeline: &str,
+    print_after_all: bool,
+    stats: bool,
+) -> Result<(), Failed> {
+    use kiln::passes::PassManager;
+    let mut module = load(path)?;
+    let manager = if passes.is_empty() {
+        PassManager::pipeline(pipeline)
+    } else {
+        PassManager::from_names(passes)
+    };
+    let mut manager = manager
+        .map_err(|e| Failed(format!("error: {e}")))?
+        .verify_each(true);
+    let reports = manager
+        .run_with(&mut module, |report, m| {
+            if print_after_all {
+                println!("{}", kiln::passes::manager::dump_header(report.pass));
+                print!("{m}");
+                println!();
+            }
+        })
+        .map_err(|e| Failed(format!("error: {e}")))?;
+    if !print_after_all {
+        print!("{module}");
+    }
+    if stats {
+        for report in &reports {
+            eprintln!("{report}");
+        }
+    }
+    Ok(())
 }
 
 struct RunArgs<'a> {

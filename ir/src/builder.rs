@@ -606,7 +606,10 @@ impl FunctionBuilder {
     ) -> BuildResult<Vec<Value>> {
         let loc = Loc::caller();
         self.check_visible("fused", args, loc)?;
-        let types: Vec<Type> = args.iter().map(|&v| self.func.value_type(v).clone()).collect();
+        let types: Vec<Type> = args
+            .iter()
+            .map(|&v| self.func.value_type(v).clone())
+            .collect();
         let region = self.region(&types, body, loc)?;
         self.insert_at(Op::Fused, args, vec![region], loc)
     }

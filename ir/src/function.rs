@@ -255,6 +255,35 @@ impl Function {
         }
     }
 
+    /// Replaces every use of each key of `map` (operands and yielded values) with its value,
+    /// in one walk over the function. Chains (`a → b`, `b → c`) are followed.
+    pub fn replace_uses_map(&mut self, map: &HashMap<Value, Value>) {
+        if map.is_empty() {
+            return;
+        }
+        let resolve = |mut v: Value| {
+            let mut steps = 0;
+            while let Some(&next) = map.get(&v) {
+                v = next;
+                steps += 1;
+                if steps > map.len() {
+                    break;
+                }
+            }
+            v
+        };
+        for inst in self.walk_insts() {
+            for arg in &mut self.insts[inst].args {
+                *arg = resolve(*arg);
+            }
+        }
+        for (_, region) in self.regions.iter_mut() {
+            for res in &mut region.results {
+                *res = resolve(*res);
+            }
+        }
+    }
+
     /// Replaces every use of `old` (operands and yielded values) with `new`.
     pub fn replace_uses(&mut self, old: Value, new: Value) {
         for inst in self.walk_insts() {

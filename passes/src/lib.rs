@@ -1,13 +1,27 @@
 //! `kiln-passes`: transformations of Kiln IR.
 //!
+//! - [`manager`]: the pass manager — named passes and pipelines, timing, statistics,
+//!   verification and IR dumps after each pass.
+//! - [`canonicalize`], [`fold`], [`cse`], [`dce`]: the classic passes.
+//! - [`simplify`]: e-graph rewriting with egg, rules by topic, memory-traffic extraction.
+//! - [`fusion`]: elementwise, broadcast and reduction ops grouped into `fused` kernels.
 //! - [`autodiff`]: reverse-mode gradients as a pass; one vector-Jacobian rule per op.
 //! - [`prune`]: the slice of a function that chosen outputs and stores need.
 //!
-//! Architecture invariant: a pass takes verified IR to verified IR with the same meaning
-//! (checked against the reference interpreter in tests).
+//! Architecture invariant: a pass takes verified IR to verified IR with the same meaning,
+//! checked against the reference interpreter in tests. Constant folding evaluates with the
+//! interpreter's own kernels, which is why this crate depends on `kiln-backend`.
 
 pub mod autodiff;
+pub mod canonicalize;
+pub mod cse;
+pub mod dce;
+pub mod fold;
+pub mod fusion;
+pub mod manager;
 pub mod prune;
+pub mod simplify;
 
 pub use autodiff::{AutodiffError, Wrt, append_gradients, gradient_function};
+pub use manager::{Pass, PassError, PassManager, PassReport, Stats};
 pub use prune::prune;

@@ -319,12 +319,16 @@ impl<'a> Interpreter<'a> {
             }
             Op::While => self.while_loop(frame, inst, state),
             Op::Fused => {
-                let body = *data.regions.first().ok_or_else(|| Eval::Kernel("`fused` needs a region".into()))?;
+                let body = *data
+                    .regions
+                    .first()
+                    .ok_or_else(|| Eval::Kernel("`fused` needs a region".into()))?;
                 for (&a, v) in func.region(body).args.iter().zip(&data.args) {
                     let value = operand(frame, Some(v))?;
                     frame.values.insert(a, value);
                 }
-                self.region(frame, body, state).map_err(|e| Eval::Nested(Box::new(e)))
+                self.region(frame, body, state)
+                    .map_err(|e| Eval::Nested(Box::new(e)))
             }
             op => {
                 let args: Vec<Arc<Array>> = data

@@ -661,7 +661,12 @@ pub(crate) fn clone_inst(
                 for &i in &src.region(body_r).insts {
                     clone_inst(b, src, i, &mut inner)?;
                 }
-                Ok(src.region(body_r).results.iter().map(|v| map(v, &inner)).collect())
+                Ok(src
+                    .region(body_r)
+                    .results
+                    .iter()
+                    .map(|v| map(v, &inner))
+                    .collect())
             };
             b.fused(&args, clone_body)?
         }

@@ -1,0 +1,119 @@
+//! Constant folding with the reference interpreter's kernels, so a folded value is exactly
+//! what the op would have computed.
+//!
+//! - An op whose operands are all one-element constants ("splats"), and whose result is
+//!   elementwise, folds to a splat — whatever the shape, symbolic dimensions included.
+//! - An op whose operands are all constants of at most [`MAX_ELEMENTS`] elements folds to a
+//!   dense constant of at most that size.
+//! - `broadcast` of a splat is a splat.
+
+use crate::manager::{Pass, PassError, Stats};
+use kiln_backend::{Array, Interpreter};
+use kiln_ir::{Function, Literal, Module, Op, OpClass, Region, Type, Value};
+use std::collections::HashMap;
+
+/// The largest constant folding produces.
+pub const MAX_ELEMENTS: usize = 1024;
+
+pub struct ConstantFold;
+
+impl Pass for ConstantFold {
+    fn name(&self) -> &'static str {
+        "fold"
+    }
+
+    fn run(&mut self, module: &mut Module) -> Result<Stats, PassError> {
+        let mut folded = 0;
+        let empty = Module::new();
+        let interp = Interpreter::new(&empty);
+        for func in &mut module.functions {
+            let mut constants: HashMap<Value, (Literal, Type)> = HashMap::new();
+            let body = func.body();
+            folded += fold_region(func, body, &interp, &mut constants);
+        }
+        Ok(Stats::default().with("folded", folded))
+    }
+}
+
+fn fold_region(
+    func: &mut Function,
+    region: Region,
+    interp: &Interpreter<'_>,
+    constants: &mut HashMap<Value, (Literal, Type)>,
+) -> usize {
+    let mut folded = 0;
+    for inst in func.region(region).insts.clone() {
+        for r in func.inst(inst).regions.clone() {
+            folded += fold_region(func, r, interp, constants);
+        }
+        let data = func.inst(inst);
+        if let Op::Const { value, ty } = &data.op {
+            constants.insert(data.results[0], (value.clone(), ty.clone()));
+            continue;
+        }
+        let foldable = matches!(
+            data.op.class(),
+            OpClass::Elementwise | OpClass::Layout | OpClass::Reduction
+        ) && data.results.len() == 1;
+        let operands: Option<Vec<&(Literal, Type)>> =
+            data.args.iter().map(|a| constants.get(a)).collect();
+        let (Some(operands), true) = (operands, foldable) else {
+            continue;
+        };
+        let result_ty = func.value_type(data.results[0]).clone();
+        let Some(literal) = evaluate(interp, &data.op, &operands, &result_ty) else {
+            continue;
+        };
+        let result = data.results[0];
+        func.inst_mut(inst).op = Op::Const {
+            value: literal.clone(),
+            ty: result_ty.clone(),
+        };
+        func.inst_mut(inst).args.clear();
+        constants.insert(result, (literal, result_ty));
+        folded += 1;
+    }
+    folded
+}
+
+/// The folded value of `op` on constant `operands`, if it is small enough (or a splat).
+fn evaluate(
+    interp: &Interpreter<'_>,
+    op: &Op,
+    operands: &[&(Literal, Type)],
+    result: &Type,
+) -> Option<Literal> {
+    let all_splats = operands.iter().all(|(lit, _)| lit.len() == 1);
+    let splat_result = match op {
+        Op::Broadcast { .. } => all_splats,
+        _ => all_splats && op.class() == OpClass::Elementwise,
+    };
+    if splat_result {
+        // Evaluate on one element of each operand; the result is a splat of its type.
+        let args: Vec<Array> = operands
+            .iter()
+            .map(|(lit, _)| Array::from_literal(lit, &[]))
+            .collect::<Option<_>>()?;
+        if matches!(op, Op::Broadcast { .. }) {
+            return Some(args[0].to_literal());
+        }
+        let refs: Vec<&Array> = args.iter().collect();
+        let out = interp.eval_op(op, &refs, &[Vec::new()]).ok()?;
+        return Some(out.first()?.to_literal());
+    }
+    let result_shape = result.shape.as_fixed()?;
+    if result_shape.iter().product::<usize>() > MAX_ELEMENTS {
+        return None;
+    }
+    let args: Vec<Array> = operands
+        .iter()
+        .map(|(lit, ty)| {
+            let shape = ty.shape.as_fixed()?;
+            (shape.iter().product::<usize>() <= MAX_ELEMENTS).then_some(())?;
+            Array::from_literal(lit, &shape)
+        })
+        .collect::<Option<_>>()?;
+    let refs: Vec<&Array> = args.iter().collect();
+    let out = interp.eval_op(op, &refs, &[result_shape]).ok()?;
+    Some(out.first()?.to_literal())
+}

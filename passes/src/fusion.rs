@@ -1,0 +1,368 @@
+//! Fusion: maximal groups of elementwise, broadcast and reduction ops become `fused` regions,
+//! each of which runs as one kernel with one pass over memory.
+//!
+//! Grouping is greedy, consumers first: a producer joins its consumer's group when every use of
+//! its result is in that group, or when its other uses all come after the group (the group
+//! then yields the value too: a multi-output kernel). Either way no path leaves a group and
+//! comes back, so the groups stay acyclic. A reduction may lead into elementwise ops after it
+//! (softmax's `e / sum(e)` is one group). Broadcasts, splat constants and iotas are index
+//! arithmetic: they are never shared between groups but copied into each group that uses them,
+//! which is the only recomputation fusion allows.
+
+use crate::manager::{Pass, PassError, Stats};
+use kiln_ir::{Function, Inst, Module, Op, Region, Value};
+use std::collections::{BTreeSet, HashMap, HashSet};
+
+pub struct Fuse;
+
+impl Pass for Fuse {
+    fn name(&self) -> &'static str {
+        "fuse"
+    }
+
+    fn run(&mut self, module: &mut Module) -> Result<Stats, PassError> {
+        let (mut groups, mut fused_insts) = (0, 0);
+        for func in &mut module.functions {
+            let mut replace = HashMap::new();
+            let mut pending = vec![func.body()];
+            while let Some(region) = pending.pop() {
+                let (g, n) = fuse_region(func, region, &mut replace);
+                groups += g;
+                fused_insts += n;
+                for &inst in &func.region(region).insts {
+                    if func.inst(inst).op != Op::Fused {
+                        pending.extend(func.inst(inst).regions.iter().copied());
+                    }
+                }
+            }
+            func.replace_uses_map(&replace);
+        }
+        Ok(Stats::default()
+            .with("kernels", groups)
+            .with("ops fused", fused_insts))
+    }
+}
+
+/// Ops a fused kernel computes.
+pub fn fusible(op: &Op) -> bool {
+    matches!(
+        op,
+        Op::Unary(_)
+            | Op::Binary(_)
+            | Op::Compare(_)
+            | Op::Select
+            | Op::Cast { .. }
+            | Op::Reduce { .. }
+    ) || duplicable(op)
+}
+
+/// Ops that are index arithmetic: copied into every group that uses them.
+pub fn duplicable(op: &Op) -> bool {
+    match op {
+        Op::Broadcast { .. } | Op::Iota { .. } => true,
+        Op::Const { value, .. } => value.len() == 1,
+        _ => false,
+    }
+}
+
+/// Union-find over instruction positions, with each group's last position.
+struct Groups {
+    parent: Vec<usize>,
+    last: Vec<usize>,
+}
+
+impl Groups {
+    fn find(&mut self, i: usize) -> usize {
+        let mut i = i;
+        while self.parent[i] != i {
+            self.parent[i] = self.parent[self.parent[i]];
+            i = self.parent[i];
+        }
+        i
+    }
+
+    fn union(&mut self, a: usize, b: usize) {
+        let (a, b) = (self.find(a), self.find(b));
+        if a != b {
+            self.parent[a] = b;
+            self.last[b] = self.last[b].max(self.last[a]);
+        }
+    }
+}
+
+/// Groups and emits the fused kernels of one region; returns (kernels, instructions fused).
+fn fuse_region(
+    func: &mut Function,
+    region: Region,
+    replace: &mut HashMap<Value, Value>,
+) -> (usize, usize) {
+    let insts = func.region(region).insts.clone();
+    let n = insts.len();
+    let producer: HashMap<Value, usize> = insts
+        .iter()
+        .enumerate()
+        .flat_map(|(i, &inst)| func.inst(inst).results.iter().map(move |&r| (r, i)))
+        .collect();
+    // Users of each value: positions in this region; `n` stands for the region's results.
+    let mut users: HashMap<Value, Vec<usize>> = HashMap::new();
+    for (i, &inst) in insts.iter().enumerate() {
+        for &a in &func.inst(inst).args {
+            users.entry(a).or_default().push(i);
+        }
+        for &r in &func.inst(inst).regions {
+            for v in func.free_values(r) {
+                users.entry(v).or_default().push(i);
+            }
+        }
+    }
+    for &v in &func.region(region).results {
+        users.entry(v).or_default().push(n);
+    }
+    let compute = |i: usize| {
+        i < n && {
+            let op = &func.inst(insts[i]).op;
+            fusible(op) && !duplicable(op)
+        }
+    };
+    // The users of `v` that compute with it, looking through duplicable ops (which groups copy).
+    let effective_users = |v: Value| -> Vec<usize> {
+        let mut out = Vec::new();
+        let mut stack = vec![v];
+        while let Some(v) = stack.pop() {
+            for &u in users.get(&v).map(Vec::as_slice).unwrap_or_default() {
+                if u < n && duplicable(&func.inst(insts[u]).op) {
+                    stack.extend(func.inst(insts[u]).results.iter().copied());
+                } else {
+                    out.push(u);
+                }
+            }
+        }
+        out
+    };
+    let mut groups = Groups {
+        parent: (0..n).collect(),
+        last: (0..n).collect(),
+    };
+    // Producers last to first: an op joins the group of its consumers when they are all in one
+    // group, and its other uses (if any) come after that group, which then also yields it.
+    for p in (0..n).rev() {
+        if !compute(p) {
+            continue;
+        }
+        let mut consumer_groups = BTreeSet::new();
+        let mut outside = Vec::new();
+        for &r in &func.inst(insts[p]).results {
+            for u in effective_users(r) {
+                if compute(u) {
+                    consumer_groups.insert(groups.find(u));
+                } else {
+                    outside.push(u);
+                }
+            }
+        }
+        if let [group] = consumer_groups.into_iter().collect::<Vec<_>>()[..]
+            && outside.iter().all(|&u| u > groups.last[group])
+        {
+            groups.union(p, group);
+        }
+    }
+    // Emit each group that computes something.
+    let mut by_group: HashMap<usize, Vec<usize>> = HashMap::new();
+    for i in 0..n {
+        if compute(i) {
+            by_group.entry(groups.find(i)).or_default().push(i);
+        }
+    }
+    let mut ordered: Vec<Vec<usize>> = by_group.into_values().collect();
+    ordered.sort_by_key(|members| members[0]);
+    // A member's result leaves its kernel when something outside computes with it.
+    let plans: Vec<(Vec<usize>, Vec<Value>)> = ordered
+        .into_iter()
+        .map(|members| {
+            let outputs = members
+                .iter()
+                .flat_map(|&i| func.inst(insts[i]).results.clone())
+                .filter(|&v| effective_users(v).iter().any(|u| !members.contains(u)))
+                .collect();
+            (members, outputs)
+        })
+        .collect();
+    let mut kernels: Vec<(usize, Inst, Vec<usize>)> = Vec::new();
+    let mut fused_count = 0;
+    for (members, outputs) in plans {
+        let kernel = emit_group(func, &insts, &members, &outputs, &producer, replace);
+        fused_count += members.len();
+        kernels.push((members[0], kernel, members));
+    }
+    // The new order: kept instructions and kernels, sorted topologically near their old places.
+    let fused: HashSet<usize> = kernels
+        .iter()
+        .flat_map(|(_, _, m)| m.iter().copied())
+        .collect();
+    let mut items: Vec<(usize, Inst)> = insts
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| !fused.contains(i))
+        .map(|(i, &inst)| (i, inst))
+        .collect();
+    items.extend(kernels.iter().map(|&(first, kernel, _)| (first, kernel)));
+    let kept = topological(func, items, replace);
+    func.region_mut(region).insts =
+        drop_unused_duplicates(func, kept, &func.region(region).results.clone());
+    (kernels.len(), fused_count)
+}
+
+/// Builds the `fused` instruction of a group and records its outputs in `replace`.
+fn emit_group(
+    func: &mut Function,
+    insts: &[Inst],
+    members: &[usize],
+    outputs: &[Value],
+    producer: &HashMap<Value, usize>,
+    replace: &mut HashMap<Value, Value>,
+) -> Inst {
+    let member_set: BTreeSet<usize> = members.iter().copied().collect();
+    // Duplicable producers (broadcasts of operands, splats, iotas) are copied in, recursively.
+    let mut copied: BTreeSet<usize> = BTreeSet::new();
+    let mut stack: Vec<usize> = members.to_vec();
+    while let Some(i) = stack.pop() {
+        for &a in &func.inst(insts[i]).args {
+            if let Some(&p) = producer.get(&a)
+                && duplicable(&func.inst(insts[p]).op)
+                && copied.insert(p)
+            {
+                stack.push(p);
+            }
+        }
+    }
+    let body: Vec<usize> = member_set.union(&copied).copied().collect();
+    let inside: HashSet<Value> = body
+        .iter()
+        .flat_map(|&i| func.inst(insts[i]).results.clone())
+        .collect();
+    let mut operands: Vec<Value> = Vec::new();
+    for &i in &body {
+        for &a in &func.inst(insts[i]).args {
+            if !inside.contains(&a) && !operands.contains(&a) {
+                operands.push(a);
+            }
+        }
+    }
+    let region = func.create_region();
+    let mut remap: HashMap<Value, Value> = HashMap::new();
+    for &v in &operands {
+        let arg = func.append_region_arg(region, func.value_type(v).clone(), None);
+        remap.insert(v, arg);
+    }
+    for &i in &body {
+        let data = func.inst(insts[i]).clone();
+        let args = data.args.iter().map(|a| remap[a]).collect();
+        let types = data
+            .results
+            .iter()
+            .map(|&r| func.value_type(r).clone())
+            .collect();
+        let clone = func.create_inst(data.op, args, types, Vec::new(), data.loc);
+        func.append_inst(region, clone);
+        for (&old, &new) in data.results.iter().zip(&func.inst(clone).results.clone()) {
+            remap.insert(old, new);
+            if member_set.contains(&i) && !outputs.contains(&old) {
+                let name = func.value_name(old).map(str::to_owned);
+                func.set_value_name(new, name);
+            }
+        }
+    }
+    func.set_region_results(region, outputs.iter().map(|v| remap[v]).collect());
+    let types = outputs
+        .iter()
+        .map(|&v| func.value_type(v).clone())
+        .collect();
+    let loc = func
+        .inst(insts[*members.last().expect("a group has members")])
+        .loc;
+    let kernel = func.create_inst(Op::Fused, operands, types, vec![region], loc);
+    for (&old, &new) in outputs.iter().zip(&func.inst(kernel).results.clone()) {
+        let name = func.value_name(old).map(str::to_owned);
+        func.set_value_name(new, name);
+        replace.insert(old, new);
+    }
+    kernel
+}
+
+/// Orders `items` so every instruction follows what it uses, staying as close as possible to
+/// the given positions (Kahn's algorithm, smallest position first).
+fn topological(
+    func: &Function,
+    items: Vec<(usize, Inst)>,
+    replace: &HashMap<Value, Value>,
+) -> Vec<Inst> {
+    let resolve = |mut v: Value| {
+        while let Some(&n) = replace.get(&v) {
+            v = n;
+        }
+        v
+    };
+    let defines: HashMap<Value, usize> = items
+        .iter()
+        .enumerate()
+        .flat_map(|(k, &(_, inst))| func.inst(inst).results.iter().map(move |&r| (r, k)))
+        .collect();
+    let mut needs: Vec<HashSet<usize>> = vec![HashSet::new(); items.len()];
+    let mut dependents: Vec<Vec<usize>> = vec![Vec::new(); items.len()];
+    for (k, &(_, inst)) in items.iter().enumerate() {
+        let data = func.inst(inst);
+        let mut used: Vec<Value> = data.args.clone();
+        for &r in &data.regions {
+            used.extend(func.free_values(r));
+        }
+        for v in used {
+            if let Some(&d) = defines.get(&resolve(v))
+                && d != k
+                && needs[k].insert(d)
+            {
+                dependents[d].push(k);
+            }
+        }
+    }
+    let mut ready: BTreeSet<(usize, usize)> = (0..items.len())
+        .filter(|&k| needs[k].is_empty())
+        .map(|k| (items[k].0, k))
+        .collect();
+    let mut out = Vec::with_capacity(items.len());
+    while let Some(&first) = ready.iter().next() {
+        ready.remove(&first);
+        let k = first.1;
+        out.push(items[k].1);
+        for &d in &dependents[k] {
+            needs[d].remove(&k);
+            if needs[d].is_empty() {
+                ready.insert((items[d].0, d));
+            }
+        }
+    }
+    out
+}
+
+/// Drops duplicable instructions (copied into kernels) that nothing outside uses any more.
+fn drop_unused_duplicates(func: &Function, insts: Vec<Inst>, results: &[Value]) -> Vec<Inst> {
+    let mut used: HashSet<Value> = results.iter().copied().collect();
+    let mut keep = vec![true; insts.len()];
+    for (k, &inst) in insts.iter().enumerate().rev() {
+        let data = func.inst(inst);
+        let unused = data.results.iter().all(|r| !used.contains(r));
+        if duplicable(&data.op) && unused {
+            keep[k] = false;
+            continue;
+        }
+        used.extend(data.args.iter().copied());
+        for &r in &data.regions {
+            used.extend(func.free_values(r));
+        }
+    }
+    insts
+        .into_iter()
+        .zip(keep)
+        .filter(|(_, k)| *k)
+        .map(|(i, _)| i)
+        .collect()
+}

@@ -1,0 +1,266 @@
+//! The pass manager: a flat list of named passes, with timing, statistics, verification and
+//! IR printing wrapped around every pass.
+//!
+//! Verification runs after each pass in debug builds (and therefore in tests); release builds
+//! skip it unless asked. `--print-after-all` is an instrumentation hook: the manager calls back
+//! with the module after each pass, headed like MLIR's `// -----// IR Dump After cse //----- //`.
+
+use crate::{canonicalize, cse, dce, fold, fusion, simplify};
+use kiln_ir::{Module, verify_module};
+use std::fmt;
+use std::time::{Duration, Instant};
+
+/// What a pass did, in its own words: `("e-graph nodes", "1234")`, `("stopped by", "Saturated")`.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Stats {
+    pub entries: Vec<(&'static str, String)>,
+}
+
+impl Stats {
+    pub fn with(mut self, key: &'static str, value: impl fmt::Display) -> Stats {
+        self.entries.push((key, value.to_string()));
+        self
+    }
+
+    pub fn get(&self, key: &str) -> Option<&str> {
+        self.entries
+            .iter()
+            .find(|(k, _)| *k == key)
+            .map(|(_, v)| v.as_str())
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum PassError {
+    #[error("unknown pass `{name}`; the passes are: {available}")]
+    UnknownPass { name: String, available: String },
+    #[error("unknown pipeline `{name}`; the pipelines are: {available}")]
+    UnknownPipeline { name: String, available: String },
+    #[error("after pass `{pass}`, the module does not verify (a bug in the pass):\n{rendered}")]
+    Verify {
+        pass: &'static str,
+        rendered: String,
+    },
+    #[error("pass `{pass}` failed: {message}")]
+    Failed { pass: &'static str, message: String },
+}
+
+/// A transformation of a module, in place, keeping its meaning.
+pub trait Pass {
+    fn name(&self) -> &'static str;
+    fn run(&mut self, module: &mut Module) -> Result<Stats, PassError>;
+}
+
+/// What one pass did to the module.
+#[derive(Clone, Debug)]
+pub struct PassReport {
+    pub pass: &'static str,
+    pub time: Duration,
+    pub insts_before: usize,
+    pub insts_after: usize,
+    pub stats: Stats,
+}
+
+impl fmt::Display for PassReport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{:<14} {:>9.3} ms  {:>7} → {:<7} instructions",
+            self.pass,
+            self.time.as_secs_f64() * 1e3,
+            self.insts_before,
+            self.insts_after
+        )?;
+        for (k, v) in &self.stats.entries {
+            write!(f, "  {k}: {v}")?;
+        }
+        Ok(())
+    }
+}
+
+/// The passes by name, each with one line of what it does.
+pub const PASSES: &[(&str, &str)] = &[
+    (
+        "canonicalize",
+        "fold chains of reshape, transpose, broadcast and cast; drop identity layout ops",
+    ),
+    (
+        "fold",
+        "evaluate ops on small constants with the reference kernels; splats stay splats",
+    ),
+    (
+        "cse",
+        "merge instructions that compute the same op on the same operands",
+    ),
+    (
+        "simplify",
+        "e-graph rewriting (egg): algebra, layout, broadcasts, matmul transposes; memory-traffic cost",
+    ),
+    (
+        "dce",
+        "remove instructions whose results are unused and that have no effects",
+    ),
+    (
+        "fuse",
+        "group elementwise, broadcast and reduction ops into `fused` kernel regions",
+    ),
+];
+
+/// Named pipelines: lists of passes.
+pub const PIPELINES: &[(&str, &[&str])] = &[
+    (
+        "default",
+        &[
+            "canonicalize",
+            "fold",
+            "cse",
+            "simplify",
+            "canonicalize",
+            "fold",
+            "cse",
+            "dce",
+            "fuse",
+        ],
+    ),
+    (
+        "simplify",
+        &[
+            "canonicalize",
+            "fold",
+            "cse",
+            "simplify",
+            "canonicalize",
+            "fold",
+            "cse",
+            "dce",
+        ],
+    ),
+    ("none", &[]),
+];
+
+/// A pass by name.
+pub fn pass_by_name(name: &str) -> Result<Box<dyn Pass>, PassError> {
+    Ok(match name {
+        "canonicalize" => Box::new(canonicalize::Canonicalize),
+        "fold" => Box::new(fold::ConstantFold),
+        "cse" => Box::new(cse::Cse),
+        "simplify" => Box::new(simplify::Simplify::default()),
+        "dce" => Box::new(dce::Dce),
+        "fuse" => Box::new(fusion::Fuse),
+        _ => {
+            return Err(PassError::UnknownPass {
+                name: name.to_owned(),
+                available: PASSES
+                    .iter()
+                    .map(|(n, _)| *n)
+                    .collect::<Vec<_>>()
+                    .join(", "),
+            });
+        }
+    })
+}
+
+/// The number of instructions in a module, counting those inside regions.
+pub fn instruction_count(module: &Module) -> usize {
+    module.functions.iter().map(|f| f.num_insts()).sum()
+}
+
+pub struct PassManager {
+    passes: Vec<Box<dyn Pass>>,
+    verify: bool,
+}
+
+impl Default for PassManager {
+    fn default() -> PassManager {
+        PassManager::new()
+    }
+}
+
+impl PassManager {
+    /// No passes; verification after each pass in debug builds.
+    pub fn new() -> PassManager {
+        PassManager {
+            passes: Vec::new(),
+            verify: cfg!(debug_assertions),
+        }
+    }
+
+    /// Whether to verify the module after every pass.
+    pub fn verify_each(mut self, on: bool) -> PassManager {
+        self.verify = on;
+        self
+    }
+
+    pub fn add(mut self, pass: Box<dyn Pass>) -> PassManager {
+        self.passes.push(pass);
+        self
+    }
+
+    /// Passes by name, e.g. `["canonicalize", "cse", "dce"]`.
+    pub fn from_names<S: AsRef<str>>(names: &[S]) -> Result<PassManager, PassError> {
+        names.iter().try_fold(PassManager::new(), |pm, name| {
+            Ok(pm.add(pass_by_name(name.as_ref().trim())?))
+        })
+    }
+
+    /// A named pipeline (see [`PIPELINES`]).
+    pub fn pipeline(name: &str) -> Result<PassManager, PassError> {
+        let (_, passes) = PIPELINES.iter().find(|(n, _)| *n == name).ok_or_else(|| {
+            PassError::UnknownPipeline {
+                name: name.to_owned(),
+                available: PIPELINES
+                    .iter()
+                    .map(|(n, _)| *n)
+                    .collect::<Vec<_>>()
+                    .join(", "),
+            }
+        })?;
+        PassManager::from_names(passes)
+    }
+
+    pub fn pass_names(&self) -> Vec<&'static str> {
+        self.passes.iter().map(|p| p.name()).collect()
+    }
+
+    /// Runs every pass in order.
+    pub fn run(&mut self, module: &mut Module) -> Result<Vec<PassReport>, PassError> {
+        self.run_with(module, |_, _| {})
+    }
+
+    /// Runs every pass in order, calling `after_each` with each pass's report and the module
+    /// it left (the hook behind `--print-after-all`).
+    pub fn run_with(
+        &mut self,
+        module: &mut Module,
+        mut after_each: impl FnMut(&PassReport, &Module),
+    ) -> Result<Vec<PassReport>, PassError> {
+        let mut reports = Vec::new();
+        for pass in &mut self.passes {
+            let before = instruction_count(module);
+            let start = Instant::now();
+            let stats = pass.run(module)?;
+            let time = start.elapsed();
+            if self.verify {
+                verify_module(module).map_err(|e| PassError::Verify {
+                    pass: pass.name(),
+                    rendered: e.render(module),
+                })?;
+            }
+            let report = PassReport {
+                pass: pass.name(),
+                time,
+                insts_before: before,
+                insts_after: instruction_count(module),
+                stats,
+            };
+            after_each(&report, module);
+            reports.push(report);
+        }
+        Ok(reports)
+    }
+}
+
+/// The header `--print-after-all` prints before each dump.
+pub fn dump_header(pass: &str) -> String {
+    format!("// -----// IR Dump After {pass} //----- //")
+}

@@ -1,0 +1,419 @@
+//! E-graph simplification with egg.
+//!
+//! Each region's straight-line code becomes an e-graph: pure ops are e-nodes, everything else
+//! (arguments, loads' consumers aside, the results of loops and custom ops) is a leaf. The
+//! rules of [`rules`] run until saturation or a limit (nodes, iterations, time); then the
+//! cheapest program under a memory-traffic cost model is extracted ([`extract`]) and the
+//! region is rebuilt from it. Hash-consing merges equal subexpressions on the way, so the
+//! pass also performs CSE. When a limit stops saturation, the best program found so far is
+//! used, and the statistics say which limit it was.
+
+pub mod extract;
+pub mod lang;
+pub mod rules;
+
+use crate::manager::{Pass, PassError, Stats};
+use egg::{Id, Rewrite, Runner, SimpleScheduler, StopReason};
+use extract::Extraction;
+use kiln_ir::{Function, Inst, Loc, Module, Region, Value};
+use lang::{Node, NodeOp, Typing};
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::time::Duration;
+
+pub struct Simplify {
+    pub rules: Vec<Rewrite<Node, Typing>>,
+    /// Stop when the e-graph has this many nodes per instruction of the input (plus 10,000).
+    pub nodes_per_inst: usize,
+    pub iter_limit: usize,
+    pub time_limit: Duration,
+    /// On cost ties, keep the input's own form (true, the default) or prefer rewritten forms
+    /// (tests use this to evaluate every rule's right-hand side).
+    pub keep_input_on_ties: bool,
+}
+
+impl Default for Simplify {
+    fn default() -> Simplify {
+        Simplify::with_rules(rules::all())
+    }
+}
+
+impl Simplify {
+    pub fn with_rules(rules: Vec<Rewrite<Node, Typing>>) -> Simplify {
+        Simplify {
+            rules,
+            nodes_per_inst: 8,
+            iter_limit: 12,
+            time_limit: Duration::from_secs(2),
+            keep_input_on_ties: true,
+        }
+    }
+
+    /// Only the rules whose names are listed (for testing one rule at a time).
+    pub fn only(names: &[&str]) -> Simplify {
+        let rules = rules::all()
+            .into_iter()
+            .filter(|r| names.contains(&r.name.as_str()))
+            .collect();
+        Simplify::with_rules(rules)
+    }
+}
+
+/// What one e-graph run did.
+#[derive(Default)]
+struct Totals {
+    nodes: usize,
+    classes: usize,
+    iterations: usize,
+    stop: Option<String>,
+    applied: BTreeMap<String, usize>,
+}
+
+impl Pass for Simplify {
+    fn name(&self) -> &'static str {
+        "simplify"
+    }
+
+    fn run(&mut self, module: &mut Module) -> Result<Stats, PassError> {
+        let mut totals = Totals::default();
+        for func in &mut module.functions {
+            let mut replace = HashMap::new();
+            let regions = regions_of(func);
+            for region in regions {
+                self.simplify_region(func, region, &mut replace, &mut totals);
+            }
+            func.replace_uses_map(&replace);
+        }
+        let applied: Vec<String> = totals
+            .applied
+            .iter()
+            .map(|(k, v)| format!("{k}×{v}"))
+            .collect();
+        Ok(Stats::default()
+            .with("e-graph nodes", totals.nodes)
+            .with("classes", totals.classes)
+            .with("iterations", totals.iterations)
+            .with(
+                "stopped by",
+                totals.stop.unwrap_or_else(|| "nothing to do".into()),
+            )
+            .with(
+                "rules applied",
+                if applied.is_empty() {
+                    "none".to_owned()
+                } else {
+                    applied.join(" ")
+                },
+            ))
+    }
+}
+
+/// Every region of `func`, outermost first.
+fn regions_of(func: &Function) -> Vec<Region> {
+    let mut out = vec![func.body()];
+    for inst in func.walk_insts() {
+        out.extend(func.inst(inst).regions.iter().copied());
+    }
+    out
+}
+
+/// Whether the e-graph may rewrite `inst`: a pure op with one result and no regions.
+fn rewritable(func: &Function, inst: Inst) -> bool {
+    let data = func.inst(inst);
+    data.regions.is_empty() && !data.op.has_side_effects() && data.results.len() == 1
+}
+
+impl Simplify {
+    fn simplify_region(
+        &self,
+        func: &mut Function,
+        region: Region,
+        replace: &mut HashMap<Value, Value>,
+        totals: &mut Totals,
+    ) {
+        let insts = func.region(region).insts.clone();
+        let pure_count = insts.iter().filter(|&&i| rewritable(func, i)).count();
+        if pure_count == 0 {
+            return;
+        }
+        // Build: pure instructions become e-nodes; every other value a leaf.
+        let mut graph = lang::Graph::new(Typing::default());
+        let mut class_of: HashMap<Value, Id> = HashMap::new();
+        let mut leaf_values: Vec<Value> = Vec::new();
+        let mut leaf =
+            |graph: &mut lang::Graph, class_of: &mut HashMap<Value, Id>, v: Value| -> Id {
+                if let Some(&id) = class_of.get(&v) {
+                    return id;
+                }
+                let index = graph.analysis.leaves.len() as u32;
+                graph.analysis.leaves.push(func.value_type(v).clone());
+                leaf_values.push(v);
+                let id = graph.add(Node {
+                    op: NodeOp::Leaf(index),
+                    children: Vec::new(),
+                });
+                class_of.insert(v, id);
+                id
+            };
+        let mut originals: Vec<(Value, Inst)> = Vec::new();
+        for &inst in &insts {
+            let data = func.inst(inst);
+            let children: Vec<Id> = data
+                .args
+                .iter()
+                .map(|&a| leaf(&mut graph, &mut class_of, a))
+                .collect();
+            if rewritable(func, inst) {
+                let id = graph.add(Node::ir(data.op.clone(), children));
+                class_of.insert(data.results[0], id);
+                originals.push((data.results[0], inst));
+            } else {
+                // Values the region-owning instruction captures are needed here too.
+                for &r in &data.regions {
+                    for v in func.free_values(r) {
+                        leaf(&mut graph, &mut class_of, v);
+                    }
+                }
+            }
+        }
+        for &v in &func.region(region).results {
+            leaf(&mut graph, &mut class_of, v);
+        }
+        // Saturate, within limits.
+        let node_limit = 10_000 + self.nodes_per_inst * insts.len();
+        let runner = Runner::default()
+            .with_egraph(graph)
+            .with_node_limit(node_limit)
+            .with_iter_limit(self.iter_limit)
+            .with_time_limit(self.time_limit)
+            .with_scheduler(SimpleScheduler)
+            .run(&self.rules);
+        totals.nodes += runner.egraph.total_number_of_nodes();
+        totals.classes += runner.egraph.number_of_classes();
+        totals.iterations += runner.iterations.len();
+        let stop = match &runner.stop_reason {
+            Some(StopReason::Saturated) => "saturated".to_owned(),
+            Some(StopReason::IterationLimit(n)) => format!("iteration limit ({n})"),
+            Some(StopReason::NodeLimit(n)) => format!("node limit ({n})"),
+            Some(StopReason::TimeLimit(t)) => format!("time limit ({t:.2} s)"),
+            Some(StopReason::Other(s)) => s.clone(),
+            None => "not run".to_owned(),
+        };
+        // The worst reason across regions is the one to report.
+        if totals.stop.as_deref().is_none_or(|s| s == "saturated") {
+            totals.stop = Some(stop);
+        }
+        for iteration in &runner.iterations {
+            for (rule, n) in &iteration.applied {
+                *totals.applied.entry(rule.to_string()).or_default() += n;
+            }
+        }
+        let egraph = &runner.egraph;
+        let canonical = |n: &Node| Node {
+            op: n.op.clone(),
+            children: n.children.iter().map(|&c| egraph.find(c)).collect(),
+        };
+        let input_nodes: HashSet<Node> = originals
+            .iter()
+            .map(|&(_, inst)| {
+                let data = func.inst(inst);
+                canonical(&Node::ir(
+                    data.op.clone(),
+                    data.args.iter().map(|a| class_of[a]).collect(),
+                ))
+            })
+            .collect();
+        let keep = self.keep_input_on_ties;
+        let extraction = Extraction::new(egraph, |n| input_nodes.contains(&canonical(n)) == keep);
+        // The classes the region's remaining instructions and results need.
+        let mut needed: HashSet<Id> = HashSet::new();
+        let mut stack: Vec<Id> = Vec::new();
+        for &inst in &insts {
+            if !rewritable(func, inst) {
+                let data = func.inst(inst);
+                stack.extend(data.args.iter().map(|a| egraph.find(class_of[a])));
+                for &r in &data.regions {
+                    stack.extend(func.free_values(r).iter().map(|v| egraph.find(class_of[v])));
+                }
+            }
+        }
+        stack.extend(
+            func.region(region)
+                .results
+                .iter()
+                .map(|v| egraph.find(class_of[v])),
+        );
+        while let Some(class) = stack.pop() {
+            if needed.insert(class)
+                && let Some(node) = extraction.best(class)
+            {
+                stack.extend(node.children.iter().map(|&c| egraph.find(c)));
+            }
+        }
+        // Rebuild the region: instructions the e-graph does not own stay in order; before each,
+        // the classes it needs are emitted from the extraction.
+        let mut rebuild = Rebuild {
+            egraph,
+            extraction: &extraction,
+            emitted: HashMap::new(),
+            insts: Vec::new(),
+            names: HashMap::new(),
+            locs: HashMap::new(),
+            available: HashSet::new(),
+            leaf_values: &leaf_values,
+        };
+        for &(v, inst) in &originals {
+            let class = egraph.find(class_of[&v]);
+            if let Some(name) = func.value_name(v) {
+                rebuild
+                    .names
+                    .entry(class)
+                    .or_insert_with(|| name.to_owned());
+            }
+            rebuild.locs.entry(class).or_insert(func.inst(inst).loc);
+        }
+        for &v in func.args() {
+            rebuild.available.insert(v);
+        }
+        for &v in &func.region(region).args {
+            rebuild.available.insert(v);
+        }
+        let outer: HashSet<Value> = leaf_values.iter().copied().collect();
+        let defined_here: HashSet<Value> = insts
+            .iter()
+            .flat_map(|&i| func.inst(i).results.clone())
+            .collect();
+        for &v in outer.difference(&defined_here) {
+            rebuild.available.insert(v);
+        }
+        for &inst in &insts {
+            if rewritable(func, inst) {
+                // Emit what the instruction computed where it stood, if it is still needed.
+                let class = egraph.find(class_of[&func.inst(inst).results[0]]);
+                if needed.contains(&class) {
+                    rebuild.emit(func, class);
+                }
+                continue;
+            }
+            let data = func.inst(inst).clone();
+            let mut needed: Vec<Value> = data.args.clone();
+            for &r in &data.regions {
+                needed.extend(func.free_values(r));
+            }
+            for v in needed {
+                let class = egraph.find(class_of[&v]);
+                if let Some(new) = rebuild.emit(func, class) {
+                    if new != v {
+                        replace.insert(v, new);
+                    }
+                }
+            }
+            rebuild.insts.push(inst);
+            rebuild.available.extend(data.results.iter().copied());
+        }
+        for v in func.region(region).results.clone() {
+            let class = egraph.find(class_of[&v]);
+            if let Some(new) = rebuild.emit(func, class)
+                && new != v
+            {
+                replace.insert(v, new);
+            }
+        }
+        for &(v, _) in &originals {
+            let class = egraph.find(class_of[&v]);
+            if let Some(&new) = rebuild.emitted.get(&class)
+                && new != v
+            {
+                replace.insert(v, new);
+            }
+        }
+        let used_names: Vec<(Value, String)> = rebuild.take_names();
+        func.region_mut(region).insts = rebuild.insts;
+        let taken: HashSet<String> = func
+            .walk_insts()
+            .iter()
+            .flat_map(|&i| func.inst(i).results.clone())
+            .chain(func.args().iter().copied())
+            .filter_map(|v| func.value_name(v).map(str::to_owned))
+            .collect();
+        for (v, name) in used_names {
+            if !taken.contains(&name) {
+                func.set_value_name(v, Some(name));
+            }
+        }
+    }
+}
+
+/// Emits extracted classes as instructions, each once, children first.
+struct Rebuild<'a> {
+    egraph: &'a lang::Graph,
+    extraction: &'a Extraction,
+    emitted: HashMap<Id, Value>,
+    insts: Vec<Inst>,
+    /// A name from the original program for each class that had one.
+    names: HashMap<Id, String>,
+    locs: HashMap<Id, Loc>,
+    /// Values that may be used at the current point.
+    available: HashSet<Value>,
+    leaf_values: &'a [Value],
+}
+
+impl Rebuild<'_> {
+    fn emit(&mut self, func: &mut Function, class: Id) -> Option<Value> {
+        if let Some(&v) = self.emitted.get(&class) {
+            return Some(v);
+        }
+        let node = self.choose(class)?.clone();
+        let value = match &node.op {
+            NodeOp::Leaf(i) => self.leaf_values[*i as usize],
+            NodeOp::Ir(op) => {
+                let mut args = Vec::with_capacity(node.children.len());
+                for &c in &node.children {
+                    args.push(self.emit(func, self.egraph.find(c))?);
+                }
+                let ty = self.egraph[class].data.ty.clone()?;
+                let loc = self.locs.get(&class).copied().unwrap_or(Loc::Unknown);
+                let inst = func.create_inst(op.clone(), args, vec![ty], Vec::new(), loc);
+                self.insts.push(inst);
+                let v = func.inst(inst).results[0];
+                self.available.insert(v);
+                v
+            }
+        };
+        self.emitted.insert(class, value);
+        Some(value)
+    }
+
+    /// The extracted node of `class`, unless it is a leaf not yet available here; then the
+    /// cheapest op node of the class.
+    fn choose(&self, class: Id) -> Option<&Node> {
+        let best = self.extraction.best(class)?;
+        if let NodeOp::Leaf(i) = best.op
+            && !self.available.contains(&self.leaf_values[i as usize])
+        {
+            return self.egraph[class]
+                .nodes
+                .iter()
+                .filter(|n| matches!(n.op, NodeOp::Ir(_)))
+                .filter_map(|n| {
+                    let cost = n.children.iter().try_fold(0.0, |acc, &c| {
+                        self.extraction.cost(self.egraph.find(c)).map(|x| acc + x)
+                    })?;
+                    Some((cost, n))
+                })
+                .min_by(|a, b| a.0.total_cmp(&b.0))
+                .map(|(_, n)| n);
+        }
+        Some(best)
+    }
+
+    /// The original names for the values emitted for named classes.
+    fn take_names(&mut self) -> Vec<(Value, String)> {
+        let mut out: Vec<(Value, String)> = self
+            .names
+            .drain()
+            .filter_map(|(class, name)| self.emitted.get(&class).map(|&v| (v, name)))
+            .collect();
+        out.sort_by_key(|(v, _)| *v);
+        out
+    }
+}

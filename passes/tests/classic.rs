@@ -1,0 +1,278 @@
+//! The classic passes and fusion, written as `check(passes, input, expected)`: IR text in,
+//! IR text out.
+
+use kiln_ir::{parse_and_verify, verify_module};
+use kiln_passes::PassManager;
+
+#[track_caller]
+fn check(passes: &[&str], input: &str, expected: &str) {
+    let mut module = parse_and_verify(input).unwrap_or_else(|e| panic!("{}", e.render(input)));
+    PassManager::from_names(passes)
+        .unwrap()
+        .verify_each(true)
+        .run(&mut module)
+        .unwrap();
+    verify_module(&module).unwrap();
+    let got = module.to_string();
+    let want = parse_and_verify(expected)
+        .unwrap_or_else(|e| panic!("expected text: {}", e.render(expected)));
+    assert_eq!(got, want.to_string(), "\ngot:\n{got}\nwant:\n{want}");
+}
+
+#[test]
+fn dce_removes_unused_pure_ops_and_keeps_stores_and_calls() {
+    check(
+        &["dce"],
+        r#"module {
+  state @w : f32[2] = constant(value=0.0)
+  func @f(%x: f32[2], %p: bool[]) -> f32[2] {
+    %dead = exp %x : f32[2]
+    %also_dead = cond %p : f32[2] then {
+      %n = neg %x : f32[2]
+      yield %n
+    } else {
+      yield %x
+    }
+    %t = tanh %x : f32[2]
+    store @w, %t
+    %c = call @side_effect, %x : f32[2]
+    %y = mul %x, %x : f32[2]
+    return %y
+  }
+}"#,
+        r#"module {
+  state @w : f32[2] = constant(value=0.0)
+  func @f(%x: f32[2], %p: bool[]) -> f32[2] {
+    %t = tanh %x : f32[2]
+    store @w, %t
+    %c = call @side_effect, %x : f32[2]
+    %y = mul %x, %x : f32[2]
+    return %y
+  }
+}"#,
+    );
+}
+
+#[test]
+fn cse_merges_equal_ops_loads_and_draws_across_regions() {
+    check(
+        &["cse", "dce"],
+        r#"module {
+  state @w : f32[2] = constant(value=1.0)
+  func @f(%x: f32[2], %p: bool[]) -> f32[2] {
+    %a = exp %x : f32[2]
+    %b = exp %x : f32[2]
+    %w1 = load @w : f32[2]
+    %w2 = load @w : f32[2]
+    %r1 = random_normal {mean=0.0, std=1.0, seed=3} : f32[2]
+    %r2 = random_normal {mean=0.0, std=1.0, seed=3} : f32[2]
+    %s = add %a, %b : f32[2]
+    %t = add %w1, %w2 : f32[2]
+    %u = add %r1, %r2 : f32[2]
+    %in = cond %p : f32[2] then {
+      %again = exp %x : f32[2]
+      yield %again
+    } else {
+      yield %x
+    }
+    %v = add %s, %t : f32[2]
+    %z = add %v, %u : f32[2]
+    %out = add %z, %in : f32[2]
+    return %out
+  }
+}"#,
+        r#"module {
+  state @w : f32[2] = constant(value=1.0)
+  func @f(%x: f32[2], %p: bool[]) -> f32[2] {
+    %a = exp %x : f32[2]
+    %w1 = load @w : f32[2]
+    %r1 = random_normal {mean=0.0, std=1.0, seed=3} : f32[2]
+    %s = add %a, %a : f32[2]
+    %t = add %w1, %w1 : f32[2]
+    %u = add %r1, %r1 : f32[2]
+    %in = cond %p : f32[2] then {
+      yield %a
+    } else {
+      yield %x
+    }
+    %v = add %s, %t : f32[2]
+    %z = add %v, %u : f32[2]
+    %out = add %z, %in : f32[2]
+    return %out
+  }
+}"#,
+    );
+}
+
+#[test]
+fn fold_evaluates_constants_and_keeps_splats_splat() {
+    check(
+        &["fold", "dce"],
+        r#"module {
+  func @f(%x: f32[N,2]) -> (f32[N,2], f32[2]) {
+    %one = const 1.0 : f32[]
+    %two = add %one, %one : f32[]
+    %spread = broadcast %two : f32[N,2]
+    %y = mul %x, %spread : f32[N,2]
+    %v = const [1.0, 4.0] : f32[2]
+    %r = sqrt %v : f32[2]
+    %n = neg %r : f32[2]
+    return %y, %n
+  }
+}"#,
+        r#"module {
+  func @f(%x: f32[N,2]) -> (f32[N,2], f32[2]) {
+    %spread = const 2.0 : f32[N,2]
+    %y = mul %x, %spread : f32[N,2]
+    %n = const [-1.0, -2.0] : f32[2]
+    return %y, %n
+  }
+}"#,
+    );
+}
+
+#[test]
+fn canonicalize_collapses_layout_chains() {
+    check(
+        &["canonicalize", "dce"],
+        r#"module {
+  func @f(%x: f32[2,3,4]) -> (f32[24], f32[2,3,4], f32[4,2,3]) {
+    %r1 = reshape %x : f32[6,4]
+    %r2 = reshape %r1 : f32[24]
+    %t1 = transpose %x {perm=[1, 2, 0]} : f32[3,4,2]
+    %t2 = transpose %t1 {perm=[2, 0, 1]} : f32[2,3,4]
+    %t3 = transpose %x {perm=[2, 0, 1]} : f32[4,2,3]
+    %c = cast %t3 : f32[4,2,3]
+    return %r2, %t2, %c
+  }
+}"#,
+        r#"module {
+  func @f(%x: f32[2,3,4]) -> (f32[24], f32[2,3,4], f32[4,2,3]) {
+    %r2 = reshape %x : f32[24]
+    %t3 = transpose %x {perm=[2, 0, 1]} : f32[4,2,3]
+    return %r2, %x, %t3
+  }
+}"#,
+    );
+}
+
+/// Softmax is one kernel: a reduction, elementwise ops over its broadcast, another
+/// reduction, and the division.
+#[test]
+fn fusion_makes_softmax_one_kernel() {
+    check(
+        &["fuse"],
+        r#"module {
+  func @softmax(%x: f32[N,8]) -> f32[N,8] {
+    %m = reduce_max %x {axes=[1], keep_dims=true} : f32[N,1]
+    %mb = broadcast %m : f32[N,8]
+    %z = sub %x, %mb : f32[N,8]
+    %e = exp %z : f32[N,8]
+    %s = reduce_sum %e {axes=[1], keep_dims=true} : f32[N,1]
+    %sb = broadcast %s : f32[N,8]
+    %p = div %e, %sb : f32[N,8]
+    return %p
+  }
+}"#,
+        r#"module {
+  func @softmax(%x: f32[N,8]) -> f32[N,8] {
+    %p = fused %x : f32[N,8] body(%0: f32[N,8]) {
+      %m = reduce_max %0 {axes=[1], keep_dims=true} : f32[N,1]
+      %1 = broadcast %m : f32[N,8]
+      %z = sub %0, %1 : f32[N,8]
+      %e = exp %z : f32[N,8]
+      %s = reduce_sum %e {axes=[1], keep_dims=true} : f32[N,1]
+      %2 = broadcast %s : f32[N,8]
+      %3 = div %e, %2 : f32[N,8]
+      yield %3
+    }
+    return %p
+  }
+}"#,
+    );
+}
+
+/// A matmul is not fused; the bias add and activation after it are one kernel, and a value
+/// used after the kernel (here by the second matmul and the output) leaves it as a second
+/// result.
+#[test]
+fn fusion_stops_at_matmuls_and_yields_values_used_later() {
+    check(
+        &["fuse"],
+        r#"module {
+  func @mlp(%x: f32[N,4], %w1: f32[4,4], %b1: f32[4], %w2: f32[4,2]) -> (f32[N,2], f32[N,4]) {
+    %h0 = matmul %x, %w1 : f32[N,4]
+    %bb = broadcast %b1 : f32[N,4]
+    %h1 = add %h0, %bb : f32[N,4]
+    %h = relu %h1 : f32[N,4]
+    %y = matmul %h, %w2 : f32[N,2]
+    %t = tanh %y : f32[N,2]
+    return %t, %h1
+  }
+}"#,
+        r#"module {
+  func @mlp(%x: f32[N,4], %w1: f32[4,4], %b1: f32[4], %w2: f32[4,2]) -> (f32[N,2], f32[N,4]) {
+    %h0 = matmul %x, %w1 : f32[N,4]
+    %h1, %h = fused %b1, %h0 : f32[N,4], f32[N,4] body(%0: f32[4], %1: f32[N,4]) {
+      %2 = broadcast %0 : f32[N,4]
+      %3 = add %1, %2 : f32[N,4]
+      %4 = relu %3 : f32[N,4]
+      yield %3, %4
+    }
+    %y = matmul %h, %w2 : f32[N,2]
+    %t = fused %y : f32[N,2] body(%5: f32[N,2]) {
+      %6 = tanh %5 : f32[N,2]
+      yield %6
+    }
+    return %t, %h1
+  }
+}"#,
+    );
+}
+
+/// A value with consumers in two different places is not merged into either (no
+/// recomputation), and a broadcast is copied into every kernel that uses it.
+#[test]
+fn fusion_never_recomputes_shared_values() {
+    check(
+        &["fuse"],
+        r#"module {
+  func @f(%x: f32[4], %w: f32[4,4]) -> (f32[4], f32[1,4]) {
+    %e = exp %x : f32[4]
+    %a = add %e, %e : f32[4]
+    %row = reshape %e : f32[1,4]
+    %m = matmul %row, %w : f32[1,4]
+    return %a, %m
+  }
+}"#,
+        r#"module {
+  func @f(%x: f32[4], %w: f32[4,4]) -> (f32[4], f32[1,4]) {
+    %e, %a = fused %x : f32[4], f32[4] body(%0: f32[4]) {
+      %1 = exp %0 : f32[4]
+      %2 = add %1, %1 : f32[4]
+      yield %1, %2
+    }
+    %row = reshape %e : f32[1,4]
+    %m = matmul %row, %w : f32[1,4]
+    return %a, %m
+  }
+}"#,
+    );
+}
+
+#[test]
+fn unknown_passes_and_pipelines_are_named() {
+    let err = PassManager::from_names(&["cse", "inline"])
+        .err()
+        .unwrap()
+        .to_string();
+    assert_eq!(
+        err,
+        "unknown pass `inline`; the passes are: canonicalize, fold, cse, simplify, dce, fuse"
+    );
+    let err = PassManager::pipeline("O3").err().unwrap().to_string();
+    assert_eq!(
+        err,
+        "unknown pipeline `O3`; the pipelines are: default, simplify, none"
+    );
+}
