@@ -143,26 +143,19 @@ fn fuse_region(
         parent: (0..n).collect(),
         last: (0..n).collect(),
     };
-    // Producers last to first: an op joins the group of its consumers when they are all in one
-    // group, and its other uses (if any) come after that group, which then also yields it.
+    // Producers last to first: an op joins the group of its earliest consumer when every other
+    // use of it comes after that group ends; the group then also yields it.
     for p in (0..n).rev() {
         if !compute(p) {
             continue;
         }
-        let mut consumer_groups = BTreeSet::new();
-        let mut outside = Vec::new();
-        for &r in &func.inst(insts[p]).results {
-            for u in effective_users(r) {
-                if compute(u) {
-                    consumer_groups.insert(groups.find(u));
-                } else {
-                    outside.push(u);
-                }
-            }
-        }
-        if let [group] = consumer_groups.into_iter().collect::<Vec<_>>()[..]
-            && outside.iter().all(|&u| u > groups.last[group])
-        {
+        let uses: Vec<usize> = func.inst(insts[p]).results.iter().flat_map(|&r| effective_users(r)).collect();
+        let Some(&first) = uses.iter().filter(|&&u| compute(u)).min() else {
+            continue;
+        };
+        let group = groups.find(first);
+        let last = groups.last[group];
+        if uses.iter().all(|&u| (compute(u) && groups.find(u) == group) || u > last) {
             groups.union(p, group);
         }
     }

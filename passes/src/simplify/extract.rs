@@ -19,6 +19,10 @@ use std::collections::{HashMap, VecDeque};
 /// The size assumed for a symbolic dimension when estimating costs.
 const SYMBOLIC_SIZE: f64 = 256.0;
 
+/// The least an op costs. Strictly positive costs keep every chosen node acyclic: a node that
+/// reaches its own class always costs more than what the class already has.
+const MIN_COST: f64 = 1e-3;
+
 fn bytes(ty: &Type) -> f64 {
     let elements: f64 = ty
         .shape
@@ -38,7 +42,7 @@ pub fn node_cost(egraph: &Graph, node: &Node) -> Option<f64> {
     let out = node_type(egraph, node)?;
     let out_bytes = bytes(&out);
     let child_bytes = |i: usize| egraph[node.children[i]].data.ty.as_ref().map_or(0.0, bytes);
-    Some(match op {
+    let cost = match op {
         Op::Const { value, .. } if value.len() == 1 => 0.0,
         Op::Const { .. } => out_bytes,
         Op::Broadcast { .. } | Op::Reshape { .. } | Op::Iota { .. } => 0.05 * out_bytes,
@@ -66,7 +70,8 @@ pub fn node_cost(egraph: &Graph, node: &Node) -> Option<f64> {
         Op::Random { .. } => out_bytes,
         Op::Load { .. } => 0.0,
         Op::Store { .. } | Op::Cond | Op::While | Op::Fused | Op::Call { .. } => return None,
-    })
+    };
+    Some(cost.max(MIN_COST))
 }
 
 /// The cheapest node of each class and its total cost.

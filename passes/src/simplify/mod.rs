@@ -358,29 +358,42 @@ struct Rebuild<'a> {
 }
 
 impl Rebuild<'_> {
+    /// Emits `class` (children first, without recursion: chains can be long) and returns its
+    /// value; `None` if some class on the way has no usable node here.
     fn emit(&mut self, func: &mut Function, class: Id) -> Option<Value> {
-        if let Some(&v) = self.emitted.get(&class) {
-            return Some(v);
-        }
-        let node = self.choose(class)?.clone();
-        let value = match &node.op {
-            NodeOp::Leaf(i) => self.leaf_values[*i as usize],
-            NodeOp::Ir(op) => {
-                let mut args = Vec::with_capacity(node.children.len());
-                for &c in &node.children {
-                    args.push(self.emit(func, self.egraph.find(c))?);
-                }
-                let ty = self.egraph[class].data.ty.clone()?;
-                let loc = self.locs.get(&class).copied().unwrap_or(Loc::Unknown);
-                let inst = func.create_inst(op.clone(), args, vec![ty], Vec::new(), loc);
-                self.insts.push(inst);
-                let v = func.inst(inst).results[0];
-                self.available.insert(v);
-                v
+        let mut stack: Vec<(Id, bool)> = vec![(class, false)];
+        while let Some((id, children_done)) = stack.pop() {
+            if self.emitted.contains_key(&id) {
+                continue;
             }
-        };
-        self.emitted.insert(class, value);
-        Some(value)
+            let node = self.choose(id)?.clone();
+            let value = match &node.op {
+                NodeOp::Leaf(i) => self.leaf_values[*i as usize],
+                NodeOp::Ir(op) => {
+                    if !children_done {
+                        stack.push((id, true));
+                        for &c in node.children.iter().rev() {
+                            stack.push((self.egraph.find(c), false));
+                        }
+                        continue;
+                    }
+                    let args: Vec<Value> = node
+                        .children
+                        .iter()
+                        .map(|&c| self.emitted.get(&self.egraph.find(c)).copied())
+                        .collect::<Option<_>>()?;
+                    let ty = self.egraph[id].data.ty.clone()?;
+                    let loc = self.locs.get(&id).copied().unwrap_or(Loc::Unknown);
+                    let inst = func.create_inst(op.clone(), args, vec![ty], Vec::new(), loc);
+                    self.insts.push(inst);
+                    let v = func.inst(inst).results[0];
+                    self.available.insert(v);
+                    v
+                }
+            };
+            self.emitted.insert(id, value);
+        }
+        self.emitted.get(&class).copied()
     }
 
     /// The extracted node of `class`, unless it is a leaf not yet available here; then the
