@@ -186,3 +186,53 @@ fn grad_prints_a_runnable_gradient_function() {
         stderr(&unknown)
     );
 }
+
+#[test]
+fn opt_prints_the_ir_after_each_pass_and_statistics() {
+    let out = kiln(&[
+        "opt",
+        "tests/programs/layer_norm.kir",
+        "--passes",
+        "cse,simplify,fuse",
+        "--print-after-all",
+        "--stats",
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = stdout(&out);
+    let headers: Vec<&str> = text
+        .lines()
+        .filter(|l| l.starts_with("// -----// IR Dump After"))
+        .collect();
+    assert_eq!(
+        headers,
+        [
+            "// -----// IR Dump After cse //----- //",
+            "// -----// IR Dump After simplify //----- //",
+            "// -----// IR Dump After fuse //----- //"
+        ]
+    );
+    let last = text
+        .rsplit("// -----// IR Dump After fuse //----- //\n")
+        .next()
+        .unwrap();
+    let module = kiln::ir::parse_and_verify(last).unwrap();
+    assert_eq!(
+        module.functions[0].num_insts(),
+        17,
+        "one fused kernel with its body, plus two loads"
+    );
+    let stats = stderr(&out);
+    assert!(
+        stats.contains("simplify") && stats.contains("stopped by: saturated"),
+        "{stats}"
+    );
+    assert!(
+        stats.contains("fuse") && stats.contains("kernels: 1"),
+        "{stats}"
+    );
+    let bad = kiln(&["opt", "tests/programs/mlp.kir", "--passes", "cse,inline"]);
+    assert_eq!(bad.status.code(), Some(1));
+    assert!(stderr(&bad).contains(
+        "unknown pass `inline`; the passes are: canonicalize, fold, cse, simplify, dce, fuse"
+    ));
+}

@@ -20,7 +20,12 @@ fn arguments(module: &Module, name: &str, seed: u64) -> Vec<Array> {
     let mut g = Gen::new(seed);
     func.arg_types()
         .map(|t| {
-            let dims: Vec<usize> = t.shape.dims().iter().map(|d| d.as_fixed().unwrap_or(3)).collect();
+            let dims: Vec<usize> = t
+                .shape
+                .dims()
+                .iter()
+                .map(|d| d.as_fixed().unwrap_or(3))
+                .collect();
             let n: usize = dims.iter().product();
             let values: Vec<f64> = (0..n)
                 .map(|_| match t.dtype {
@@ -29,7 +34,8 @@ fn arguments(module: &Module, name: &str, seed: u64) -> Vec<Array> {
                     _ => g.below(3) as f64,
                 })
                 .collect();
-            Array::F64(ndarray::ArrayD::from_shape_vec(ndarray::IxDyn(&dims), values).unwrap()).cast(t.dtype)
+            Array::F64(ndarray::ArrayD::from_shape_vec(ndarray::IxDyn(&dims), values).unwrap())
+                .cast(t.dtype)
         })
         .collect()
 }
@@ -49,22 +55,36 @@ fn assert_pipeline_agrees(label: &str, module: &Module) -> String {
         })
         .unwrap_or_else(|e| panic!("{label}: {e}"));
     let reparsed = parse_module(&optimised.to_string()).unwrap();
-    assert!(reparsed == optimised, "{label}: the optimised module round-trips");
+    assert!(
+        reparsed == optimised,
+        "{label}: the optimised module round-trips"
+    );
     for func in &module.functions {
         for seed in 0..2 {
             let args = arguments(module, func.name(), seed);
             let mut before_state = StateStore::initialize(module).unwrap();
             let mut after_state = before_state.clone();
-            let before = Interpreter::new(module).run(func.name(), args.clone(), &mut before_state).unwrap();
-            let after = Interpreter::new(&optimised).run(func.name(), args, &mut after_state).unwrap();
+            let before = Interpreter::new(module)
+                .run(func.name(), args.clone(), &mut before_state)
+                .unwrap();
+            let after = Interpreter::new(&optimised)
+                .run(func.name(), args, &mut after_state)
+                .unwrap();
             let pairs = before.iter().zip(&after).chain(
-                before_state.iter().map(|(n, v)| (v, after_state.get(n).unwrap())),
+                before_state
+                    .iter()
+                    .map(|(n, v)| (v, after_state.get(n).unwrap())),
             );
             for (b, a) in pairs {
                 assert_eq!(b.ty(), a.ty(), "{label}/@{}", func.name());
                 for (x, y) in b.to_f64_vec().iter().zip(a.to_f64_vec()) {
-                    let close = (x - y).abs() <= 1e-5 * (1.0 + x.abs()) || (x.is_nan() && y.is_nan());
-                    assert!(close, "{label}/@{}: {x} before the pipeline, {y} after\n{dumps}", func.name());
+                    let close =
+                        (x - y).abs() <= 1e-5 * (1.0 + x.abs()) || (x.is_nan() && y.is_nan());
+                    assert!(
+                        close,
+                        "{label}/@{}: {x} before the pipeline, {y} after\n{dumps}",
+                        func.name()
+                    );
                 }
             }
         }
@@ -94,7 +114,11 @@ fn with_function(states: &Module, func: kiln::ir::Function) -> Module {
 fn gradient_functions_keep_their_results() {
     let cases: [(&str, &str, &[&str]); 4] = [
         ("softmax_xent.kir", "loss", &["logits"]),
-        ("layer_norm.kir", "layer_norm_loss", &["x", "@ln.gamma", "@ln.beta"]),
+        (
+            "layer_norm.kir",
+            "layer_norm_loss",
+            &["x", "@ln.gamma", "@ln.beta"],
+        ),
         ("sgd_step.kir", "train_step", &["x", "@w"]),
         ("control_flow.kir", "clip_by_norm_loss", &["g"]),
     ];
@@ -107,7 +131,9 @@ fn gradient_functions_keep_their_results() {
             let mut b = kiln::ir::FunctionBuilder::resume(f);
             let out = b.function().results()[0];
             let rank = b.value_type(out).rank();
-            let total = b.reduce(kiln::ir::ReduceOp::Sum, out, (0..rank).collect(), false).unwrap();
+            let total = b
+                .reduce(kiln::ir::ReduceOp::Sum, out, (0..rank).collect(), false)
+                .unwrap();
             let mut f = b.finish(&[total]).unwrap();
             f.set_name(func);
             module.add_function(f);
@@ -123,13 +149,25 @@ fn gradient_functions_keep_their_results() {
 #[test]
 fn training_steps_of_the_examples_keep_their_results() {
     use kiln::demos::{digits_static, gan_1d};
-    let digits = digits_static::build(&digits_static::Config { hidden: 16, ..Default::default() }).unwrap();
-    let step = digits.program.export("train_step", &[digits.loss], &[digits.train]);
-    let dumps = assert_pipeline_agrees("digits train step", &with_function(digits.program.module(), step));
+    let digits = digits_static::build(&digits_static::Config {
+        hidden: 16,
+        ..Default::default()
+    })
+    .unwrap();
+    let step = digits
+        .program
+        .export("train_step", &[digits.loss], &[digits.train]);
+    let dumps = assert_pipeline_agrees(
+        "digits train step",
+        &with_function(digits.program.module(), step),
+    );
     insta::assert_snapshot!("digits_train_step", dumps);
 
     let gan = gan_1d::build(&gan_1d::Config::default()).unwrap();
-    for (name, loss, target) in [("gan_d_step", gan.d_loss, gan.d_train), ("gan_g_step", gan.g_loss, gan.g_train)] {
+    for (name, loss, target) in [
+        ("gan_d_step", gan.d_loss, gan.d_train),
+        ("gan_g_step", gan.g_loss, gan.g_train),
+    ] {
         let step = gan.program.export(name, &[loss], &[target]);
         let dumps = assert_pipeline_agrees(name, &with_function(gan.program.module(), step));
         insta::assert_snapshot!(name, dumps);
@@ -166,7 +204,7 @@ proptest! {
         let mut optimised = module.clone();
         let mut manager = PassManager::new().verify_each(true);
         for pass in exact_pipeline() {
-            manager = manager.add(pass);
+            manager = manager.with_pass(pass);
         }
         if let Err(e) = manager.run(&mut optimised) {
             return Err(TestCaseError::fail(format!("{e}\n{module}")));

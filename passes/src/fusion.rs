@@ -149,13 +149,21 @@ fn fuse_region(
         if !compute(p) {
             continue;
         }
-        let uses: Vec<usize> = func.inst(insts[p]).results.iter().flat_map(|&r| effective_users(r)).collect();
+        let uses: Vec<usize> = func
+            .inst(insts[p])
+            .results
+            .iter()
+            .flat_map(|&r| effective_users(r))
+            .collect();
         let Some(&first) = uses.iter().filter(|&&u| compute(u)).min() else {
             continue;
         };
         let group = groups.find(first);
         let last = groups.last[group];
-        if uses.iter().all(|&u| (compute(u) && groups.find(u) == group) || u > last) {
+        if uses
+            .iter()
+            .all(|&u| (compute(u) && groups.find(u) == group) || u > last)
+        {
             groups.union(p, group);
         }
     }

@@ -191,7 +191,7 @@ impl PassManager {
         self
     }
 
-    pub fn add(mut self, pass: Box<dyn Pass>) -> PassManager {
+    pub fn with_pass(mut self, pass: Box<dyn Pass>) -> PassManager {
         self.passes.push(pass);
         self
     }
@@ -199,7 +199,7 @@ impl PassManager {
     /// Passes by name, e.g. `["canonicalize", "cse", "dce"]`.
     pub fn from_names<S: AsRef<str>>(names: &[S]) -> Result<PassManager, PassError> {
         names.iter().try_fold(PassManager::new(), |pm, name| {
-            Ok(pm.add(pass_by_name(name.as_ref().trim())?))
+            Ok(pm.with_pass(pass_by_name(name.as_ref().trim())?))
         })
     }
 

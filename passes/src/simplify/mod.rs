@@ -301,10 +301,10 @@ impl Simplify {
             }
             for v in needed {
                 let class = egraph.find(class_of[&v]);
-                if let Some(new) = rebuild.emit(func, class) {
-                    if new != v {
-                        replace.insert(v, new);
-                    }
+                if let Some(new) = rebuild.emit(func, class)
+                    && new != v
+                {
+                    replace.insert(v, new);
                 }
             }
             rebuild.insts.push(inst);
