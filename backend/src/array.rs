@@ -178,6 +178,22 @@ impl Array {
         }
     }
 
+    /// The address of the first element, for native kernels. The array must be in standard
+    /// layout (every array Kiln makes is).
+    pub fn data_ptr(&self) -> *const u8 {
+        with_array!(self, a => {
+            debug_assert!(a.is_standard_layout());
+            a.as_ptr().cast::<u8>()
+        })
+    }
+
+    pub fn data_mut_ptr(&mut self) -> *mut u8 {
+        with_array!(self, a => {
+            debug_assert!(a.is_standard_layout());
+            a.as_mut_ptr().cast::<u8>()
+        })
+    }
+
     /// The same array in standard (row-major, contiguous) layout.
     pub fn into_standard_layout(self) -> Array {
         map_array!(self, a => if a.is_standard_layout() { a } else { a.as_standard_layout().into_owned() })

@@ -9,7 +9,9 @@
 //! tolerances for floats).
 
 pub mod array;
+pub mod debug;
 pub mod interp;
+pub mod jit;
 pub mod random;
 pub mod state;
 

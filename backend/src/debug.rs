@@ -1,0 +1,14 @@
+//! `KILN_DEBUG`, read once: `1` reports each kernel compiled (stages, code size), `2` also
+//! prints its Cranelift IR.
+
+use std::sync::OnceLock;
+
+pub fn level() -> u32 {
+    static LEVEL: OnceLock<u32> = OnceLock::new();
+    *LEVEL.get_or_init(|| {
+        std::env::var("KILN_DEBUG")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0)
+    })
+}

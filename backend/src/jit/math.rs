@@ -1,0 +1,362 @@
+//! Transcendental functions for f32 kernels, written in Cranelift IR as polynomial or rational
+//! approximations that work on scalars and on f32x4 vectors alike:
+//!
+//! - `exp`: range reduction `x = n·ln2 + r` (n by rounding `x·log2 e` with the add-magic-number
+//!   trick), Cephes' degree-6 minimax polynomial for `eʳ`, and `2ⁿ` built in the exponent bits
+//!   (in two halves, so `n` may reach either end of the range).
+//! - `log`: Cephes' `logf` — mantissa in `[√½, √2)`, a degree-9 polynomial; denormals scaled.
+//! - `tanh`: Eigen's rational approximation on `|x| ≤ 7.9` (odd degree-13 over even degree-6).
+//! - `sigmoid`: `1 / (1 + exp(−x))`, with the `exp` above.
+//! - `erf`: XLA's rational approximation on `|x| ≤ 4`.
+//!
+//! Their errors against the standard library are measured in `backend/tests/math_ulp.rs`.
+//! `sin`, `cos`, `pow` and every f64 function call the same Rust functions the interpreter
+//! uses (a cold path: a call per element).
+
+use cranelift_codegen::ir::condcodes::FloatCC;
+use cranelift_codegen::ir::{InstBuilder, MemFlagsData, Type, Value, types};
+use cranelift_frontend::FunctionBuilder;
+use cranelift_jit::JITBuilder;
+
+/// Scalar f32 or four lanes of f32.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct Lanes {
+    pub vector: bool,
+}
+
+impl Lanes {
+    pub fn float(self) -> Type {
+        if self.vector {
+            types::F32X4
+        } else {
+            types::F32
+        }
+    }
+
+    pub fn int(self) -> Type {
+        if self.vector {
+            types::I32X4
+        } else {
+            types::I32
+        }
+    }
+
+    pub fn c(self, b: &mut FunctionBuilder, x: f32) -> Value {
+        let s = b.ins().f32const(x);
+        if self.vector {
+            b.ins().splat(types::F32X4, s)
+        } else {
+            s
+        }
+    }
+
+    pub fn ci(self, b: &mut FunctionBuilder, x: i32) -> Value {
+        let s = b.ins().iconst(types::I32, x as i64);
+        if self.vector {
+            b.ins().splat(types::I32X4, s)
+        } else {
+            s
+        }
+    }
+
+    pub fn to_int(self, b: &mut FunctionBuilder, x: Value) -> Value {
+        b.ins().bitcast(self.int(), MemFlagsData::new(), x)
+    }
+
+    pub fn to_float(self, b: &mut FunctionBuilder, x: Value) -> Value {
+        b.ins().bitcast(self.float(), MemFlagsData::new(), x)
+    }
+
+    /// `cond ? a : b` for a comparison result of these lanes.
+    pub fn select(self, b: &mut FunctionBuilder, cond: Value, a: Value, c: Value) -> Value {
+        if self.vector {
+            let mask = b.ins().bitcast(types::F32X4, MemFlagsData::new(), cond);
+            b.ins().bitselect(mask, a, c)
+        } else {
+            b.ins().select(cond, a, c)
+        }
+    }
+
+    /// `Σ coeffs[i]·xⁱ⁻ᵏ…` by Horner's rule with fused multiply-adds, highest degree first.
+    fn horner(self, b: &mut FunctionBuilder, x: Value, coeffs: &[f32]) -> Value {
+        let mut acc = self.c(b, coeffs[0]);
+        for &k in &coeffs[1..] {
+            let kc = self.c(b, k);
+            acc = b.ins().fma(acc, x, kc);
+        }
+        acc
+    }
+}
+
+pub fn exp(b: &mut FunctionBuilder, l: Lanes, x: Value) -> Value {
+    const LOG2E: f32 = std::f32::consts::LOG2_E;
+    const MAGIC: f32 = 12_582_912.0; // 1.5·2²³: adding it rounds to an integer in the low bits
+    let (lo, hi) = (l.c(b, -87.336_55), l.c(b, 88.722_84));
+    let clamped = b.ins().fmax(x, lo);
+    let clamped = b.ins().fmin(clamped, hi);
+    let (log2e, magic) = (l.c(b, LOG2E), l.c(b, MAGIC));
+    let t = b.ins().fma(clamped, log2e, magic);
+    let n = b.ins().fsub(t, magic);
+    let (ln2_hi, ln2_lo) = (l.c(b, -0.693_359_4), l.c(b, 2.121_944_4e-4));
+    let r = b.ins().fma(n, ln2_hi, clamped);
+    let r = b.ins().fma(n, ln2_lo, r);
+    let poly = l.horner(
+        b,
+        r,
+        &[
+            1.987_569_1e-4,
+            1.398_199_9e-3,
+            8.333_452e-3,
+            4.166_579_6e-2,
+            0.166_666_65,
+            0.5,
+        ],
+    );
+    let r2 = b.ins().fmul(r, r);
+    let one = l.c(b, 1.0);
+    let r_plus_one = b.ins().fadd(r, one);
+    let p = b.ins().fma(poly, r2, r_plus_one);
+    // 2ⁿ as 2^(n>>1) · 2^(n − n>>1), each built in the exponent bits.
+    let ti = l.to_int(b, t);
+    let magic_bits = l.ci(b, MAGIC.to_bits() as i32);
+    let ni = b.ins().isub(ti, magic_bits);
+    let half = b.ins().sshr_imm_s(ni, 1);
+    let rest = b.ins().isub(ni, half);
+    let bias = l.ci(b, 127);
+    let e1 = b.ins().iadd(half, bias);
+    let e1 = b.ins().ishl_imm_s(e1, 23);
+    let e2 = b.ins().iadd(rest, bias);
+    let e2 = b.ins().ishl_imm_s(e2, 23);
+    let (s1, s2) = (l.to_float(b, e1), l.to_float(b, e2));
+    let y = b.ins().fmul(p, s1);
+    let y = b.ins().fmul(y, s2);
+    // Beyond the largest finite result, infinity (as the standard library gives).
+    let inf = l.c(b, f32::INFINITY);
+    let over = b.ins().fcmp(FloatCC::GreaterThan, x, hi);
+    l.select(b, over, inf, y)
+}
+
+pub fn log(b: &mut FunctionBuilder, l: Lanes, x: Value) -> Value {
+    // Denormals: scale into the normal range first.
+    let min_normal = l.c(b, f32::MIN_POSITIVE);
+    let tiny = b.ins().fcmp(FloatCC::LessThan, x, min_normal);
+    let scale = l.c(b, 8_388_608.0); // 2²³
+    let scaled = b.ins().fmul(x, scale);
+    let xs = l.select(b, tiny, scaled, x);
+    let zero_i = l.ci(b, 0);
+    let shift_i = l.ci(b, 23);
+    let pre = l.select(b, tiny, shift_i, zero_i);
+    let bits = l.to_int(b, xs);
+    let exp_bits = b.ins().ushr_imm_s(bits, 23);
+    let mask = l.ci(b, 0xff);
+    let exp_bits = b.ins().band(exp_bits, mask);
+    let bias = l.ci(b, 126);
+    let e = b.ins().isub(exp_bits, bias);
+    let e = b.ins().isub(e, pre);
+    let mant_mask = l.ci(b, 0x807f_ffff_u32 as i32);
+    let half_bits = l.ci(b, 0x3f00_0000);
+    let m = b.ins().band(bits, mant_mask);
+    let m = b.ins().bor(m, half_bits);
+    let m = l.to_float(b, m); // in [0.5, 1)
+    let ef = if l.vector {
+        b.ins().fcvt_from_sint(types::F32X4, e)
+    } else {
+        b.ins().fcvt_from_sint(types::F32, e)
+    };
+    let sqrt_half = l.c(b, std::f32::consts::FRAC_1_SQRT_2);
+    let small = b.ins().fcmp(FloatCC::LessThan, m, sqrt_half);
+    let one = l.c(b, 1.0);
+    let ef_minus = b.ins().fsub(ef, one);
+    let ef = l.select(b, small, ef_minus, ef);
+    let m2 = b.ins().fadd(m, m);
+    let m_small = b.ins().fsub(m2, one);
+    let m_big = b.ins().fsub(m, one);
+    let m = l.select(b, small, m_small, m_big);
+    let z = b.ins().fmul(m, m);
+    let poly = l.horner(
+        b,
+        m,
+        &[
+            7.037_683_6e-2,
+            -1.151_461e-1,
+            1.167_699_9e-1,
+            -1.242_014_1e-1,
+            1.424_932_3e-1,
+            -1.666_805_8e-1,
+            2.000_071_5e-1,
+            -2.499_999_4e-1,
+            3.333_333_1e-1,
+        ],
+    );
+    let y = b.ins().fmul(poly, m);
+    let y = b.ins().fmul(y, z);
+    let c1 = l.c(b, -2.121_944_4e-4);
+    let y = b.ins().fma(ef, c1, y);
+    let half = l.c(b, -0.5);
+    let y = b.ins().fma(z, half, y);
+    let r = b.ins().fadd(m, y);
+    let c2 = l.c(b, 0.693_359_4);
+    let r = b.ins().fma(ef, c2, r);
+    // Special values: log(0) = −∞, log(x < 0) = NaN, log(∞) = ∞, NaN stays NaN.
+    let zero = l.c(b, 0.0);
+    let neg_inf = l.c(b, f32::NEG_INFINITY);
+    let nan = l.c(b, f32::NAN);
+    let inf = l.c(b, f32::INFINITY);
+    let is_zero = b.ins().fcmp(FloatCC::Equal, x, zero);
+    let r = l.select(b, is_zero, neg_inf, r);
+    let negative = b.ins().fcmp(FloatCC::UnorderedOrLessThan, x, zero);
+    let r = l.select(b, negative, nan, r);
+    let is_inf = b.ins().fcmp(FloatCC::Equal, x, inf);
+    l.select(b, is_inf, inf, r)
+}
+
+pub fn tanh(b: &mut FunctionBuilder, l: Lanes, x: Value) -> Value {
+    let bound = 7.905_311;
+    let (lo, hi) = (l.c(b, -bound), l.c(b, bound));
+    let c = b.ins().fmax(x, lo);
+    let c = b.ins().fmin(c, hi);
+    let x2 = b.ins().fmul(c, c);
+    let p = l.horner(
+        b,
+        x2,
+        &[
+            -2.760_768_5e-16,
+            2.000_187_9e-13,
+            -8.604_672e-11,
+            5.122_297e-8,
+            1.485_722_4e-5,
+            6.372_619_4e-4,
+            4.893_524_6e-3,
+        ],
+    );
+    let p = b.ins().fmul(p, c);
+    let q = l.horner(
+        b,
+        x2,
+        &[
+            1.198_258_4e-6,
+            1.185_347_1e-4,
+            2.268_434_6e-3,
+            4.893_525_2e-3,
+        ],
+    );
+    let r = b.ins().fdiv(p, q);
+    // Near zero tanh(x) = x to within rounding, and the rational form loses the low bits.
+    let ax = b.ins().fabs(x);
+    let tiny = l.c(b, 4e-4);
+    let small = b.ins().fcmp(FloatCC::LessThan, ax, tiny);
+    l.select(b, small, x, r)
+}
+
+pub fn sigmoid(b: &mut FunctionBuilder, l: Lanes, x: Value) -> Value {
+    let neg = b.ins().fneg(x);
+    let e = exp(b, l, neg);
+    let one = l.c(b, 1.0);
+    let d = b.ins().fadd(one, e);
+    b.ins().fdiv(one, d)
+}
+
+pub fn erf(b: &mut FunctionBuilder, l: Lanes, x: Value) -> Value {
+    let (lo, hi) = (l.c(b, -4.0), l.c(b, 4.0));
+    let c = b.ins().fmax(x, lo);
+    let c = b.ins().fmin(c, hi);
+    let x2 = b.ins().fmul(c, c);
+    let p = l.horner(
+        b,
+        x2,
+        &[
+            -2.726_142_3e-10,
+            2.770_681_4e-8,
+            -2.101_024e-6,
+            -5.692_506_4e-5,
+            -7.349_906_3e-4,
+            -2.954_6e-3,
+            -1.609_603_3e-2,
+        ],
+    );
+    let p = b.ins().fmul(p, c);
+    let q = l.horner(
+        b,
+        x2,
+        &[
+            -1.456_607_2e-5,
+            -2.133_740_6e-4,
+            -1.682_827e-3,
+            -7.373_329_3e-3,
+            -1.426_474e-2,
+        ],
+    );
+    b.ins().fdiv(p, q)
+}
+
+/// Functions generated code calls by symbol (scalar only): the ones the interpreter uses.
+pub const IMPORTS_F32_1: &[(&str, extern "C" fn(f32) -> f32)] =
+    &[("kiln_sinf", sinf), ("kiln_cosf", cosf)];
+pub const IMPORTS_F32_2: &[(&str, extern "C" fn(f32, f32) -> f32)] = &[("kiln_powf", powf)];
+pub const IMPORTS_F64_1: &[(&str, extern "C" fn(f64) -> f64)] = &[
+    ("kiln_exp", exp64),
+    ("kiln_log", log64),
+    ("kiln_tanh", tanh64),
+    ("kiln_sigmoid", sigmoid64),
+    ("kiln_erf", erf64),
+    ("kiln_sin", sin64),
+    ("kiln_cos", cos64),
+];
+pub const IMPORTS_F64_2: &[(&str, extern "C" fn(f64, f64) -> f64)] = &[("kiln_pow", pow64)];
+
+extern "C" fn sinf(x: f32) -> f32 {
+    x.sin()
+}
+extern "C" fn cosf(x: f32) -> f32 {
+    x.cos()
+}
+extern "C" fn powf(x: f32, y: f32) -> f32 {
+    x.powf(y)
+}
+extern "C" fn exp64(x: f64) -> f64 {
+    x.exp()
+}
+extern "C" fn log64(x: f64) -> f64 {
+    x.ln()
+}
+extern "C" fn tanh64(x: f64) -> f64 {
+    x.tanh()
+}
+extern "C" fn sigmoid64(x: f64) -> f64 {
+    // The interpreter's two forms, so that exp never overflows.
+    if x >= 0.0 {
+        1.0 / (1.0 + (-x).exp())
+    } else {
+        let e = x.exp();
+        e / (1.0 + e)
+    }
+}
+extern "C" fn erf64(x: f64) -> f64 {
+    libm::erf(x)
+}
+extern "C" fn sin64(x: f64) -> f64 {
+    x.sin()
+}
+extern "C" fn cos64(x: f64) -> f64 {
+    x.cos()
+}
+extern "C" fn pow64(x: f64, y: f64) -> f64 {
+    x.powf(y)
+}
+
+/// Makes every imported function known to the JIT (its fallback lookup finds only symbols
+/// already loaded, so each is registered here).
+pub fn register_symbols(builder: &mut JITBuilder) {
+    for (name, f) in IMPORTS_F32_1 {
+        builder.symbol(*name, *f as *const u8);
+    }
+    for (name, f) in IMPORTS_F32_2 {
+        builder.symbol(*name, *f as *const u8);
+    }
+    for (name, f) in IMPORTS_F64_1 {
+        builder.symbol(*name, *f as *const u8);
+    }
+    for (name, f) in IMPORTS_F64_2 {
+        builder.symbol(*name, *f as *const u8);
+    }
+}

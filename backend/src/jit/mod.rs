@@ -1,0 +1,378 @@
+//! Native kernels with Cranelift.
+//!
+//! Each kernel function (a `fused` region, as a function of its own) is planned into stages
+//! ([`plan`]) and each stage is compiled to one native function ([`codegen`]) with the ABI
+//!
+//! ```text
+//! extern "C" fn(buffers: *const *mut u8, sizes: *const i64, begin: i64, end: i64) -> i32
+//! ```
+//!
+//! `buffers` holds the inputs, outputs and scratch buffers (contiguous, row-major); `sizes`
+//! the values of the kernel's symbolic dimensions, so one compiled kernel serves every batch
+//! size; `begin..end` the rows (or first-axis indices) to compute, so the executor can split a
+//! stage across threads; the result is 0, or a [`Status`] code.
+//!
+//! The JIT follows one disciplined sequence (declare, build, define, clear, finalise, get the
+//! pointer) in one module, reusing its contexts; kernels are cached by their canonical text,
+//! so no kernel is compiled twice in a process. `KILN_DEBUG=2` prints each kernel's Cranelift IR
+//! and code size.
+
+pub mod codegen;
+mod math;
+pub mod plan;
+
+use crate::Array;
+use crate::debug;
+use cranelift_codegen::Context;
+use cranelift_codegen::ir::{AbiParam, UserFuncName, types};
+use cranelift_codegen::settings::{self, Configurable};
+use cranelift_frontend::FunctionBuilderContext;
+use cranelift_jit::{JITBuilder, JITModule};
+use cranelift_module::{Linkage, Module, default_libcall_names};
+use kiln_ir::{Function, SymbolBindings, Value};
+use plan::KernelPlan;
+use rayon::prelude::*;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+
+#[derive(Debug, thiserror::Error)]
+pub enum JitError {
+    #[error("the kernel compiler does not support {0}")]
+    Unsupported(String),
+    #[error("Cranelift rejected a kernel: {0}")]
+    Codegen(String),
+}
+
+/// What a kernel reports instead of trapping.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Status {
+    IntegerDivisionByZero = 1,
+    EmptyReduction = 2,
+}
+
+impl Status {
+    pub fn from_code(code: i32) -> Option<Status> {
+        match code {
+            1 => Some(Status::IntegerDivisionByZero),
+            2 => Some(Status::EmptyReduction),
+            _ => None,
+        }
+    }
+
+    pub fn message(self) -> &'static str {
+        match self {
+            Status::IntegerDivisionByZero => "integer division by zero",
+            Status::EmptyReduction => "a max or min reduction over an empty axis has no value",
+        }
+    }
+}
+
+/// How a kernel call failed.
+#[derive(Debug, thiserror::Error)]
+pub enum KernelError {
+    #[error("{}", .0.message())]
+    Status(Status),
+    #[error("{0}")]
+    Shape(String),
+}
+
+/// A compiled stage's entry point.
+pub type StageFn = unsafe extern "C" fn(*const *mut u8, *const i64, i64, i64) -> i32;
+
+/// A compiled kernel: its plan and one native function per stage.
+pub struct Kernel {
+    pub plan: KernelPlan,
+    pub stages: Vec<StageFn>,
+    /// Each stage's estimated work per element, to decide when to use more threads.
+    pub cost: Vec<i64>,
+    /// Machine-code bytes of all stages.
+    pub code_size: usize,
+}
+
+/// Buffer pointers shared by the threads of one stage, each writing its own rows.
+struct SharedBuffers<'a>(&'a [*mut u8]);
+
+// SAFETY: the threads of a stage write disjoint rows (a parallel stage's rows are
+// independent) and only read what no thread of the stage writes.
+unsafe impl Sync for SharedBuffers<'_> {}
+
+/// A stage splits across threads when it has at least this much work (elements, weighted by
+/// the cost of their ops): below it, waking a second thread costs more than it saves.
+const PARALLEL_WORK: i64 = 1 << 22;
+
+impl Kernel {
+    /// Runs the kernel on host arrays, allocating its outputs.
+    pub fn call(&self, inputs: &[&Array]) -> Result<Vec<Array>, KernelError> {
+        let func = &self.plan.func;
+        if inputs.len() != func.args().len() {
+            return Err(KernelError::Shape(format!(
+                "the kernel takes {} inputs, {} given",
+                func.args().len(),
+                inputs.len()
+            )));
+        }
+        let mut bindings = SymbolBindings::new();
+        for (&arg, input) in func.args().iter().zip(inputs) {
+            let ty = func.value_type(arg);
+            if input.dtype() != ty.dtype {
+                return Err(KernelError::Shape(format!(
+                    "input of type {} where {ty} is expected",
+                    input.ty()
+                )));
+            }
+            ty.shape
+                .bind(input.shape(), &mut bindings)
+                .map_err(KernelError::Shape)?;
+        }
+        let sizes = self.sizes(&bindings)?;
+        let standard: Vec<Array> = inputs
+            .iter()
+            .map(|a| (*a).clone().into_standard_layout())
+            .collect();
+        let allocate = |v: Value| -> Result<Array, KernelError> {
+            let ty = func.value_type(v);
+            let shape = ty
+                .shape
+                .resolve(&bindings)
+                .map_err(|s| KernelError::Shape(format!("unbound size {s}")))?;
+            Ok(Array::zeros(ty.dtype, &shape))
+        };
+        let mut outputs = self
+            .plan
+            .outputs
+            .iter()
+            .map(|&v| allocate(v))
+            .collect::<Result<Vec<_>, _>>()?;
+        let mut scratch = self
+            .plan
+            .scratch
+            .iter()
+            .map(|&v| allocate(v))
+            .collect::<Result<Vec<_>, _>>()?;
+        let mut buffers: Vec<*mut u8> = standard.iter().map(|a| a.data_ptr().cast_mut()).collect();
+        buffers.extend(outputs.iter_mut().map(Array::data_mut_ptr));
+        buffers.extend(scratch.iter_mut().map(Array::data_mut_ptr));
+        // SAFETY: every buffer is a contiguous array of its value's type under `sizes`, and
+        // outputs and scratch are fresh, so nothing overlaps.
+        unsafe { self.execute(&buffers, &sizes, true) }.map_err(KernelError::Status)?;
+        Ok(outputs)
+    }
+
+    /// The sizes array for symbol bindings.
+    pub fn sizes(&self, bindings: &SymbolBindings) -> Result<Vec<i64>, KernelError> {
+        (self.plan.symbols.iter())
+            .map(|s| {
+                bindings.get(s).map(|&n| n as i64).ok_or_else(|| {
+                    KernelError::Shape(format!("size {s} is not bound by the inputs"))
+                })
+            })
+            .collect()
+    }
+
+    /// Runs every stage, splitting large parallel stages across rayon's threads when
+    /// `threads` allows.
+    ///
+    /// # Safety
+    /// As for [`Kernel::run_stage`].
+    pub unsafe fn execute(
+        &self,
+        buffers: &[*mut u8],
+        sizes: &[i64],
+        threads: bool,
+    ) -> Result<(), Status> {
+        for (index, stage) in self.plan.stages.iter().enumerate() {
+            let rows = stage.rows(&self.plan, sizes);
+            let work = rows
+                .saturating_mul(stage.row_len(&self.plan, sizes))
+                .saturating_mul(self.cost[index]);
+            let chunks = if threads && stage.parallel() && work >= PARALLEL_WORK {
+                rayon::current_num_threads().min(rows.max(1) as usize)
+            } else {
+                1
+            };
+            let code = if chunks <= 1 {
+                // SAFETY: forwarded from the caller.
+                unsafe { self.run_stage(index, buffers, sizes, 0, rows) }
+            } else {
+                let shared = SharedBuffers(buffers);
+                let per = (rows + chunks as i64 - 1) / chunks as i64;
+                (0..chunks as i64)
+                    .into_par_iter()
+                    .map(|c| {
+                        let shared = &shared;
+                        let (begin, end) = (c * per, ((c + 1) * per).min(rows));
+                        // SAFETY: forwarded from the caller; the chunks' rows are disjoint.
+                        unsafe { self.run_stage(index, shared.0, sizes, begin, end) }
+                    })
+                    .reduce(|| 0, |a, b| if a != 0 { a } else { b })
+            };
+            if let Some(status) = Status::from_code(code) {
+                return Err(status);
+            }
+        }
+        Ok(())
+    }
+
+    /// Runs stage `stage` over rows `begin..end`.
+    ///
+    /// # Safety
+    /// `buffers` must point to `plan.buffer_count()` pointers, each to a contiguous buffer of
+    /// the size its value's type gives under `sizes` (one entry per symbol of the plan), and
+    /// no output or scratch buffer may overlap a buffer a stage reads, except where the
+    /// executor established that the stage reads each element before writing it.
+    pub unsafe fn run_stage(
+        &self,
+        stage: usize,
+        buffers: &[*mut u8],
+        sizes: &[i64],
+        begin: i64,
+        end: i64,
+    ) -> i32 {
+        debug_assert_eq!(buffers.len(), self.plan.buffer_count());
+        debug_assert_eq!(sizes.len(), self.plan.symbols.len());
+        // SAFETY: the one call into generated code. The function was compiled for exactly this
+        // ABI, and the caller guarantees the buffers and sizes as documented above.
+        unsafe { (self.stages[stage])(buffers.as_ptr(), sizes.as_ptr(), begin, end) }
+    }
+}
+
+struct Jit {
+    module: JITModule,
+    ctx: Context,
+    builder: FunctionBuilderContext,
+    next_name: u32,
+}
+
+// SAFETY: `JITModule` is not `Send` only because it keeps raw code pointers and a `RefCell`
+// of symbols; it is only ever used under the `Mutex` below, by one thread at a time.
+unsafe impl Send for Jit {}
+
+fn jit() -> &'static Mutex<Jit> {
+    static JIT: OnceLock<Mutex<Jit>> = OnceLock::new();
+    JIT.get_or_init(|| {
+        let mut flags = settings::builder();
+        let set = |f: &mut settings::Builder, k: &str, v: &str| {
+            f.set(k, v).expect("a known Cranelift setting")
+        };
+        set(&mut flags, "use_colocated_libcalls", "false");
+        set(&mut flags, "is_pic", "false");
+        set(&mut flags, "opt_level", "speed");
+        let verify = if cfg!(debug_assertions) {
+            "true"
+        } else {
+            "false"
+        };
+        set(&mut flags, "enable_verifier", verify);
+        let isa = cranelift_native::builder()
+            .expect("the host is a target Cranelift supports")
+            .finish(settings::Flags::new(flags))
+            .expect("the host ISA builds");
+        let mut builder = JITBuilder::with_isa(isa, default_libcall_names());
+        math::register_symbols(&mut builder);
+        let module = JITModule::new(builder);
+        let ctx = module.make_context();
+        Mutex::new(Jit {
+            module,
+            ctx,
+            builder: FunctionBuilderContext::new(),
+            next_name: 0,
+        })
+    })
+}
+
+fn cache() -> &'static Mutex<HashMap<String, Arc<Kernel>>> {
+    static CACHE: OnceLock<Mutex<HashMap<String, Arc<Kernel>>>> = OnceLock::new();
+    CACHE.get_or_init(Default::default)
+}
+
+static COMPILATIONS: AtomicUsize = AtomicUsize::new(0);
+
+/// How many kernels this process has compiled (cache misses).
+pub fn compilations() -> usize {
+    COMPILATIONS.load(Ordering::Relaxed)
+}
+
+/// The compiled kernel for `func` (a function of fusible ops), from the cache when the same
+/// kernel text was compiled before.
+pub fn kernel(func: &Function) -> Result<Arc<Kernel>, JitError> {
+    let key = func.to_string();
+    if let Some(k) = cache().lock().expect("kernel cache").get(&key) {
+        return Ok(k.clone());
+    }
+    let plan = KernelPlan::new(func.clone())?;
+    let mut jit = jit().lock().expect("the JIT");
+    let jit = &mut *jit;
+    let mut ids = Vec::new();
+    let mut code_size = 0;
+    for index in 0..plan.stages.len() {
+        let mut sig = jit.module.make_signature();
+        let ptr = jit.module.target_config().pointer_type();
+        sig.params.extend([
+            AbiParam::new(ptr),
+            AbiParam::new(ptr),
+            AbiParam::new(types::I64),
+            AbiParam::new(types::I64),
+        ]);
+        sig.returns.push(AbiParam::new(types::I32));
+        let name = format!("kernel{}", jit.next_name);
+        jit.next_name += 1;
+        let id = jit
+            .module
+            .declare_function(&name, Linkage::Local, &sig)
+            .map_err(|e| JitError::Codegen(e.to_string()))?;
+        jit.ctx.func.signature = sig;
+        jit.ctx.func.name = UserFuncName::user(0, id.as_u32());
+        codegen::build_stage(
+            &mut jit.module,
+            &mut jit.ctx.func,
+            &mut jit.builder,
+            &plan,
+            index,
+        )?;
+        if debug::level() >= 2 {
+            eprintln!(
+                "// kernel stage {index} of:\n{func}{}",
+                jit.ctx.func.display()
+            );
+        }
+        jit.module
+            .define_function(id, &mut jit.ctx)
+            .map_err(|e| JitError::Codegen(format!("{e:?}")))?;
+        code_size += jit.ctx.compiled_code().map_or(0, |c| c.code_buffer().len());
+        jit.module.clear_context(&mut jit.ctx);
+        ids.push(id);
+    }
+    jit.module
+        .finalize_definitions()
+        .map_err(|e| JitError::Codegen(e.to_string()))?;
+    let stages = ids
+        .iter()
+        .map(|&id| {
+            let code = jit.module.get_finalized_function(id);
+            // SAFETY: `code` is a function compiled above with exactly `StageFn`'s signature.
+            unsafe { std::mem::transmute::<*const u8, StageFn>(code) }
+        })
+        .collect();
+    if debug::level() >= 1 {
+        eprintln!(
+            "kiln: compiled a kernel of {} stages, {code_size} bytes",
+            plan.stages.len()
+        );
+    }
+    COMPILATIONS.fetch_add(1, Ordering::Relaxed);
+    let cost = (0..plan.stages.len())
+        .map(|s| plan.cost_per_element(s))
+        .collect();
+    let kernel = Arc::new(Kernel {
+        plan,
+        stages,
+        cost,
+        code_size,
+    });
+    cache()
+        .lock()
+        .expect("kernel cache")
+        .insert(key, kernel.clone());
+    Ok(kernel)
+}

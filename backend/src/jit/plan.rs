@@ -1,0 +1,454 @@
+//! Planning a kernel: which values are materialised, in which stages, in which buffers.
+//!
+//! A kernel is a function of fusible ops (elementwise, broadcast, splat constants, iota,
+//! reductions, reshapes that only add or drop axes of size 1). Elementwise values are
+//! recomputed where they are used; *materialised* values — the outputs and the reductions —
+//! are computed in stages, each a walk over a **domain** shape: its rows (every axis but the
+//! last, flattened) and, inside each row, its last axis.
+//!
+//! - A **rows** stage computes, row by row, values of the domain's shape, values of its row
+//!   shape, and reductions of its last axis, which stay in a register for the rest of the row.
+//!   Softmax, layer norm and cross-entropy are one rows stage: each row is read once from
+//!   memory and stays in cache. Rows are independent, so a rows stage runs split across threads.
+//! - An **accumulate** stage computes one reduction over other axes: it walks its input's
+//!   domain and combines each element into the output buffer. It runs on one thread.
+//!
+//! A value is read under a [`Mapping`]: for each of its axes, the domain axis that indexes it,
+//! or none (the axis has size 1, or was broadcast). Addresses follow from the mapping, so
+//! broadcasting costs nothing but a zero stride.
+
+use crate::jit::JitError;
+use kiln_ir::{Dim, Function, Op, ReduceOp, Shape, Symbol, Type, UnaryOp, Value, ValueDef};
+use std::collections::{BTreeSet, HashMap, HashSet};
+
+/// A kernel buffer: inputs, then outputs, then scratch, numbered in that order in the ABI.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Buffer {
+    Input(usize),
+    Output(usize),
+    Scratch(usize),
+}
+
+/// For each axis of a value, the domain axis that indexes it (`None`: always index 0).
+pub type Mapping = Vec<Option<u8>>;
+
+#[derive(Clone, Debug)]
+pub struct Stage {
+    pub domain: Shape,
+    /// The materialised values computed, in order.
+    pub values: Vec<Value>,
+    /// One reduction accumulated into its buffer: runs on one thread, over all rows at once.
+    pub accumulate: bool,
+}
+
+impl Stage {
+    /// Whether the executor may split the rows across threads.
+    pub fn parallel(&self) -> bool {
+        !self.accumulate
+    }
+
+    /// The number of rows (the product of every domain axis but the last).
+    pub fn rows(&self, plan: &KernelPlan, sizes: &[i64]) -> i64 {
+        let rank = self.domain.rank();
+        self.domain.0[..rank.saturating_sub(1)]
+            .iter()
+            .map(|d| plan.extent(d, sizes))
+            .product()
+    }
+
+    /// The length of each row (1 for a scalar domain).
+    pub fn row_len(&self, plan: &KernelPlan, sizes: &[i64]) -> i64 {
+        self.domain.0.last().map_or(1, |d| plan.extent(d, sizes))
+    }
+}
+
+#[derive(Clone, Debug)]
+pub struct KernelPlan {
+    pub func: Function,
+    /// Symbolic dimensions, in the order of the `sizes` array the kernel receives.
+    pub symbols: Vec<Symbol>,
+    pub outputs: Vec<Value>,
+    pub scratch: Vec<Value>,
+    /// Where each readable value lives: inputs, and materialised values other stages read.
+    pub source: HashMap<Value, Buffer>,
+    pub stages: Vec<Stage>,
+    /// The stage computing each materialised value.
+    pub stage_of: HashMap<Value, usize>,
+}
+
+/// Ops a kernel computes.
+pub fn supported(func: &Function, op: &Op, args: &[Value], result: Value) -> bool {
+    match op {
+        Op::Unary(_) | Op::Binary(_) | Op::Compare(_) | Op::Select | Op::Cast { .. } => true,
+        Op::Broadcast { .. } | Op::Iota { .. } | Op::Reduce { .. } => true,
+        Op::Const { value, .. } => value.len() == 1,
+        Op::Reshape { .. } => is_unit_reshape(
+            &func.value_type(args[0]).shape,
+            &func.value_type(result).shape,
+        ),
+        _ => false,
+    }
+}
+
+/// Whether a reshape from `from` to `to` only inserts or removes axes of size 1.
+pub fn is_unit_reshape(from: &Shape, to: &Shape) -> bool {
+    let non_unit = |s: &Shape| {
+        s.0.iter()
+            .filter(|d| !d.is_one())
+            .cloned()
+            .collect::<Vec<_>>()
+    };
+    non_unit(from) == non_unit(to)
+}
+
+impl KernelPlan {
+    pub fn new(func: Function) -> Result<KernelPlan, JitError> {
+        let body = func.region(func.body());
+        for &inst in &body.insts {
+            let data = func.inst(inst);
+            if data.results.len() != 1 || !supported(&func, &data.op, &data.args, data.results[0]) {
+                return Err(JitError::Unsupported(format!(
+                    "`{}` in a kernel",
+                    data.op.name()
+                )));
+            }
+        }
+        let mut symbols: BTreeSet<Symbol> = BTreeSet::new();
+        for (_, v) in func.all_values() {
+            symbols.extend(v.ty.shape.symbols().cloned());
+        }
+        let outputs: Vec<Value> = body.results.clone();
+        let mut materialised: Vec<Value> = Vec::new();
+        for &v in func.args() {
+            if outputs.contains(&v) {
+                materialised.push(v);
+            }
+        }
+        for &inst in &body.insts {
+            let r = func.inst(inst).results[0];
+            let is_reduce = matches!(func.inst(inst).op, Op::Reduce { .. });
+            if (is_reduce || outputs.contains(&r)) && !materialised.contains(&r) {
+                materialised.push(r);
+            }
+        }
+
+        let mut plan = KernelPlan {
+            func,
+            symbols: symbols.into_iter().collect(),
+            outputs,
+            scratch: Vec::new(),
+            source: HashMap::new(),
+            stages: Vec::new(),
+            stage_of: HashMap::new(),
+        };
+        for &v in &materialised {
+            plan.place(v);
+        }
+        plan.assign_buffers();
+        Ok(plan)
+    }
+
+    /// Adds materialised value `v` to the current rows stage when it fits, else to a new stage.
+    fn place(&mut self, v: Value) {
+        let reduce = self.reduction(v);
+        let (domain, accumulate) = match &reduce {
+            Some((input, axes)) => {
+                let input_shape = self.ty(*input).shape.clone();
+                let last_only = input_shape.rank() >= 1 && *axes == [input_shape.rank() - 1];
+                (input_shape, !last_only)
+            }
+            None => (self.ty(v).shape.clone(), false),
+        };
+        if !accumulate && let Some(index) = self.stages.len().checked_sub(1) {
+            let stage = &self.stages[index];
+            let fits = !stage.accumulate
+                && match reduce {
+                    Some(_) => domain == stage.domain,
+                    None => self.row_role(v, &stage.domain).is_some(),
+                };
+            if fits && self.reads_registers_canonically(v, index) {
+                self.stages[index].values.push(v);
+                self.stage_of.insert(v, index);
+                return;
+            }
+        }
+        self.stage_of.insert(v, self.stages.len());
+        self.stages.push(Stage {
+            domain,
+            values: vec![v],
+            accumulate,
+        });
+    }
+
+    /// Inputs are readable from their buffers; a materialised value gets a buffer when it is an
+    /// output, when a later stage reads it, or when it is accumulated (in its buffer).
+    fn assign_buffers(&mut self) {
+        for (i, &a) in self.func.args().iter().enumerate() {
+            self.source.insert(a, Buffer::Input(i));
+        }
+        for (i, &o) in self.outputs.iter().enumerate() {
+            self.source.entry(o).or_insert(Buffer::Output(i));
+        }
+        for s in 0..self.stages.len() {
+            for v in self.stages[s].values.clone() {
+                if self.source.contains_key(&v) {
+                    continue;
+                }
+                let read_later = self.stages[s + 1..]
+                    .iter()
+                    .flat_map(|stage| &stage.values)
+                    .any(|&m| self.reads(m).iter().any(|(x, _)| *x == v));
+                if read_later || self.stages[s].accumulate {
+                    self.source.insert(v, Buffer::Scratch(self.scratch.len()));
+                    self.scratch.push(v);
+                }
+            }
+        }
+    }
+
+    pub fn ty(&self, v: Value) -> &Type {
+        self.func.value_type(v)
+    }
+
+    /// The instruction computing `v`, or `None` for an argument.
+    pub fn op(&self, v: Value) -> Option<(&Op, &[Value])> {
+        match self.func.value(v).def {
+            ValueDef::Result(inst, _) => {
+                let data = self.func.inst(inst);
+                Some((&data.op, &data.args[..]))
+            }
+            ValueDef::Arg(..) => None,
+        }
+    }
+
+    /// `(input, axes)` when `v` is a reduction.
+    pub fn reduction(&self, v: Value) -> Option<(Value, Vec<usize>)> {
+        match self.op(v)? {
+            (Op::Reduce { axes, .. }, args) => Some((args[0], axes.clone())),
+            _ => None,
+        }
+    }
+
+    pub fn reduce_op(&self, v: Value) -> Option<(ReduceOp, bool)> {
+        match self.op(v)? {
+            (Op::Reduce { op, keep_dims, .. }, _) => Some((*op, *keep_dims)),
+            _ => None,
+        }
+    }
+
+    /// Every buffer a materialised value is written to: each of its output positions, or its
+    /// scratch buffer.
+    pub fn destinations(&self, v: Value) -> Vec<Buffer> {
+        let mut out: Vec<Buffer> = (self.outputs.iter().enumerate())
+            .filter(|(_, o)| **o == v)
+            .map(|(i, _)| Buffer::Output(i))
+            .collect();
+        if let Some(&Buffer::Scratch(i)) = self.source.get(&v) {
+            out.push(Buffer::Scratch(i));
+        }
+        out
+    }
+
+    /// Whether `v` is read from a buffer in stage `stage`: an input, or a value materialised
+    /// in an earlier stage.
+    pub fn is_leaf_in(&self, v: Value, stage: usize) -> bool {
+        self.func.args().contains(&v) || self.stage_of.get(&v).is_some_and(|&s| s < stage)
+    }
+
+    /// The position of buffer `b` in the ABI's buffer array.
+    pub fn slot(&self, b: Buffer) -> usize {
+        let inputs = self.func.args().len();
+        match b {
+            Buffer::Input(i) => i,
+            Buffer::Output(i) => inputs + i,
+            Buffer::Scratch(i) => inputs + self.outputs.len() + i,
+        }
+    }
+
+    pub fn buffer_count(&self) -> usize {
+        self.func.args().len() + self.outputs.len() + self.scratch.len()
+    }
+
+    pub fn symbol_index(&self, s: &Symbol) -> usize {
+        self.symbols
+            .iter()
+            .position(|x| x == s)
+            .expect("every symbol of the kernel is listed")
+    }
+
+    pub fn extent(&self, d: &Dim, sizes: &[i64]) -> i64 {
+        match d {
+            Dim::Fixed(n) => *n as i64,
+            Dim::Sym(s) => sizes[self.symbol_index(s)],
+        }
+    }
+
+    /// The element count of `v` under the symbol sizes `sizes`.
+    pub fn len_of(&self, v: Value, sizes: &[i64]) -> i64 {
+        self.ty(v)
+            .shape
+            .0
+            .iter()
+            .map(|d| self.extent(d, sizes))
+            .product()
+    }
+
+    /// How a materialised value sits in a rows stage over `domain`.
+    pub fn row_role(&self, v: Value, domain: &Shape) -> Option<RowRole> {
+        let shape = &self.ty(v).shape;
+        if let Some((input, axes)) = self.reduction(v) {
+            let rank = domain.rank();
+            let last_only = rank >= 1 && axes == [rank - 1];
+            return (last_only && self.ty(input).shape == *domain).then_some(RowRole::Reduce);
+        }
+        if shape == domain {
+            return Some(RowRole::Element);
+        }
+        let rank = domain.rank();
+        if rank == 0 {
+            return None;
+        }
+        let row = &domain.0[..rank - 1];
+        let is_row = shape.0 == row
+            || (shape.0.len() == rank && shape.0[..rank - 1] == *row && shape.0[rank - 1].is_one());
+        is_row.then_some(RowRole::Row)
+    }
+
+    /// How a value is read where it is computed: axis `a` by domain axis `a` (a row value's
+    /// axes are the domain's leading axes), except axes of size 1.
+    pub fn identity_mapping(shape: &Shape) -> Mapping {
+        shape
+            .0
+            .iter()
+            .enumerate()
+            .map(|(a, d)| (!d.is_one()).then_some(a as u8))
+            .collect()
+    }
+
+    /// The operands of `v`, each with the mapping under which reading `v` under `map` reads it.
+    /// Empty for leaves (arguments, constants, iota, reductions).
+    pub fn operand_mappings(&self, v: Value, map: &Mapping) -> Vec<(Value, Mapping)> {
+        let Some((op, args)) = self.op(v) else {
+            return Vec::new();
+        };
+        match op {
+            Op::Unary(_) | Op::Binary(_) | Op::Compare(_) | Op::Select | Op::Cast { .. } => {
+                args.iter().map(|&a| (a, map.clone())).collect()
+            }
+            Op::Broadcast { .. } => {
+                let from = &self.ty(args[0]).shape;
+                let offset = map.len() - from.rank();
+                let m = (0..from.rank())
+                    .map(|a| {
+                        if from.0[a].is_one() {
+                            None
+                        } else {
+                            map[a + offset]
+                        }
+                    })
+                    .collect();
+                vec![(args[0], m)]
+            }
+            Op::Reshape { .. } => {
+                // Non-unit axes correspond in order.
+                let from = &self.ty(args[0]).shape;
+                let to = &self.ty(v).shape;
+                let mut targets = (0..to.rank())
+                    .filter(|&a| !to.0[a].is_one())
+                    .map(|a| map[a]);
+                let m = (0..from.rank())
+                    .map(|a| {
+                        if from.0[a].is_one() {
+                            None
+                        } else {
+                            targets.next().flatten()
+                        }
+                    })
+                    .collect();
+                vec![(args[0], m)]
+            }
+            _ => Vec::new(),
+        }
+    }
+
+    /// What computing materialised `v` in its stage reads from buffers or registers: each
+    /// leaf or same-stage reduction with its mapping, through the elementwise ops in between.
+    pub fn reads(&self, v: Value) -> Vec<(Value, Mapping)> {
+        let stage = self.stage_of[&v];
+        self.reads_in(v, stage)
+    }
+
+    fn reads_in(&self, v: Value, stage: usize) -> Vec<(Value, Mapping)> {
+        let start = match self.reduction(v) {
+            Some((input, _)) => (input, Self::identity_mapping(&self.ty(input).shape)),
+            None => (v, Self::identity_mapping(&self.ty(v).shape)),
+        };
+        let mut out = Vec::new();
+        let mut seen = HashSet::new();
+        let mut stack = vec![start];
+        while let Some((x, map)) = stack.pop() {
+            if !seen.insert((x, map.clone())) {
+                continue;
+            }
+            // Reductions are placed before what reads them: in an earlier stage (a leaf) or
+            // in this one (a register).
+            if self.is_leaf_in(x, stage) || self.reduction(x).is_some() {
+                out.push((x, map));
+                continue;
+            }
+            stack.extend(self.operand_mappings(x, &map));
+        }
+        out
+    }
+
+    /// A rough cost of one element of stage `stage`: 1 per op, more for transcendentals.
+    pub fn cost_per_element(&self, stage: usize) -> i64 {
+        let mut seen = HashSet::new();
+        let mut stack: Vec<Value> = self.stages[stage].values.clone();
+        let mut cost = 1;
+        while let Some(v) = stack.pop() {
+            if !seen.insert(v) || self.is_leaf_in(v, stage) {
+                continue;
+            }
+            let Some((op, args)) = self.op(v) else {
+                continue;
+            };
+            cost += match op {
+                Op::Unary(
+                    UnaryOp::Exp
+                    | UnaryOp::Log
+                    | UnaryOp::Tanh
+                    | UnaryOp::Sigmoid
+                    | UnaryOp::Erf
+                    | UnaryOp::Sin
+                    | UnaryOp::Cos,
+                ) => 16,
+                Op::Binary(kiln_ir::BinaryOp::Pow) => 16,
+                Op::Broadcast { .. } | Op::Reshape { .. } | Op::Const { .. } => 0,
+                _ => 1,
+            };
+            stack.extend(args.iter().copied());
+        }
+        cost
+    }
+
+    /// Whether `v`, placed in stage `index`, reads that stage's reductions only in their own
+    /// row (so their registers hold what it needs).
+    fn reads_registers_canonically(&self, v: Value, index: usize) -> bool {
+        self.reads_in(v, index).into_iter().all(|(x, map)| {
+            self.stage_of.get(&x) != Some(&index)
+                || map == Self::identity_mapping(&self.ty(x).shape)
+        })
+    }
+}
+
+/// How a materialised value sits in a rows stage.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RowRole {
+    /// The domain's shape: computed along each row.
+    Element,
+    /// A reduction of the domain's last axis: accumulated along each row.
+    Reduce,
+    /// The row shape (with or without a trailing axis of size 1): one value per row.
+    Row,
+}
