@@ -35,7 +35,9 @@ pub use infer::TypeError;
 pub use literal::Literal;
 pub use loc::Loc;
 pub use module::{Initializer, Module, StateDecl};
-pub use op::{ArgOp, AxisSlice, BinaryOp, CompareOp, Distribution, Op, OpClass, ReduceOp, UnaryOp};
+pub use op::{
+    ArgOp, AxisSlice, BinaryOp, CompareOp, DTypeClass, Distribution, Op, OpClass, ReduceOp, UnaryOp,
+};
 pub use parse::{ParseError, parse_module};
 pub use types::{DType, Dim, Shape, Symbol, SymbolBindings, Type};
 pub use verify::{VerifyError, VerifyErrors, verify_module};

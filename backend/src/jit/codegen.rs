@@ -1103,7 +1103,10 @@ impl Gen<'_, '_> {
                 self.float_select(keep, x, zero, vector)
             }
             UnaryOp::Sign => {
-                let nonzero = self.b.ins().fcmp(FloatCC::OrderedNotEqual, x, zero);
+                // Ordered and not equal (f32x4 has no `one` compare): below or above zero.
+                let below = self.b.ins().fcmp(FloatCC::LessThan, x, zero);
+                let above = self.b.ins().fcmp(FloatCC::GreaterThan, x, zero);
+                let nonzero = self.b.ins().bor(below, above);
                 let signed_one = if vector {
                     let bits = lanes.to_int(&mut self.b, x);
                     let sign_mask = lanes.ci(&mut self.b, i32::MIN);

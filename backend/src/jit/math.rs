@@ -70,7 +70,13 @@ impl Lanes {
     /// `cond ? a : b` for a comparison result of these lanes.
     pub fn select(self, b: &mut FunctionBuilder, cond: Value, a: Value, c: Value) -> Value {
         if self.vector {
-            let mask = b.ins().bitcast(types::F32X4, MemFlagsData::new(), cond);
+            // The mask must have the type of the values selected.
+            let ty = b.func.dfg.value_type(a);
+            let mask = if b.func.dfg.value_type(cond) == ty {
+                cond
+            } else {
+                b.ins().bitcast(ty, MemFlagsData::new(), cond)
+            };
             b.ins().bitselect(mask, a, c)
         } else {
             b.ins().select(cond, a, c)

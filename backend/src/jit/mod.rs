@@ -34,7 +34,7 @@ use plan::KernelPlan;
 use rayon::prelude::*;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 
 #[derive(Debug, thiserror::Error)]
 pub enum JitError {
@@ -297,82 +297,78 @@ pub fn compilations() -> usize {
 /// kernel text was compiled before.
 pub fn kernel(func: &Function) -> Result<Arc<Kernel>, JitError> {
     let key = func.to_string();
-    if let Some(k) = cache().lock().expect("kernel cache").get(&key) {
-        return Ok(k.clone());
+    let cached = || cache().lock().unwrap_or_else(PoisonError::into_inner).get(&key).cloned();
+    if let Some(k) = cached() {
+        return Ok(k);
     }
     let plan = KernelPlan::new(func.clone())?;
-    let mut jit = jit().lock().expect("the JIT");
-    let jit = &mut *jit;
-    let mut ids = Vec::new();
-    let mut code_size = 0;
-    for index in 0..plan.stages.len() {
-        let mut sig = jit.module.make_signature();
-        let ptr = jit.module.target_config().pointer_type();
-        sig.params.extend([
-            AbiParam::new(ptr),
-            AbiParam::new(ptr),
-            AbiParam::new(types::I64),
-            AbiParam::new(types::I64),
-        ]);
-        sig.returns.push(AbiParam::new(types::I32));
-        let name = format!("kernel{}", jit.next_name);
-        jit.next_name += 1;
-        let id = jit
-            .module
-            .declare_function(&name, Linkage::Local, &sig)
-            .map_err(|e| JitError::Codegen(e.to_string()))?;
-        jit.ctx.func.signature = sig;
-        jit.ctx.func.name = UserFuncName::user(0, id.as_u32());
-        codegen::build_stage(
-            &mut jit.module,
-            &mut jit.ctx.func,
-            &mut jit.builder,
-            &plan,
-            index,
-        )?;
-        if debug::level() >= 2 {
-            eprintln!(
-                "// kernel stage {index} of:\n{func}{}",
-                jit.ctx.func.display()
-            );
-        }
-        jit.module
-            .define_function(id, &mut jit.ctx)
-            .map_err(|e| JitError::Codegen(format!("{e:?}")))?;
-        code_size += jit.ctx.compiled_code().map_or(0, |c| c.code_buffer().len());
-        jit.module.clear_context(&mut jit.ctx);
-        ids.push(id);
+    let mut jit = jit().lock().unwrap_or_else(PoisonError::into_inner);
+    // Another thread may have compiled it while this one waited for the JIT.
+    if let Some(k) = cached() {
+        return Ok(k);
     }
-    jit.module
-        .finalize_definitions()
-        .map_err(|e| JitError::Codegen(e.to_string()))?;
-    let stages = ids
-        .iter()
-        .map(|&id| {
-            let code = jit.module.get_finalized_function(id);
-            // SAFETY: `code` is a function compiled above with exactly `StageFn`'s signature.
-            unsafe { std::mem::transmute::<*const u8, StageFn>(code) }
-        })
-        .collect();
+    let (stages, code_size) = jit.compile(&plan, func)?;
+    drop(jit);
     if debug::level() >= 1 {
-        eprintln!(
-            "kiln: compiled a kernel of {} stages, {code_size} bytes",
-            plan.stages.len()
-        );
+        eprintln!("kiln: compiled a kernel of {} stages, {code_size} bytes", plan.stages.len());
     }
     COMPILATIONS.fetch_add(1, Ordering::Relaxed);
-    let cost = (0..plan.stages.len())
-        .map(|s| plan.cost_per_element(s))
-        .collect();
+    let cost = (0..plan.stages.len()).map(|s| plan.cost_per_element(s)).collect();
     let kernel = Arc::new(Kernel {
         plan,
         stages,
         cost,
         code_size,
     });
-    cache()
-        .lock()
-        .expect("kernel cache")
-        .insert(key, kernel.clone());
+    cache().lock().unwrap_or_else(PoisonError::into_inner).insert(key, kernel.clone());
     Ok(kernel)
+}
+
+impl Jit {
+    /// Compiles every stage of `plan`: declare, build, define, clear; then finalise and take
+    /// the pointers. Returns the stages' entry points and their total code size.
+    fn compile(&mut self, plan: &KernelPlan, func: &Function) -> Result<(Vec<StageFn>, usize), JitError> {
+        let mut ids = Vec::new();
+        let mut code_size = 0;
+        for index in 0..plan.stages.len() {
+            // A failed or interrupted compilation may have left the context dirty.
+            self.module.clear_context(&mut self.ctx);
+            let mut sig = self.module.make_signature();
+            let ptr = self.module.target_config().pointer_type();
+            sig.params.extend([
+                AbiParam::new(ptr),
+                AbiParam::new(ptr),
+                AbiParam::new(types::I64),
+                AbiParam::new(types::I64),
+            ]);
+            sig.returns.push(AbiParam::new(types::I32));
+            let name = format!("kernel{}", self.next_name);
+            self.next_name += 1;
+            let id = (self.module.declare_function(&name, Linkage::Local, &sig))
+                .map_err(|e| JitError::Codegen(e.to_string()))?;
+            self.ctx.func.signature = sig;
+            self.ctx.func.name = UserFuncName::user(0, id.as_u32());
+            codegen::build_stage(&mut self.module, &mut self.ctx.func, &mut self.builder, plan, index)?;
+            if debug::level() >= 2 {
+                eprintln!("// kernel stage {index} of:\n{func}{}", self.ctx.func.display());
+            }
+            let defined = self.module.define_function(id, &mut self.ctx);
+            code_size += self.ctx.compiled_code().map_or(0, |c| c.code_buffer().len());
+            self.module.clear_context(&mut self.ctx);
+            defined.map_err(|e| JitError::Codegen(format!("{e:?}")))?;
+            ids.push(id);
+        }
+        self.module
+            .finalize_definitions()
+            .map_err(|e| JitError::Codegen(e.to_string()))?;
+        let stages = ids
+            .iter()
+            .map(|&id| {
+                let code = self.module.get_finalized_function(id);
+                // SAFETY: `code` was compiled above with exactly `StageFn`'s signature.
+                unsafe { std::mem::transmute::<*const u8, StageFn>(code) }
+            })
+            .collect();
+        Ok((stages, code_size))
+    }
 }

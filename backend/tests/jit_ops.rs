@@ -1,0 +1,417 @@
+//! Every kernel op × dtype × sample shape, compiled by the JIT and checked against the
+//! reference interpreter: exactly for integers, bools and layout, within stated tolerances for
+//! float approximations. Shapes include size-0 dimensions, size-1 (broadcast) dimensions,
+//! lengths with and without a vector tail, and non-contiguous inputs.
+
+use kiln_backend::jit::{self, KernelError, Status};
+use kiln_backend::{Array, Interpreter, StateStore};
+use kiln_ir::{
+    BinaryOp, BuildResult, CompareOp, DType, DTypeClass, Dim, FunctionBuilder, Literal, Module,
+    ReduceOp, Shape, Type, UnaryOp, Value,
+};
+use ndarray::{ArrayD, IxDyn};
+
+/// Sample shapes: scalar, empty, one element, a vector tail only, vectors and a tail,
+/// several rows, size-1 axes, rank 3.
+const SHAPES: &[&[usize]] = &[
+    &[],
+    &[0],
+    &[1],
+    &[3],
+    &[13],
+    &[2, 0],
+    &[4, 9],
+    &[3, 1, 5],
+    &[2, 3, 17],
+];
+
+/// A deterministic generator (SplitMix64).
+struct Gen(u64);
+
+impl Gen {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    fn unit(&mut self) -> f64 {
+        (self.next() >> 11) as f64 / (1u64 << 53) as f64
+    }
+
+    /// Floats in [-4, 4), with special values sprinkled in when `specials`.
+    fn float(&mut self, specials: bool) -> f64 {
+        const SPECIAL: &[f64] = &[0.0, -0.0, f64::NAN, f64::INFINITY, f64::NEG_INFINITY, 1e-30, -1e30, 88.0, -90.0, 0.5];
+        if specials && self.next() % 7 == 0 {
+            SPECIAL[(self.next() % SPECIAL.len() as u64) as usize]
+        } else {
+            self.unit() * 8.0 - 4.0
+        }
+    }
+
+    fn int(&mut self, nonzero: bool) -> i64 {
+        let x = (self.next() % 101) as i64 - 50;
+        if nonzero && x == 0 { 7 } else { x }
+    }
+
+    fn array(&mut self, dtype: DType, shape: &[usize], specials: bool, nonzero: bool) -> Array {
+        let n: usize = shape.iter().product();
+        let s = IxDyn(shape);
+        match dtype {
+            DType::F32 => Array::F32(ArrayD::from_shape_fn(s, |_| self.float(specials) as f32)),
+            DType::F64 => Array::F64(ArrayD::from_shape_fn(s, |_| self.float(specials))),
+            DType::I32 => Array::I32(ArrayD::from_shape_fn(s, |_| self.int(nonzero) as i32)),
+            DType::I64 => Array::I64(ArrayD::from_shape_fn(s, |_| self.int(nonzero))),
+            DType::Bool => {
+                let _ = n;
+                Array::Bool(ArrayD::from_shape_fn(s, |_| self.next() % 2 == 0))
+            }
+        }
+    }
+}
+
+const DTYPES: &[DType] = &[DType::F32, DType::F64, DType::I32, DType::I64, DType::Bool];
+
+fn accepts(class: DTypeClass, dtype: DType) -> bool {
+    match class {
+        DTypeClass::Float => dtype.is_float(),
+        DTypeClass::Numeric => dtype.is_numeric(),
+        DTypeClass::Bool => dtype == DType::Bool,
+        DTypeClass::Any => true,
+    }
+}
+
+fn fixed(shape: &[usize]) -> Shape {
+    Shape::fixed(shape)
+}
+
+/// How closely a compiled float result must match the interpreter's.
+#[derive(Clone, Copy)]
+struct Tolerance {
+    abs: f64,
+    rel: f64,
+}
+
+const EXACT: Tolerance = Tolerance { abs: 0.0, rel: 0.0 };
+/// f32 approximations of transcendental functions (a few ULPs) and FMA rounding.
+const APPROX: Tolerance = Tolerance { abs: 1e-6, rel: 4e-6 };
+/// Sums in a different order (the interpreter accumulates in f64).
+const SUMS: Tolerance = Tolerance { abs: 1e-4, rel: 1e-4 };
+
+fn close(got: f64, want: f64, tol: Tolerance) -> bool {
+    if got.is_nan() || want.is_nan() {
+        return got.is_nan() && want.is_nan();
+    }
+    if got == want {
+        return true;
+    }
+    if got.is_infinite() || want.is_infinite() {
+        return false;
+    }
+    (got - want).abs() <= tol.abs + tol.rel * want.abs()
+}
+
+/// Builds a kernel function over arguments of `types`, then runs it compiled and interpreted
+/// on `inputs` and compares.
+fn check(
+    what: &str,
+    types: &[Type],
+    inputs: Vec<Array>,
+    tol: Tolerance,
+    build: impl FnOnce(&mut FunctionBuilder, &[Value]) -> BuildResult<Vec<Value>>,
+) {
+    let mut b = FunctionBuilder::new("k");
+    let args: Vec<Value> = types.iter().enumerate().map(|(i, t)| b.arg(&format!("a{i}"), t.clone())).collect();
+    let results = match build(&mut b, &args) {
+        Ok(r) => r,
+        Err(_) => return, // not a well-typed combination
+    };
+    let func = b.finish(&results).expect("a well-typed kernel");
+    let mut module = Module::new();
+    module.add_function(func.clone());
+    let want = Interpreter::new(&module).run_function(&func, inputs.clone(), &mut StateStore::default());
+    let kernel = jit::kernel(&func).unwrap_or_else(|e| panic!("{what}: {e}\n{func}"));
+    let refs: Vec<&Array> = inputs.iter().collect();
+    let got = kernel.call(&refs);
+    match (got, want) {
+        (Ok(got), Ok(want)) => {
+            assert_eq!(got.len(), want.len());
+            for (g, w) in got.iter().zip(&want) {
+                assert_eq!(g.dtype(), w.dtype(), "{what}");
+                assert_eq!(g.shape(), w.shape(), "{what}");
+                let tol = if g.dtype().is_float() { tol } else { EXACT };
+                for (i, (a, e)) in g.to_f64_vec().iter().zip(w.to_f64_vec()).enumerate() {
+                    assert!(
+                        close(*a, e, tol),
+                        "{what}: element {i} is {a}, the interpreter gives {e}\ninputs: {inputs:?}\n{func}"
+                    );
+                }
+            }
+        }
+        (Err(KernelError::Status(s)), Err(e)) => {
+            let expected = e.to_string();
+            let fits = match s {
+                Status::IntegerDivisionByZero => expected.contains("division by zero"),
+                Status::EmptyReduction => expected.contains("empty axis"),
+            };
+            assert!(fits, "{what}: the kernel reports {s:?}, the interpreter {expected}");
+        }
+        (got, want) => panic!("{what}: the kernel gives {got:?}, the interpreter {want:?}\n{func}"),
+    }
+}
+
+fn unary_tolerance(op: UnaryOp) -> Tolerance {
+    match op {
+        UnaryOp::Exp | UnaryOp::Log | UnaryOp::Tanh | UnaryOp::Sigmoid | UnaryOp::Erf => APPROX,
+        _ => EXACT,
+    }
+}
+
+#[test]
+fn unary_ops() {
+    let mut g = Gen(1);
+    for &op in UnaryOp::ALL {
+        for &dtype in DTYPES.iter().filter(|&&d| accepts(op.operand_class(), d)) {
+            for shape in SHAPES {
+                let ty = Type::new(dtype, fixed(shape));
+                let x = g.array(dtype, shape, true, false);
+                let what = format!("{} {dtype}{shape:?}", op.name());
+                check(&what, &[ty], vec![x], unary_tolerance(op), |b, a| Ok(vec![b.unary(op, a[0])?]));
+            }
+        }
+    }
+}
+
+#[test]
+fn binary_ops() {
+    let mut g = Gen(2);
+    for &op in BinaryOp::ALL {
+        for &dtype in DTYPES.iter().filter(|&&d| accepts(op.operand_class(), d)) {
+            for shape in SHAPES {
+                // Same shapes, and the second operand broadcast from a row (or a scalar).
+                let rhs_shapes: Vec<Vec<usize>> = vec![shape.to_vec(), shape.iter().skip(1).copied().collect(), vec![]];
+                for rhs in rhs_shapes {
+                    let types = [Type::new(dtype, fixed(shape)), Type::new(dtype, fixed(&rhs))];
+                    let nonzero = op == BinaryOp::Div;
+                    let inputs = vec![g.array(dtype, shape, true, false), g.array(dtype, &rhs, true, nonzero)];
+                    let what = format!("{} {dtype}{shape:?} {rhs:?}", op.name());
+                    let tol = if op == BinaryOp::Pow { APPROX } else { EXACT };
+                    check(&what, &types, inputs, tol, |b, a| Ok(vec![b.binary(op, a[0], a[1])?]));
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn integer_division_by_zero_is_reported() {
+    for dtype in [DType::I32, DType::I64] {
+        let shape = [2usize, 5];
+        let types = [Type::new(dtype, fixed(&shape)), Type::new(dtype, fixed(&shape))];
+        let x = Gen(3).array(dtype, &shape, false, false);
+        let mut d = Gen(4).array(dtype, &shape, false, true);
+        match &mut d {
+            Array::I32(a) => a[[1, 3]] = 0,
+            Array::I64(a) => a[[1, 3]] = 0,
+            _ => unreachable!(),
+        }
+        check("div by zero", &types, vec![x, d], EXACT, |b, a| Ok(vec![b.div(a[0], a[1])?]));
+    }
+    // MIN / -1 wraps, as the interpreter's wrapping division does.
+    let types = [Type::new(DType::I32, fixed(&[2])), Type::new(DType::I32, fixed(&[2]))];
+    let x = Array::I32(ArrayD::from_shape_vec(IxDyn(&[2]), vec![i32::MIN, 9]).unwrap());
+    let d = Array::I32(ArrayD::from_shape_vec(IxDyn(&[2]), vec![-1, -2]).unwrap());
+    check("MIN / -1", &types, vec![x, d], EXACT, |b, a| Ok(vec![b.div(a[0], a[1])?]));
+}
+
+#[test]
+fn comparisons_and_select() {
+    let mut g = Gen(5);
+    for &op in CompareOp::ALL {
+        for &dtype in DTYPES.iter().filter(|&&d| accepts(op.operand_class(), d)) {
+            for shape in SHAPES {
+                let types = [Type::new(dtype, fixed(shape)), Type::new(dtype, fixed(shape))];
+                let mut inputs = vec![g.array(dtype, shape, true, false), g.array(dtype, shape, true, false)];
+                // Some equal elements, so that equality is exercised.
+                if let (Array::F32(a), Array::F32(b)) = (&inputs[0].clone(), &mut inputs[1]) {
+                    b.iter_mut().zip(a.iter()).step_by(3).for_each(|(y, x)| *y = *x);
+                }
+                let what = format!("{} {dtype}{shape:?}", op.name());
+                check(&what, &types, inputs.clone(), EXACT, |b, a| Ok(vec![b.compare(op, a[0], a[1])?]));
+                // The comparison feeding a select (the vector mask path for f32).
+                let what = format!("select({}) {dtype}{shape:?}", op.name());
+                check(&what, &types, inputs, EXACT, |b, a| {
+                    let c = b.compare(op, a[0], a[1])?;
+                    Ok(vec![b.select(c, a[0], a[1])?])
+                });
+            }
+        }
+    }
+    // Bool logic on masks: (x < y) and not (x > 1) selecting floats.
+    let shape = [3usize, 11];
+    let types = [Type::new(DType::F32, fixed(&shape)), Type::new(DType::F32, fixed(&shape))];
+    let inputs = vec![g.array(DType::F32, &shape, true, false), g.array(DType::F32, &shape, true, false)];
+    check("mask logic", &types, inputs, EXACT, |b, a| {
+        let lt = b.compare(CompareOp::Lt, a[0], a[1])?;
+        let one = b.scalar(DType::F32, 1.0)?;
+        let gt = b.compare(CompareOp::Gt, a[0], one)?;
+        let not_gt = b.unary(UnaryOp::Not, gt)?;
+        let both = b.binary(BinaryOp::And, lt, not_gt)?;
+        let either = b.binary(BinaryOp::Or, lt, gt)?;
+        let neither = b.binary(BinaryOp::Xor, both, either)?;
+        let as_float = b.cast(neither, DType::F32)?;
+        let picked = b.select(both, a[0], as_float)?;
+        Ok(vec![picked, b.cast(picked, DType::Bool)?])
+    });
+}
+
+#[test]
+fn casts() {
+    let mut g = Gen(6);
+    for &from in DTYPES {
+        for &to in DTYPES {
+            for shape in SHAPES {
+                let ty = Type::new(from, fixed(shape));
+                let x = g.array(from, shape, true, false);
+                let what = format!("cast {from} to {to} {shape:?}");
+                check(&what, &[ty], vec![x], EXACT, |b, a| Ok(vec![b.cast(a[0], to)?]));
+            }
+        }
+    }
+}
+
+/// Every subset of `0..rank`.
+fn axis_sets(rank: usize) -> Vec<Vec<usize>> {
+    (0..1u32 << rank).map(|m| (0..rank).filter(|a| m & (1 << a) != 0).collect()).collect()
+}
+
+#[test]
+fn reductions() {
+    let mut g = Gen(7);
+    for &op in ReduceOp::ALL {
+        for &dtype in DTYPES.iter().filter(|&&d| accepts(op.operand_class(), d)) {
+            for shape in SHAPES {
+                for axes in axis_sets(shape.len()) {
+                    for keep_dims in [false, true] {
+                        let ty = Type::new(dtype, fixed(shape));
+                        let x = g.array(dtype, shape, false, false);
+                        let what = format!("{} {dtype}{shape:?} axes {axes:?} keep {keep_dims}", op.name());
+                        let axes = axes.clone();
+                        check(&what, &[ty], vec![x], SUMS, |b, a| {
+                            Ok(vec![b.reduce(op, a[0], axes, keep_dims)?])
+                        });
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn iota_constants_and_broadcasts() {
+    for &dtype in &[DType::F32, DType::F64, DType::I32, DType::I64] {
+        for shape in SHAPES {
+            for axis in 0..shape.len() {
+                let what = format!("iota {dtype}{shape:?} axis {axis}");
+                let ty = Type::new(dtype, fixed(shape));
+                check(&what, &[], vec![], EXACT, |b, _| {
+                    let i = b.iota(ty.clone(), axis)?;
+                    let two = b.scalar(dtype, 2.0)?;
+                    Ok(vec![i.clone(), b.mul(i, two)?])
+                });
+            }
+        }
+    }
+    // A column and a row broadcast against each other.
+    let mut g = Gen(8);
+    let types = [Type::new(DType::F32, fixed(&[5, 1])), Type::new(DType::F32, fixed(&[1, 9]))];
+    let inputs = vec![g.array(DType::F32, &[5, 1], false, false), g.array(DType::F32, &[1, 9], false, false)];
+    check("outer sum", &types, inputs, EXACT, |b, a| Ok(vec![b.add(a[0], a[1])?]));
+}
+
+#[test]
+fn non_contiguous_inputs() {
+    let mut g = Gen(9);
+    let x = g.array(DType::F32, &[6, 10], false, false);
+    let Array::F32(a) = &x else { unreachable!() };
+    let transposed = Array::F32(a.t().to_owned().reversed_axes().reversed_axes());
+    let view = Array::F32(a.clone().reversed_axes());
+    let ty = Type::new(DType::F32, fixed(&[10, 6]));
+    check("transposed input", &[ty.clone()], vec![view], APPROX, |b, a| Ok(vec![b.unary(UnaryOp::Exp, a[0])?]));
+    check("transposed copy", &[ty], vec![transposed], APPROX, |b, a| Ok(vec![b.unary(UnaryOp::Tanh, a[0])?]));
+}
+
+/// Fused patterns the passes produce: one kernel per pattern.
+#[test]
+fn fused_patterns() {
+    let mut g = Gen(10);
+    let n = Dim::sym("N");
+    let rows = |c: usize| Type::new(DType::F32, Shape(vec![n.clone(), Dim::Fixed(c)]));
+    // Softmax, log-softmax and a layer norm: several reductions along rows, in one stage.
+    for c in [1usize, 7, 8, 33] {
+        let x = g.array(DType::F32, &[5, c], false, false);
+        check("softmax", &[rows(c)], vec![x.clone()], APPROX, |b, a| {
+            let m = b.reduce(ReduceOp::Max, a[0], vec![1], true)?;
+            let d = b.sub(a[0], m)?;
+            let e = b.unary(UnaryOp::Exp, d)?;
+            let s = b.reduce(ReduceOp::Sum, e, vec![1], true)?;
+            let ls = b.unary(UnaryOp::Log, s)?;
+            Ok(vec![b.div(e, s)?, b.sub(d, ls)?])
+        });
+        check("layer norm", &[rows(c)], vec![x], APPROX, |b, a| {
+            let mean = b.reduce(ReduceOp::Mean, a[0], vec![1], true)?;
+            let d = b.sub(a[0], mean)?;
+            let sq = b.mul(d, d)?;
+            let var = b.reduce(ReduceOp::Mean, sq, vec![1], false)?;
+            let eps = b.scalar(DType::F32, 1e-5)?;
+            let ve = b.add(var, eps)?;
+            let r = b.unary(UnaryOp::Rsqrt, ve)?;
+            let r = b.reshape(r, Shape(vec![n.clone(), Dim::Fixed(1)]))?;
+            Ok(vec![b.mul(d, r)?, var])
+        });
+    }
+    // A bias gradient (column sum) next to an elementwise output.
+    let x = g.array(DType::F32, &[37, 21], false, false);
+    check("column sum", &[rows(21)], vec![x], SUMS, |b, a| {
+        let r = b.unary(UnaryOp::Relu, a[0])?;
+        let s = b.reduce(ReduceOp::Sum, r, vec![0], false)?;
+        let total = b.reduce(ReduceOp::Sum, s, vec![0], false)?;
+        Ok(vec![s, r, total])
+    });
+    // The same value yielded twice, and an input yielded as it is.
+    let x = g.array(DType::F32, &[3, 4], false, false);
+    check("repeated outputs", &[rows(4)], vec![x], EXACT, |b, a| {
+        let y = b.unary(UnaryOp::Neg, a[0])?;
+        Ok(vec![y, a[0], y])
+    });
+    // A constant-only kernel.
+    check("constant", &[], vec![], EXACT, |b, _| {
+        let c = b.constant(Literal::F32(vec![2.5]), Type::new(DType::F32, fixed(&[3, 5])))?;
+        Ok(vec![b.unary(UnaryOp::Neg, c)?])
+    });
+}
+
+#[test]
+fn symbolic_sizes_compile_once() {
+    let n = Dim::sym("N");
+    let ty = Type::new(DType::F32, Shape(vec![n, Dim::Fixed(6)]));
+    let mut b = FunctionBuilder::new("k");
+    let x = b.arg("x", ty);
+    let e = b.unary(UnaryOp::Exp, x).unwrap();
+    let s = b.reduce(ReduceOp::Sum, e, vec![1], true).unwrap();
+    let y = b.div(e, s).unwrap();
+    let func = b.finish(&[y]).unwrap();
+    let first = jit::kernel(&func).unwrap();
+    for rows in [0usize, 1, 3, 100, 1000] {
+        let x = Gen(rows as u64).array(DType::F32, &[rows, 6], false, false);
+        let k = jit::kernel(&func).unwrap();
+        assert!(std::sync::Arc::ptr_eq(&k, &first), "the cached kernel serves every size");
+        let y = k.call(&[&x]).unwrap();
+        assert_eq!(y[0].shape(), &[rows, 6]);
+    }
+    // A function with the same text, built separately, hits the cache too.
+    let again = jit::kernel(&func.clone()).unwrap();
+    assert!(std::sync::Arc::ptr_eq(&again, &first));
+}
