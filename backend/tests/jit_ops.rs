@@ -43,7 +43,18 @@ impl Gen {
 
     /// Floats in [-4, 4), with special values sprinkled in when `specials`.
     fn float(&mut self, specials: bool) -> f64 {
-        const SPECIAL: &[f64] = &[0.0, -0.0, f64::NAN, f64::INFINITY, f64::NEG_INFINITY, 1e-30, -1e30, 88.0, -90.0, 0.5];
+        const SPECIAL: &[f64] = &[
+            0.0,
+            -0.0,
+            f64::NAN,
+            f64::INFINITY,
+            f64::NEG_INFINITY,
+            1e-30,
+            -1e30,
+            88.0,
+            -90.0,
+            0.5,
+        ];
         if specials && self.next() % 7 == 0 {
             SPECIAL[(self.next() % SPECIAL.len() as u64) as usize]
         } else {
@@ -96,9 +107,15 @@ struct Tolerance {
 
 const EXACT: Tolerance = Tolerance { abs: 0.0, rel: 0.0 };
 /// f32 approximations of transcendental functions (a few ULPs) and FMA rounding.
-const APPROX: Tolerance = Tolerance { abs: 1e-6, rel: 4e-6 };
+const APPROX: Tolerance = Tolerance {
+    abs: 1e-6,
+    rel: 4e-6,
+};
 /// Sums in a different order (the interpreter accumulates in f64).
-const SUMS: Tolerance = Tolerance { abs: 1e-4, rel: 1e-4 };
+const SUMS: Tolerance = Tolerance {
+    abs: 1e-4,
+    rel: 1e-4,
+};
 
 fn close(got: f64, want: f64, tol: Tolerance) -> bool {
     if got.is_nan() || want.is_nan() {
@@ -123,7 +140,11 @@ fn check(
     build: impl FnOnce(&mut FunctionBuilder, &[Value]) -> BuildResult<Vec<Value>>,
 ) {
     let mut b = FunctionBuilder::new("k");
-    let args: Vec<Value> = types.iter().enumerate().map(|(i, t)| b.arg(&format!("a{i}"), t.clone())).collect();
+    let args: Vec<Value> = types
+        .iter()
+        .enumerate()
+        .map(|(i, t)| b.arg(&format!("a{i}"), t.clone()))
+        .collect();
     let results = match build(&mut b, &args) {
         Ok(r) => r,
         Err(_) => return, // not a well-typed combination
@@ -131,7 +152,8 @@ fn check(
     let func = b.finish(&results).expect("a well-typed kernel");
     let mut module = Module::new();
     module.add_function(func.clone());
-    let want = Interpreter::new(&module).run_function(&func, inputs.clone(), &mut StateStore::default());
+    let want =
+        Interpreter::new(&module).run_function(&func, inputs.clone(), &mut StateStore::default());
     let kernel = jit::kernel(&func).unwrap_or_else(|e| panic!("{what}: {e}\n{func}"));
     let refs: Vec<&Array> = inputs.iter().collect();
     let got = kernel.call(&refs);
@@ -156,7 +178,10 @@ fn check(
                 Status::IntegerDivisionByZero => expected.contains("division by zero"),
                 Status::EmptyReduction => expected.contains("empty axis"),
             };
-            assert!(fits, "{what}: the kernel reports {s:?}, the interpreter {expected}");
+            assert!(
+                fits,
+                "{what}: the kernel reports {s:?}, the interpreter {expected}"
+            );
         }
         (got, want) => panic!("{what}: the kernel gives {got:?}, the interpreter {want:?}\n{func}"),
     }
@@ -178,7 +203,9 @@ fn unary_ops() {
                 let ty = Type::new(dtype, fixed(shape));
                 let x = g.array(dtype, shape, true, false);
                 let what = format!("{} {dtype}{shape:?}", op.name());
-                check(&what, &[ty], vec![x], unary_tolerance(op), |b, a| Ok(vec![b.unary(op, a[0])?]));
+                check(&what, &[ty], vec![x], unary_tolerance(op), |b, a| {
+                    Ok(vec![b.unary(op, a[0])?])
+                });
             }
         }
     }
@@ -191,14 +218,26 @@ fn binary_ops() {
         for &dtype in DTYPES.iter().filter(|&&d| accepts(op.operand_class(), d)) {
             for shape in SHAPES {
                 // Same shapes, and the second operand broadcast from a row (or a scalar).
-                let rhs_shapes: Vec<Vec<usize>> = vec![shape.to_vec(), shape.iter().skip(1).copied().collect(), vec![]];
+                let rhs_shapes: Vec<Vec<usize>> = vec![
+                    shape.to_vec(),
+                    shape.iter().skip(1).copied().collect(),
+                    vec![],
+                ];
                 for rhs in rhs_shapes {
-                    let types = [Type::new(dtype, fixed(shape)), Type::new(dtype, fixed(&rhs))];
+                    let types = [
+                        Type::new(dtype, fixed(shape)),
+                        Type::new(dtype, fixed(&rhs)),
+                    ];
                     let nonzero = op == BinaryOp::Div;
-                    let inputs = vec![g.array(dtype, shape, true, false), g.array(dtype, &rhs, true, nonzero)];
+                    let inputs = vec![
+                        g.array(dtype, shape, true, false),
+                        g.array(dtype, &rhs, true, nonzero),
+                    ];
                     let what = format!("{} {dtype}{shape:?} {rhs:?}", op.name());
                     let tol = if op == BinaryOp::Pow { APPROX } else { EXACT };
-                    check(&what, &types, inputs, tol, |b, a| Ok(vec![b.binary(op, a[0], a[1])?]));
+                    check(&what, &types, inputs, tol, |b, a| {
+                        Ok(vec![b.binary(op, a[0], a[1])?])
+                    });
                 }
             }
         }
@@ -209,7 +248,10 @@ fn binary_ops() {
 fn integer_division_by_zero_is_reported() {
     for dtype in [DType::I32, DType::I64] {
         let shape = [2usize, 5];
-        let types = [Type::new(dtype, fixed(&shape)), Type::new(dtype, fixed(&shape))];
+        let types = [
+            Type::new(dtype, fixed(&shape)),
+            Type::new(dtype, fixed(&shape)),
+        ];
         let x = Gen(3).array(dtype, &shape, false, false);
         let mut d = Gen(4).array(dtype, &shape, false, true);
         match &mut d {
@@ -217,13 +259,20 @@ fn integer_division_by_zero_is_reported() {
             Array::I64(a) => a[[1, 3]] = 0,
             _ => unreachable!(),
         }
-        check("div by zero", &types, vec![x, d], EXACT, |b, a| Ok(vec![b.div(a[0], a[1])?]));
+        check("div by zero", &types, vec![x, d], EXACT, |b, a| {
+            Ok(vec![b.div(a[0], a[1])?])
+        });
     }
     // MIN / -1 wraps, as the interpreter's wrapping division does.
-    let types = [Type::new(DType::I32, fixed(&[2])), Type::new(DType::I32, fixed(&[2]))];
+    let types = [
+        Type::new(DType::I32, fixed(&[2])),
+        Type::new(DType::I32, fixed(&[2])),
+    ];
     let x = Array::I32(ArrayD::from_shape_vec(IxDyn(&[2]), vec![i32::MIN, 9]).unwrap());
     let d = Array::I32(ArrayD::from_shape_vec(IxDyn(&[2]), vec![-1, -2]).unwrap());
-    check("MIN / -1", &types, vec![x, d], EXACT, |b, a| Ok(vec![b.div(a[0], a[1])?]));
+    check("MIN / -1", &types, vec![x, d], EXACT, |b, a| {
+        Ok(vec![b.div(a[0], a[1])?])
+    });
 }
 
 #[test]
@@ -232,14 +281,25 @@ fn comparisons_and_select() {
     for &op in CompareOp::ALL {
         for &dtype in DTYPES.iter().filter(|&&d| accepts(op.operand_class(), d)) {
             for shape in SHAPES {
-                let types = [Type::new(dtype, fixed(shape)), Type::new(dtype, fixed(shape))];
-                let mut inputs = vec![g.array(dtype, shape, true, false), g.array(dtype, shape, true, false)];
+                let types = [
+                    Type::new(dtype, fixed(shape)),
+                    Type::new(dtype, fixed(shape)),
+                ];
+                let mut inputs = vec![
+                    g.array(dtype, shape, true, false),
+                    g.array(dtype, shape, true, false),
+                ];
                 // Some equal elements, so that equality is exercised.
                 if let (Array::F32(a), Array::F32(b)) = (&inputs[0].clone(), &mut inputs[1]) {
-                    b.iter_mut().zip(a.iter()).step_by(3).for_each(|(y, x)| *y = *x);
+                    b.iter_mut()
+                        .zip(a.iter())
+                        .step_by(3)
+                        .for_each(|(y, x)| *y = *x);
                 }
                 let what = format!("{} {dtype}{shape:?}", op.name());
-                check(&what, &types, inputs.clone(), EXACT, |b, a| Ok(vec![b.compare(op, a[0], a[1])?]));
+                check(&what, &types, inputs.clone(), EXACT, |b, a| {
+                    Ok(vec![b.compare(op, a[0], a[1])?])
+                });
                 // The comparison feeding a select (the vector mask path for f32).
                 let what = format!("select({}) {dtype}{shape:?}", op.name());
                 check(&what, &types, inputs, EXACT, |b, a| {
@@ -251,8 +311,14 @@ fn comparisons_and_select() {
     }
     // Bool logic on masks: (x < y) and not (x > 1) selecting floats.
     let shape = [3usize, 11];
-    let types = [Type::new(DType::F32, fixed(&shape)), Type::new(DType::F32, fixed(&shape))];
-    let inputs = vec![g.array(DType::F32, &shape, true, false), g.array(DType::F32, &shape, true, false)];
+    let types = [
+        Type::new(DType::F32, fixed(&shape)),
+        Type::new(DType::F32, fixed(&shape)),
+    ];
+    let inputs = vec![
+        g.array(DType::F32, &shape, true, false),
+        g.array(DType::F32, &shape, true, false),
+    ];
     check("mask logic", &types, inputs, EXACT, |b, a| {
         let lt = b.compare(CompareOp::Lt, a[0], a[1])?;
         let one = b.scalar(DType::F32, 1.0)?;
@@ -276,7 +342,9 @@ fn casts() {
                 let ty = Type::new(from, fixed(shape));
                 let x = g.array(from, shape, true, false);
                 let what = format!("cast {from} to {to} {shape:?}");
-                check(&what, &[ty], vec![x], EXACT, |b, a| Ok(vec![b.cast(a[0], to)?]));
+                check(&what, &[ty], vec![x], EXACT, |b, a| {
+                    Ok(vec![b.cast(a[0], to)?])
+                });
             }
         }
     }
@@ -284,7 +352,9 @@ fn casts() {
 
 /// Every subset of `0..rank`.
 fn axis_sets(rank: usize) -> Vec<Vec<usize>> {
-    (0..1u32 << rank).map(|m| (0..rank).filter(|a| m & (1 << a) != 0).collect()).collect()
+    (0..1u32 << rank)
+        .map(|m| (0..rank).filter(|a| m & (1 << a) != 0).collect())
+        .collect()
 }
 
 #[test]
@@ -297,7 +367,10 @@ fn reductions() {
                     for keep_dims in [false, true] {
                         let ty = Type::new(dtype, fixed(shape));
                         let x = g.array(dtype, shape, false, false);
-                        let what = format!("{} {dtype}{shape:?} axes {axes:?} keep {keep_dims}", op.name());
+                        let what = format!(
+                            "{} {dtype}{shape:?} axes {axes:?} keep {keep_dims}",
+                            op.name()
+                        );
                         let axes = axes.clone();
                         check(&what, &[ty], vec![x], SUMS, |b, a| {
                             Ok(vec![b.reduce(op, a[0], axes, keep_dims)?])
@@ -326,9 +399,17 @@ fn iota_constants_and_broadcasts() {
     }
     // A column and a row broadcast against each other.
     let mut g = Gen(8);
-    let types = [Type::new(DType::F32, fixed(&[5, 1])), Type::new(DType::F32, fixed(&[1, 9]))];
-    let inputs = vec![g.array(DType::F32, &[5, 1], false, false), g.array(DType::F32, &[1, 9], false, false)];
-    check("outer sum", &types, inputs, EXACT, |b, a| Ok(vec![b.add(a[0], a[1])?]));
+    let types = [
+        Type::new(DType::F32, fixed(&[5, 1])),
+        Type::new(DType::F32, fixed(&[1, 9])),
+    ];
+    let inputs = vec![
+        g.array(DType::F32, &[5, 1], false, false),
+        g.array(DType::F32, &[1, 9], false, false),
+    ];
+    check("outer sum", &types, inputs, EXACT, |b, a| {
+        Ok(vec![b.add(a[0], a[1])?])
+    });
 }
 
 #[test]
@@ -339,8 +420,20 @@ fn non_contiguous_inputs() {
     let transposed = Array::F32(a.t().to_owned().reversed_axes().reversed_axes());
     let view = Array::F32(a.clone().reversed_axes());
     let ty = Type::new(DType::F32, fixed(&[10, 6]));
-    check("transposed input", &[ty.clone()], vec![view], APPROX, |b, a| Ok(vec![b.unary(UnaryOp::Exp, a[0])?]));
-    check("transposed copy", &[ty], vec![transposed], APPROX, |b, a| Ok(vec![b.unary(UnaryOp::Tanh, a[0])?]));
+    check(
+        "transposed input",
+        &[ty.clone()],
+        vec![view],
+        APPROX,
+        |b, a| Ok(vec![b.unary(UnaryOp::Exp, a[0])?]),
+    );
+    check(
+        "transposed copy",
+        &[ty],
+        vec![transposed],
+        APPROX,
+        |b, a| Ok(vec![b.unary(UnaryOp::Tanh, a[0])?]),
+    );
 }
 
 /// Fused patterns the passes produce: one kernel per pattern.
@@ -388,7 +481,10 @@ fn fused_patterns() {
     });
     // A constant-only kernel.
     check("constant", &[], vec![], EXACT, |b, _| {
-        let c = b.constant(Literal::F32(vec![2.5]), Type::new(DType::F32, fixed(&[3, 5])))?;
+        let c = b.constant(
+            Literal::F32(vec![2.5]),
+            Type::new(DType::F32, fixed(&[3, 5])),
+        )?;
         Ok(vec![b.unary(UnaryOp::Neg, c)?])
     });
 }
@@ -407,7 +503,10 @@ fn symbolic_sizes_compile_once() {
     for rows in [0usize, 1, 3, 100, 1000] {
         let x = Gen(rows as u64).array(DType::F32, &[rows, 6], false, false);
         let k = jit::kernel(&func).unwrap();
-        assert!(std::sync::Arc::ptr_eq(&k, &first), "the cached kernel serves every size");
+        assert!(
+            std::sync::Arc::ptr_eq(&k, &first),
+            "the cached kernel serves every size"
+        );
         let y = k.call(&[&x]).unwrap();
         assert_eq!(y[0].shape(), &[rows, 6]);
     }

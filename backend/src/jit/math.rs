@@ -9,7 +9,18 @@
 //! - `sigmoid`: `1 / (1 + exp(−x))`, with the `exp` above.
 //! - `erf`: XLA's rational approximation on `|x| ≤ 4`.
 //!
-//! Their errors against the standard library are measured in `backend/tests/math_ulp.rs`.
+//! Maximum errors against the f64 function rounded to f32, measured over sweeps of 130k–400k
+//! inputs by `backend/tests/math_ulp.rs` (which fails if any gets worse):
+//!
+//! | function | max ULPs | max relative error | range swept |
+//! |---|---|---|---|
+//! | exp | 1 | 1.2e-7 | [−104, 88.7] (subnormal results included) |
+//! | log | 1 | 7.5e-8 | every binade, subnormals to the largest float |
+//! | tanh | 6 | 3.4e-7 | [−10, 10] |
+//! | sigmoid | 3 | 1.8e-7 | [−80, 30] |
+//! | erf | 6 | 3.7e-7 | [−5, 5] |
+//!
+//! tanh and erf use the same rational forms as XLA (what `jax.jit` runs on the CPU).
 //! `sin`, `cos`, `pow` and every f64 function call the same Rust functions the interpreter
 //! uses (a cold path: a call per element).
 
@@ -97,7 +108,9 @@ impl Lanes {
 pub fn exp(b: &mut FunctionBuilder, l: Lanes, x: Value) -> Value {
     const LOG2E: f32 = std::f32::consts::LOG2_E;
     const MAGIC: f32 = 12_582_912.0; // 1.5·2²³: adding it rounds to an integer in the low bits
-    let (lo, hi) = (l.c(b, -87.336_55), l.c(b, 88.722_84));
+    // Down to −103.97 the result is subnormal (2ⁿ is built in two halves, so it gets there);
+    // below it rounds to zero.
+    let (lo, hi) = (l.c(b, -103.972_08), l.c(b, 88.722_84));
     let clamped = b.ins().fmax(x, lo);
     let clamped = b.ins().fmin(clamped, hi);
     let (log2e, magic) = (l.c(b, LOG2E), l.c(b, MAGIC));
@@ -139,7 +152,10 @@ pub fn exp(b: &mut FunctionBuilder, l: Lanes, x: Value) -> Value {
     // Beyond the largest finite result, infinity (as the standard library gives).
     let inf = l.c(b, f32::INFINITY);
     let over = b.ins().fcmp(FloatCC::GreaterThan, x, hi);
-    l.select(b, over, inf, y)
+    let y = l.select(b, over, inf, y);
+    let zero = l.c(b, 0.0);
+    let under = b.ins().fcmp(FloatCC::LessThan, x, lo);
+    l.select(b, under, zero, y)
 }
 
 pub fn log(b: &mut FunctionBuilder, l: Lanes, x: Value) -> Value {
@@ -251,7 +267,16 @@ pub fn tanh(b: &mut FunctionBuilder, l: Lanes, x: Value) -> Value {
     let ax = b.ins().fabs(x);
     let tiny = l.c(b, 4e-4);
     let small = b.ins().fcmp(FloatCC::LessThan, ax, tiny);
-    l.select(b, small, x, r)
+    let r = l.select(b, small, x, r);
+    // Beyond the clamp, ±1 (within 5 ULPs of the true value there; exact from |x| ≥ 9.01).
+    let big = b.ins().fcmp(FloatCC::GreaterThan, ax, hi);
+    let bits = l.to_int(b, x);
+    let sign_mask = l.ci(b, i32::MIN);
+    let sign = b.ins().band(bits, sign_mask);
+    let one_bits = l.ci(b, 1.0f32.to_bits() as i32);
+    let signed_one = b.ins().bor(sign, one_bits);
+    let signed_one = l.to_float(b, signed_one);
+    l.select(b, big, signed_one, r)
 }
 
 pub fn sigmoid(b: &mut FunctionBuilder, l: Lanes, x: Value) -> Value {

@@ -297,7 +297,13 @@ pub fn compilations() -> usize {
 /// kernel text was compiled before.
 pub fn kernel(func: &Function) -> Result<Arc<Kernel>, JitError> {
     let key = func.to_string();
-    let cached = || cache().lock().unwrap_or_else(PoisonError::into_inner).get(&key).cloned();
+    let cached = || {
+        cache()
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(&key)
+            .cloned()
+    };
     if let Some(k) = cached() {
         return Ok(k);
     }
@@ -310,24 +316,36 @@ pub fn kernel(func: &Function) -> Result<Arc<Kernel>, JitError> {
     let (stages, code_size) = jit.compile(&plan, func)?;
     drop(jit);
     if debug::level() >= 1 {
-        eprintln!("kiln: compiled a kernel of {} stages, {code_size} bytes", plan.stages.len());
+        eprintln!(
+            "kiln: compiled a kernel of {} stages, {code_size} bytes",
+            plan.stages.len()
+        );
     }
     COMPILATIONS.fetch_add(1, Ordering::Relaxed);
-    let cost = (0..plan.stages.len()).map(|s| plan.cost_per_element(s)).collect();
+    let cost = (0..plan.stages.len())
+        .map(|s| plan.cost_per_element(s))
+        .collect();
     let kernel = Arc::new(Kernel {
         plan,
         stages,
         cost,
         code_size,
     });
-    cache().lock().unwrap_or_else(PoisonError::into_inner).insert(key, kernel.clone());
+    cache()
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .insert(key, kernel.clone());
     Ok(kernel)
 }
 
 impl Jit {
     /// Compiles every stage of `plan`: declare, build, define, clear; then finalise and take
     /// the pointers. Returns the stages' entry points and their total code size.
-    fn compile(&mut self, plan: &KernelPlan, func: &Function) -> Result<(Vec<StageFn>, usize), JitError> {
+    fn compile(
+        &mut self,
+        plan: &KernelPlan,
+        func: &Function,
+    ) -> Result<(Vec<StageFn>, usize), JitError> {
         let mut ids = Vec::new();
         let mut code_size = 0;
         for index in 0..plan.stages.len() {
@@ -348,12 +366,24 @@ impl Jit {
                 .map_err(|e| JitError::Codegen(e.to_string()))?;
             self.ctx.func.signature = sig;
             self.ctx.func.name = UserFuncName::user(0, id.as_u32());
-            codegen::build_stage(&mut self.module, &mut self.ctx.func, &mut self.builder, plan, index)?;
+            codegen::build_stage(
+                &mut self.module,
+                &mut self.ctx.func,
+                &mut self.builder,
+                plan,
+                index,
+            )?;
             if debug::level() >= 2 {
-                eprintln!("// kernel stage {index} of:\n{func}{}", self.ctx.func.display());
+                eprintln!(
+                    "// kernel stage {index} of:\n{func}{}",
+                    self.ctx.func.display()
+                );
             }
             let defined = self.module.define_function(id, &mut self.ctx);
-            code_size += self.ctx.compiled_code().map_or(0, |c| c.code_buffer().len());
+            code_size += self
+                .ctx
+                .compiled_code()
+                .map_or(0, |c| c.code_buffer().len());
             self.module.clear_context(&mut self.ctx);
             defined.map_err(|e| JitError::Codegen(format!("{e:?}")))?;
             ids.push(id);

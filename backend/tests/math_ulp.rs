@@ -1,0 +1,167 @@
+//! The f32 approximations the JIT writes in Cranelift IR (exp, log, tanh, sigmoid, erf),
+//! measured against the same functions computed in f64 and rounded to f32, over a sweep of
+//! inputs. The maximum errors found are documented in `backend/src/jit/math.rs` and the
+//! README; this test fails if a change makes any of them worse.
+
+use kiln_backend::{Array, jit};
+use kiln_ir::{DType, Dim, FunctionBuilder, Shape, Type, UnaryOp};
+use ndarray::{ArrayD, IxDyn};
+
+/// Distance in units in the last place between two finite f32s (or both infinite alike).
+fn ulps(a: f32, b: f32) -> u64 {
+    if a == b || (a.is_nan() && b.is_nan()) {
+        return 0;
+    }
+    if a.is_nan() || b.is_nan() {
+        return u64::MAX;
+    }
+    let ordered = |x: f32| {
+        let bits = x.to_bits() as i32;
+        if bits < 0 {
+            i64::from(i32::MIN) - i64::from(bits)
+        } else {
+            i64::from(bits)
+        }
+    };
+    ordered(a).abs_diff(ordered(b))
+}
+
+/// Inputs: an even grid over `[lo, hi]` and its neighbourhood of specials.
+fn sweep(lo: f32, hi: f32, n: usize) -> Vec<f32> {
+    let mut xs: Vec<f32> = (0..n)
+        .map(|i| lo + (hi - lo) * i as f32 / (n - 1) as f32)
+        .collect();
+    xs.extend([
+        0.0, -0.0, 1e-30, -1e-30, 1e-7, -1e-7, 1e-3, -1e-3, 0.5, -0.5, 1.0, -1.0,
+    ]);
+    xs.retain(|x| *x >= lo && *x <= hi);
+    xs
+}
+
+/// Positive inputs spread over every binade from the smallest subnormal to the largest float.
+fn log_sweep(n_per_binade: usize) -> Vec<f32> {
+    let mut xs = Vec::new();
+    for e in -149..128 {
+        let base = 2f32.powi(e);
+        for i in 0..n_per_binade {
+            xs.push(base * (1.0 + i as f32 / n_per_binade as f32));
+        }
+    }
+    xs.retain(|x| x.is_finite() && *x > 0.0);
+    xs
+}
+
+fn run(op: UnaryOp, xs: &[f32]) -> Vec<f32> {
+    let mut b = FunctionBuilder::new("k");
+    let x = b.arg("x", Type::new(DType::F32, Shape(vec![Dim::sym("N")])));
+    let y = b.unary(op, x).unwrap();
+    let func = b.finish(&[y]).unwrap();
+    let kernel = jit::kernel(&func).unwrap();
+    let input = Array::F32(ArrayD::from_shape_vec(IxDyn(&[xs.len()]), xs.to_vec()).unwrap());
+    match kernel.call(&[&input]).unwrap().remove(0) {
+        Array::F32(a) => a.into_raw_vec_and_offset().0,
+        _ => unreachable!(),
+    }
+}
+
+struct Measured {
+    max_ulps: u64,
+    worst_input: f32,
+    max_rel: f64,
+}
+
+fn measure(op: UnaryOp, xs: &[f32], exact: impl Fn(f64) -> f64, tiny: f64) -> Measured {
+    let got = run(op, xs);
+    let mut m = Measured {
+        max_ulps: 0,
+        worst_input: 0.0,
+        max_rel: 0.0,
+    };
+    for (&x, &y) in xs.iter().zip(&got) {
+        let want64 = exact(f64::from(x));
+        let want = want64 as f32;
+        // Below `tiny`, results are subnormal or flushed by the range clamps; ULPs there
+        // measure nothing useful, so only the absolute error is bounded (by `tiny`).
+        if want64.abs() < tiny {
+            assert!(
+                (f64::from(y) - want64).abs() <= tiny,
+                "{}({x}) = {y}, want {want}",
+                op.name()
+            );
+            continue;
+        }
+        let u = ulps(y, want);
+        if u > m.max_ulps {
+            m.max_ulps = u;
+            m.worst_input = x;
+        }
+        if want64 != 0.0 && want64.is_finite() {
+            m.max_rel = m.max_rel.max(((f64::from(y) - want64) / want64).abs());
+        }
+    }
+    eprintln!(
+        "{:8} max {:2} ulp (at x = {:e}), max relative error {:.2e} over {} inputs",
+        op.name(),
+        m.max_ulps,
+        m.worst_input,
+        m.max_rel,
+        xs.len()
+    );
+    m
+}
+
+fn sigmoid(x: f64) -> f64 {
+    if x >= 0.0 {
+        1.0 / (1.0 + (-x).exp())
+    } else {
+        x.exp() / (1.0 + x.exp())
+    }
+}
+
+#[test]
+fn approximations_stay_within_their_documented_errors() {
+    let n = 400_001;
+    let tiny = f64::from(f32::MIN_POSITIVE);
+    let exp = measure(UnaryOp::Exp, &sweep(-104.0, 88.7, n), f64::exp, tiny);
+    let log = measure(UnaryOp::Log, &log_sweep(512), f64::ln, 0.0);
+    let tanh = measure(UnaryOp::Tanh, &sweep(-10.0, 10.0, n), f64::tanh, 0.0);
+    let sig = measure(UnaryOp::Sigmoid, &sweep(-80.0, 30.0, n), sigmoid, tiny);
+    let erf = measure(UnaryOp::Erf, &sweep(-5.0, 5.0, n), libm::erf, 0.0);
+    // Bounds: the measured figures (see math.rs), with one ULP of slack.
+    assert!(exp.max_ulps <= 2, "exp: {} ulp", exp.max_ulps);
+    assert!(log.max_ulps <= 2, "log: {} ulp", log.max_ulps);
+    assert!(tanh.max_ulps <= 7, "tanh: {} ulp", tanh.max_ulps);
+    assert!(sig.max_ulps <= 4, "sigmoid: {} ulp", sig.max_ulps);
+    assert!(erf.max_ulps <= 7, "erf: {} ulp", erf.max_ulps);
+    for m in [&exp, &log, &tanh, &sig, &erf] {
+        assert!(m.max_rel <= 1e-6, "relative error {:e}", m.max_rel);
+    }
+}
+
+#[test]
+fn special_values_match_the_standard_library() {
+    let xs = [
+        f32::NAN,
+        f32::INFINITY,
+        f32::NEG_INFINITY,
+        0.0,
+        -0.0,
+        100.0,
+        -100.0,
+        1e-45,
+    ];
+    for (op, f) in [
+        (UnaryOp::Exp, f32::exp as fn(f32) -> f32),
+        (UnaryOp::Log, f32::ln),
+        (UnaryOp::Tanh, f32::tanh),
+    ] {
+        for (x, y) in xs.iter().zip(run(op, &xs)) {
+            let want = f(*x);
+            assert!(
+                (y.is_nan() && want.is_nan()) || y == want || ulps(y, want) <= 2,
+                "{}({x}) = {y}, the standard library gives {want}",
+                op.name()
+            );
+        }
+    }
+}
