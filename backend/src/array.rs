@@ -194,6 +194,42 @@ impl Array {
         })
     }
 
+    /// Gives a standard-layout array a new shape with as many elements, without copying.
+    pub fn reshape_in_place(&mut self, shape: &[usize]) {
+        if self.shape() == shape {
+            return;
+        }
+        fn reshaped<T>(a: &mut ArrayD<T>, shape: &[usize]) {
+            let owned = std::mem::replace(
+                a,
+                ArrayD::from_shape_vec(IxDyn(&[0]), Vec::new()).expect("empty"),
+            );
+            *a = owned
+                .into_shape_with_order(IxDyn(shape))
+                .expect("a standard-layout array of the same length");
+        }
+        with_array!(self, a => reshaped(a, shape))
+    }
+
+    /// Copies the elements of `other` (same dtype and length, both standard layout) into this
+    /// array, keeping this array's shape.
+    pub fn copy_elements_from(&mut self, other: &Array) {
+        fn copy<T: Clone>(to: &mut ArrayD<T>, from: &ArrayD<T>) {
+            let from = from.as_slice().expect("a standard-layout array");
+            to.as_slice_mut()
+                .expect("a standard-layout array")
+                .clone_from_slice(from);
+        }
+        match (self, other) {
+            (Array::F32(a), Array::F32(b)) => copy(a, b),
+            (Array::F64(a), Array::F64(b)) => copy(a, b),
+            (Array::I32(a), Array::I32(b)) => copy(a, b),
+            (Array::I64(a), Array::I64(b)) => copy(a, b),
+            (Array::Bool(a), Array::Bool(b)) => copy(a, b),
+            _ => panic!("copy_elements_from: the dtypes differ"),
+        }
+    }
+
     /// The same array in standard (row-major, contiguous) layout.
     pub fn into_standard_layout(self) -> Array {
         map_array!(self, a => if a.is_standard_layout() { a } else { a.as_standard_layout().into_owned() })

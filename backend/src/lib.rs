@@ -10,6 +10,7 @@
 
 pub mod array;
 pub mod debug;
+pub mod exec;
 pub mod interp;
 pub mod jit;
 pub mod random;

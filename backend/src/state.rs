@@ -46,12 +46,26 @@ impl StateStore {
         self.values.get(name)
     }
 
+    /// The value, for updating in place (with `Arc::get_mut` when no one else shares it).
+    pub fn get_shared_mut(&mut self, name: &str) -> Option<&mut Arc<Array>> {
+        self.values.get_mut(name)
+    }
+
     pub fn insert(&mut self, name: impl Into<String>, value: Array) {
         self.values.insert(name.into(), Arc::new(value));
     }
 
     pub fn insert_shared(&mut self, name: impl Into<String>, value: Arc<Array>) {
         self.values.insert(name.into(), value);
+    }
+
+    /// Sets a value, returning the one it replaces.
+    pub fn replace_shared(
+        &mut self,
+        name: impl Into<String>,
+        value: Arc<Array>,
+    ) -> Option<Arc<Array>> {
+        self.values.insert(name.into(), value)
     }
 
     pub fn remove(&mut self, name: &str) -> Option<Arc<Array>> {

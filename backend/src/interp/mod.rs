@@ -201,6 +201,31 @@ impl<'a> Interpreter<'a> {
         result
     }
 
+    /// Evaluates one top-level instruction of `func`, reading its operands (and the free
+    /// values of its regions) from `values`, with `bindings` for symbolic sizes. Returns its
+    /// results and the stores its regions made, which the caller commits. The compiled
+    /// executor uses it for the ops it does not compile.
+    pub fn eval_inst(
+        &self,
+        func: &Function,
+        inst: Inst,
+        values: Env,
+        bindings: &SymbolBindings,
+        state: &StateStore,
+    ) -> Result<(Vec<Arc<Array>>, Vec<(String, Arc<Array>)>), InterpError> {
+        let mut frame = Frame {
+            func,
+            values,
+            bindings: bindings.clone(),
+            stores: Vec::new(),
+        };
+        self.inst(&mut frame, inst, state)?;
+        let results = (func.inst(inst).results.iter())
+            .map(|v| frame.values.remove(v).expect("a result of the instruction"))
+            .collect();
+        Ok((results, frame.stores))
+    }
+
     fn region(
         &self,
         frame: &mut Frame<'_>,

@@ -401,6 +401,54 @@ impl KernelPlan {
         out
     }
 
+    /// Whether output `output` may be written over the buffer of input `input`: one rows
+    /// stage of elementwise values only, the input read only at the element being written, and
+    /// read by the output's own computation — so each element is loaded before it is
+    /// overwritten, and later reads in the same iteration reuse the loaded value.
+    pub fn can_update_in_place(&self, input: usize, output: usize) -> bool {
+        let arg = self.func.args()[input];
+        let out = self.outputs[output];
+        if self.ty(arg) != self.ty(out) || self.func.args().contains(&out) {
+            return false;
+        }
+        let [stage] = &self.stages[..] else {
+            return false;
+        };
+        let elementwise = (stage.values.iter())
+            .all(|&v| self.row_role(v, &stage.domain) == Some(RowRole::Element));
+        if stage.accumulate || !elementwise {
+            return false;
+        }
+        let identity = Self::identity_mapping(&self.ty(arg).shape);
+        let aligned = (stage.values.iter()).all(|&v| {
+            self.reads(v)
+                .iter()
+                .all(|(x, map)| *x != arg || *map == identity)
+        });
+        aligned && self.reads(out).iter().any(|(x, _)| *x == arg)
+    }
+
+    /// Whether a call can fail: integer division (by zero) or a max/min over an empty axis.
+    pub fn can_fail(&self) -> bool {
+        self.func
+            .region(self.func.body())
+            .insts
+            .iter()
+            .any(|&inst| {
+                let data = self.func.inst(inst);
+                let int_div = data.op == Op::Binary(kiln_ir::BinaryOp::Div)
+                    && !self.ty(data.results[0]).dtype.is_float();
+                let extreme = matches!(
+                    data.op,
+                    Op::Reduce {
+                        op: ReduceOp::Max | ReduceOp::Min,
+                        ..
+                    }
+                );
+                int_div || extreme
+            })
+    }
+
     /// A rough cost of one element of stage `stage`: 1 per op, more for transcendentals.
     pub fn cost_per_element(&self, stage: usize) -> i64 {
         let mut seen = HashSet::new();

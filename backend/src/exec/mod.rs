@@ -1,0 +1,530 @@
+//! The compiled executor: runs a function (after the pass pipeline) step by step — `fused`
+//! regions and loose elementwise ops as kernels compiled by the JIT, matrix products by gemm,
+//! reshapes by moving buffers, everything else by the reference interpreter — with buffers
+//! planned ahead ([`schedule`]) and kept from run to run, so a training step allocates
+//! nothing once it is warm.
+//!
+//! Semantics are the interpreter's: results, errors (with the failing instruction), and state
+//! written only when the whole run succeeds. The one exception is planned: a parameter or
+//! optimizer state updated in place is written by a step after which nothing can fail.
+
+pub mod matmul;
+pub mod schedule;
+
+use crate::interp::{Env, InterpError, Interpreter};
+use crate::{Array, StateStore, debug};
+use cranelift_entity::EntityRef;
+use kiln_ir::print::{ValueNames, inst_line};
+use kiln_ir::{DType, Function, Inst, SymbolBindings, Value};
+use schedule::{DimRecipe, Output, Schedule, ShapeRecipe, Step, StepKind};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+
+/// A function compiled for the executor.
+pub struct Executable {
+    func: Function,
+    schedule: Schedule,
+    /// Each argument's shape, to bind the symbols.
+    arg_shapes: Vec<ShapeRecipe>,
+    /// Result values that own a slot: their buffers are kept for the next run.
+    result_slots: Vec<(usize, usize)>,
+    runtime: Mutex<Option<Runtime>>,
+    counters: Counters,
+    threads: bool,
+}
+
+/// Buffers and scratch vectors kept between runs.
+#[derive(Default)]
+struct Runtime {
+    /// Each slot's buffer while no value holds it.
+    arena: Vec<Option<Arc<Array>>>,
+    /// Each value's array during a run, by value index.
+    env: Vec<Option<Arc<Array>>>,
+    sizes: Vec<i64>,
+    kernel_sizes: Vec<i64>,
+    shape: Vec<usize>,
+    pointers: Vec<*mut u8>,
+    outputs: Vec<Arc<Array>>,
+    held: Vec<Arc<Array>>,
+    stores: Vec<(String, Arc<Array>)>,
+}
+
+// SAFETY: `pointers` only holds addresses during one kernel call and is cleared after it; the
+// rest is owned data.
+unsafe impl Send for Runtime {}
+
+#[derive(Default)]
+struct Counters {
+    runs: AtomicU64,
+    allocations: AtomicU64,
+    reuses: AtomicU64,
+    in_place: AtomicU64,
+    interpreted: AtomicU64,
+}
+
+/// What an executable did so far, and how it is built.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ExecStats {
+    pub runs: u64,
+    /// Buffers allocated (a warm run allocates none but for results the caller kept).
+    pub allocations: u64,
+    /// Buffers taken from the arena instead.
+    pub reuses: u64,
+    /// Outputs written over an input's or a state's buffer.
+    pub in_place: u64,
+    /// Steps run by the interpreter.
+    pub interpreted: u64,
+    pub steps: usize,
+    pub kernels: usize,
+    pub slots: usize,
+}
+
+fn add(counter: &AtomicU64, n: u64) {
+    counter.fetch_add(n, Ordering::Relaxed);
+}
+
+impl Executable {
+    /// Compiles `func` (verified; after the pass pipeline, so that its kernels are `fused`
+    /// regions). Kernels the JIT cannot compile run in the interpreter.
+    pub fn new(func: &Function) -> Executable {
+        let schedule = Schedule::new(func);
+        if debug::level() >= 1 {
+            for reason in &schedule.fallbacks {
+                eprintln!("kiln: interpreted instead of compiled: {reason}");
+            }
+        }
+        let symbol = |s| {
+            schedule
+                .symbols
+                .iter()
+                .position(|x| x == s)
+                .expect("a listed symbol")
+        };
+        let arg_shapes = (func.args().iter())
+            .map(|&a| {
+                ShapeRecipe(
+                    (func.value_type(a).shape.0.iter())
+                        .map(|d| match d {
+                            kiln_ir::Dim::Fixed(n) => DimRecipe::Fixed(*n),
+                            kiln_ir::Dim::Sym(s) => DimRecipe::Symbol(symbol(s)),
+                        })
+                        .collect(),
+                )
+            })
+            .collect();
+        let mut result_slots = Vec::new();
+        for step in &schedule.steps {
+            for (k, out) in step.out.iter().enumerate() {
+                let slot = match out {
+                    Output::Slot(s) | Output::InPlace { slot: s, .. } => *s,
+                    _ => continue,
+                };
+                if let Some(pos) = func.results().iter().position(|&r| r == step.outputs[k]) {
+                    result_slots.push((pos, slot));
+                }
+            }
+        }
+        Executable {
+            func: func.clone(),
+            schedule,
+            arg_shapes,
+            result_slots,
+            runtime: Mutex::new(None),
+            counters: Counters::default(),
+            threads: true,
+        }
+    }
+
+    /// Whether kernels and matrix products may use more than one thread (default: yes).
+    pub fn with_threads(mut self, threads: bool) -> Executable {
+        self.threads = threads;
+        self
+    }
+
+    pub fn function(&self) -> &Function {
+        &self.func
+    }
+
+    pub fn stats(&self) -> ExecStats {
+        let c = &self.counters;
+        let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        ExecStats {
+            runs: get(&c.runs),
+            allocations: get(&c.allocations),
+            reuses: get(&c.reuses),
+            in_place: get(&c.in_place),
+            interpreted: get(&c.interpreted),
+            steps: self.schedule.steps.len(),
+            kernels: (self.schedule.steps.iter())
+                .filter(|s| matches!(s.kind, StepKind::Kernel { .. }))
+                .count(),
+            slots: self.schedule.slots.len(),
+        }
+    }
+
+    /// Runs the function on `args`, reading and (when it succeeds) writing `state`; `interp`
+    /// runs the steps that are not compiled (with its custom ops and random-number counter).
+    pub fn run(
+        &self,
+        args: Vec<Arc<Array>>,
+        state: &mut StateStore,
+        interp: &Interpreter<'_>,
+    ) -> Result<Vec<Arc<Array>>, InterpError> {
+        let taken = self
+            .runtime
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+        let mut rt = taken.unwrap_or_default();
+        rt.arena.resize(self.schedule.slots.len(), None);
+        rt.env.resize(self.func.num_values(), None);
+        let result = self.run_in(&mut rt, args, state, interp);
+        rt.env.iter_mut().for_each(|v| *v = None);
+        rt.stores.clear();
+        rt.held.clear();
+        rt.outputs.clear();
+        *self.runtime.lock().unwrap_or_else(PoisonError::into_inner) = Some(rt);
+        add(&self.counters.runs, 1);
+        result
+    }
+
+    fn run_in(
+        &self,
+        rt: &mut Runtime,
+        args: Vec<Arc<Array>>,
+        state: &mut StateStore,
+        interp: &Interpreter<'_>,
+    ) -> Result<Vec<Arc<Array>>, InterpError> {
+        self.bind(rt, &args)?;
+        self.check_loads(state)?;
+        for (&a, array) in self.func.args().iter().zip(args) {
+            rt.env[a.index()] = Some(array);
+        }
+        let mut bindings: Option<SymbolBindings> = None;
+        for step in &self.schedule.steps {
+            self.step(rt, step, state, interp, &mut bindings)?;
+            for &(v, slot) in &step.release {
+                let array = rt.env[v.index()].take();
+                if let (Some(array), Some(s)) = (array, slot)
+                    && Arc::strong_count(&array) == 1
+                {
+                    rt.arena[s] = Some(array);
+                }
+            }
+        }
+        let results: Vec<Arc<Array>> = (self.func.results().iter())
+            .map(|v| rt.env[v.index()].clone().expect("a computed result"))
+            .collect();
+        for (name, value) in rt.stores.drain(..) {
+            state.replace_shared(name, value);
+        }
+        // Kept, so that the next run reuses them if the caller has dropped them by then.
+        for &(pos, slot) in &self.result_slots {
+            rt.arena[slot] = Some(results[pos].clone());
+        }
+        Ok(results)
+    }
+
+    /// Checks the arguments against the function's types and binds the symbols' sizes.
+    fn bind(&self, rt: &mut Runtime, args: &[Arc<Array>]) -> Result<(), InterpError> {
+        let func = &self.func;
+        if args.len() != func.args().len() {
+            return Err(InterpError::ArgCount {
+                func: func.name().to_owned(),
+                expected: func.args().len(),
+                found: args.len(),
+            });
+        }
+        rt.sizes.clear();
+        rt.sizes.resize(self.schedule.symbols.len(), -1);
+        for ((&a, array), recipe) in func.args().iter().zip(args).zip(&self.arg_shapes) {
+            let expected = func.value_type(a);
+            let mismatch = |reason: String| InterpError::ArgMismatch {
+                func: func.name().to_owned(),
+                arg: ValueNames::new(func).get(a),
+                expected: Box::new(expected.clone()),
+                found: Box::new(array.ty()),
+                reason,
+            };
+            if array.dtype() != expected.dtype {
+                return Err(mismatch(format!("the dtype is {}", array.dtype())));
+            }
+            if array.shape().len() != recipe.0.len() {
+                return Err(mismatch(format!("the rank is {}", array.shape().len())));
+            }
+            for (axis, (&n, dim)) in array.shape().iter().zip(&recipe.0).enumerate() {
+                match *dim {
+                    DimRecipe::Fixed(m) if m != n => {
+                        return Err(mismatch(format!("axis {axis} has size {n}, not {m}")));
+                    }
+                    DimRecipe::Symbol(s) if rt.sizes[s] >= 0 && rt.sizes[s] != n as i64 => {
+                        let name = &self.schedule.symbols[s];
+                        return Err(mismatch(format!(
+                            "axis {axis} has size {n}, but {name} is already {}",
+                            rt.sizes[s]
+                        )));
+                    }
+                    DimRecipe::Symbol(s) => rt.sizes[s] = n as i64,
+                    DimRecipe::Fixed(_) => {}
+                }
+            }
+        }
+        if let Some(s) = rt.sizes.iter().position(|&n| n < 0) {
+            return Err(self.fail(
+                self.func.region(self.func.body()).insts[0],
+                format!(
+                    "symbol {} is not bound by the arguments",
+                    self.schedule.symbols[s]
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Every loaded state exists with its declared type (before anything runs, so that a
+    /// failed load cannot follow an in-place update).
+    fn check_loads(&self, state: &StateStore) -> Result<(), InterpError> {
+        for step in &self.schedule.steps {
+            let StepKind::Load { state: name } = &step.kind else {
+                continue;
+            };
+            let ty = self.func.value_type(step.outputs[0]);
+            let message = match state.get_shared(name) {
+                None => format!("state @{name} has no value; initialize the state store first"),
+                Some(v)
+                    if v.dtype() != ty.dtype || Some(v.shape().to_vec()) != ty.shape.as_fixed() =>
+                {
+                    format!("state @{name} holds {}, but the IR loads {ty}", v.ty())
+                }
+                Some(_) => continue,
+            };
+            return Err(self.fail(step.inst, message));
+        }
+        Ok(())
+    }
+
+    fn fail(&self, inst: Inst, message: String) -> InterpError {
+        let data = self.func.inst(inst);
+        InterpError::Op {
+            func: self.func.name().to_owned(),
+            op: data.op.name(),
+            loc: data.loc,
+            line: inst_line(&self.func, inst),
+            message,
+        }
+    }
+
+    /// A buffer for slot `slot`: the arena's when it is free and fits, else a new one.
+    fn acquire(
+        &self,
+        rt: &mut Runtime,
+        slot: usize,
+        dtype: DType,
+        recipe: &ShapeRecipe,
+    ) -> Arc<Array> {
+        recipe.resolve_into(&rt.sizes, &mut rt.shape);
+        let len: usize = rt.shape.iter().product();
+        if let Some(mut array) = rt.arena[slot].take()
+            && let Some(a) = Arc::get_mut(&mut array)
+            && a.dtype() == dtype
+            && a.len() == len
+        {
+            a.reshape_in_place(&rt.shape);
+            add(&self.counters.reuses, 1);
+            return array;
+        }
+        add(&self.counters.allocations, 1);
+        Arc::new(Array::zeros(dtype, &rt.shape))
+    }
+
+    fn value(rt: &Runtime, v: Value) -> &Arc<Array> {
+        rt.env[v.index()]
+            .as_ref()
+            .expect("an operand computed before its use")
+    }
+
+    fn step(
+        &self,
+        rt: &mut Runtime,
+        step: &Step,
+        state: &mut StateStore,
+        interp: &Interpreter<'_>,
+        bindings: &mut Option<SymbolBindings>,
+    ) -> Result<(), InterpError> {
+        match &step.kind {
+            StepKind::Kernel { kernel, symbols } => {
+                rt.kernel_sizes.clear();
+                rt.kernel_sizes.extend(symbols.iter().map(|&s| rt.sizes[s]));
+                rt.pointers.clear();
+                for &v in &step.inputs {
+                    rt.pointers.push(Self::value(rt, v).data_ptr().cast_mut());
+                }
+                // Outputs written over an input's buffer (bit k: output k).
+                let mut over_input: u64 = 0;
+                for (k, out) in step.out.iter().enumerate() {
+                    let dtype = self.func.value_type(step.outputs[k]).dtype;
+                    let array = match out {
+                        Output::Slot(s) => self.acquire(rt, *s, dtype, &step.shapes[k]),
+                        Output::InPlace { input, slot } => {
+                            let mut array = rt.env[step.inputs[*input].index()]
+                                .take()
+                                .expect("a live input");
+                            if Arc::get_mut(&mut array).is_some() {
+                                over_input |= 1 << k;
+                                array
+                            } else {
+                                rt.held.push(array);
+                                self.acquire(rt, *slot, dtype, &step.shapes[k])
+                            }
+                        }
+                        Output::State {
+                            input,
+                            state: name,
+                            slot,
+                        } => {
+                            rt.env[step.inputs[*input].index()] = None;
+                            let mut array = state.remove(name).expect("a checked load");
+                            if Arc::get_mut(&mut array).is_some() {
+                                over_input |= 1 << k;
+                                array
+                            } else {
+                                rt.pointers[*input] = array.data_ptr().cast_mut();
+                                rt.held.push(array.clone());
+                                state.insert_shared(name.clone(), array);
+                                self.acquire(rt, *slot, dtype, &step.shapes[k])
+                            }
+                        }
+                        Output::External => unreachable!("kernels write slots"),
+                    };
+                    rt.outputs.push(array);
+                }
+                for (k, array) in rt.outputs.iter_mut().enumerate() {
+                    let ptr = Arc::get_mut(array)
+                        .expect("a kernel's output buffer is its own")
+                        .data_mut_ptr();
+                    if over_input & (1 << k) != 0
+                        && let Output::InPlace { input, .. } | Output::State { input, .. } =
+                            step.out[k]
+                    {
+                        // The input is read through the same pointer the output is written by.
+                        rt.pointers[input] = ptr;
+                        add(&self.counters.in_place, 1);
+                    }
+                    rt.pointers.push(ptr);
+                }
+                let scratch_start = rt.outputs.len();
+                for (s, recipe) in &step.scratch {
+                    let dtype = self.schedule.slots[*s];
+                    let array = self.acquire(rt, *s, dtype, recipe);
+                    rt.outputs.push(array);
+                }
+                for array in &mut rt.outputs[scratch_start..] {
+                    let ptr = Arc::get_mut(array)
+                        .expect("scratch is the kernel's own")
+                        .data_mut_ptr();
+                    rt.pointers.push(ptr);
+                }
+                // SAFETY: the pointers are the kernel's inputs, outputs and scratch, in its
+                // ABI order, each a contiguous array of its value's type under these sizes.
+                // Outputs and scratch are buffers no one else holds; an output shares an
+                // input's buffer only where the plan allows it (`can_update_in_place`).
+                let status =
+                    unsafe { kernel.execute(&rt.pointers, &rt.kernel_sizes, self.threads) };
+                rt.pointers.clear();
+                rt.held.clear();
+                let scratch: Vec<Arc<Array>> = rt.outputs.drain(scratch_start..).collect();
+                for ((s, _), array) in step.scratch.iter().zip(scratch) {
+                    rt.arena[*s] = Some(array);
+                }
+                for (k, array) in rt.outputs.drain(..).enumerate() {
+                    if let Output::State { state: name, .. } = &step.out[k]
+                        && state.get_shared(name).is_none()
+                    {
+                        state.insert_shared(name.clone(), array.clone());
+                    }
+                    rt.env[step.outputs[k].index()] = Some(array);
+                }
+                if let Err(status) = status {
+                    return Err(self.fail(
+                        step.inst,
+                        format!("{} (in a compiled kernel)", status.message()),
+                    ));
+                }
+            }
+            StepKind::MatMul {
+                transpose_a,
+                transpose_b,
+            } => {
+                let Output::Slot(s) = step.out[0] else {
+                    unreachable!("a matmul writes a slot")
+                };
+                let dtype = self.func.value_type(step.outputs[0]).dtype;
+                let mut out = self.acquire(rt, s, dtype, &step.shapes[0]);
+                let (a, b) = (
+                    Self::value(rt, step.inputs[0]),
+                    Self::value(rt, step.inputs[1]),
+                );
+                let target = Arc::get_mut(&mut out).expect("a fresh or free buffer");
+                matmul::matmul(a, b, target, *transpose_a, *transpose_b, self.threads);
+                rt.env[step.outputs[0].index()] = Some(out);
+            }
+            StepKind::Reshape => {
+                let dtype = self.func.value_type(step.outputs[0]).dtype;
+                let out = match step.out[0] {
+                    Output::InPlace { slot, .. } => {
+                        let mut array =
+                            rt.env[step.inputs[0].index()].take().expect("a live input");
+                        step.shapes[0].resolve_into(&rt.sizes, &mut rt.shape);
+                        if let Some(a) = Arc::get_mut(&mut array) {
+                            a.reshape_in_place(&rt.shape);
+                            array
+                        } else {
+                            let mut copy = self.acquire(rt, slot, dtype, &step.shapes[0]);
+                            Arc::get_mut(&mut copy)
+                                .expect("a fresh buffer")
+                                .copy_elements_from(&array);
+                            copy
+                        }
+                    }
+                    Output::Slot(slot) => {
+                        let mut copy = self.acquire(rt, slot, dtype, &step.shapes[0]);
+                        let input = Self::value(rt, step.inputs[0]);
+                        Arc::get_mut(&mut copy)
+                            .expect("a fresh buffer")
+                            .copy_elements_from(input);
+                        copy
+                    }
+                    _ => unreachable!("a reshape writes a slot"),
+                };
+                rt.env[step.outputs[0].index()] = Some(out);
+            }
+            StepKind::Const(array) => rt.env[step.outputs[0].index()] = Some(array.clone()),
+            StepKind::Load { state: name } => {
+                let value = state.get_shared(name).expect("a checked load").clone();
+                rt.env[step.outputs[0].index()] = Some(value);
+            }
+            StepKind::Store { state: name } => {
+                let value = Self::value(rt, step.inputs[0]).clone();
+                rt.stores.push((name.clone(), value));
+            }
+            StepKind::Interpret => {
+                let bindings = bindings.get_or_insert_with(|| {
+                    (self.schedule.symbols.iter().cloned())
+                        .zip(rt.sizes.iter().map(|&n| n as usize))
+                        .collect()
+                });
+                let values: Env = (step.inputs.iter())
+                    .map(|&v| (v, Self::value(rt, v).clone()))
+                    .collect();
+                let (results, stores) =
+                    interp.eval_inst(&self.func, step.inst, values, bindings, state)?;
+                for (&v, array) in step.outputs.iter().zip(results) {
+                    rt.env[v.index()] = Some(array);
+                }
+                rt.stores.extend(stores);
+                add(&self.counters.interpreted, 1);
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,444 @@
+//! Scheduling a function for the executor: one step per top-level instruction, the last use
+//! of every value, and memory planning — buffer *slots* shared by values whose lifetimes do
+//! not overlap, outputs written over a dying input's buffer, and parameters and optimizer
+//! state updated in the buffer they were loaded from.
+
+use crate::Array;
+use crate::jit::{self, Kernel};
+use kiln_ir::{DType, Dim, Function, FunctionBuilder, Inst, Op, Shape, Symbol, Value};
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+
+/// What a step does.
+pub enum StepKind {
+    /// A compiled kernel; `symbols[i]` is the schedule's index of the kernel's symbol `i`.
+    Kernel {
+        kernel: Arc<Kernel>,
+        symbols: Vec<usize>,
+    },
+    /// A float matrix product through the gemm crate.
+    MatMul {
+        transpose_a: bool,
+        transpose_b: bool,
+    },
+    /// The same elements, another shape: moved when the input dies here, else copied.
+    Reshape,
+    /// A constant made once, shared by every run.
+    Const(Arc<Array>),
+    Load {
+        state: String,
+    },
+    Store {
+        state: String,
+    },
+    /// Anything else, by the reference interpreter.
+    Interpret,
+}
+
+/// Where a step's output buffer comes from.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Output {
+    /// A buffer slot of the arena.
+    Slot(usize),
+    /// The buffer of input `input`, whose last use this is (the slot it owns passes on).
+    InPlace { input: usize, slot: usize },
+    /// The buffer of the state loaded as input `input`, which the step's output is stored
+    /// back to; `slot` when the buffer turns out to be shared.
+    State {
+        input: usize,
+        state: String,
+        slot: usize,
+    },
+    /// Made by the step itself: interpreter results, loads, constants.
+    External,
+}
+
+pub struct Step {
+    pub inst: Inst,
+    pub kind: StepKind,
+    /// Operands, and for interpreted steps the free values of their regions.
+    pub inputs: Vec<Value>,
+    pub outputs: Vec<Value>,
+    pub out: Vec<Output>,
+    /// Each output's shape.
+    pub shapes: Vec<ShapeRecipe>,
+    /// Slots of a kernel's scratch buffers, with their shapes.
+    pub scratch: Vec<(usize, ShapeRecipe)>,
+    /// Values whose last use this is, with the slot their buffer returns to.
+    pub release: Vec<(Value, Option<usize>)>,
+    pub fallible: bool,
+}
+
+/// A shape in terms of the schedule's symbols.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ShapeRecipe(pub Vec<DimRecipe>);
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum DimRecipe {
+    Fixed(usize),
+    Symbol(usize),
+}
+
+impl ShapeRecipe {
+    pub fn resolve_into(&self, sizes: &[i64], out: &mut Vec<usize>) {
+        out.clear();
+        out.extend(self.0.iter().map(|d| match *d {
+            DimRecipe::Fixed(n) => n,
+            DimRecipe::Symbol(s) => sizes[s] as usize,
+        }));
+    }
+}
+
+pub struct Schedule {
+    pub steps: Vec<Step>,
+    /// The dtype of each slot's buffer.
+    pub slots: Vec<DType>,
+    /// Symbolic sizes, bound from the arguments at each run.
+    pub symbols: Vec<Symbol>,
+    /// Steps from this index on cannot fail, so they may update state in place.
+    pub infallible_from: usize,
+    /// Kernels that fell back to the interpreter, and why (for `KILN_DEBUG`).
+    pub fallbacks: Vec<String>,
+}
+
+impl Schedule {
+    pub fn new(func: &Function) -> Schedule {
+        let mut symbols: Vec<Symbol> = Vec::new();
+        for (_, v) in func.all_values() {
+            for s in v.ty.shape.symbols() {
+                if !symbols.contains(s) {
+                    symbols.push(s.clone());
+                }
+            }
+        }
+        let recipe = |shape: &Shape| {
+            ShapeRecipe(
+                (shape.0.iter())
+                    .map(|d| match d {
+                        Dim::Fixed(n) => DimRecipe::Fixed(*n),
+                        Dim::Sym(s) => DimRecipe::Symbol(
+                            symbols
+                                .iter()
+                                .position(|x| x == s)
+                                .expect("a listed symbol"),
+                        ),
+                    })
+                    .collect(),
+            )
+        };
+        let body = func.region(func.body());
+        let mut fallbacks = Vec::new();
+        let mut steps: Vec<Step> = body
+            .insts
+            .iter()
+            .map(|&inst| {
+                let data = func.inst(inst);
+                let kind = step_kind(func, inst, &symbols, &mut fallbacks);
+                let mut inputs = data.args.clone();
+                if matches!(kind, StepKind::Interpret) {
+                    for &r in &data.regions {
+                        for v in func.free_values(r) {
+                            if !inputs.contains(&v) {
+                                inputs.push(v);
+                            }
+                        }
+                    }
+                }
+                let fallible = match &kind {
+                    StepKind::Interpret => true,
+                    StepKind::Kernel { kernel, .. } => kernel.plan.can_fail(),
+                    _ => false,
+                };
+                Step {
+                    inst,
+                    inputs,
+                    outputs: data.results.clone(),
+                    out: Vec::new(),
+                    shapes: data
+                        .results
+                        .iter()
+                        .map(|&r| recipe(&func.value_type(r).shape))
+                        .collect(),
+                    scratch: Vec::new(),
+                    release: Vec::new(),
+                    fallible,
+                    kind,
+                }
+            })
+            .collect();
+        let infallible_from = steps.iter().rposition(|s| s.fallible).map_or(0, |i| i + 1);
+        let mut schedule = Schedule {
+            steps: Vec::new(),
+            slots: Vec::new(),
+            symbols: symbols.clone(),
+            infallible_from,
+            fallbacks,
+        };
+        schedule.plan_memory(func, &mut steps, &recipe);
+        schedule.steps = steps;
+        schedule
+    }
+
+    /// Liveness and slots, by a linear scan over the steps.
+    fn plan_memory(
+        &mut self,
+        func: &Function,
+        steps: &mut [Step],
+        recipe: &dyn Fn(&Shape) -> ShapeRecipe,
+    ) {
+        let results: HashSet<Value> = func.results().iter().copied().collect();
+        let mut last_use: HashMap<Value, usize> = HashMap::new();
+        for (i, step) in steps.iter().enumerate() {
+            for &v in &step.inputs {
+                last_use.insert(v, i);
+            }
+        }
+        // Which state each value was loaded from, and how each state is loaded and stored.
+        let mut loaded_from: HashMap<Value, String> = HashMap::new();
+        let mut loads: HashMap<String, usize> = HashMap::new();
+        let mut stored: HashMap<String, Vec<Value>> = HashMap::new();
+        for step in steps.iter() {
+            match &step.kind {
+                StepKind::Load { state } => {
+                    loaded_from.insert(step.outputs[0], state.clone());
+                    *loads.entry(state.clone()).or_default() += 1;
+                }
+                StepKind::Store { state } => stored
+                    .entry(state.clone())
+                    .or_default()
+                    .push(step.inputs[0]),
+                _ => {}
+            }
+        }
+        let dies_at = |v: Value, i: usize| !results.contains(&v) && last_use.get(&v) == Some(&i);
+
+        let mut slots = Slots::default();
+        for (i, step) in steps.iter_mut().enumerate() {
+            let makes_buffers = matches!(
+                step.kind,
+                StepKind::Kernel { .. } | StepKind::MatMul { .. } | StepKind::Reshape
+            );
+            let mut taken_inputs: HashSet<usize> = HashSet::new();
+            for (k, &out) in step.outputs.iter().enumerate() {
+                if !makes_buffers {
+                    step.out.push(Output::External);
+                    continue;
+                }
+                let ty = func.value_type(out);
+                // An input dying here whose buffer the output may take over.
+                let candidate = (0..step.inputs.len()).find(|&j| {
+                    let input = step.inputs[j];
+                    if k >= 64
+                        || taken_inputs.contains(&j)
+                        || !dies_at(input, i)
+                        || step.inputs[..j].contains(&input)
+                    {
+                        return false;
+                    }
+                    match &step.kind {
+                        StepKind::Reshape => func.value_type(input).dtype == ty.dtype,
+                        StepKind::Kernel { kernel, .. } => kernel.plan.can_update_in_place(j, k),
+                        _ => false,
+                    }
+                });
+                let output = match candidate {
+                    Some(j) if slots.slot_of.contains_key(&step.inputs[j]) => {
+                        let s = slots.slot_of[&step.inputs[j]];
+                        slots.owner[s] = Some(out);
+                        slots.slot_of.insert(out, s);
+                        taken_inputs.insert(j);
+                        Output::InPlace { input: j, slot: s }
+                    }
+                    Some(j)
+                        if i >= self.infallible_from
+                            && matches!(step.kind, StepKind::Kernel { .. })
+                            && let Some(state) = loaded_from.get(&step.inputs[j])
+                            && loads[state] == 1
+                            && stored.get(state).is_some_and(|s| *s == [out]) =>
+                    {
+                        taken_inputs.insert(j);
+                        Output::State {
+                            input: j,
+                            state: state.clone(),
+                            slot: slots.take(ty.dtype, &ty.shape, Some(out)),
+                        }
+                    }
+                    _ => Output::Slot(slots.take(ty.dtype, &ty.shape, Some(out))),
+                };
+                step.out.push(output);
+            }
+            if let StepKind::Kernel { kernel, .. } = &step.kind {
+                // Scratch lives for the step only.
+                let taken: Vec<usize> = (kernel.plan.scratch.iter())
+                    .map(|&v| {
+                        let ty = kernel.plan.ty(v);
+                        let s = slots.take(ty.dtype, &ty.shape, None);
+                        step.scratch.push((s, recipe(&ty.shape)));
+                        s
+                    })
+                    .collect();
+                for (&v, s) in kernel.plan.scratch.iter().zip(taken) {
+                    slots.give_back(s, kernel.plan.ty(v).dtype, &kernel.plan.ty(v).shape);
+                }
+            }
+            // Release what dies here (and results nobody uses).
+            let mut dying: Vec<Value> = (step.inputs.iter().copied())
+                .filter(|&v| dies_at(v, i))
+                .collect();
+            dying.extend(
+                step.outputs
+                    .iter()
+                    .copied()
+                    .filter(|v| !results.contains(v) && !last_use.contains_key(v)),
+            );
+            dying.sort();
+            dying.dedup();
+            for v in dying {
+                let slot = slots
+                    .slot_of
+                    .get(&v)
+                    .copied()
+                    .filter(|&s| slots.owner[s] == Some(v));
+                if let Some(s) = slot {
+                    slots.owner[s] = None;
+                    slots.give_back(s, func.value_type(v).dtype, &func.value_type(v).shape);
+                }
+                step.release.push((v, slot));
+            }
+        }
+        self.slots = slots.dtypes;
+    }
+}
+
+/// Slots while planning: each one's dtype and owner, and the free ones by type.
+#[derive(Default)]
+struct Slots {
+    dtypes: Vec<DType>,
+    owner: Vec<Option<Value>>,
+    slot_of: HashMap<Value, usize>,
+    free: HashMap<(DType, Shape), Vec<usize>>,
+}
+
+impl Slots {
+    /// A free slot for a buffer of this type, or a new one.
+    fn take(&mut self, dtype: DType, shape: &Shape, owner: Option<Value>) -> usize {
+        let reused = self
+            .free
+            .get_mut(&(dtype, shape.clone()))
+            .and_then(Vec::pop);
+        let s = reused.unwrap_or_else(|| {
+            self.dtypes.push(dtype);
+            self.owner.push(None);
+            self.dtypes.len() - 1
+        });
+        self.owner[s] = owner;
+        if let Some(v) = owner {
+            self.slot_of.insert(v, s);
+        }
+        s
+    }
+
+    fn give_back(&mut self, slot: usize, dtype: DType, shape: &Shape) {
+        self.free
+            .entry((dtype, shape.clone()))
+            .or_default()
+            .push(slot);
+    }
+}
+
+/// How the executor runs instruction `inst`.
+fn step_kind(
+    func: &Function,
+    inst: Inst,
+    symbols: &[Symbol],
+    fallbacks: &mut Vec<String>,
+) -> StepKind {
+    let data = func.inst(inst);
+    let kernel_of = |f: Function, fallbacks: &mut Vec<String>| match jit::kernel(&f) {
+        Ok(kernel) => {
+            let symbols = (kernel.plan.symbols.iter())
+                .map(|s| {
+                    symbols
+                        .iter()
+                        .position(|x| x == s)
+                        .expect("kernel symbols are the function's")
+                })
+                .collect();
+            StepKind::Kernel { kernel, symbols }
+        }
+        Err(e) => {
+            fallbacks.push(format!("{}: {e}", data.op.name()));
+            StepKind::Interpret
+        }
+    };
+    match &data.op {
+        Op::Fused => kernel_of(region_function(func, inst), fallbacks),
+        Op::Const { value, ty } if value.len() != 1 || ty.shape.is_static() => {
+            match ty
+                .shape
+                .as_fixed()
+                .and_then(|s| Array::from_literal(value, &s))
+            {
+                Some(a) => StepKind::Const(Arc::new(a)),
+                None => StepKind::Interpret,
+            }
+        }
+        Op::Reshape { .. } => StepKind::Reshape,
+        op if data.results.len() == 1
+            && jit::plan::supported(func, op, &data.args, data.results[0]) =>
+        {
+            kernel_of(single_op_function(func, inst), fallbacks)
+        }
+        Op::MatMul {
+            transpose_a,
+            transpose_b,
+        } if func.value_type(data.results[0]).dtype.is_float() => StepKind::MatMul {
+            transpose_a: *transpose_a,
+            transpose_b: *transpose_b,
+        },
+        Op::Load { state, .. } => StepKind::Load {
+            state: state.clone(),
+        },
+        Op::Store { state } => StepKind::Store {
+            state: state.clone(),
+        },
+        _ => StepKind::Interpret,
+    }
+}
+
+/// A `fused` instruction's region as a kernel function of its own.
+pub fn region_function(func: &Function, inst: Inst) -> Function {
+    let region = func.inst(inst).regions[0];
+    let data = func.region(region);
+    let mut b = FunctionBuilder::new("kernel");
+    let mut map: HashMap<Value, Value> = HashMap::new();
+    for (i, &a) in data.args.iter().enumerate() {
+        map.insert(a, b.arg(&format!("x{i}"), func.value_type(a).clone()));
+    }
+    for &i in &data.insts {
+        let d = func.inst(i);
+        let args: Vec<Value> = d.args.iter().map(|a| map[a]).collect();
+        let results = b
+            .insert(d.op.clone(), &args)
+            .expect("a verified kernel region rebuilds");
+        for (&r, n) in d.results.iter().zip(results) {
+            map.insert(r, n);
+        }
+    }
+    let results: Vec<Value> = data.results.iter().map(|r| map[r]).collect();
+    b.finish(&results)
+        .expect("a verified kernel region rebuilds")
+}
+
+/// One elementwise (or broadcast, reduction, …) instruction as a kernel function.
+fn single_op_function(func: &Function, inst: Inst) -> Function {
+    let d = func.inst(inst);
+    let mut b = FunctionBuilder::new("kernel");
+    let args: Vec<Value> = (d.args.iter().enumerate())
+        .map(|(i, &a)| b.arg(&format!("x{i}"), func.value_type(a).clone()))
+        .collect();
+    let results = b
+        .insert(d.op.clone(), &args)
+        .expect("a verified instruction rebuilds");
+    b.finish(&results).expect("a verified instruction rebuilds")
+}
