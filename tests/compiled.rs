@@ -72,9 +72,13 @@ struct Tally {
 
 /// Runs program `seed` three ways; returns an error describing any disagreement.
 fn check_program(seed: u64) -> Result<Tally, String> {
-    let mut tally = Tally::default();
     let size = 1 + (seed % 24) as usize;
-    let module = random_module(seed, size);
+    check_module(&random_module(seed, size), seed)
+}
+
+fn check_module(module: &Module, seed: u64) -> Result<Tally, String> {
+    let module = module.clone();
+    let mut tally = Tally::default();
     let mut optimised = module.clone();
     PassManager::pipeline("default")
         .unwrap()
@@ -175,6 +179,119 @@ fn random_programs_agree_three_ways() {
         "only {} functions ran to completion",
         total.compared
     );
+    assert!(
+        failures.is_empty(),
+        "{} of {count} programs disagree; the first:\n{}",
+        failures.len(),
+        failures[0]
+    );
+}
+
+/// A random program made for the kernel compiler: chains of elementwise ops, broadcasts and
+/// reductions over row/column shapes with a symbolic batch, so that fusion builds kernels of
+/// several stages (rows, accumulations, scratch) with several outputs.
+fn fusion_program(seed: u64) -> Module {
+    use kiln::ir::{
+        BinaryOp, CompareOp, Dim, FunctionBuilder, ReduceOp, Shape, Type, UnaryOp, Value,
+    };
+    let mut g = Gen::new(seed);
+    let c = Dim::Fixed(g.pick(&[1, 3, 8, 13]));
+    let n = Dim::sym("N");
+    let shapes = [
+        Shape(vec![n.clone(), c.clone()]),
+        Shape(vec![n.clone(), Dim::Fixed(1)]),
+        Shape(vec![c.clone()]),
+        Shape(vec![n.clone()]),
+        Shape(vec![]),
+    ];
+    let dtype = g.pick(&[DType::F32, DType::F32, DType::F32, DType::F64, DType::I32]);
+    let mut b = FunctionBuilder::new("f");
+    let mut pool: Vec<Value> = Vec::new();
+    for i in 0..1 + g.below(3) {
+        // The first argument binds N.
+        let shape = if i == 0 {
+            shapes[0].clone()
+        } else {
+            g.pick(&shapes[..3])
+        };
+        pool.push(b.arg(&format!("x{i}"), Type::new(dtype, shape)));
+    }
+    for _ in 0..4 + g.below(24) {
+        let x = g.pick(&pool);
+        let y = g.pick(&pool);
+        let made = match g.below(10) {
+            0..=2 => {
+                let safe = [
+                    UnaryOp::Neg,
+                    UnaryOp::Abs,
+                    UnaryOp::Relu,
+                    UnaryOp::Exp,
+                    UnaryOp::Tanh,
+                    UnaryOp::Sigmoid,
+                    UnaryOp::Sign,
+                ];
+                b.unary(g.pick(&safe), x)
+            }
+            3..=5 => {
+                let ops = [
+                    BinaryOp::Add,
+                    BinaryOp::Sub,
+                    BinaryOp::Mul,
+                    BinaryOp::Max,
+                    BinaryOp::Min,
+                ];
+                b.binary(g.pick(&ops), x, y)
+            }
+            6 => b
+                .compare(g.pick(CompareOp::ALL), x, y)
+                .and_then(|m| b.select(m, x, y)),
+            7 | 8 => {
+                let rank = b.value_type(x).rank();
+                let axes: Vec<usize> = (0..rank).filter(|_| g.chance(50)).collect();
+                let op = if dtype == DType::I32 {
+                    ReduceOp::Sum
+                } else {
+                    g.pick(&[ReduceOp::Sum, ReduceOp::Mean, ReduceOp::Max])
+                };
+                let ty = b.value_type(x).clone();
+                let empty = ty.shape.dims().iter().any(|d| d.as_fixed() == Some(0));
+                if empty {
+                    continue;
+                }
+                b.reduce(op, x, axes, g.chance(50))
+            }
+            _ => {
+                let target = g.pick(&shapes[..2]);
+                b.broadcast_to(x, &target)
+            }
+        };
+        if let Ok(v) = made {
+            pool.push(v);
+        }
+    }
+    let results: Vec<Value> = (0..1 + g.below(3)).map(|_| g.pick(&pool)).collect();
+    let mut module = Module::new();
+    module.add_function(b.finish(&results).expect("pool values are visible"));
+    let _ = CompareOp::Eq;
+    module
+}
+
+#[test]
+fn fusion_heavy_programs_agree_three_ways() {
+    let count: u64 = std::env::var("KILN_FUSION_PROGRAMS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1000);
+    let mut failures = Vec::new();
+    let mut kernel_steps = 0;
+    for seed in 0..count {
+        let module = fusion_program(seed);
+        match check_module(&module, seed) {
+            Ok(t) => kernel_steps += t.kernel_steps,
+            Err(e) => failures.push(format!("seed {seed}: {e}")),
+        }
+    }
+    eprintln!("{count} fusion-heavy programs: {kernel_steps} compiled kernel steps");
     assert!(
         failures.is_empty(),
         "{} of {count} programs disagree; the first:\n{}",

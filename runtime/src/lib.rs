@@ -27,4 +27,4 @@ pub use init::Init;
 pub use optim::{Adam, LearningRate, Momentum, Optimizer, Sgd};
 pub use program::{Param, Program, Target};
 pub use scope::Scope;
-pub use session::{Fetch, KerasFunction, Runner, Session};
+pub use session::{Backend, Fetch, KerasFunction, Runner, Session};

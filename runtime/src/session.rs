@@ -1,19 +1,34 @@
 //! Sessions: run any part of a program with feeds and fetches, over one parameter scope.
 //!
 //! `run(fetches, feeds)` resolves the fetches (values or targets), prunes the graph to what
-//! they need, verifies the slice, and caches it under its *signature* — the fetch set and the
-//! feeds' names, dtypes and shapes — so a second call with the same signature prepares
-//! nothing ([`Session::compilations`] counts the preparations). Every run reads and writes the
-//! session's one [`Scope`], so a GAN's discriminator and generator updates are two runs over
-//! the same parameters.
+//! they need, verifies the slice, optimises and compiles it ([`Backend::Compiled`], the
+//! default: the pass pipeline, then native kernels) and caches it under its *signature* — the
+//! fetch set and the feeds' names and dtypes — so a second call with the same signature
+//! prepares nothing ([`Session::compilations`] counts the preparations; a new batch size is
+//! not a new signature). Every run reads and writes the session's one [`Scope`], so a GAN's
+//! discriminator and generator updates are two runs over the same parameters.
 
 use crate::eager::custom::Registry;
 use crate::error::{RuntimeError, RuntimeResult};
 use crate::program::{Program, Target};
 use crate::scope::Scope;
-use kiln_backend::{Array, Interpreter};
+use kiln_backend::exec::{ExecStats, Executable};
+use kiln_backend::{Array, Interpreter, unshare};
 use kiln_ir::{DType, Module, SymbolBindings, Value, verify_module};
+use kiln_passes::manager::PassManager;
 use std::collections::HashMap;
+use std::sync::Arc;
+
+/// How programs run.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Backend {
+    /// The default pass pipeline, then compiled kernels (the JIT), gemm and planned buffers.
+    #[default]
+    Compiled,
+    /// The reference interpreter on the program as written: the oracle, and a way to check
+    /// the compiled results.
+    Interpreter,
+}
 
 /// Something to compute in a run: a value, a target (its updates), or either by name.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -46,14 +61,16 @@ impl From<&str> for Fetch {
 struct Signature {
     values: Vec<Value>,
     targets: Vec<Target>,
-    feeds: Vec<(String, DType, Vec<usize>)>,
+    feeds: Vec<(String, DType)>,
 }
 
 /// A pruned, verified slice of the program, ready to run.
 struct Prepared {
+    /// The slice (optimised, for the compiled backend).
     module: Module,
     /// The placeholder behind each argument of the function.
     arg_names: Vec<String>,
+    executable: Option<Executable>,
 }
 
 /// Runs slices of a program against a scope, caching each prepared slice by signature. A
@@ -64,11 +81,46 @@ pub struct Runner {
     cache: HashMap<Signature, Prepared>,
     compilations: usize,
     runs: u64,
+    backend: Backend,
 }
 
 impl Runner {
     pub fn new() -> Runner {
         Runner::default()
+    }
+
+    pub fn backend(&self) -> Backend {
+        self.backend
+    }
+
+    /// Selects the backend for the runs that follow (what was prepared for the other one is
+    /// dropped).
+    pub fn set_backend(&mut self, backend: Backend) {
+        if backend != self.backend {
+            self.cache.clear();
+            self.backend = backend;
+        }
+    }
+
+    /// What the compiled runs did so far, summed over every prepared slice.
+    pub fn exec_stats(&self) -> ExecStats {
+        let mut total = ExecStats::default();
+        for stats in self
+            .cache
+            .values()
+            .filter_map(|p| p.executable.as_ref())
+            .map(Executable::stats)
+        {
+            total.runs += stats.runs;
+            total.allocations += stats.allocations;
+            total.reuses += stats.reuses;
+            total.in_place += stats.in_place;
+            total.interpreted += stats.interpreted;
+            total.steps += stats.steps;
+            total.kernels += stats.kernels;
+            total.slots += stats.slots;
+        }
+        total
     }
 
     /// How many times a run had to prune and verify a new slice of a program.
@@ -86,9 +138,9 @@ impl Runner {
         feeds: &[(&str, Array)],
     ) -> RuntimeResult<Vec<Array>> {
         let (values, targets) = resolve(program, fetches)?;
-        let mut feed_sig: Vec<(String, DType, Vec<usize>)> = feeds
+        let mut feed_sig: Vec<(String, DType)> = feeds
             .iter()
-            .map(|(n, a)| (n.to_string(), a.dtype(), a.shape().to_vec()))
+            .map(|(n, a)| (n.to_string(), a.dtype()))
             .collect();
         feed_sig.sort();
         let signature = Signature {
@@ -97,7 +149,7 @@ impl Runner {
             feeds: feed_sig,
         };
         if !self.cache.contains_key(&signature) {
-            let prepared = prepare(program, &signature, self.compilations)?;
+            let prepared = prepare(program, &signature, self.compilations, self.backend)?;
             self.compilations += 1;
             self.cache.insert(signature.clone(), prepared);
         }
@@ -106,10 +158,17 @@ impl Runner {
         let func = &prepared.module.functions[0];
         let counter = self.runs;
         self.runs += 1;
-        Ok(Interpreter::new(&prepared.module)
+        let interp = Interpreter::new(&prepared.module)
             .with_custom_ops(&Registry)
-            .with_rng_counter(counter)
-            .run_function(func, args, scope.store_mut())?)
+            .with_rng_counter(counter);
+        Ok(match &prepared.executable {
+            Some(executable) => {
+                let args = args.into_iter().map(Arc::new).collect();
+                let results = executable.run(args, scope.store_mut(), &interp)?;
+                results.into_iter().map(unshare).collect()
+            }
+            None => interp.run_function(func, args, scope.store_mut())?,
+        })
     }
 }
 
@@ -136,7 +195,12 @@ fn resolve(program: &Program, fetches: &[Fetch]) -> RuntimeResult<(Vec<Value>, V
     Ok((values, targets))
 }
 
-fn prepare(program: &Program, signature: &Signature, index: usize) -> RuntimeResult<Prepared> {
+fn prepare(
+    program: &Program,
+    signature: &Signature,
+    index: usize,
+    backend: Backend,
+) -> RuntimeResult<Prepared> {
     let func = program.export(
         &format!("run{index}"),
         &signature.values,
@@ -155,12 +219,27 @@ fn prepare(program: &Program, signature: &Signature, index: usize) -> RuntimeRes
                 .unwrap_or_else(|| graph.value_name(a).unwrap_or_default().to_owned())
         })
         .collect();
-    let module = Module {
+    let mut module = Module {
         states: program.module().states.clone(),
         functions: vec![func],
     };
     verify_module(&module).map_err(|e| RuntimeError::Verify(e.render(&module)))?;
-    Ok(Prepared { module, arg_names })
+    let executable = match backend {
+        Backend::Compiled => {
+            let mut pipeline =
+                PassManager::pipeline("default").expect("the default pipeline exists");
+            pipeline
+                .run(&mut module)
+                .map_err(|e| RuntimeError::Verify(e.to_string()))?;
+            Some(Executable::new(&module.functions[0]))
+        }
+        Backend::Interpreter => None,
+    };
+    Ok(Prepared {
+        module,
+        arg_names,
+        executable,
+    })
 }
 
 /// The run's arguments from `feeds`, checked against the placeholders' types.
@@ -258,6 +337,21 @@ impl Session {
     /// How many times a run had to prune and verify a new slice of the program.
     pub fn compilations(&self) -> usize {
         self.runner.compilations
+    }
+
+    /// Runs on `backend` from now on ([`Backend::Compiled`] by default).
+    pub fn with_backend(mut self, backend: Backend) -> Session {
+        self.runner.set_backend(backend);
+        self
+    }
+
+    pub fn set_backend(&mut self, backend: Backend) {
+        self.runner.set_backend(backend);
+    }
+
+    /// What the compiled runs did so far: allocations, buffer reuses, in-place updates.
+    pub fn exec_stats(&self) -> ExecStats {
+        self.runner.exec_stats()
     }
 
     /// Runs what `fetches` need, feeding placeholders by name; returns the fetched values in

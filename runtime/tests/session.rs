@@ -93,19 +93,19 @@ fn the_same_signature_reuses_the_prepared_program() {
     s.run(&fetches, &feeds(7)).unwrap();
     assert_eq!(
         s.compilations(),
-        2,
-        "another batch size is another signature"
+        1,
+        "another batch size is the same signature: the batch dimension is symbolic"
     );
     s.run(&[loss.into()], &feeds(4)).unwrap();
     assert_eq!(
         s.compilations(),
-        3,
+        2,
         "another fetch set is another signature"
     );
     s.run(&["loss".into()], &feeds(4)).unwrap();
     assert_eq!(
         s.compilations(),
-        3,
+        2,
         "a fetch by name resolves to the same value"
     );
 }
@@ -436,7 +436,10 @@ fn exported_programs_serve_the_same_predictions() {
     let out = kiln_backend::Interpreter::new(&served)
         .run("predict", vec![xs.clone()], &mut state)
         .unwrap();
-    assert_eq!(out[0], s.run(&[pred.into()], &[("x", xs)]).unwrap()[0]);
+    let compiled = s.run(&[pred.into()], &[("x", xs)]).unwrap().remove(0);
+    for (a, b) in out[0].to_f64_vec().iter().zip(compiled.to_f64_vec()) {
+        assert!((a - b).abs() <= 1e-6 * (1.0 + a.abs()), "{a} vs {b}");
+    }
 }
 
 #[test]

@@ -26,8 +26,6 @@ pub struct Executable {
     schedule: Schedule,
     /// Each argument's shape, to bind the symbols.
     arg_shapes: Vec<ShapeRecipe>,
-    /// Result values that own a slot: their buffers are kept for the next run.
-    result_slots: Vec<(usize, usize)>,
     runtime: Mutex<Option<Runtime>>,
     counters: Counters,
     threads: bool,
@@ -66,7 +64,7 @@ struct Counters {
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ExecStats {
     pub runs: u64,
-    /// Buffers allocated (a warm run allocates none but for results the caller kept).
+    /// Buffers allocated (a warm run allocates only its results, which it hands over).
     pub allocations: u64,
     /// Buffers taken from the arena instead.
     pub reuses: u64,
@@ -112,23 +110,10 @@ impl Executable {
                 )
             })
             .collect();
-        let mut result_slots = Vec::new();
-        for step in &schedule.steps {
-            for (k, out) in step.out.iter().enumerate() {
-                let slot = match out {
-                    Output::Slot(s) | Output::InPlace { slot: s, .. } => *s,
-                    _ => continue,
-                };
-                if let Some(pos) = func.results().iter().position(|&r| r == step.outputs[k]) {
-                    result_slots.push((pos, slot));
-                }
-            }
-        }
         Executable {
             func: func.clone(),
             schedule,
             arg_shapes,
-            result_slots,
             runtime: Mutex::new(None),
             counters: Counters::default(),
             threads: true,
@@ -217,10 +202,6 @@ impl Executable {
             .collect();
         for (name, value) in rt.stores.drain(..) {
             state.replace_shared(name, value);
-        }
-        // Kept, so that the next run reuses them if the caller has dropped them by then.
-        for &(pos, slot) in &self.result_slots {
-            rt.arena[slot] = Some(results[pos].clone());
         }
         Ok(results)
     }
