@@ -31,6 +31,7 @@ pub use kiln_runtime as runtime;
 pub mod demos;
 pub mod dot;
 pub mod npy;
+pub mod workloads;
 
 /// The names most programs need.
 pub mod prelude {

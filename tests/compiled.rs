@@ -96,7 +96,7 @@ fn check_module(module: &Module, seed: u64) -> Result<Tally, String> {
         let optimised_func = optimised.function(func.name()).unwrap();
         let executable = Executable::new(optimised_func);
         let shared: Vec<Arc<Array>> = args.into_iter().map(Arc::new).collect();
-        let compiled = executable.run(shared, &mut s3, &interp_optimised);
+        let compiled = executable.run(shared, &mut s3, &interp_optimised, false);
         let stats = executable.stats();
         tally.kernel_steps += stats.kernels as u64 * stats.runs;
         let context = || {

@@ -137,6 +137,34 @@ impl Runner {
         fetches: &[Fetch],
         feeds: &[(&str, Array)],
     ) -> RuntimeResult<Vec<Array>> {
+        let shared: Vec<(&str, Arc<Array>)> = feeds
+            .iter()
+            .map(|(n, a)| (*n, Arc::new(a.clone())))
+            .collect();
+        let results = self.run_inner(program, scope, fetches, &shared, false)?;
+        Ok(results.into_iter().map(unshare).collect())
+    }
+
+    /// Like [`Runner::run`] without copies: feeds and results are shared. A result's buffer
+    /// is reused by the next run once the caller has dropped it.
+    pub fn run_shared(
+        &mut self,
+        program: &Program,
+        scope: &mut Scope,
+        fetches: &[Fetch],
+        feeds: &[(&str, Arc<Array>)],
+    ) -> RuntimeResult<Vec<Arc<Array>>> {
+        self.run_inner(program, scope, fetches, feeds, true)
+    }
+
+    fn run_inner(
+        &mut self,
+        program: &Program,
+        scope: &mut Scope,
+        fetches: &[Fetch],
+        feeds: &[(&str, Arc<Array>)],
+        retain_results: bool,
+    ) -> RuntimeResult<Vec<Arc<Array>>> {
         let (values, targets) = resolve(program, fetches)?;
         let mut feed_sig: Vec<(String, DType)> = feeds
             .iter()
@@ -162,12 +190,8 @@ impl Runner {
             .with_custom_ops(&Registry)
             .with_rng_counter(counter);
         Ok(match &prepared.executable {
-            Some(executable) => {
-                let args = args.into_iter().map(Arc::new).collect();
-                let results = executable.run(args, scope.store_mut(), &interp)?;
-                results.into_iter().map(unshare).collect()
-            }
-            None => interp.run_function(func, args, scope.store_mut())?,
+            Some(executable) => executable.run(args, scope.store_mut(), &interp, retain_results)?,
+            None => interp.run_shared(func, args, scope.store_mut())?,
         })
     }
 }
@@ -246,8 +270,8 @@ fn prepare(
 fn arguments(
     program: &Program,
     prepared: &Prepared,
-    feeds: &[(&str, Array)],
-) -> RuntimeResult<Vec<Array>> {
+    feeds: &[(&str, Arc<Array>)],
+) -> RuntimeResult<Vec<Arc<Array>>> {
     for (name, _) in feeds {
         if !program.placeholders().iter().any(|(n, _)| n == name) {
             let names: Vec<&str> = program
@@ -355,10 +379,22 @@ impl Session {
     }
 
     /// Runs what `fetches` need, feeding placeholders by name; returns the fetched values in
-    /// order (targets fetch nothing; their updates are applied).
+    /// order (targets fetch nothing; their updates are applied). Feeds are copied in; see
+    /// [`Session::run_shared`] to share them.
     pub fn run(&mut self, fetches: &[Fetch], feeds: &[(&str, Array)]) -> RuntimeResult<Vec<Array>> {
         self.runner
             .run(&self.program, &mut self.scope, fetches, feeds)
+    }
+
+    /// [`Session::run`] without copies: feeds and results are shared arrays, and a result's
+    /// buffer is reused by a later run once the caller drops it.
+    pub fn run_shared(
+        &mut self,
+        fetches: &[Fetch],
+        feeds: &[(&str, Arc<Array>)],
+    ) -> RuntimeResult<Vec<Arc<Array>>> {
+        self.runner
+            .run_shared(&self.program, &mut self.scope, fetches, feeds)
     }
 
     /// A Keras-style function: call it with arrays for `inputs` (in order) to get `outputs`

@@ -26,9 +26,41 @@ pub struct Executable {
     schedule: Schedule,
     /// Each argument's shape, to bind the symbols.
     arg_shapes: Vec<ShapeRecipe>,
+    /// Results that own a slot: `(result position, slot)`.
+    result_slots: Vec<(usize, usize)>,
     runtime: Mutex<Option<Runtime>>,
     counters: Counters,
     threads: bool,
+    /// With `KILN_PROFILE=1`: time and count per step, printed when the executable is dropped.
+    profile: Option<Mutex<Vec<(std::time::Duration, u64)>>>,
+}
+
+impl Drop for Executable {
+    fn drop(&mut self) {
+        let Some(profile) = &self.profile else { return };
+        let profile = profile.lock().unwrap_or_else(PoisonError::into_inner);
+        let total: f64 = profile.iter().map(|(d, _)| d.as_secs_f64()).sum();
+        let mut rows: Vec<(usize, f64, u64)> = (profile.iter().enumerate())
+            .map(|(i, (d, n))| (i, d.as_secs_f64(), *n))
+            .collect();
+        rows.sort_by(|a, b| b.1.total_cmp(&a.1));
+        eprintln!(
+            "kiln profile of @{}: {:.3} ms in {} steps",
+            self.func.name(),
+            total * 1e3,
+            rows.len()
+        );
+        for (i, secs, n) in rows.into_iter().take(25) {
+            let step = &self.schedule.steps[i];
+            let mut line = inst_line(&self.func, step.inst);
+            line.truncate(100);
+            let per_call = if n > 0 { secs * 1e6 / n as f64 } else { 0.0 };
+            eprintln!(
+                "{:6.1} %  {per_call:9.1} µs/run  {line}",
+                100.0 * secs / total.max(1e-12)
+            );
+        }
+    }
 }
 
 /// Buffers and scratch vectors kept between runs.
@@ -44,7 +76,8 @@ struct Runtime {
     pointers: Vec<*mut u8>,
     outputs: Vec<Arc<Array>>,
     held: Vec<Arc<Array>>,
-    stores: Vec<(String, Arc<Array>)>,
+    /// Pending stores: state, value, and the slot the state's old buffer may refill.
+    stores: Vec<(String, Arc<Array>, Option<usize>)>,
 }
 
 // SAFETY: `pointers` only holds addresses during one kernel call and is cleared after it; the
@@ -110,13 +143,27 @@ impl Executable {
                 )
             })
             .collect();
+        let steps = schedule.steps.len();
+        let mut result_slots = Vec::new();
+        for step in &schedule.steps {
+            for (out, &value) in step.out.iter().zip(&step.outputs) {
+                if let Output::Slot(slot) | Output::InPlace { slot, .. } = *out
+                    && let Some(position) = func.results().iter().position(|&r| r == value)
+                {
+                    result_slots.push((position, slot));
+                }
+            }
+        }
         Executable {
             func: func.clone(),
             schedule,
             arg_shapes,
+            result_slots,
             runtime: Mutex::new(None),
             counters: Counters::default(),
             threads: true,
+            profile: (std::env::var("KILN_PROFILE").is_ok_and(|v| v == "1"))
+                .then(|| Mutex::new(vec![Default::default(); steps])),
         }
     }
 
@@ -149,11 +196,14 @@ impl Executable {
 
     /// Runs the function on `args`, reading and (when it succeeds) writing `state`; `interp`
     /// runs the steps that are not compiled (with its custom ops and random-number counter).
+    /// With `retain_results`, the results' buffers stay known to the executable, which reuses
+    /// each one in a later run if the caller has dropped it by then.
     pub fn run(
         &self,
         args: Vec<Arc<Array>>,
         state: &mut StateStore,
         interp: &Interpreter<'_>,
+        retain_results: bool,
     ) -> Result<Vec<Arc<Array>>, InterpError> {
         let taken = self
             .runtime
@@ -163,7 +213,7 @@ impl Executable {
         let mut rt = taken.unwrap_or_default();
         rt.arena.resize(self.schedule.slots.len(), None);
         rt.env.resize(self.func.num_values(), None);
-        let result = self.run_in(&mut rt, args, state, interp);
+        let result = self.run_in(&mut rt, args, state, interp, retain_results);
         rt.env.iter_mut().for_each(|v| *v = None);
         rt.stores.clear();
         rt.held.clear();
@@ -179,6 +229,7 @@ impl Executable {
         args: Vec<Arc<Array>>,
         state: &mut StateStore,
         interp: &Interpreter<'_>,
+        retain_results: bool,
     ) -> Result<Vec<Arc<Array>>, InterpError> {
         self.bind(rt, &args)?;
         self.check_loads(state)?;
@@ -186,8 +237,14 @@ impl Executable {
             rt.env[a.index()] = Some(array);
         }
         let mut bindings: Option<SymbolBindings> = None;
-        for step in &self.schedule.steps {
+        for (index, step) in self.schedule.steps.iter().enumerate() {
+            let started = self.profile.as_ref().map(|_| std::time::Instant::now());
             self.step(rt, step, state, interp, &mut bindings)?;
+            if let (Some(profile), Some(started)) = (&self.profile, started) {
+                let mut p = profile.lock().unwrap_or_else(PoisonError::into_inner);
+                p[index].0 += started.elapsed();
+                p[index].1 += 1;
+            }
             for &(v, slot) in &step.release {
                 let array = rt.env[v.index()].take();
                 if let (Some(array), Some(s)) = (array, slot)
@@ -200,8 +257,20 @@ impl Executable {
         let results: Vec<Arc<Array>> = (self.func.results().iter())
             .map(|v| rt.env[v.index()].clone().expect("a computed result"))
             .collect();
-        for (name, value) in rt.stores.drain(..) {
-            state.replace_shared(name, value);
+        for (name, value, recycle) in rt.stores.drain(..) {
+            let old = state.replace_shared(name, value);
+            // The replaced buffer serves the stored value's slot in the next run.
+            if let (Some(old), Some(slot)) = (old, recycle)
+                && Arc::strong_count(&old) == 1
+                && rt.arena[slot].is_none()
+            {
+                rt.arena[slot] = Some(old);
+            }
+        }
+        if retain_results {
+            for &(position, slot) in &self.result_slots {
+                rt.arena[slot] = Some(results[position].clone());
+            }
         }
         Ok(results)
     }
@@ -315,6 +384,13 @@ impl Executable {
             return array;
         }
         add(&self.counters.allocations, 1);
+        if debug::level() >= 3 {
+            eprintln!(
+                "kiln: @{} allocates slot {slot}: {dtype}{:?}",
+                self.func.name(),
+                rt.shape
+            );
+        }
         Arc::new(Array::zeros(dtype, &rt.shape))
     }
 
@@ -484,9 +560,50 @@ impl Executable {
                 let value = state.get_shared(name).expect("a checked load").clone();
                 rt.env[step.outputs[0].index()] = Some(value);
             }
-            StepKind::Store { state: name } => {
+            StepKind::Store {
+                state: name,
+                recycle,
+            } => {
                 let value = Self::value(rt, step.inputs[0]).clone();
-                rt.stores.push((name.clone(), value));
+                rt.stores.push((name.clone(), value, *recycle));
+            }
+            StepKind::OneHot { depth } => {
+                let Output::Slot(slot) = step.out[0] else {
+                    unreachable!("one_hot writes a slot")
+                };
+                let dtype = self.func.value_type(step.outputs[0]).dtype;
+                let mut out = self.acquire(rt, slot, dtype, &step.shapes[0]);
+                let labels = Self::value(rt, step.inputs[0]);
+                let target = Arc::get_mut(&mut out).expect("a fresh or free buffer");
+                one_hot_into(labels, *depth, target).map_err(|m| self.fail(step.inst, m))?;
+                rt.env[step.outputs[0].index()] = Some(out);
+            }
+            StepKind::Direct => {
+                let args: Vec<&Array> =
+                    step.inputs.iter().map(|&v| &**Self::value(rt, v)).collect();
+                let shapes: Vec<Vec<usize>> = (step.shapes.iter())
+                    .map(|r| {
+                        let mut shape = Vec::new();
+                        r.resolve_into(&rt.sizes, &mut shape);
+                        shape
+                    })
+                    .collect();
+                let op = &self.func.inst(step.inst).op;
+                let results = interp
+                    .eval_op(op, &args, &shapes)
+                    .map_err(|m| self.fail(step.inst, m))?;
+                for ((&v, array), shape) in step.outputs.iter().zip(results).zip(&shapes) {
+                    let ty = self.func.value_type(v);
+                    if array.dtype() != ty.dtype || array.shape() != shape.as_slice() {
+                        let message = format!(
+                            "computed {} where the IR says {ty} (= {shape:?})",
+                            array.ty()
+                        );
+                        return Err(self.fail(step.inst, message));
+                    }
+                    rt.env[v.index()] = Some(Arc::new(array));
+                }
+                add(&self.counters.interpreted, 1);
             }
             StepKind::Interpret => {
                 let bindings = bindings.get_or_insert_with(|| {
@@ -502,10 +619,75 @@ impl Executable {
                 for (&v, array) in step.outputs.iter().zip(results) {
                     rt.env[v.index()] = Some(array);
                 }
-                rt.stores.extend(stores);
+                rt.stores
+                    .extend(stores.into_iter().map(|(name, value)| (name, value, None)));
                 add(&self.counters.interpreted, 1);
             }
         }
         Ok(())
+    }
+}
+
+/// `one_hot(labels, depth)` into `out` (already of the result's shape): as the interpreter's,
+/// a label outside `0..depth` is an error.
+fn one_hot_into(labels: &Array, depth: usize, out: &mut Array) -> Result<(), String> {
+    fn fill<T: Copy>(
+        labels: impl Iterator<Item = i64>,
+        depth: usize,
+        out: &mut [T],
+        zero: T,
+        one: T,
+    ) -> Result<(), String> {
+        out.fill(zero);
+        for (i, label) in labels.enumerate() {
+            let l = usize::try_from(label)
+                .ok()
+                .filter(|&l| l < depth)
+                .ok_or_else(|| format!("label {label} is out of range for depth {depth}"))?;
+            out[i * depth + l] = one;
+        }
+        Ok(())
+    }
+    let labels: Box<dyn Iterator<Item = i64>> = match labels {
+        Array::I32(a) => Box::new(a.iter().map(|&x| i64::from(x))),
+        Array::I64(a) => Box::new(a.iter().copied()),
+        other => return Err(format!("labels must be integers, found {}", other.dtype())),
+    };
+    match out {
+        Array::F32(a) => fill(
+            labels,
+            depth,
+            a.as_slice_mut().expect("standard layout"),
+            0.0,
+            1.0,
+        ),
+        Array::F64(a) => fill(
+            labels,
+            depth,
+            a.as_slice_mut().expect("standard layout"),
+            0.0,
+            1.0,
+        ),
+        Array::I32(a) => fill(
+            labels,
+            depth,
+            a.as_slice_mut().expect("standard layout"),
+            0,
+            1,
+        ),
+        Array::I64(a) => fill(
+            labels,
+            depth,
+            a.as_slice_mut().expect("standard layout"),
+            0,
+            1,
+        ),
+        Array::Bool(a) => fill(
+            labels,
+            depth,
+            a.as_slice_mut().expect("standard layout"),
+            false,
+            true,
+        ),
     }
 }

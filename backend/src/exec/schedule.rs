@@ -28,10 +28,19 @@ pub enum StepKind {
     Load {
         state: String,
     },
+    /// Stores a value; `recycle` is the value's slot, which the state's previous buffer
+    /// fills when the run commits.
     Store {
         state: String,
+        recycle: Option<usize>,
     },
-    /// Anything else, by the reference interpreter.
+    /// `one_hot`, written into a planned buffer.
+    OneHot {
+        depth: usize,
+    },
+    /// An op without regions or state, by the interpreter's kernel for it (no frame).
+    Direct,
+    /// Anything else (control flow, custom calls), by the reference interpreter.
     Interpret,
 }
 
@@ -145,7 +154,7 @@ impl Schedule {
                     }
                 }
                 let fallible = match &kind {
-                    StepKind::Interpret => true,
+                    StepKind::Interpret | StepKind::Direct | StepKind::OneHot { .. } => true,
                     StepKind::Kernel { kernel, .. } => kernel.plan.can_fail(),
                     _ => false,
                 };
@@ -203,7 +212,7 @@ impl Schedule {
                     loaded_from.insert(step.outputs[0], state.clone());
                     *loads.entry(state.clone()).or_default() += 1;
                 }
-                StepKind::Store { state } => stored
+                StepKind::Store { state, .. } => stored
                     .entry(state.clone())
                     .or_default()
                     .push(step.inputs[0]),
@@ -214,9 +223,15 @@ impl Schedule {
 
         let mut slots = Slots::default();
         for (i, step) in steps.iter_mut().enumerate() {
+            if let StepKind::Store { recycle, .. } = &mut step.kind {
+                *recycle = slots.slot_of.get(&step.inputs[0]).copied();
+            }
             let makes_buffers = matches!(
                 step.kind,
-                StepKind::Kernel { .. } | StepKind::MatMul { .. } | StepKind::Reshape
+                StepKind::Kernel { .. }
+                    | StepKind::MatMul { .. }
+                    | StepKind::Reshape
+                    | StepKind::OneHot { .. }
             );
             let mut taken_inputs: HashSet<usize> = HashSet::new();
             for (k, &out) in step.outputs.iter().enumerate() {
@@ -226,44 +241,55 @@ impl Schedule {
                 }
                 let ty = func.value_type(out);
                 // An input dying here whose buffer the output may take over.
-                let candidate = (0..step.inputs.len()).find(|&j| {
+                let possible = |j: usize| {
                     let input = step.inputs[j];
-                    if k >= 64
-                        || taken_inputs.contains(&j)
-                        || !dies_at(input, i)
-                        || step.inputs[..j].contains(&input)
-                    {
-                        return false;
-                    }
-                    match &step.kind {
+                    let free = k < 64
+                        && !taken_inputs.contains(&j)
+                        && dies_at(input, i)
+                        && !step.inputs[..j].contains(&input);
+                    free && match &step.kind {
                         StepKind::Reshape => func.value_type(input).dtype == ty.dtype,
                         StepKind::Kernel { kernel, .. } => kernel.plan.can_update_in_place(j, k),
                         _ => false,
                     }
-                });
-                let output = match candidate {
-                    Some(j) if slots.slot_of.contains_key(&step.inputs[j]) => {
-                        let s = slots.slot_of[&step.inputs[j]];
-                        slots.owner[s] = Some(out);
-                        slots.slot_of.insert(out, s);
-                        taken_inputs.insert(j);
-                        Output::InPlace { input: j, slot: s }
+                };
+                // A parameter (or optimizer state) updated where it lives, when nothing after
+                // this step can fail.
+                let over_state = (i >= self.infallible_from
+                    && matches!(step.kind, StepKind::Kernel { .. }))
+                .then(|| {
+                    (0..step.inputs.len()).find_map(|j| {
+                        let state = loaded_from.get(&step.inputs[j])?;
+                        let only =
+                            loads[state] == 1 && stored.get(state).is_some_and(|s| *s == [out]);
+                        (only && possible(j)).then(|| (j, state.clone()))
+                    })
+                })
+                .flatten();
+                // A value stored to state leaves the arena with its buffer, so it does not take
+                // a slot's buffer over (the state's old buffer comes back instead).
+                let is_stored = stored.values().any(|values| values.contains(&out));
+                let over_input = (!is_stored)
+                    .then(|| {
+                        (0..step.inputs.len())
+                            .find(|&j| possible(j) && slots.slot_of.contains_key(&step.inputs[j]))
+                    })
+                    .flatten();
+                let output = if let Some((j, state)) = over_state {
+                    taken_inputs.insert(j);
+                    Output::State {
+                        input: j,
+                        state,
+                        slot: slots.take(ty.dtype, &ty.shape, Some(out)),
                     }
-                    Some(j)
-                        if i >= self.infallible_from
-                            && matches!(step.kind, StepKind::Kernel { .. })
-                            && let Some(state) = loaded_from.get(&step.inputs[j])
-                            && loads[state] == 1
-                            && stored.get(state).is_some_and(|s| *s == [out]) =>
-                    {
-                        taken_inputs.insert(j);
-                        Output::State {
-                            input: j,
-                            state: state.clone(),
-                            slot: slots.take(ty.dtype, &ty.shape, Some(out)),
-                        }
-                    }
-                    _ => Output::Slot(slots.take(ty.dtype, &ty.shape, Some(out))),
+                } else if let Some(j) = over_input {
+                    let s = slots.slot_of[&step.inputs[j]];
+                    slots.owner[s] = Some(out);
+                    slots.slot_of.insert(out, s);
+                    taken_inputs.insert(j);
+                    Output::InPlace { input: j, slot: s }
+                } else {
+                    Output::Slot(slots.take(ty.dtype, &ty.shape, Some(out)))
                 };
                 step.out.push(output);
             }
@@ -396,13 +422,16 @@ fn step_kind(
             transpose_a: *transpose_a,
             transpose_b: *transpose_b,
         },
+        Op::OneHot { depth, .. } => StepKind::OneHot { depth: *depth },
         Op::Load { state, .. } => StepKind::Load {
             state: state.clone(),
         },
         Op::Store { state } => StepKind::Store {
             state: state.clone(),
+            recycle: None,
         },
-        _ => StepKind::Interpret,
+        Op::Cond | Op::While | Op::Call { .. } => StepKind::Interpret,
+        _ => StepKind::Direct,
     }
 }
 

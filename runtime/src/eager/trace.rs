@@ -248,12 +248,12 @@ impl StaticFunction {
                 args.len()
             )));
         }
-        let feeds: Vec<(&str, Array)> = self
+        let feeds: Vec<(&str, Arc<Array>)> = self
             .inputs
             .iter()
             .zip(args)
             .map(|((name, _), t)| match &t.0 {
-                Repr::Eager { data, .. } => Ok((name.as_str(), (**data).clone())),
+                Repr::Eager { data, .. } => Ok((name.as_str(), data.clone())),
                 Repr::Traced { .. } => Err(EagerError::Usage(
                     "a compiled function takes eager tensors".into(),
                 )),
@@ -262,8 +262,8 @@ impl StaticFunction {
         let (program, runner) = (&self.program, &mut self.runner);
         let results = with(|cx| {
             cx.scope.declare(program.module())?;
-            Ok(runner.run(program, &mut cx.scope, fetches, &feeds)?)
+            Ok(runner.run_shared(program, &mut cx.scope, fetches, &feeds)?)
         })?;
-        Ok(results.into_iter().map(Tensor::new).collect())
+        Ok(results.into_iter().map(Tensor::from_shared).collect())
     }
 }

@@ -1,0 +1,388 @@
+//! Runs Kiln on the peers' workloads (W2–W8 of `../shared/baselines`) with the peers' timing
+//! protocol — the same warm-up and repeat counts, median (min..max) — and appends the same
+//! JSON-lines records to `<out>/<workload>.jsonl`, so one table shows Kiln beside the peers.
+//!
+//!     cargo run --release --example peer_workloads -- --out results [--data dir] [w2 w3 ...]
+//!
+//! `--data dir` holds the W5 batch and initial weights the peers use (`scripts/peer_data.py`
+//! writes them with numpy), so that the loss after 110 steps is comparable.
+
+use kiln::npy::read_npy;
+use kiln::workloads::{self, Forward};
+use kiln_ir::DType;
+use serde_json::{Value as Json, json};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+type Error = Box<dyn std::error::Error>;
+
+const FRAMEWORK: &str = "kiln";
+
+/// Minor page faults of this process so far.
+fn minor_faults() -> u64 {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    // Fields after the command name (which is in parentheses); minflt is field 10.
+    let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
+    rest.split_whitespace()
+        .nth(7)
+        .and_then(|f| f.parse().ok())
+        .unwrap_or(0)
+}
+
+struct Summary {
+    median: f64,
+    min: f64,
+    max: f64,
+    n: usize,
+    faults_per_call: f64,
+}
+
+/// `warmup` untimed calls, then at least `repeats` timed calls (and at least `min_time`
+/// seconds of them), as `bench_common.bench` does. Times in seconds.
+fn bench(
+    mut f: impl FnMut() -> Result<(), Error>,
+    warmup: usize,
+    repeats: usize,
+    min_time: f64,
+) -> Result<Summary, Error> {
+    for _ in 0..warmup {
+        f()?;
+    }
+    let mut samples = Vec::new();
+    let faults = minor_faults();
+    let start = Instant::now();
+    while samples.len() < repeats || start.elapsed().as_secs_f64() < min_time {
+        let t = Instant::now();
+        f()?;
+        samples.push(t.elapsed().as_secs_f64());
+    }
+    let faults = minor_faults() - faults;
+    Ok(summarize(samples, faults))
+}
+
+fn summarize(mut samples: Vec<f64>, faults: u64) -> Summary {
+    samples.sort_by(f64::total_cmp);
+    let n = samples.len();
+    let median = if n % 2 == 1 {
+        samples[n / 2]
+    } else {
+        (samples[n / 2 - 1] + samples[n / 2]) / 2.0
+    };
+    Summary {
+        median,
+        min: samples[0],
+        max: samples[n - 1],
+        n,
+        faults_per_call: faults as f64 / n as f64,
+    }
+}
+
+struct Emitter {
+    out: PathBuf,
+}
+
+impl Emitter {
+    /// Appends one record, with the summary scaled to `unit`.
+    fn emit(
+        &self,
+        workload: &str,
+        case: &str,
+        summary: Option<&Summary>,
+        unit: &str,
+        extra: Json,
+    ) -> Result<(), Error> {
+        let scale = match unit {
+            "ms" => 1e3,
+            "us" => 1e6,
+            _ => 1.0,
+        };
+        let mut record = json!({"workload": workload, "framework": FRAMEWORK, "case": case, "status": "ok", "unit": unit});
+        if let Some(s) = summary {
+            record["median"] = json!(s.median * scale);
+            record["min"] = json!(s.min * scale);
+            record["max"] = json!(s.max * scale);
+            record["n"] = json!(s.n);
+            record["minflt_per_call"] = json!(s.faults_per_call);
+        }
+        if let Json::Object(fields) = extra {
+            for (k, v) in fields {
+                record[k] = v;
+            }
+        }
+        let line = serde_json::to_string(&record)?;
+        println!("{line}");
+        std::fs::create_dir_all(&self.out)?;
+        let mut file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.out.join(format!("{workload}.jsonl")))?;
+        writeln!(file, "{line}")?;
+        Ok(())
+    }
+}
+
+/// W2 and W3: a fresh output per call (as the peers' calls allocate) and a reused output.
+fn elementwise(
+    e: &Emitter,
+    workload: &str,
+    build: impl Fn() -> Result<Forward, Error>,
+    reference: impl Fn(&Forward) -> Vec<f64>,
+    bytes: f64,
+    label: &str,
+) -> Result<(), Error> {
+    let rows = 64;
+    for fresh in [true, false] {
+        let mut f = build()?;
+        let t = Instant::now();
+        let first_out = f.call_fresh()?;
+        let first = t.elapsed().as_secs_f64();
+        let want = reference(&f);
+        let err = workloads::max_abs_diff(&workloads::head(&first_out, want.len()), &want);
+        drop(first_out);
+        let summary = if fresh {
+            bench(|| f.call_fresh().map(drop).map_err(Into::into), 3, 20, 0.0)?
+        } else {
+            bench(|| f.call_reused().map_err(Into::into), 3, 20, 0.0)?
+        };
+        let case = if fresh {
+            format!("{label}, fresh output per call")
+        } else {
+            format!("{label}, output buffer reused")
+        };
+        let _ = rows;
+        e.emit(
+            workload,
+            &case,
+            Some(&summary),
+            "ms",
+            json!({
+                "GBps_median": bytes / summary.median / 1e9,
+                "GBps_best": bytes / summary.min / 1e9,
+                "max_abs_err_vs_f64": err,
+                "first_call_s": first,
+            }),
+        )?;
+    }
+    Ok(())
+}
+
+fn w2(e: &Emitter) -> Result<(), Error> {
+    let (r, c) = (4096, 4096);
+    elementwise(
+        e,
+        "w2",
+        || Ok(workloads::gelu(r, c)?),
+        |f| workloads::gelu_reference(f.input("x"), f.input("a"), f.input("b"), 64),
+        (2 * r * c * 4) as f64,
+        "explicit formula, Session (fused, JIT)",
+    )
+}
+
+fn w3(e: &Emitter) -> Result<(), Error> {
+    let (r, c) = (8192, 1024);
+    elementwise(
+        e,
+        "w3",
+        || Ok(workloads::softmax(r, c)?),
+        |f| workloads::softmax_reference(f.input("x"), c, 64),
+        (2 * r * c * 4) as f64,
+        "explicit, Session (fused, JIT)",
+    )
+}
+
+fn w4(e: &Emitter) -> Result<(), Error> {
+    for (m, k, n) in [(1024, 1024, 1024), (256, 784, 512)] {
+        let mut f = workloads::matmul(m, k, n)?;
+        let t = Instant::now();
+        let out = f.call_fresh()?;
+        let first = t.elapsed().as_secs_f64();
+        // The reference in f64 over a sample of rows.
+        let (a, b) = (f.input("a").to_f64_vec(), f.input("b").to_f64_vec());
+        let got = out.to_f64_vec();
+        let (mut max_err, mut max_ref) = (0f64, 0f64);
+        for i in (0..m).step_by(37) {
+            for j in 0..n {
+                let want: f64 = (0..k).map(|l| a[i * k + l] * b[l * n + j]).sum();
+                max_err = max_err.max((got[i * n + j] - want).abs());
+                max_ref = max_ref.max(want.abs());
+            }
+        }
+        drop(out);
+        let summary = bench(|| f.call_fresh().map(drop).map_err(Into::into), 5, 30, 0.5)?;
+        let flops = 2.0 * (m * n * k) as f64;
+        e.emit(
+            "w4",
+            &format!("[{m},{k}]@[{k},{n}]"),
+            Some(&summary),
+            "ms",
+            json!({
+                "GFLOPs_median": flops / summary.median / 1e9,
+                "GFLOPs_best": flops / summary.min / 1e9,
+                "max_rel_err_vs_f64": max_err / max_ref,
+                "first_call_s": first,
+            }),
+        )?;
+    }
+    Ok(())
+}
+
+/// Loads the peers' W5 batch and initial weights from `dir`.
+fn load_mlp_data(step: &mut workloads::MlpStep, dir: &Path) -> Result<(), Error> {
+    let x = read_npy(&dir.join("w5_x.npy"), DType::F32)?;
+    let y = read_npy(&dir.join("w5_y.npy"), DType::I64)?;
+    step.feeds = vec![
+        ("x".into(), std::sync::Arc::new(x)),
+        ("y".into(), std::sync::Arc::new(y)),
+    ];
+    for (i, (w, b)) in workloads::mlp_parameter_names().iter().enumerate() {
+        let scope = step.session.scope_mut();
+        scope.set(
+            w,
+            read_npy(&dir.join(format!("w5_w{}.npy", i + 1)), DType::F32)?,
+        )?;
+        scope.set(
+            b,
+            read_npy(&dir.join(format!("w5_b{}.npy", i + 1)), DType::F32)?,
+        )?;
+    }
+    Ok(())
+}
+
+fn w5_w7(e: &Emitter, data: Option<&Path>) -> Result<(), Error> {
+    // W7: the first call, from nothing: build the program (autodiff and update ops), open the
+    // session, and run the first step (pruning, passes, JIT).
+    let t = Instant::now();
+    let mut step = workloads::mlp_step()?;
+    let build = t.elapsed().as_secs_f64();
+    if let Some(dir) = data {
+        load_mlp_data(&mut step, dir)?;
+    }
+    let t1 = Instant::now();
+    step.step()?;
+    let first_step = t1.elapsed().as_secs_f64();
+    let first_call = t.elapsed().as_secs_f64();
+    for _ in 0..9 {
+        step.step()?;
+    }
+    let mut samples = Vec::new();
+    for _ in 0..100 {
+        let t = Instant::now();
+        step.step()?;
+        samples.push(t.elapsed().as_secs_f64());
+    }
+    let summary = summarize(samples, 0);
+    let loss = step.loss()?;
+    let init = if data.is_some() {
+        "the peers' initial weights"
+    } else {
+        "Kiln's own seeded initial weights"
+    };
+    let case = format!("static Program + Sgd.minimize, Session.run (compiled); {init}");
+    e.emit(
+        "w5",
+        &case,
+        Some(&summary),
+        "ms",
+        json!({"first_step_s": first_step, "loss_after_110_steps": loss}),
+    )?;
+    e.emit(
+        "w7",
+        &case,
+        None,
+        "s",
+        json!({"first_call_s": first_call, "build_s": build, "median_step_ms": summary.median * 1e3}),
+    )?;
+    Ok(())
+}
+
+fn w6(e: &Emitter) -> Result<(), Error> {
+    const ITERS: usize = 10_000;
+    let x = workloads::eager_add_input();
+    let summary = bench(
+        || {
+            let mut y = None;
+            for _ in 0..ITERS {
+                y = Some(&x + &x);
+            }
+            drop(y);
+            Ok(())
+        },
+        2,
+        25,
+        0.0,
+    )?;
+    let per_op = Summary {
+        median: summary.median / ITERS as f64,
+        min: summary.min / ITERS as f64,
+        max: summary.max / ITERS as f64,
+        n: summary.n,
+        faults_per_call: 0.0,
+    };
+    e.emit(
+        "w6",
+        "x + x (eager Tensor, no gradient tracking)",
+        Some(&per_op),
+        "us",
+        json!({}),
+    )
+}
+
+fn w8(e: &Emitter) -> Result<(), Error> {
+    let mut gan = workloads::gan()?;
+    for _ in 0..20 {
+        gan.iteration()?;
+    }
+    let mut samples = Vec::new();
+    let mut losses = (0.0, 0.0);
+    for _ in 0..500 {
+        let t = Instant::now();
+        losses = gan.iteration()?;
+        samples.push(t.elapsed().as_secs_f64());
+    }
+    let summary = summarize(samples, 0);
+    e.emit(
+        "w8",
+        "static Program, two Session.run targets (compiled), random ops in the program",
+        Some(&summary),
+        "us",
+        json!({"final_loss_D": losses.0, "final_loss_G": losses.1}),
+    )
+}
+
+fn main() -> Result<(), Error> {
+    let mut out = PathBuf::from("results");
+    let mut data = None;
+    let mut selected = Vec::new();
+    let mut args = std::env::args().skip(1);
+    while let Some(arg) = args.next() {
+        match arg.as_str() {
+            "--out" => out = PathBuf::from(args.next().ok_or("--out needs a directory")?),
+            "--data" => {
+                data = Some(PathBuf::from(
+                    args.next().ok_or("--data needs a directory")?,
+                ))
+            }
+            w if w.starts_with('w') => selected.push(w.to_owned()),
+            other => return Err(format!("unknown argument {other}").into()),
+        }
+    }
+    if selected.is_empty() {
+        selected = ["w2", "w3", "w4", "w5", "w6", "w8"]
+            .map(String::from)
+            .to_vec();
+    }
+    let e = Emitter { out };
+    for w in &selected {
+        match w.as_str() {
+            "w2" => w2(&e)?,
+            "w3" => w3(&e)?,
+            "w4" => w4(&e)?,
+            "w5" | "w7" => w5_w7(&e, data.as_deref())?,
+            "w6" => w6(&e)?,
+            "w8" => w8(&e)?,
+            other => return Err(format!("unknown workload {other}").into()),
+        }
+    }
+    Ok(())
+}

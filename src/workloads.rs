@@ -1,0 +1,373 @@
+//! The workloads the peer frameworks are measured on (`../shared/baselines`, W2–W8), written
+//! with Kiln's public API. The criterion benches (`benches/workloads.rs`) and the comparison
+//! runner (`examples/peer_workloads.rs`, which writes the peers' JSON-lines records) both
+//! run these, so the figures they report are of the same code.
+
+use kiln_backend::Array;
+use kiln_backend::random::Stream;
+use kiln_ir::{BinaryOp, DType, Shape, Type, Value};
+use kiln_runtime::layers::{self, Activation, Dense};
+use kiln_runtime::{Fetch, Optimizer, Program, RuntimeResult, Session, Sgd, Target};
+use ndarray::{ArrayD, IxDyn};
+use std::sync::Arc;
+
+/// `sqrt(2/π)`, the constant of the tanh form of gelu.
+const GELU_K: f64 = 0.797_884_560_802_865_4;
+
+/// Normal samples (mean 0, std `scale`), seeded.
+pub fn normal(shape: &[usize], scale: f64, seed: u64) -> Array {
+    let stream = Stream::new(seed, 0);
+    let n: usize = shape.iter().product();
+    let values = (0..n as u64)
+        .map(|i| stream.normal(i, 0.0, scale) as f32)
+        .collect();
+    Array::F32(ArrayD::from_shape_vec(IxDyn(shape), values).expect("the shape's size"))
+}
+
+/// Uniform samples in `[low, high)`, seeded.
+pub fn uniform(shape: &[usize], low: f64, high: f64, seed: u64) -> Array {
+    let stream = Stream::new(seed, 0);
+    let n: usize = shape.iter().product();
+    let values = (0..n as u64)
+        .map(|i| stream.uniform(i, low, high) as f32)
+        .collect();
+    Array::F32(ArrayD::from_shape_vec(IxDyn(shape), values).expect("the shape's size"))
+}
+
+/// A program computing one value from fed arrays, run in a session: W2, W3 and W4.
+pub struct Forward {
+    pub session: Session,
+    pub output: Value,
+    pub feeds: Vec<(String, Arc<Array>)>,
+    /// The previous call's output, kept alive in [`Forward::call_fresh`] so that every call
+    /// needs a new output buffer (what the peers' calls do).
+    held: Option<Arc<Array>>,
+}
+
+impl Forward {
+    fn new(program: Program, output: Value, feeds: Vec<(&str, Array)>) -> RuntimeResult<Forward> {
+        Ok(Forward {
+            session: Session::new(&program)?,
+            output,
+            feeds: feeds
+                .into_iter()
+                .map(|(n, a)| (n.to_owned(), Arc::new(a)))
+                .collect(),
+            held: None,
+        })
+    }
+
+    fn run(&mut self) -> RuntimeResult<Arc<Array>> {
+        let feeds: Vec<(&str, Arc<Array>)> = self
+            .feeds
+            .iter()
+            .map(|(n, a)| (n.as_str(), a.clone()))
+            .collect();
+        Ok(self
+            .session
+            .run_shared(&[Fetch::Value(self.output)], &feeds)?
+            .remove(0))
+    }
+
+    /// One call writing a fresh output buffer, as a caller that keeps its results gets.
+    pub fn call_fresh(&mut self) -> RuntimeResult<Arc<Array>> {
+        let out = self.run()?;
+        self.held = Some(out.clone());
+        Ok(out)
+    }
+
+    /// One call reusing the previous output's buffer (the caller dropped it).
+    pub fn call_reused(&mut self) -> RuntimeResult<()> {
+        self.held = None;
+        self.run().map(drop)
+    }
+
+    pub fn input(&self, name: &str) -> &Array {
+        &self
+            .feeds
+            .iter()
+            .find(|(n, _)| n == name)
+            .expect("a fed input")
+            .1
+    }
+}
+
+/// W2: `y = gelu_tanh(x·a + b)`, `x` f32[rows, cols], `a` and `b` f32[cols] broadcast along
+/// rows, spelled out as the peers' "explicit formula".
+pub fn gelu(rows: usize, cols: usize) -> RuntimeResult<Forward> {
+    let mut p = Program::new();
+    let x = p.placeholder("x", DType::F32, Shape::fixed(&[rows, cols]))?;
+    let a = p.placeholder("a", DType::F32, Shape::fixed(&[cols]))?;
+    let b = p.placeholder("b", DType::F32, Shape::fixed(&[cols]))?;
+    let xa = p.mul(x, a)?;
+    let v = p.add(xa, b)?;
+    let v2 = p.mul(v, v)?;
+    let v3 = p.mul(v2, v)?;
+    let c = p.scalar(DType::F32, 0.044715)?;
+    let cv3 = p.mul(v3, c)?;
+    let inner = p.add(v, cv3)?;
+    let k = p.scalar(DType::F32, GELU_K)?;
+    let scaled = p.mul(inner, k)?;
+    let t = p.tanh(scaled)?;
+    let one = p.scalar(DType::F32, 1.0)?;
+    let t1 = p.add(t, one)?;
+    let vt = p.mul(v, t1)?;
+    let half = p.scalar(DType::F32, 0.5)?;
+    let y = p.mul(vt, half)?;
+    let feeds = vec![
+        ("x", normal(&[rows, cols], 1.0, 1)),
+        ("a", normal(&[cols], 1.0, 2)),
+        ("b", normal(&[cols], 1.0, 3)),
+    ];
+    Forward::new(p, y, feeds)
+}
+
+/// W2's reference in f64 for the first `rows` rows.
+pub fn gelu_reference(x: &Array, a: &Array, b: &Array, rows: usize) -> Vec<f64> {
+    let (x, a, b) = (x.to_f64_vec(), a.to_f64_vec(), b.to_f64_vec());
+    let cols = a.len();
+    (0..rows * cols)
+        .map(|i| {
+            let v = x[i] * a[i % cols] + b[i % cols];
+            0.5 * v * (1.0 + (GELU_K * (v + 0.044715 * v * v * v)).tanh())
+        })
+        .collect()
+}
+
+/// W3: the numerically stable row softmax `exp(x − max) / Σ exp(x − max)` of f32[rows, cols].
+pub fn softmax(rows: usize, cols: usize) -> RuntimeResult<Forward> {
+    let mut p = Program::new();
+    let x = p.placeholder("x", DType::F32, Shape::fixed(&[rows, cols]))?;
+    let y = layers::softmax(&mut p, x, 1)?;
+    Forward::new(p, y, vec![("x", normal(&[rows, cols], 4.0, 4))])
+}
+
+/// W3's reference in f64 for the first `rows` rows.
+pub fn softmax_reference(x: &Array, cols: usize, rows: usize) -> Vec<f64> {
+    let x = x.to_f64_vec();
+    let mut out = Vec::with_capacity(rows * cols);
+    for row in x.chunks(cols).take(rows) {
+        let m = row.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+        let s: f64 = row.iter().map(|v| (v - m).exp()).sum();
+        out.extend(row.iter().map(|v| (v - m).exp() / s));
+    }
+    out
+}
+
+/// W4: `[m, k] @ [k, n]` in f32.
+pub fn matmul(m: usize, k: usize, n: usize) -> RuntimeResult<Forward> {
+    let mut p = Program::new();
+    let a = p.placeholder("a", DType::F32, Shape::fixed(&[m, k]))?;
+    let b = p.placeholder("b", DType::F32, Shape::fixed(&[k, n]))?;
+    let c = p.matmul(a, b)?;
+    Forward::new(
+        p,
+        c,
+        vec![
+            ("a", normal(&[m, k], 1.0, 5)),
+            ("b", normal(&[k, n], 1.0, 6)),
+        ],
+    )
+}
+
+/// W5's sizes: an MLP 784-512-512-10 trained with batch 256.
+pub const MLP_SIZES: [usize; 4] = [784, 512, 512, 10];
+pub const MLP_BATCH: usize = 256;
+
+/// W5: one training step of an MLP (ReLU, softmax cross-entropy on integer labels, plain SGD
+/// with learning rate 0.01) on a fixed batch.
+pub struct MlpStep {
+    pub session: Session,
+    pub train: Target,
+    pub loss: Value,
+    pub feeds: Vec<(String, Arc<Array>)>,
+}
+
+/// The parameter names of the MLP's layers: `(weight, bias)` with weights `[in, out]`.
+pub fn mlp_parameter_names() -> Vec<(String, String)> {
+    (1..=3)
+        .map(|i| (format!("fc{i}.w"), format!("fc{i}.b")))
+        .collect()
+}
+
+/// Builds the W5 program (seeded initial weights) and a session for it.
+pub fn mlp_step() -> RuntimeResult<MlpStep> {
+    let [d_in, h1, h2, d_out] = MLP_SIZES;
+    let mut p = Program::with_seed(0);
+    let x = p.placeholder("x", DType::F32, Shape::fixed(&[MLP_BATCH, d_in]))?;
+    let y = p.placeholder("y", DType::I64, Shape::fixed(&[MLP_BATCH]))?;
+    let h = Dense::new(&mut p, "fc1", d_in, h1, Activation::Relu)?.apply(&mut p, x)?;
+    let h = Dense::new(&mut p, "fc2", h1, h2, Activation::Relu)?.apply(&mut p, h)?;
+    let logits = Dense::new(&mut p, "fc3", h2, d_out, Activation::Identity)?.apply(&mut p, h)?;
+    let loss = layers::softmax_cross_entropy(&mut p, logits, y)?;
+    let train = Sgd::new(0.01).minimize(&mut p, loss)?;
+    let labels: Vec<i64> = (0..MLP_BATCH as u64)
+        .map(|i| (Stream::new(8, 0).bits(i) % d_out as u64) as i64)
+        .collect();
+    let feeds = vec![
+        ("x".to_owned(), Arc::new(normal(&[MLP_BATCH, d_in], 1.0, 7))),
+        (
+            "y".to_owned(),
+            Arc::new(Array::I64(
+                ArrayD::from_shape_vec(IxDyn(&[MLP_BATCH]), labels).expect("a batch"),
+            )),
+        ),
+    ];
+    Ok(MlpStep {
+        session: Session::new(&p)?,
+        train,
+        loss,
+        feeds,
+    })
+}
+
+impl MlpStep {
+    /// One training step; returns the loss before the update.
+    pub fn step(&mut self) -> RuntimeResult<f64> {
+        let feeds: Vec<(&str, Arc<Array>)> = self
+            .feeds
+            .iter()
+            .map(|(n, a)| (n.as_str(), a.clone()))
+            .collect();
+        let fetches = [Fetch::Target(self.train), Fetch::Value(self.loss)];
+        let out = self.session.run_shared(&fetches, &feeds)?;
+        Ok(out[0].to_f64_vec()[0])
+    }
+
+    /// The loss at the current parameters, without training.
+    pub fn loss(&mut self) -> RuntimeResult<f64> {
+        let feeds: Vec<(&str, Arc<Array>)> = self
+            .feeds
+            .iter()
+            .map(|(n, a)| (n.as_str(), a.clone()))
+            .collect();
+        let out = self
+            .session
+            .run_shared(&[Fetch::Value(self.loss)], &feeds)?;
+        Ok(out[0].to_f64_vec()[0])
+    }
+}
+
+/// W8: a GAN on 1-D data as the peers run it — generator 1→16→16→1 (tanh), discriminator
+/// 1→16→16→1 (tanh, sigmoid out), real data N(4, 0.5), noise U(−8, 8), batch 64, losses
+/// with `log(p + 1e-8)`, and plain SGD (learning rate 0.01) for each network. One iteration
+/// is a discriminator update, then a generator update on fresh noise.
+pub struct Gan {
+    pub session: Session,
+    pub d_train: Target,
+    pub g_train: Target,
+    pub d_loss: Value,
+    pub g_loss: Value,
+}
+
+const GAN_BATCH: usize = 64;
+const GAN_HIDDEN: usize = 16;
+
+fn gan_mlp(p: &mut Program, name: &str) -> RuntimeResult<[Dense; 3]> {
+    Ok([
+        Dense::new(p, &format!("{name}.fc1"), 1, GAN_HIDDEN, Activation::Tanh)?,
+        Dense::new(
+            p,
+            &format!("{name}.fc2"),
+            GAN_HIDDEN,
+            GAN_HIDDEN,
+            Activation::Tanh,
+        )?,
+        Dense::new(
+            p,
+            &format!("{name}.out"),
+            GAN_HIDDEN,
+            1,
+            Activation::Identity,
+        )?,
+    ])
+}
+
+fn gan_apply(p: &mut Program, net: &[Dense; 3], x: Value, sigmoid: bool) -> RuntimeResult<Value> {
+    let mut h = x;
+    for layer in net {
+        h = layer.apply(p, h)?;
+    }
+    Ok(if sigmoid { p.sigmoid(h)? } else { h })
+}
+
+/// `mean(−log(p + 1e-8))`.
+fn neg_log_mean(p: &mut Program, probability: Value) -> RuntimeResult<Value> {
+    let eps = p.scalar(DType::F32, 1e-8)?;
+    let shifted = p.add(probability, eps)?;
+    let log = p.log(shifted)?;
+    let m = layers::mean(p, log)?;
+    Ok(p.neg(m)?)
+}
+
+pub fn gan() -> RuntimeResult<Gan> {
+    let mut p = Program::with_seed(0);
+    let batch = Type::new(DType::F32, Shape::fixed(&[GAN_BATCH, 1]));
+    let generator = gan_mlp(&mut p, "gen")?;
+    let discriminator = gan_mlp(&mut p, "disc")?;
+    let real = p.random_normal(batch.clone(), 4.0, 0.5, 11)?;
+    let z = p.random_uniform(batch.clone(), -8.0, 8.0, 12)?;
+    let fake = gan_apply(&mut p, &generator, z, false)?;
+    let d_real = gan_apply(&mut p, &discriminator, real, true)?;
+    let d_fake = gan_apply(&mut p, &discriminator, fake, true)?;
+    let one = p.scalar(DType::F32, 1.0)?;
+    let not_fake = p.binary(BinaryOp::Sub, one, d_fake)?;
+    let real_term = neg_log_mean(&mut p, d_real)?;
+    let fake_term = neg_log_mean(&mut p, not_fake)?;
+    let d_loss = p.add(real_term, fake_term)?;
+    let z2 = p.random_uniform(batch, -8.0, 8.0, 13)?;
+    let fake2 = gan_apply(&mut p, &generator, z2, false)?;
+    let d_fake2 = gan_apply(&mut p, &discriminator, fake2, true)?;
+    let g_loss = neg_log_mean(&mut p, d_fake2)?;
+    let names = |prefix: &str, p: &Program| -> Vec<String> {
+        (p.params().iter())
+            .filter(|q| q.name.starts_with(prefix))
+            .map(|q| q.name.clone())
+            .collect()
+    };
+    let (d_params, g_params) = (names("disc.", &p), names("gen.", &p));
+    let d_train = Sgd::named("d_sgd", 0.01).minimize_params(&mut p, d_loss, &d_params)?;
+    let g_train = Sgd::named("g_sgd", 0.01).minimize_params(&mut p, g_loss, &g_params)?;
+    Ok(Gan {
+        session: Session::new(&p)?,
+        d_train,
+        g_train,
+        d_loss,
+        g_loss,
+    })
+}
+
+impl Gan {
+    /// One discriminator update and one generator update; returns both losses.
+    pub fn iteration(&mut self) -> RuntimeResult<(f64, f64)> {
+        let d = self.session.run_shared(
+            &[Fetch::Target(self.d_train), Fetch::Value(self.d_loss)],
+            &[],
+        )?;
+        let g = self.session.run_shared(
+            &[Fetch::Target(self.g_train), Fetch::Value(self.g_loss)],
+            &[],
+        )?;
+        Ok((d[0].to_f64_vec()[0], g[0].to_f64_vec()[0]))
+    }
+}
+
+/// W6: one eager op, `x + x` on an f32[4] tensor.
+pub fn eager_add_input() -> kiln_runtime::eager::Tensor {
+    kiln_runtime::eager::Tensor::new(Array::F32(
+        ArrayD::from_shape_vec(IxDyn(&[4]), vec![0.0, 1.0, 2.0, 3.0]).expect("four elements"),
+    ))
+}
+
+/// Reduces a row-major array to `f64`s of its first `n` elements (for error checks).
+pub fn head(a: &Array, n: usize) -> Vec<f64> {
+    a.to_f64_vec().into_iter().take(n).collect()
+}
+
+/// The largest absolute difference between two sequences.
+pub fn max_abs_diff(a: &[f64], b: &[f64]) -> f64 {
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f64::max)
+}
