@@ -1,5 +1,5 @@
 //! `KILN_DEBUG`, read once: `1` reports each kernel compiled (stages, code size), `2` also
-//! prints its Cranelift IR.
+//! prints its Cranelift IR, `3` its machine code and each buffer the executor allocates.
 
 use std::sync::OnceLock;
 

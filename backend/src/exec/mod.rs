@@ -391,7 +391,9 @@ impl Executable {
                 rt.shape
             );
         }
-        Arc::new(Array::zeros(dtype, &rt.shape))
+        let mut array = Array::zeros(dtype, &rt.shape);
+        advise_huge_pages(&mut array);
+        Arc::new(array)
     }
 
     fn value(rt: &Runtime, v: Value) -> &Arc<Array> {
@@ -689,5 +691,31 @@ fn one_hot_into(labels: &Array, depth: usize, out: &mut Array) -> Result<(), Str
             false,
             true,
         ),
+    }
+}
+
+/// Asks Linux to back a large new buffer with 2 MiB pages. A fresh 64 MiB output otherwise
+/// takes 16,384 page faults on first touch, which cost more than the kernel that fills it.
+/// The buffer is still untouched (zeroed memory comes from fresh mappings), so the advice
+/// applies to every fault. Advice only: nothing changes if the kernel declines it.
+fn advise_huge_pages(array: &mut Array) {
+    const HUGE_PAGE: usize = 2 << 20;
+    let bytes = array.len() * array.dtype().size_bytes();
+    if !cfg!(target_os = "linux") || bytes < 2 * HUGE_PAGE {
+        return;
+    }
+    let start = array.data_mut_ptr() as usize;
+    let aligned_start = start.next_multiple_of(HUGE_PAGE);
+    let aligned_end = (start + bytes) / HUGE_PAGE * HUGE_PAGE;
+    if aligned_end > aligned_start {
+        // SAFETY: the range lies within the array's allocation; MADV_HUGEPAGE changes how
+        // its pages are backed, never their contents.
+        unsafe {
+            libc::madvise(
+                aligned_start as *mut libc::c_void,
+                aligned_end - aligned_start,
+                libc::MADV_HUGEPAGE,
+            );
+        }
     }
 }

@@ -131,6 +131,8 @@ pub fn build_stage(
         scopes: vec![HashMap::new()],
         levels: HashMap::new(),
         imports: HashMap::new(),
+        stash_in: Vec::new(),
+        stash_out: Vec::new(),
     };
     g.extents = g.dims.clone().iter().map(|d| g.extent(d)).collect();
     g.run(begin, end);
@@ -171,6 +173,29 @@ struct Gen<'a, 'f> {
     scopes: Vec<HashMap<Memo, CValue>>,
     levels: HashMap<(Value, Mapping), Level>,
     imports: HashMap<&'static str, FuncRef>,
+    /// Stashes the current inner loop writes, and those it reads back.
+    stash_in: Vec<Stash>,
+    stash_out: Vec<Stash>,
+}
+
+/// A part of a rows stage's work along one row.
+enum Segment {
+    /// Values sharing one inner loop.
+    Group(Vec<Work>),
+    /// A value of the row shape, computed once per row.
+    Row(Value),
+}
+
+/// An expression one inner loop stores in an output's row for the next loop to load.
+#[derive(Clone)]
+struct Stash {
+    value: Value,
+    map: Mapping,
+    slot: usize,
+    slot_map: Mapping,
+    /// The segment that computes and stores it, and the one that loads it.
+    by: usize,
+    for_group: usize,
 }
 
 /// A counted loop under construction: the builder is inside its body.
@@ -319,25 +344,57 @@ impl Gen<'_, '_> {
             })
             .collect();
         self.hoist(&all, Level::Entry, false);
+        let segments = self.segments();
+        let stashes = self.stashes(&segments);
         let l = self.begin_loop(begin, end);
         self.scopes.push(HashMap::new());
         self.decompose_row(l.index);
+        for (index, segment) in segments.iter().enumerate() {
+            match segment {
+                Segment::Row(v) => {
+                    let map = KernelPlan::identity_mapping(&plan.ty(*v).shape);
+                    let x = self.emit(*v, &map, false);
+                    self.store_to_destinations(*v, &map, x, false);
+                }
+                Segment::Group(works) => {
+                    self.stash_in = stashes.iter().filter(|s| s.by == index).cloned().collect();
+                    self.stash_out = stashes
+                        .iter()
+                        .filter(|s| s.for_group == index)
+                        .cloned()
+                        .collect();
+                    self.inner_loop(works);
+                    self.stash_in.clear();
+                    self.stash_out.clear();
+                }
+            }
+        }
+        self.scopes.pop();
+        self.row_index.clear();
+        self.end_loop(l, 1);
+    }
+
+    /// The stage's values in the order they are computed along a row: groups of values that
+    /// share one inner loop, and row values between them. A value that reads a reduction of
+    /// the current group starts the next group.
+    fn segments(&self) -> Vec<Segment> {
+        let plan = self.plan;
+        let stage = &plan.stages[self.stage];
+        let mut segments = Vec::new();
         let mut group: Vec<Work> = Vec::new();
         for &v in &stage.values {
-            match plan.row_role(v, &domain) {
+            match plan.row_role(v, &stage.domain) {
                 Some(RowRole::Row) | None => {
-                    self.inner_loop(&std::mem::take(&mut group));
-                    let map = KernelPlan::identity_mapping(&plan.ty(v).shape);
-                    let x = self.emit(v, &map, false);
-                    self.store_to_destinations(v, &map, x, false);
+                    if !group.is_empty() {
+                        segments.push(Segment::Group(std::mem::take(&mut group)));
+                    }
+                    segments.push(Segment::Row(v));
                 }
                 Some(role) => {
-                    let needs_group = plan
-                        .reads(v)
-                        .iter()
-                        .any(|(x, _)| group.iter().any(|w| w.value() == *x));
-                    if needs_group {
-                        self.inner_loop(&std::mem::take(&mut group));
+                    let reads_group =
+                        (plan.reads(v).iter()).any(|(x, _)| group.iter().any(|w| w.value() == *x));
+                    if reads_group {
+                        segments.push(Segment::Group(std::mem::take(&mut group)));
                     }
                     group.push(if role == RowRole::Reduce {
                         Work::Reduce(v)
@@ -347,10 +404,100 @@ impl Gen<'_, '_> {
                 }
             }
         }
-        self.inner_loop(&group);
-        self.scopes.pop();
-        self.row_index.clear();
-        self.end_loop(l, 1);
+        if !group.is_empty() {
+            segments.push(Segment::Group(group));
+        }
+        segments
+    }
+
+    /// Expensive expressions (with a transcendental) that a group computes and the next group
+    /// needs again: the first group stores each into the row of an output the second group
+    /// writes, and the second loads it back instead of computing it again — softmax computes
+    /// `exp(x − max)` once.
+    fn stashes(&mut self, segments: &[Segment]) -> Vec<Stash> {
+        let plan = self.plan;
+        let groups: Vec<usize> = (0..segments.len())
+            .filter(|&i| matches!(segments[i], Segment::Group(_)))
+            .collect();
+        let mut stashes = Vec::new();
+        for pair in groups.windows(2) {
+            let (Segment::Group(first), Segment::Group(second)) =
+                (&segments[pair[0]], &segments[pair[1]])
+            else {
+                continue;
+            };
+            let computed = self.inner_nodes(&self.roots(first));
+            for &w in second {
+                let Work::Store(y) = w else { continue };
+                let Some(&dest) = plan.destinations(y).first() else {
+                    continue;
+                };
+                let y_map = KernelPlan::identity_mapping(&plan.ty(y).shape);
+                // The largest expensive subexpression of `y` that the first group computed.
+                let mut stack = vec![(y, y_map.clone())];
+                let mut seen = HashSet::new();
+                while let Some((v, map)) = stack.pop() {
+                    if !seen.insert((v, map.clone()))
+                        || self.level(v, &map) < Level::Inner
+                        || plan.is_leaf_in(v, self.stage)
+                    {
+                        continue;
+                    }
+                    if v != y
+                        && computed.contains(&(v, map.clone()))
+                        && self.expensive(v, &map)
+                        && self.dtype(v) == self.dtype(y)
+                    {
+                        stashes.push(Stash {
+                            value: v,
+                            map,
+                            slot: plan.slot(dest),
+                            slot_map: y_map.clone(),
+                            by: pair[0],
+                            for_group: pair[1],
+                        });
+                        break;
+                    }
+                    stack.extend(plan.operand_mappings(v, &map));
+                }
+            }
+        }
+        stashes
+    }
+
+    /// The per-element nodes of the expressions `roots`.
+    fn inner_nodes(&mut self, roots: &[(Value, Mapping)]) -> HashSet<(Value, Mapping)> {
+        let mut out = HashSet::new();
+        let mut stack = roots.to_vec();
+        while let Some((v, map)) = stack.pop() {
+            if self.level(v, &map) < Level::Inner
+                || !out.insert((v, map.clone()))
+                || self.plan.is_leaf_in(v, self.stage)
+            {
+                continue;
+            }
+            stack.extend(self.plan.operand_mappings(v, &map));
+        }
+        out
+    }
+
+    /// Whether computing `v` per element involves a transcendental function.
+    fn expensive(&mut self, v: Value, map: &Mapping) -> bool {
+        self.inner_nodes(&[(v, map.clone())]).iter().any(|(x, _)| {
+            matches!(
+                self.plan.op(*x),
+                Some((
+                    Op::Unary(
+                        UnaryOp::Exp
+                            | UnaryOp::Log
+                            | UnaryOp::Tanh
+                            | UnaryOp::Sigmoid
+                            | UnaryOp::Erf
+                    ) | Op::Binary(BinaryOp::Pow),
+                    _
+                ))
+            )
+        })
     }
 
     fn accumulate(&mut self, begin: CValue, end: CValue) {
@@ -494,6 +641,7 @@ impl Gen<'_, '_> {
                     let acc = vector_accs[i].get(u as usize).copied();
                     self.element(w, acc, true);
                 }
+                self.store_stashes(true);
                 self.scopes.pop();
             }
             self.end_loop(l, step);
@@ -535,6 +683,7 @@ impl Gen<'_, '_> {
         for (i, &w) in works.iter().enumerate() {
             self.element(w, scalar_accs[i], false);
         }
+        self.store_stashes(false);
         self.scopes.pop();
         self.inner = None;
         self.end_loop(l, 1);
@@ -563,6 +712,15 @@ impl Gen<'_, '_> {
                 }
                 Work::Store(_) | Work::Combine(_) => {}
             }
+        }
+    }
+
+    /// Stores this iteration's stashed expressions for the next inner loop.
+    fn store_stashes(&mut self, vector: bool) {
+        for stash in self.stash_in.clone() {
+            let x = self.emit(stash.value, &stash.map, vector);
+            let addr = self.address(stash.slot, &stash.slot_map, self.dtype(stash.value));
+            self.b.ins().store(flags(), x, addr, 0);
         }
     }
 
@@ -846,7 +1004,11 @@ impl Gen<'_, '_> {
                 continue;
             }
             if self.level(v, &map) <= up_to {
-                self.emit(v, &map, vector);
+                // Constants stay where they are used: Cranelift rematerialises them, where a
+                // hoisted one would hold a register (or a spill slot) through the loop.
+                if !matches!(plan.op(v), Some((Op::Const { .. }, _))) {
+                    self.emit(v, &map, vector);
+                }
                 continue;
             }
             if plan.is_leaf_in(v, self.stage) {
@@ -923,7 +1085,20 @@ impl Gen<'_, '_> {
         if let Some(x) = self.lookup(&key) {
             return x;
         }
-        let x = if vector && self.level(v, map) < Level::Inner {
+        let stashed = self
+            .stash_out
+            .iter()
+            .find(|s| s.value == v && s.map == *map)
+            .map(|s| (s.slot, s.slot_map.clone()));
+        let x = if let Some((slot, slot_map)) = stashed {
+            let addr = self.address(slot, &slot_map, self.dtype(v));
+            let ty = if vector {
+                types::F32X4
+            } else {
+                clif_type(self.dtype(v))
+            };
+            self.b.ins().load(ty, flags(), addr, 0)
+        } else if vector && self.level(v, map) < Level::Inner {
             let s = self.emit(v, map, false);
             self.splat(self.dtype(v), s)
         } else {

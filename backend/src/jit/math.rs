@@ -94,6 +94,16 @@ impl Lanes {
         }
     }
 
+    /// `x` limited to `[lo, hi]`, NaN kept. A compare and a select each way: one `maxps` /
+    /// `minps`, where `fmax`/`fmin` (which order zeros and propagate NaN from either side)
+    /// take an 8-instruction sequence on x86.
+    pub fn clamp(self, b: &mut FunctionBuilder, x: Value, lo: Value, hi: Value) -> Value {
+        let below = b.ins().fcmp(FloatCC::LessThan, x, lo);
+        let x = self.select(b, below, lo, x);
+        let above = b.ins().fcmp(FloatCC::GreaterThan, x, hi);
+        self.select(b, above, hi, x)
+    }
+
     /// `Σ coeffs[i]·xⁱ⁻ᵏ…` by Horner's rule with fused multiply-adds, highest degree first.
     fn horner(self, b: &mut FunctionBuilder, x: Value, coeffs: &[f32]) -> Value {
         let mut acc = self.c(b, coeffs[0]);
@@ -111,8 +121,7 @@ pub fn exp(b: &mut FunctionBuilder, l: Lanes, x: Value) -> Value {
     // Down to −103.97 the result is subnormal (2ⁿ is built in two halves, so it gets there);
     // below it rounds to zero.
     let (lo, hi) = (l.c(b, -103.972_08), l.c(b, 88.722_84));
-    let clamped = b.ins().fmax(x, lo);
-    let clamped = b.ins().fmin(clamped, hi);
+    let clamped = l.clamp(b, x, lo, hi);
     let (log2e, magic) = (l.c(b, LOG2E), l.c(b, MAGIC));
     let t = b.ins().fma(clamped, log2e, magic);
     let n = b.ins().fsub(t, magic);
@@ -235,8 +244,7 @@ pub fn log(b: &mut FunctionBuilder, l: Lanes, x: Value) -> Value {
 pub fn tanh(b: &mut FunctionBuilder, l: Lanes, x: Value) -> Value {
     let bound = 7.905_311;
     let (lo, hi) = (l.c(b, -bound), l.c(b, bound));
-    let c = b.ins().fmax(x, lo);
-    let c = b.ins().fmin(c, hi);
+    let c = l.clamp(b, x, lo, hi);
     let x2 = b.ins().fmul(c, c);
     let p = l.horner(
         b,
@@ -289,8 +297,7 @@ pub fn sigmoid(b: &mut FunctionBuilder, l: Lanes, x: Value) -> Value {
 
 pub fn erf(b: &mut FunctionBuilder, l: Lanes, x: Value) -> Value {
     let (lo, hi) = (l.c(b, -4.0), l.c(b, 4.0));
-    let c = b.ins().fmax(x, lo);
-    let c = b.ins().fmin(c, hi);
+    let c = l.clamp(b, x, lo, hi);
     let x2 = b.ins().fmul(c, c);
     let p = l.horner(
         b,

@@ -14,8 +14,8 @@
 //!
 //! The JIT follows one disciplined sequence (declare, build, define, clear, finalise, get the
 //! pointer) in one module, reusing its contexts; kernels are cached by their canonical text,
-//! so no kernel is compiled twice in a process. `KILN_DEBUG=2` prints each kernel's Cranelift IR
-//! and code size.
+//! so no kernel is compiled twice in a process. `KILN_DEBUG=1` reports each kernel compiled,
+//! `2` also prints its Cranelift IR, `3` its machine code.
 
 pub mod codegen;
 mod math;
@@ -379,11 +379,15 @@ impl Jit {
                     self.ctx.func.display()
                 );
             }
+            self.ctx.set_disasm(debug::level() >= 3);
             let defined = self.module.define_function(id, &mut self.ctx);
             code_size += self
                 .ctx
                 .compiled_code()
                 .map_or(0, |c| c.code_buffer().len());
+            if let Some(listing) = self.ctx.compiled_code().and_then(|c| c.vcode.as_ref()) {
+                eprintln!("// machine code of kernel stage {index}:\n{listing}");
+            }
             self.module.clear_context(&mut self.ctx);
             defined.map_err(|e| JitError::Codegen(format!("{e:?}")))?;
             ids.push(id);
