@@ -202,6 +202,13 @@ fn zip_map<A: Copy, B: Copy, T>(
             y.shape()
         ));
     }
+    // Contiguous operands (the common case) skip the general iterator.
+    if let (Some(a), Some(b)) = (x.as_slice(), y.as_slice()) {
+        let values: Vec<T> = a.iter().zip(b).map(|(&a, &b)| f(a, b)).collect();
+        // SAFETY: one value per element of `x`, in row-major order (`x` is contiguous and
+        // in standard order, as `as_slice` guarantees).
+        return Ok(unsafe { ArrayD::from_shape_vec_unchecked(x.raw_dim(), values) });
+    }
     Ok(Zip::from(x).and(y).map_collect(|&a, &b| f(a, b)))
 }
 

@@ -3,6 +3,7 @@
 use super::tape::{Generation, evaluate};
 use super::trace::Trace;
 use super::{Context, EagerError, EagerResult, LeafId, with};
+use kiln_backend::interp::kernels;
 use kiln_backend::{Array, Env};
 use kiln_ir::{
     ArgOp, AxisSlice, BinaryOp, BuildError, BuildResult, CompareOp, DType, FunctionBuilder, Loc,
@@ -73,6 +74,39 @@ pub(crate) fn apply(
             compute_op(cx, inputs, loc, build)
         }
     })
+}
+
+/// The fast path of an eager op: when no input is traced or on the tape (so no IR needs to be
+/// recorded), the interpreter's kernel computes the result at once. `None` sends the op down
+/// the general path — which also reports any error with the op's location.
+fn direct(
+    inputs: &[&Tensor],
+    kernel: impl FnOnce(&Array, Option<&Array>) -> Result<Array, String>,
+) -> Option<Tensor> {
+    let result = with(|cx| {
+        if cx.trace.is_some() {
+            return Ok(None);
+        }
+        fn eager<'t>(cx: &Context, t: &'t Tensor) -> Option<&'t Array> {
+            match &t.0 {
+                Repr::Eager { data, .. } if !(cx.grad_enabled && t.on_tape(cx)) => Some(&**data),
+                _ => None,
+            }
+        }
+        let first = inputs.first().and_then(|t| eager(cx, t));
+        let second = inputs.get(1).map(|t| eager(cx, t));
+        let Some(first) = first else {
+            return Ok(None);
+        };
+        if second == Some(None) {
+            return Ok(None);
+        }
+        Ok(kernel(first, second.flatten()).ok())
+    });
+    result
+        .ok()
+        .flatten()
+        .map(|a| Tensor::from_shared(Arc::new(a)))
 }
 
 pub(crate) fn apply1(
@@ -407,12 +441,23 @@ impl Tensor {
 
     #[track_caller]
     pub fn unary(&self, op: UnaryOp) -> EagerResult<Tensor> {
+        if let Some(t) = direct(&[self], |a, _| kernels::unary(op, a)) {
+            return Ok(t);
+        }
         apply1(&[self], Loc::caller(), |b, v| b.unary(op, v[0]))
     }
 
     /// `op(self, other)` with NumPy broadcasting.
     #[track_caller]
     pub fn binary(&self, op: BinaryOp, other: &Tensor) -> EagerResult<Tensor> {
+        let same_shaped = |a: &Array, b: &Array| a.dtype() == b.dtype() && a.shape() == b.shape();
+        let kernel = |a: &Array, b: Option<&Array>| match b {
+            Some(b) if same_shaped(a, b) => kernels::binary(op, a, b),
+            _ => Err(String::new()),
+        };
+        if let Some(t) = direct(&[self, other], kernel) {
+            return Ok(t);
+        }
         apply1(&[self, other], Loc::caller(), |b, v| {
             b.binary(op, v[0], v[1])
         })
