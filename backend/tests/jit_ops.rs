@@ -55,7 +55,7 @@ impl Gen {
             -90.0,
             0.5,
         ];
-        if specials && self.next() % 7 == 0 {
+        if specials && self.next().is_multiple_of(7) {
             SPECIAL[(self.next() % SPECIAL.len() as u64) as usize]
         } else {
             self.unit() * 8.0 - 4.0
@@ -77,7 +77,7 @@ impl Gen {
             DType::I64 => Array::I64(ArrayD::from_shape_fn(s, |_| self.int(nonzero))),
             DType::Bool => {
                 let _ = n;
-                Array::Bool(ArrayD::from_shape_fn(s, |_| self.next() % 2 == 0))
+                Array::Bool(ArrayD::from_shape_fn(s, |_| self.next().is_multiple_of(2)))
             }
         }
     }
@@ -392,7 +392,7 @@ fn iota_constants_and_broadcasts() {
                 check(&what, &[], vec![], EXACT, |b, _| {
                     let i = b.iota(ty.clone(), axis)?;
                     let two = b.scalar(dtype, 2.0)?;
-                    Ok(vec![i.clone(), b.mul(i, two)?])
+                    Ok(vec![i, b.mul(i, two)?])
                 });
             }
         }
@@ -422,7 +422,7 @@ fn non_contiguous_inputs() {
     let ty = Type::new(DType::F32, fixed(&[10, 6]));
     check(
         "transposed input",
-        &[ty.clone()],
+        std::slice::from_ref(&ty),
         vec![view],
         APPROX,
         |b, a| Ok(vec![b.unary(UnaryOp::Exp, a[0])?]),

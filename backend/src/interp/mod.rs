@@ -69,12 +69,15 @@ pub struct Interpreter<'a> {
     rng_counter: u64,
 }
 
+/// State writes made while evaluating, committed by the caller in order: (state name, value).
+pub type Stores = Vec<(String, Arc<Array>)>;
+
 /// The values of one call, keyed by SSA value (region arguments are rebound as loops go round).
 struct Frame<'f> {
     func: &'f Function,
     values: Env,
     bindings: SymbolBindings,
-    stores: Vec<(String, Arc<Array>)>,
+    stores: Stores,
 }
 
 impl<'a> Interpreter<'a> {
@@ -212,7 +215,7 @@ impl<'a> Interpreter<'a> {
         values: Env,
         bindings: &SymbolBindings,
         state: &StateStore,
-    ) -> Result<(Vec<Arc<Array>>, Vec<(String, Arc<Array>)>), InterpError> {
+    ) -> Result<(Vec<Arc<Array>>, Stores), InterpError> {
         let mut frame = Frame {
             func,
             values,

@@ -1199,7 +1199,7 @@ impl Gen<'_, '_> {
             Some(k) if k == self.inner_axis() => self.inner.expect("inside an inner loop"),
             Some(k) => self.row_index[k as usize],
         };
-        let s = self.from_index(index, dtype);
+        let s = self.index_as(index, dtype);
         if !vector {
             return s;
         }
@@ -1214,7 +1214,7 @@ impl Gen<'_, '_> {
         self.b.ins().fadd(base, lanes)
     }
 
-    fn from_index(&mut self, index: CValue, dtype: DType) -> CValue {
+    fn index_as(&mut self, index: CValue, dtype: DType) -> CValue {
         match dtype {
             DType::F32 | DType::F64 => self.b.ins().fcvt_from_sint(clif_type(dtype), index),
             DType::I32 => self.b.ins().ireduce(types::I32, index),

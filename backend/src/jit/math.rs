@@ -216,7 +216,7 @@ pub fn log(b: &mut FunctionBuilder, l: Lanes, x: Value) -> Value {
             -1.666_805_8e-1,
             2.000_071_5e-1,
             -2.499_999_4e-1,
-            3.333_333_1e-1,
+            3.333_333e-1,
         ],
     );
     let y = b.ins().fmul(poly, m);
@@ -251,7 +251,7 @@ pub fn tanh(b: &mut FunctionBuilder, l: Lanes, x: Value) -> Value {
         x2,
         &[
             -2.760_768_5e-16,
-            2.000_187_9e-13,
+            2.000_188e-13,
             -8.604_672e-11,
             5.122_297e-8,
             1.485_722_4e-5,
@@ -263,12 +263,7 @@ pub fn tanh(b: &mut FunctionBuilder, l: Lanes, x: Value) -> Value {
     let q = l.horner(
         b,
         x2,
-        &[
-            1.198_258_4e-6,
-            1.185_347_1e-4,
-            2.268_434_6e-3,
-            4.893_525_2e-3,
-        ],
+        &[1.198_258_4e-6, 1.185_347_1e-4, 2.268_434_6e-3, 4.893_525e-3],
     );
     let r = b.ins().fdiv(p, q);
     // Near zero tanh(x) = x to within rounding, and the rational form loses the low bits.
