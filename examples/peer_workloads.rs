@@ -4,6 +4,8 @@
 //!
 //!     cargo run --release --example peer_workloads -- --out results [--data dir] [w2 w3 ...]
 //!
+//! `scripts/compare_peers.sh` runs it after the peers' scripts and writes the comparison.
+//!
 //! `--data dir` holds the W5 batch and initial weights the peers use (`scripts/peer_data.py`
 //! writes them with numpy), so that the loss after 110 steps is comparable.
 
@@ -17,7 +19,13 @@ use std::time::Instant;
 
 type Error = Box<dyn std::error::Error>;
 
-const FRAMEWORK: &str = "kiln";
+/// `kiln`, or `kiln_1thread` when `RAYON_NUM_THREADS=1` holds Kiln's kernels to one thread.
+fn framework() -> &'static str {
+    match std::env::var("RAYON_NUM_THREADS").as_deref() {
+        Ok("1") => "kiln_1thread",
+        _ => "kiln",
+    }
+}
 
 /// Minor page faults of this process so far.
 fn minor_faults() -> u64 {
@@ -97,7 +105,7 @@ impl Emitter {
             "us" => 1e6,
             _ => 1.0,
         };
-        let mut record = json!({"workload": workload, "framework": FRAMEWORK, "case": case, "status": "ok", "unit": unit});
+        let mut record = json!({"workload": workload, "framework": framework(), "case": case, "status": "ok", "unit": unit});
         if let Some(s) = summary {
             record["median"] = json!(s.median * scale);
             record["min"] = json!(s.min * scale);

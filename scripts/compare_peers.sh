@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# Runs the peers' benchmark scripts and Kiln's on the same workloads, one after another on this
+# machine, and writes the comparison (ratios to the best peer of this run) into BENCHMARKS.md.
+#
+# usage: scripts/compare_peers.sh [workload ...]        (default: w2 w3 w4 w5 w6 w8; w5 gives w7)
+#   PEERS_DIR=dir   the peers' scripts and Python environment (default: target/peers, copied from
+#                   ../shared/baselines and installed with its install.sh on first use)
+#   SKIP="w6:tinygrad ..."   peer runs to leave out (passed to run_all.sh)
+#   KILN_ONLY=1     keep the peers' results of an earlier run and rerun only Kiln
+set -euo pipefail
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+PEERS=${PEERS_DIR:-$ROOT/target/peers}
+WL=("$@")
+[ ${#WL[@]} -eq 0 ] && WL=(w2 w3 w4 w5 w6 w8)
+
+if [ ! -x "$PEERS/.venv/bin/python" ]; then
+  echo "== installing the peers into $PEERS"
+  mkdir -p "$PEERS"
+  cp -rn "$ROOT/../shared/baselines/." "$PEERS/"
+  "$PEERS/install.sh"
+fi
+PY="$PEERS/.venv/bin/python"
+
+echo "== building Kiln's runner"
+(cd "$ROOT" && cargo build --release --locked --example peer_workloads)
+"$PY" "$ROOT/scripts/peer_data.py" "$PEERS" "$PEERS/kiln_data"
+
+if [ -z "${KILN_ONLY:-}" ]; then
+  echo "== peers (each in its own process, waiting for an idle machine)"
+  (cd "$PEERS" && BENCH_OUT=results ./run_all.sh "${WL[@]}")
+else
+  # Drop only Kiln's records of the earlier run.
+  "$PY" "$ROOT/scripts/compare_table.py" --drop-kiln "$PEERS/results" "${WL[@]}"
+fi
+
+echo "== Kiln, on all cores and on one thread"
+RUNNER="$ROOT/target/release/examples/peer_workloads"
+for threads in default 1; do
+  (cd "$PEERS" && "$PY" -c "import run_one; run_one.wait_quiet()")
+  if [ "$threads" = default ]; then
+    "$RUNNER" --out "$PEERS/results" --data "$PEERS/kiln_data" "${WL[@]}"
+  else
+    RAYON_NUM_THREADS=1 "$RUNNER" --out "$PEERS/results" --data "$PEERS/kiln_data" "${WL[@]}"
+  fi
+done
+
+echo "== tables"
+(cd "$PEERS" && "$PY" make_tables.py > results/tables.md)
+"$PY" "$ROOT/scripts/compare_table.py" "$PEERS/results" "$ROOT/BENCHMARKS.md"
+echo "comparison -> BENCHMARKS.md (all records: $PEERS/results/tables.md)"

@@ -1,0 +1,169 @@
+"""Writes the side-by-side comparison of one run of scripts/compare_peers.sh into BENCHMARKS.md:
+Kiln's figure, the best peer's figure from the same run, their ratio and the issue's target,
+then every record of the run (the peers' make_tables.py output).
+
+usage: python compare_table.py RESULTS_DIR BENCHMARKS_MD
+       python compare_table.py --drop-kiln RESULTS_DIR w2 w3 ...   (forget Kiln's records)
+"""
+import datetime
+import json
+import os
+import platform
+import subprocess
+import sys
+
+BEGIN = "<!-- peer comparison: begin (written by scripts/compare_table.py) -->"
+END = "<!-- peer comparison: end -->"
+
+
+def load(results, w):
+    path = os.path.join(results, f"{w}.jsonl")
+    if not os.path.exists(path):
+        return []
+    return [json.loads(line) for line in open(path) if line.strip()]
+
+
+def drop_kiln(results, workloads):
+    for w in workloads + (["w7"] if "w5" in workloads else []):
+        path = os.path.join(results, f"{w}.jsonl")
+        if os.path.exists(path):
+            keep = [r for r in load(results, w) if not r["framework"].startswith("kiln")]
+            with open(path, "w") as f:
+                f.writelines(json.dumps(r) + "\n" for r in keep)
+
+
+def ok(records):
+    return [r for r in records if r.get("status") == "ok"]
+
+
+def best_peer(records, key, lower_is_better=True, case=None):
+    peers = [r for r in ok(records) if not r["framework"].startswith("kiln")
+             and key in r and (case is None or r["case"] == case)]
+    if not peers:
+        return None
+    pick = min if lower_is_better else max
+    return pick(peers, key=lambda r: r[key])
+
+
+def kiln(records, framework, key, case_contains="", case=None):
+    for r in ok(records):
+        if r["framework"] == framework and case_contains in r["case"] and key in r \
+                and (case is None or r["case"] == case):
+            return r
+    return None
+
+
+def fmt(v, unit):
+    if v is None:
+        return "—"
+    if abs(v) >= 100:
+        s = f"{v:.0f}"
+    elif abs(v) >= 10:
+        s = f"{v:.1f}"
+    elif abs(v) >= 0.1:
+        s = f"{v:.2f}"
+    else:
+        s = f"{v:.3f}"
+    return f"{s} {unit}"
+
+
+def who(r):
+    return f"{r['framework']} ({r['case']})" if r else "—"
+
+
+def rows(results):
+    """One row per target: (workload, Kiln 2 threads, Kiln 1 thread, best peer, ratio, target, met)."""
+    out = []
+
+    def timed(w, key, unit, target, target_text, case_contains="", absolute=None):
+        recs = load(results, w)
+        peer = best_peer(recs, key)
+        k2 = kiln(recs, "kiln", key, case_contains)
+        k1 = kiln(recs, "kiln_1thread", key, case_contains)
+        ratio = peer[key] / k2[key] if peer and k2 else None
+        if absolute is not None:
+            met = k2 is not None and k2[key] <= absolute
+        else:
+            met = ratio is not None and ratio >= target
+        out.append([w, case_contains or (k2["case"] if k2 else ""),
+                    fmt(k2 and k2[key], unit), fmt(k1 and k1[key], unit),
+                    f"{fmt(peer and peer[key], unit)} — {who(peer)}",
+                    f"{ratio:.2f}× faster" if ratio else "—", target_text,
+                    "yes" if met else "no"])
+
+    timed("w2", "median", "ms", 5.0, "≥ 5× faster", "fresh output per call")
+    timed("w2", "median", "ms", 5.0, "(reused output, reported)", "output buffer reused")
+    out[-1][-1] = "—"
+    timed("w3", "median", "ms", 4.0, "≥ 4× faster", "fresh output per call")
+    timed("w3", "median", "ms", 4.0, "(reused output, reported)", "output buffer reused")
+    out[-1][-1] = "—"
+    recs = load(results, "w4")
+    for case in sorted({r["case"] for r in ok(recs) if r["framework"] == "kiln"}):
+        peer = best_peer(recs, "GFLOPs_median", lower_is_better=False, case=case)
+        k2 = kiln(recs, "kiln", "GFLOPs_median", case=case)
+        k1 = kiln(recs, "kiln_1thread", "GFLOPs_median", case=case)
+        ratio = k2["GFLOPs_median"] / peer["GFLOPs_median"] if peer and k2 else None
+        out.append(["w4", case, fmt(k2 and k2["GFLOPs_median"], "GFLOP/s"),
+                    fmt(k1 and k1["GFLOPs_median"], "GFLOP/s"),
+                    f"{fmt(peer and peer['GFLOPs_median'], 'GFLOP/s')} — {who(peer)}",
+                    f"{ratio:.2f}×" if ratio else "—", "≥ 1.0×",
+                    "yes" if ratio and ratio >= 1.0 else "no"])
+    timed("w5", "median", "ms", 1.1, "≥ 1.1× faster")
+    timed("w7", "first_call_s", "s", None, "≤ 0.05 s", absolute=0.05)
+    timed("w6", "median", "µs", None, "≤ 0.1 µs", absolute=0.1)
+    timed("w8", "median", "µs", None, "≤ 50 µs", absolute=50.0)
+    return out
+
+
+def machine():
+    model = "unknown CPU"
+    for line in open("/proc/cpuinfo"):
+        if line.startswith("model name"):
+            model = line.split(":", 1)[1].strip()
+            break
+    mem = ""
+    for line in open("/proc/meminfo"):
+        if line.startswith("MemTotal"):
+            mem = f", {int(line.split()[1]) / 2**20:.0f} GiB"
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                            text=True).stdout.strip()
+    return f"{model}, {os.cpu_count()} cores{mem}, {platform.system()} {platform.release()}; " \
+           f"Kiln at commit {commit}"
+
+
+def section(results):
+    header = ["workload", "case", "Kiln (2 threads)", "Kiln (1 thread)", "best peer, same run",
+              "ratio", "target", "met"]
+    lines = [BEGIN, "",
+             f"Run of {datetime.date.today().isoformat()} on {machine()}.",
+             "Command: `scripts/compare_peers.sh` (peers first, each in its own process after "
+             "waiting for an idle machine, then Kiln's `examples/peer_workloads.rs` on all cores "
+             "and with `RAYON_NUM_THREADS=1`).", "",
+             "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows(results)]
+    tables = os.path.join(results, "tables.md")
+    if os.path.exists(tables):
+        lines += ["", "<details><summary>Every record of this run (the peers' make_tables.py)"
+                  "</summary>", "", open(tables).read().strip(), "", "</details>"]
+    lines += ["", END]
+    return "\n".join(lines)
+
+
+def main():
+    if sys.argv[1] == "--drop-kiln":
+        drop_kiln(sys.argv[2], sys.argv[3:])
+        return
+    results, target = sys.argv[1:3]
+    text = open(target).read() if os.path.exists(target) else "# Benchmarks\n"
+    new = section(results)
+    if BEGIN in text and END in text:
+        start, end = text.index(BEGIN), text.index(END) + len(END)
+        text = text[:start] + new + text[end:]
+    else:
+        text = text.rstrip() + "\n\n## Side by side with the peers\n\n" + new + "\n"
+    with open(target, "w") as f:
+        f.write(text)
+
+
+if __name__ == "__main__":
+    main()
