@@ -28,7 +28,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     })?;
     let elapsed = start.elapsed();
     println!(
-        "{} iterations in {:.2} s ({:.0} µs per iteration, interpreter); {} programs prepared",
+        "{} iterations in {:.2} s ({:.0} µs per iteration, compiled); {} programs prepared",
         config.iterations,
         elapsed.as_secs_f64(),
         elapsed.as_secs_f64() * 1e6 / config.iterations as f64,

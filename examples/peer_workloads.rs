@@ -380,6 +380,9 @@ fn main() -> Result<(), Error> {
             .map(String::from)
             .to_vec();
     }
+    // W7 is a first call: run it before other workloads have warmed the process.
+    selected.sort_by_key(|w| !matches!(w.as_str(), "w5" | "w7"));
+    selected.dedup_by(|a, b| matches!((a.as_str(), b.as_str()), ("w5" | "w7", "w5" | "w7")));
     let e = Emitter { out };
     for w in &selected {
         match w.as_str() {

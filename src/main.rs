@@ -7,6 +7,7 @@ use kiln::ir::{Function, Module, parse_and_verify};
 use kiln::runtime::Scope;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+use std::sync::Arc;
 
 #[derive(Parser)]
 #[command(
@@ -31,10 +32,12 @@ enum Command {
     /// Print a program in canonical form.
     #[command(after_help = "Example:\n  kiln dump tests/programs/mlp.kir")]
     Dump { file: PathBuf },
-    /// Run a function with the reference interpreter and print its results.
+    /// Run a function — compiled (pass pipeline, JIT kernels, gemm) unless --interpret — and
+    /// print its results.
     #[command(after_help = "Examples:\n  \
         kiln run tests/programs/mlp.kir --func predict --feed 'x=[[1,2,3,4]]'\n  \
-        kiln run tests/programs/mlp.kir --feed x=inputs.npy --out results/")]
+        kiln run tests/programs/mlp.kir --feed x=inputs.npy --out results/\n  \
+        kiln run tests/programs/mlp.kir --feed 'x=[[1,2,3,4]]' --interpret")]
     Run {
         file: PathBuf,
         /// The function to run; may be left out when the program has only one.
@@ -53,6 +56,10 @@ enum Command {
         /// After the run, save every state value to a safetensors checkpoint.
         #[arg(long, value_name = "FILE")]
         save_state: Option<PathBuf>,
+        /// Run the program as written with the reference interpreter (the oracle) instead of
+        /// compiling it.
+        #[arg(long)]
+        interpret: bool,
     },
     /// Print the gradient function of a scalar loss: `@<func>_grad` returns the loss and the
     /// gradient with respect to each `--wrt` (arguments by name, state as `@name`).
@@ -122,6 +129,7 @@ fn main() -> ExitCode {
             out,
             state,
             save_state,
+            interpret,
         } => run(&RunArgs {
             file: &file,
             func: func.as_deref(),
@@ -129,6 +137,7 @@ fn main() -> ExitCode {
             out: out.as_deref(),
             state: state.as_deref(),
             save_state: save_state.as_deref(),
+            interpret,
         }),
         Command::Grad {
             file,
@@ -270,6 +279,27 @@ fn opt(
     Ok(())
 }
 
+/// Runs `name` of `module` after the default pass pipeline, with JIT kernels.
+fn run_compiled(
+    module: &Module,
+    name: &str,
+    args: Vec<kiln::backend::Array>,
+    state: &mut kiln::backend::StateStore,
+) -> Result<Result<Vec<kiln::backend::Array>, kiln::backend::InterpError>, Failed> {
+    let mut optimized = module.clone();
+    kiln::passes::PassManager::pipeline("default")
+        .expect("the default pipeline exists")
+        .run(&mut optimized)
+        .map_err(|e| Failed(format!("error: {e}")))?;
+    let func = (optimized.functions.iter())
+        .find(|f| f.name() == name)
+        .ok_or_else(|| Failed(format!("error: the pass pipeline removed @{name}")))?;
+    let executable = kiln::backend::exec::Executable::new(func);
+    let args = args.into_iter().map(Arc::new).collect();
+    let results = executable.run(args, state, &Interpreter::new(&optimized), false);
+    Ok(results.map(|r| r.into_iter().map(kiln::backend::unshare).collect()))
+}
+
 struct RunArgs<'a> {
     file: &'a Path,
     func: Option<&'a str>,
@@ -277,6 +307,7 @@ struct RunArgs<'a> {
     out: Option<&'a Path>,
     state: Option<&'a Path>,
     save_state: Option<&'a Path>,
+    interpret: bool,
 }
 
 fn run(opts: &RunArgs<'_>) -> Result<(), Failed> {
@@ -326,9 +357,12 @@ fn run(opts: &RunArgs<'_>) -> Result<(), Failed> {
     }
     let mut state = scope.store().clone();
     let before = state.clone();
-    let results = Interpreter::new(&module)
-        .run_function(func, args, &mut state)
-        .map_err(|e| Failed(format!("error: {e}")))?;
+    let results = if opts.interpret {
+        Interpreter::new(&module).run_function(func, args, &mut state)
+    } else {
+        run_compiled(&module, func.name(), args, &mut state)?
+    }
+    .map_err(|e| Failed(format!("error: {e}")))?;
     if let Some(dir) = out {
         std::fs::create_dir_all(dir)
             .map_err(|e| Failed(format!("error: cannot create {}: {e}", dir.display())))?;

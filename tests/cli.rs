@@ -103,6 +103,38 @@ fn run_feeds_literals_and_npy_files_and_writes_results() {
     std::fs::remove_dir_all(&dir).ok();
 }
 
+/// The numbers a `kiln run` printed, in order.
+fn printed_numbers(text: &str) -> Vec<f64> {
+    (text.lines())
+        .filter(|l| !l.starts_with("result") && !l.starts_with("state"))
+        .flat_map(|l| l.split(|c: char| "[], ".contains(c)))
+        .filter_map(|w| w.parse().ok())
+        .collect()
+}
+
+#[test]
+fn run_compiles_by_default_and_interprets_on_request() {
+    let args = [
+        "run",
+        "tests/programs/mlp.kir",
+        "--feed",
+        "x=[[1,2,3,4],[0.5,-1,0,2]]",
+    ];
+    let compiled = kiln(&args);
+    assert!(compiled.status.success(), "{}", stderr(&compiled));
+    let interpreted = kiln(&[&args[..], &["--interpret"]].concat());
+    assert!(interpreted.status.success(), "{}", stderr(&interpreted));
+    let (c, i) = (
+        printed_numbers(&stdout(&compiled)),
+        printed_numbers(&stdout(&interpreted)),
+    );
+    assert_eq!(c.len(), 6, "{}", stdout(&compiled));
+    assert_eq!(c.len(), i.len());
+    for (a, b) in c.iter().zip(&i) {
+        assert!((a - b).abs() <= 1e-5 * b.abs().max(1.0), "{c:?} vs {i:?}");
+    }
+}
+
 #[test]
 fn run_explains_what_is_missing_or_wrong() {
     let cases: [(&[&str], &str); 5] = [

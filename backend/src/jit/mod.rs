@@ -293,6 +293,16 @@ pub fn compilations() -> usize {
     COMPILATIONS.load(Ordering::Relaxed)
 }
 
+/// Empties the kernel cache, so that the next request for each kernel compiles it again: for
+/// measuring compile latency in a warm process. Kernels already handed out keep working (their
+/// code stays mapped for the life of the process).
+pub fn forget_cached_kernels() {
+    cache()
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .clear();
+}
+
 /// The compiled kernel for `func` (a function of fusible ops), from the cache when the same
 /// kernel text was compiled before.
 pub fn kernel(func: &Function) -> Result<Arc<Kernel>, JitError> {

@@ -401,19 +401,27 @@ impl KernelPlan {
         out
     }
 
-    /// Whether output `output` may be written over the buffer of input `input`: one rows
-    /// stage of elementwise values only, the input read only at the element being written, and
-    /// read by the output's own computation — so each element is loaded before it is
-    /// overwritten, and later reads in the same iteration reuse the loaded value.
+    /// Whether output `output` may be written over the buffer of input `input`: the output's
+    /// stage is a rows stage of elementwise values only, reading the input only at the element
+    /// being written, and reading it in the output's own computation — so each element is
+    /// loaded before it is overwritten, and later reads in the same iteration reuse the loaded
+    /// value — and no later stage reads the input. (Earlier stages, such as the scalars of an
+    /// optimizer step, have read it by then.)
     pub fn can_update_in_place(&self, input: usize, output: usize) -> bool {
         let arg = self.func.args()[input];
         let out = self.outputs[output];
         if self.ty(arg) != self.ty(out) || self.func.args().contains(&out) {
             return false;
         }
-        let [stage] = &self.stages[..] else {
+        let Some(&home) = self.stage_of.get(&out) else {
             return false;
         };
+        let reads_arg = |v: Value| self.reads(v).iter().any(|(x, _)| *x == arg);
+        if (self.stages[home + 1..].iter()).any(|later| later.values.iter().any(|&v| reads_arg(v)))
+        {
+            return false;
+        }
+        let stage = &self.stages[home];
         let elementwise = (stage.values.iter())
             .all(|&v| self.row_role(v, &stage.domain) == Some(RowRole::Element));
         if stage.accumulate || !elementwise {
@@ -425,7 +433,7 @@ impl KernelPlan {
                 .iter()
                 .all(|(x, map)| *x != arg || *map == identity)
         });
-        aligned && self.reads(out).iter().any(|(x, _)| *x == arg)
+        aligned && reads_arg(out)
     }
 
     /// Whether a call can fail: integer division (by zero) or a max/min over an empty axis.

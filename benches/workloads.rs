@@ -1,0 +1,84 @@
+//! The peers' workloads (W2–W8 of `../shared/baselines/README.md`) run by Kiln's compiled
+//! backend, under criterion. The side-by-side comparison with the peers' own scripts is
+//! `scripts/compare_peers.sh`, which uses `examples/peer_workloads.rs` and the peers' timing
+//! protocol; these benches are for watching Kiln's own figures move.
+//!
+//!     cargo bench --bench workloads [-- w5]
+
+use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
+use kiln::backend::jit;
+use kiln::workloads;
+use std::hint::black_box;
+use std::time::Duration;
+
+/// W2 and W3: a fresh output per call (as the peers' calls allocate) and a reused output.
+fn elementwise(c: &mut Criterion) {
+    let mut group = c.benchmark_group("w2_w3");
+    group
+        .sample_size(10)
+        .measurement_time(Duration::from_secs(3));
+    let cases = [
+        ("w2_gelu_4096x4096", workloads::gelu(4096, 4096).unwrap()),
+        (
+            "w3_softmax_8192x1024",
+            workloads::softmax(8192, 1024).unwrap(),
+        ),
+    ];
+    for (name, mut forward) in cases {
+        // Bytes read and written once each, as the peers count them.
+        let bytes = 2 * 4 * forward.input("x").len() as u64;
+        group.throughput(Throughput::Bytes(bytes));
+        group.bench_function(BenchmarkId::new(name, "fresh output"), |b| {
+            b.iter(|| drop(black_box(forward.call_fresh().unwrap())))
+        });
+        group.bench_function(BenchmarkId::new(name, "reused output"), |b| {
+            b.iter(|| forward.call_reused().unwrap())
+        });
+    }
+    group.finish();
+}
+
+fn matmul(c: &mut Criterion) {
+    let mut group = c.benchmark_group("w4_matmul");
+    group.sample_size(20);
+    for (m, k, n) in [(1024, 1024, 1024), (256, 784, 512)] {
+        let mut forward = workloads::matmul(m, k, n).unwrap();
+        group.throughput(Throughput::Elements(2 * (m * k * n) as u64));
+        group.bench_function(format!("[{m},{k}]@[{k},{n}] (elements = flops)"), |b| {
+            b.iter(|| drop(black_box(forward.call_fresh().unwrap())))
+        });
+    }
+    group.finish();
+}
+
+fn training(c: &mut Criterion) {
+    let mut step = workloads::mlp_step().unwrap();
+    c.bench_function("w5_mlp_train_step", |b| {
+        b.iter(|| black_box(step.step().unwrap()))
+    });
+
+    // W7: build the program, open a session and run the first step, with nothing compiled.
+    let mut group = c.benchmark_group("w7_first_call");
+    group.sample_size(10);
+    group.bench_function("mlp_step_build_passes_jit_first_step", |b| {
+        b.iter(|| {
+            jit::forget_cached_kernels();
+            let mut step = workloads::mlp_step().unwrap();
+            black_box(step.step().unwrap())
+        })
+    });
+    group.finish();
+
+    let mut gan = workloads::gan().unwrap();
+    c.bench_function("w8_gan_iteration", |b| {
+        b.iter(|| black_box(gan.iteration().unwrap()))
+    });
+}
+
+fn eager(c: &mut Criterion) {
+    let x = workloads::eager_add_input();
+    c.bench_function("w6_eager_add_f32x4", |b| b.iter(|| black_box(&x + &x)));
+}
+
+criterion_group!(benches, elementwise, matmul, training, eager);
+criterion_main!(benches);

@@ -1,0 +1,160 @@
+//! The compiled executor as a Session uses it: memory planning (no allocation per step once
+//! warm, parameters and optimizer state updated where they live) and agreement with the
+//! reference interpreter over whole training runs.
+
+use kiln::backend::Array;
+use kiln::ir::{DType, Shape};
+use kiln::runtime::layers::{self, Activation, Dense};
+use kiln::runtime::{Adam, Backend, Fetch, Optimizer, Program, Session, Target};
+use kiln::workloads::normal;
+use std::sync::Arc;
+
+const BATCH: usize = 32;
+
+/// A 20-16-16-4 classifier with a training step by `optimizer`.
+fn classifier(optimizer: &mut dyn Optimizer) -> (Program, Target, kiln::ir::Value) {
+    let mut p = Program::with_seed(3);
+    let x = p
+        .placeholder("x", DType::F32, Shape::fixed(&[BATCH, 20]))
+        .unwrap();
+    let y = p
+        .placeholder("y", DType::I64, Shape::fixed(&[BATCH]))
+        .unwrap();
+    let h = Dense::new(&mut p, "fc1", 20, 16, Activation::Relu)
+        .unwrap()
+        .apply(&mut p, x)
+        .unwrap();
+    let h = Dense::new(&mut p, "fc2", 16, 16, Activation::Tanh)
+        .unwrap()
+        .apply(&mut p, h)
+        .unwrap();
+    let logits = Dense::new(&mut p, "fc3", 16, 4, Activation::Identity)
+        .unwrap()
+        .apply(&mut p, h)
+        .unwrap();
+    let loss = layers::softmax_cross_entropy(&mut p, logits, y).unwrap();
+    let train = optimizer.minimize(&mut p, loss).unwrap();
+    (p, train, loss)
+}
+
+fn batch() -> Vec<(&'static str, Arc<Array>)> {
+    let labels = (0..BATCH as i64).map(|i| (i * 7) % 4).collect();
+    let y = ndarray::ArrayD::from_shape_vec(ndarray::IxDyn(&[BATCH]), labels).unwrap();
+    vec![
+        ("x", Arc::new(normal(&[BATCH, 20], 1.0, 11))),
+        ("y", Arc::new(Array::I64(y))),
+    ]
+}
+
+#[test]
+fn a_warm_training_step_allocates_nothing_and_updates_state_in_place() {
+    let (program, train, loss) = classifier(&mut Adam::new(0.01));
+    let mut session = Session::new(&program).unwrap();
+    let feeds = batch();
+    let step = [Fetch::Target(train), Fetch::Value(loss)];
+    for _ in 0..2 {
+        drop(session.run_shared(&step, &feeds).unwrap());
+    }
+    let warm = session.exec_stats();
+    assert!(warm.kernels > 0, "the step runs compiled kernels: {warm:?}");
+    assert_eq!(warm.interpreted, 0, "nothing falls back: {warm:?}");
+
+    const STEPS: u64 = 5;
+    for _ in 0..STEPS {
+        // The loss is dropped before the next step, so its buffer comes back.
+        let out = session.run_shared(&step, &feeds).unwrap();
+        assert!(out[0].to_f64_vec()[0].is_finite());
+    }
+    let after = session.exec_stats();
+    assert_eq!(after.runs - warm.runs, STEPS);
+    assert_eq!(
+        after.allocations, warm.allocations,
+        "warm steps allocated buffers: {warm:?} -> {after:?}"
+    );
+    assert!(after.reuses > warm.reuses);
+    // Six parameters, each with two Adam moments, plus the step counter: every one is
+    // written over its own buffer.
+    let in_place_per_step = (after.in_place - warm.in_place) / STEPS;
+    assert!(
+        in_place_per_step > 6 * 3,
+        "{in_place_per_step} in-place updates per step: {after:?}"
+    );
+}
+
+#[test]
+fn fetching_only_a_target_allocates_nothing_once_warm() {
+    let (program, train, _) = classifier(&mut Adam::new(0.01));
+    let mut session = Session::new(&program).unwrap();
+    let feeds = batch();
+    for _ in 0..2 {
+        session.run_shared(&[Fetch::Target(train)], &feeds).unwrap();
+    }
+    let warm = session.exec_stats();
+    for _ in 0..5 {
+        assert!(
+            session
+                .run_shared(&[Fetch::Target(train)], &feeds)
+                .unwrap()
+                .is_empty()
+        );
+    }
+    assert_eq!(session.exec_stats().allocations, warm.allocations);
+}
+
+/// Trains the classifier for `steps` steps on `backend`; returns the losses and the parameters.
+fn train(backend: Backend, steps: usize) -> (Vec<f64>, Vec<(String, Vec<f64>)>) {
+    let (program, train, loss) = classifier(&mut Adam::new(0.02));
+    let mut session = Session::new(&program).unwrap().with_backend(backend);
+    let feeds = batch();
+    let losses = (0..steps)
+        .map(|_| {
+            let out = session
+                .run_shared(&[Fetch::Target(train), Fetch::Value(loss)], &feeds)
+                .unwrap();
+            out[0].to_f64_vec()[0]
+        })
+        .collect();
+    let params = (session.scope().iter())
+        .map(|(name, value)| (name.to_owned(), value.to_f64_vec()))
+        .collect();
+    (losses, params)
+}
+
+#[test]
+fn compiled_training_follows_the_interpreter() {
+    let steps = 30;
+    let (compiled, compiled_params) = train(Backend::Compiled, steps);
+    let (oracle, oracle_params) = train(Backend::Interpreter, steps);
+    assert!(
+        oracle[steps - 1] < oracle[0] * 0.8,
+        "the run learns: {oracle:?}"
+    );
+    for (step, (c, o)) in compiled.iter().zip(&oracle).enumerate() {
+        // Kernels round differently (fused expressions, polynomial exp/tanh, gemm's order).
+        assert!(
+            (c - o).abs() <= 1e-4 * o.abs().max(1.0),
+            "step {step}: compiled loss {c}, interpreter {o}"
+        );
+    }
+    assert_eq!(compiled_params.len(), oracle_params.len());
+    for ((name, c), (oracle_name, o)) in compiled_params.iter().zip(&oracle_params) {
+        assert_eq!(name, oracle_name);
+        let worst = (c.iter().zip(o))
+            .map(|(a, b)| (a - b).abs())
+            .fold(0.0, f64::max);
+        assert!(worst <= 1e-3, "{name}: parameters differ by {worst}");
+    }
+}
+
+#[test]
+fn the_interpreter_backend_compiles_nothing() {
+    let (program, train, loss) = classifier(&mut Adam::new(0.01));
+    let mut session = Session::new(&program)
+        .unwrap()
+        .with_backend(Backend::Interpreter);
+    session
+        .run_shared(&[Fetch::Target(train), Fetch::Value(loss)], &batch())
+        .unwrap();
+    let stats = session.exec_stats();
+    assert_eq!((stats.runs, stats.kernels), (0, 0), "{stats:?}");
+}
