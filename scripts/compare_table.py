@@ -88,7 +88,7 @@ def rows(results):
         out.append([w, case_contains or (k2["case"] if k2 else ""),
                     fmt(k2 and k2[key], unit), fmt(k1 and k1[key], unit),
                     f"{fmt(peer and peer[key], unit)} — {who(peer)}",
-                    f"{ratio:.2f}× faster" if ratio else "—", target_text,
+                    f"{ratio:.2f}×" if ratio else "—", target_text,
                     "yes" if met else "no"])
 
     timed("w2", "median", "ms", 5.0, "≥ 5× faster", "fresh output per call")
@@ -133,7 +133,7 @@ def machine():
 
 def section(results):
     header = ["workload", "case", "Kiln (2 threads)", "Kiln (1 thread)", "best peer, same run",
-              "ratio", "target", "met"]
+              "speed-up vs best peer", "target", "met"]
     lines = [BEGIN, "",
              f"Run of {datetime.date.today().isoformat()} on {machine()}.",
              "Command: `scripts/compare_peers.sh` (peers first, each in its own process after "
