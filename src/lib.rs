@@ -31,6 +31,9 @@ pub use kiln_runtime as runtime;
 pub mod demos;
 pub mod dot;
 pub mod npy;
+pub mod plot;
+pub mod serve;
+pub mod stats;
 pub mod workloads;
 
 /// The names most programs need.

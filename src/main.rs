@@ -13,15 +13,41 @@ use std::sync::Arc;
 #[command(
     name = "kiln",
     version,
-    about = "Check, print, run and draw Kiln IR programs (.kir)"
+    about = "Kiln: check, optimise, inspect, draw and run Kiln IR programs (.kir)",
+    after_help = "Examples:\n  \
+        kiln                                     the tour: train, compile, write IR, drawings, a plot\n  \
+        kiln check tests/programs/mlp.kir        parse and verify\n  \
+        kiln run tests/programs/mlp.kir --feed 'x=[[1,2,3,4]]'\n  \
+        kiln opt tests/programs/layer_norm.kir --print-after-all\n  \
+        kiln stats tests/programs/mlp.kir --bind N=256\n  \
+        kiln dot tests/programs/mlp.kir | dot -Tsvg > mlp.svg\n\n\
+        Each command's --help shows more."
 )]
 struct Cli {
+    /// Without a command, `kiln` runs the tour (see `kiln tour --help`).
     #[command(subcommand)]
-    command: Command,
+    command: Option<Command>,
 }
 
 #[derive(Subcommand)]
 enum Command {
+    /// The tour: train an MLP on the built-in digits eagerly, compile its training step with
+    /// to_static and train on, train a GAN on 1-D data; write the IR of each stage, the
+    /// parameters, a drawing and a loss curve. What `kiln` with no command runs.
+    #[command(after_help = "Examples:\n  \
+        kiln tour\n  \
+        kiln tour --out /tmp/kiln-tour --epochs 1 --gan-iterations 300")]
+    Tour {
+        /// The folder everything is written to.
+        #[arg(long, value_name = "DIR", default_value = "kiln-out")]
+        out: PathBuf,
+        /// Epochs of eager training, then as many compiled.
+        #[arg(long, default_value_t = 5)]
+        epochs: usize,
+        /// Iterations of the GAN (a discriminator and a generator step each).
+        #[arg(long, default_value_t = 3000)]
+        gan_iterations: usize,
+    },
     /// Parse and verify programs; print every error with its line.
     #[command(after_help = "Example:\n  kiln check tests/programs/mlp.kir")]
     Check {
@@ -98,6 +124,17 @@ enum Command {
         #[arg(long)]
         stats: bool,
     },
+    /// Op counts, parameters and their sizes, fused kernels and estimated memory traffic, as
+    /// written and after the default pass pipeline.
+    #[command(after_help = "Examples:\n  \
+        kiln stats tests/programs/mlp.kir\n  \
+        kiln stats kiln-out/train_step.kir --bind N=32")]
+    Stats {
+        file: PathBuf,
+        /// A size for a symbolic dimension, as NAME=SIZE (unbound ones count as 1).
+        #[arg(long = "bind", value_name = "NAME=SIZE")]
+        bindings: Vec<String>,
+    },
     /// Draw a function's dataflow as Graphviz DOT (render with `dot -Tsvg`).
     #[command(after_help = "Example:\n  kiln dot tests/programs/mlp.kir | dot -Tsvg > mlp.svg")]
     Dot {
@@ -118,8 +155,24 @@ impl<E: std::fmt::Display> From<E> for Failed {
 }
 
 fn main() -> ExitCode {
+    // Like other Unix tools, end quietly when the reader of our output goes away
+    // (`kiln opt … | head`) instead of failing on the closed pipe.
+    // SAFETY: restoring the default action of a signal, before any thread starts.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
     let cli = Cli::parse();
-    let outcome = match cli.command {
+    let command = cli.command.unwrap_or(Command::Tour {
+        out: PathBuf::from("kiln-out"),
+        epochs: 5,
+        gan_iterations: 3000,
+    });
+    let outcome = match command {
+        Command::Tour {
+            out,
+            epochs,
+            gan_iterations,
+        } => tour(out, epochs, gan_iterations),
         Command::Check { files } => check(&files),
         Command::Dump { file } => load(&file).map(|m| print!("{m}")),
         Command::Run {
@@ -168,6 +221,7 @@ fn main() -> ExitCode {
             print_after_all,
             stats,
         } => opt(&file, &passes, &pipeline, print_after_all, stats),
+        Command::Stats { file, bindings } => stats(&file, &bindings),
         Command::Dot { file, func } => load(&file).and_then(|m| {
             let f = pick_function(&m, func.as_deref())?;
             print!("{}", kiln::dot::function_to_dot(f));
@@ -259,12 +313,19 @@ fn opt(
     let mut manager = manager
         .map_err(|e| Failed(format!("error: {e}")))?
         .verify_each(true);
+    let mut previous = module.to_string();
     let reports = manager
         .run_with(&mut module, |report, m| {
             if print_after_all {
                 println!("{}", kiln::passes::manager::dump_header(report.pass));
-                print!("{m}");
-                println!();
+                println!("// {report}");
+                let text = m.to_string();
+                if text == previous {
+                    println!("// (unchanged)\n");
+                } else {
+                    println!("{text}");
+                }
+                previous = text;
             }
         })
         .map_err(|e| Failed(format!("error: {e}")))?;
@@ -276,6 +337,28 @@ fn opt(
             eprintln!("{report}");
         }
     }
+    Ok(())
+}
+
+fn stats(path: &Path, bindings: &[String]) -> Result<(), Failed> {
+    let module = load(path)?;
+    let mut bound = kiln::ir::SymbolBindings::new();
+    for binding in bindings {
+        let size = binding
+            .split_once('=')
+            .and_then(|(name, size)| Some((name, size.parse::<usize>().ok()?)));
+        let Some((name, size)) = size else {
+            return Err(Failed(format!(
+                "error: --bind {binding:?} is not NAME=SIZE (for example N=256)"
+            )));
+        };
+        bound.insert(kiln::ir::Symbol::new(name), size);
+    }
+    println!("{}", path.display());
+    print!(
+        "{}",
+        kiln::stats::report(&module, &bound).map_err(|e| Failed(format!("error: {e}")))?
+    );
     Ok(())
 }
 
@@ -298,6 +381,53 @@ fn run_compiled(
     let args = args.into_iter().map(Arc::new).collect();
     let results = executable.run(args, state, &Interpreter::new(&optimized), false);
     Ok(results.map(|r| r.into_iter().map(kiln::backend::unshare).collect()))
+}
+
+fn tour(out: PathBuf, epochs: usize, gan_iterations: usize) -> Result<(), Failed> {
+    use kiln::demos::tour;
+    let config = tour::Config {
+        out,
+        eager_epochs: epochs,
+        compiled_epochs: epochs,
+        gan_iterations,
+        ..tour::Config::default()
+    };
+    println!(
+        "Kiln tour: an MLP on the built-in digits (1,797 images of 8x8), eager then compiled; a GAN on 1-D data.\n"
+    );
+    let summary =
+        tour::run(&config, |line| println!("{line}")).map_err(|e| Failed(format!("error: {e}")))?;
+    let (e, c) = (&summary.eager, &summary.compiled);
+    println!("\nsummary");
+    println!(
+        "  test accuracy        {:.1} % after eager training, {:.1} % after compiled training",
+        100.0 * e.test_accuracy,
+        100.0 * c.test_accuracy
+    );
+    println!(
+        "  speed                eager {:.0} steps/s, compiled {:.0} steps/s ({:.1}x)",
+        e.steps_per_second(),
+        c.steps_per_second(),
+        c.steps_per_second() / e.steps_per_second()
+    );
+    println!(
+        "  compile time         {:.3} s (trace, gradients, Adam, passes, JIT, first step)",
+        summary.compile_seconds
+    );
+    println!(
+        "  GAN                  generated mean {:.3}, std {:.3} (target 4, 0.5)",
+        summary.gan_mean, summary.gan_std
+    );
+    println!("\nwritten");
+    for (what, path) in &summary.files {
+        println!("  {:<42} {}", what, path.display());
+    }
+    let dir = config.out.display();
+    println!("\nnext");
+    println!("  kiln opt {dir}/train_step.kir --print-after-all | less   # the IR after each pass");
+    println!("  dot -Tsvg {dir}/train_step.dot > step.svg                # draw the training step");
+    println!("  kiln run {dir}/predict.kir --state {dir}/digits.safetensors --feed x=images.npy");
+    Ok(())
 }
 
 struct RunArgs<'a> {

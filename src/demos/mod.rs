@@ -4,3 +4,4 @@
 pub mod digits_dygraph;
 pub mod digits_static;
 pub mod gan_1d;
+pub mod tour;
