@@ -268,3 +268,36 @@ fn opt_prints_the_ir_after_each_pass_and_statistics() {
         "unknown pass `inline`; the passes are: canonicalize, fold, cse, simplify, dce, fuse"
     ));
 }
+
+#[test]
+fn stats_counts_ops_parameters_kernels_and_traffic() {
+    let out = kiln(&["stats", "tests/programs/layer_norm.kir", "--bind", "N=8"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = stdout(&out);
+    for part in [
+        "state:",
+        "as written",
+        "optimised",
+        "fused kernels",
+        "memory traffic",
+    ] {
+        assert!(text.contains(part), "no {part:?} in\n{text}");
+    }
+    let kernels = text
+        .lines()
+        .find(|l| l.trim_start().starts_with("fused kernels"))
+        .unwrap();
+    let counts: Vec<usize> = kernels
+        .split_whitespace()
+        .filter_map(|w| w.parse().ok())
+        .collect();
+    assert_eq!(counts[0], 0, "{kernels}");
+    assert!(counts[1] >= 1, "the pipeline fuses: {kernels}");
+    let bad = kiln(&["stats", "tests/programs/mlp.kir", "--bind", "N"]);
+    assert_eq!(bad.status.code(), Some(1));
+    assert!(
+        stderr(&bad).contains("is not NAME=SIZE"),
+        "{}",
+        stderr(&bad)
+    );
+}
