@@ -54,17 +54,24 @@ fn argmax_rows(values: &[f64], width: usize) -> Vec<usize> {
         .collect()
 }
 
-/// Trains eagerly on 80 % of the digits, then compiles the model and compares.
-pub fn train(config: &Config, mut on_epoch: impl FnMut(&Epoch)) -> EagerResult<Outcome> {
+/// A fresh eager context seeded by `config`, the 64 → hidden → 10 MLP with its Adam, and the
+/// digits split 80/20 into training and test sets.
+pub fn setup(config: &Config) -> EagerResult<(Sequential, EagerOptimizer, Dataset, Dataset)> {
     eager::reset();
     eager::manual_seed(config.seed);
     let model = Sequential::new()
         .push(Linear::new("fc1", 64, config.hidden)?)
         .push(Relu)
         .push(Linear::new("fc2", config.hidden, 10)?);
-    let mut opt = EagerOptimizer::new(Adam::new(config.learning_rate), model.parameters())?;
+    let opt = EagerOptimizer::new(Adam::new(config.learning_rate), model.parameters())?;
     let digits = data::digits().map_err(|e| EagerError::Usage(e.to_string()))?;
     let (train_set, test) = digits.split(0.2, config.seed);
+    Ok((model, opt, train_set, test))
+}
+
+/// Trains eagerly on 80 % of the digits, then compiles the model and compares.
+pub fn train(config: &Config, mut on_epoch: impl FnMut(&Epoch)) -> EagerResult<Outcome> {
+    let (model, mut opt, train_set, test) = setup(config)?;
     let test_batch = test.all();
     let (test_x, test_y) = (Tensor::new(test_batch.x), Tensor::new(test_batch.y));
     let mut history = Vec::new();

@@ -3,13 +3,13 @@
 //! with `to_static` and trained on, timed against eager; the 1-D GAN; then what it wrote: the
 //! IR of each stage, the parameters, a drawing of the training step and a loss curve.
 
-use crate::demos::gan_1d;
+use crate::demos::{digits_dygraph, gan_1d};
 use indicatif::{ProgressBar, ProgressStyle};
 use kiln_ir::{DType, Dim, Module, Shape, Type};
 use kiln_passes::PassManager;
-use kiln_runtime::data::{self, Batch};
-use kiln_runtime::eager::nn::{self, Layer, Linear, Relu, Sequential};
-use kiln_runtime::eager::{self, EagerError, EagerOptimizer, Tensor};
+use kiln_runtime::data::Batch;
+use kiln_runtime::eager::nn::{self, Layer, Sequential};
+use kiln_runtime::eager::{self, EagerError, Tensor};
 use kiln_runtime::{Adam, RuntimeError};
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -96,6 +96,17 @@ fn bar(config: &Config, len: usize, prefix: String) -> ProgressBar {
         .with_prefix(prefix)
 }
 
+/// The line said after an epoch of `phase`.
+fn epoch_line(phase: &str, epoch: usize, state: &Phase, steps: usize, start: Instant) -> String {
+    format!(
+        "{phase} epoch {}: loss {:.4}, test accuracy {:.1} %, {:.0} steps/s",
+        epoch + 1,
+        state.final_loss,
+        100.0 * state.test_accuracy,
+        steps as f64 / start.elapsed().as_secs_f64(),
+    )
+}
+
 fn tensors(batch: &Batch) -> (Tensor, Tensor) {
     (Tensor::new(batch.x.clone()), Tensor::new(batch.y.clone()))
 }
@@ -110,15 +121,12 @@ pub fn run(config: &Config, mut say: impl FnMut(&str)) -> Result<Summary, TourEr
     let mut files = Vec::new();
 
     // 1. Eager: tensors that compute at once, backward(), an eager Adam.
-    eager::reset();
-    eager::manual_seed(config.seed);
-    let model = Sequential::new()
-        .push(Linear::new("fc1", 64, config.hidden)?)
-        .push(Relu)
-        .push(Linear::new("fc2", config.hidden, 10)?);
-    let mut opt = EagerOptimizer::new(Adam::new(config.learning_rate), model.parameters())?;
-    let digits = data::digits().map_err(|e| EagerError::Usage(e.to_string()))?;
-    let (train_set, test_set) = digits.split(0.2, config.seed);
+    let (model, mut opt, train_set, test_set) = digits_dygraph::setup(&digits_dygraph::Config {
+        hidden: config.hidden,
+        learning_rate: config.learning_rate,
+        seed: config.seed,
+        ..Default::default()
+    })?;
     let (test_x, test_y) = tensors(&test_set.all());
     let test_accuracy = |model: &Sequential| -> Result<f64, TourError> {
         let _no_grad = eager::no_grad();
@@ -160,13 +168,7 @@ pub fn run(config: &Config, mut say: impl FnMut(&str)) -> Result<Summary, TourEr
         eager_phase.final_loss = total / batches.len() as f64;
         eager_phase.test_accuracy = test_accuracy(&model)?;
         progress.finish_and_clear();
-        say(&format!(
-            "eager epoch {}: loss {:.4}, test accuracy {:.1} %, {:.0} steps/s",
-            e + 1,
-            eager_phase.final_loss,
-            100.0 * eager_phase.test_accuracy,
-            batches.len() as f64 / start.elapsed().as_secs_f64(),
-        ));
+        say(&epoch_line("eager", e, &eager_phase, batches.len(), start));
     }
 
     // 2. The same training step compiled: traced once, gradients and Adam's updates added as
@@ -212,12 +214,12 @@ pub fn run(config: &Config, mut say: impl FnMut(&str)) -> Result<Summary, TourEr
         compiled_phase.final_loss = total / batches.len() as f64;
         compiled_phase.test_accuracy = test_accuracy(&model)?;
         progress.finish_and_clear();
-        say(&format!(
-            "compiled epoch {}: loss {:.4}, test accuracy {:.1} %, {:.0} steps/s",
-            e + 1,
-            compiled_phase.final_loss,
-            100.0 * compiled_phase.test_accuracy,
-            batches.len() as f64 / start.elapsed().as_secs_f64(),
+        say(&epoch_line(
+            "compiled",
+            e,
+            &compiled_phase,
+            batches.len(),
+            start,
         ));
     }
 
