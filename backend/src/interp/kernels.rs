@@ -212,6 +212,28 @@ fn zip_map<A: Copy, B: Copy, T>(
     Ok(Zip::from(x).and(y).map_collect(|&a, &b| f(a, b)))
 }
 
+/// [`zip_map`] for a result of the operands' type: a contiguous left operand is cloned and
+/// updated in place, which skips building a shape and strides (the eager per-op cost).
+fn zip_same<T: Copy>(
+    x: &ArrayD<T>,
+    y: &ArrayD<T>,
+    f: impl Fn(T, T) -> T,
+) -> KernelResult<ArrayD<T>> {
+    if x.shape() == y.shape()
+        && x.is_standard_layout()
+        && let Some(b) = y.as_slice()
+    {
+        let mut out = x.clone();
+        if let Some(values) = out.as_slice_mut() {
+            for (v, &b) in values.iter_mut().zip(b) {
+                *v = f(*v, b);
+            }
+            return Ok(out);
+        }
+    }
+    zip_map(x, y, f)
+}
+
 pub fn binary(op: BinaryOp, a: &Array, b: &Array) -> KernelResult<Array> {
     Ok(match (a, b) {
         (Array::F32(x), Array::F32(y)) => Array::F32(binary_float(op, x, y)?),
@@ -228,19 +250,19 @@ fn binary_float<T: FloatElem>(
     x: &ArrayD<T>,
     y: &ArrayD<T>,
 ) -> KernelResult<ArrayD<T>> {
-    let f: fn(T, T) -> T = match op {
-        BinaryOp::Add => |a, b| a + b,
-        BinaryOp::Sub => |a, b| a - b,
-        BinaryOp::Mul => |a, b| a * b,
-        BinaryOp::Div => |a, b| a / b,
-        BinaryOp::Max => nan_max,
-        BinaryOp::Min => nan_min,
-        BinaryOp::Pow => |a, b| a.powf(b),
+    // One `zip_same` per op, so that each loop has its operation inlined.
+    match op {
+        BinaryOp::Add => zip_same(x, y, |a, b| a + b),
+        BinaryOp::Sub => zip_same(x, y, |a, b| a - b),
+        BinaryOp::Mul => zip_same(x, y, |a, b| a * b),
+        BinaryOp::Div => zip_same(x, y, |a, b| a / b),
+        BinaryOp::Max => zip_same(x, y, nan_max),
+        BinaryOp::Min => zip_same(x, y, nan_min),
+        BinaryOp::Pow => zip_same(x, y, |a, b| a.powf(b)),
         BinaryOp::And | BinaryOp::Or | BinaryOp::Xor => {
-            return Err(format!("`{}` is defined for bool only", op.name()));
+            Err(format!("`{}` is defined for bool only", op.name()))
         }
-    };
-    zip_map(x, y, f)
+    }
 }
 
 fn binary_int<T: IntElem>(op: BinaryOp, x: &ArrayD<T>, y: &ArrayD<T>) -> KernelResult<ArrayD<T>> {
@@ -260,7 +282,7 @@ fn binary_int<T: IntElem>(op: BinaryOp, x: &ArrayD<T>, y: &ArrayD<T>) -> KernelR
             return Err(format!("`{}` is not defined for integers", op.name()));
         }
     };
-    zip_map(x, y, f)
+    zip_same(x, y, f)
 }
 
 fn binary_bool(op: BinaryOp, x: &ArrayD<bool>, y: &ArrayD<bool>) -> KernelResult<ArrayD<bool>> {

@@ -450,10 +450,11 @@ impl Tensor {
     /// `op(self, other)` with NumPy broadcasting.
     #[track_caller]
     pub fn binary(&self, op: BinaryOp, other: &Tensor) -> EagerResult<Tensor> {
-        let same_shaped = |a: &Array, b: &Array| a.dtype() == b.dtype() && a.shape() == b.shape();
+        // The kernel refuses operands of different dtypes or shapes (broadcasting goes the
+        // general way, as do errors, which then name the op's location).
         let kernel = |a: &Array, b: Option<&Array>| match b {
-            Some(b) if same_shaped(a, b) => kernels::binary(op, a, b),
-            _ => Err(String::new()),
+            Some(b) => kernels::binary(op, a, b),
+            None => Err(String::new()),
         };
         if let Some(t) = direct(&[self, other], kernel) {
             return Ok(t);
