@@ -87,10 +87,9 @@ fn bar(config: &Config, len: usize, prefix: String) -> ProgressBar {
     if !config.progress {
         return ProgressBar::hidden();
     }
-    let style =
-        ProgressStyle::with_template("{prefix:>16} [{bar:30}] {pos:>4}/{len} {per_sec:>12} {msg}")
-            .expect("a valid template")
-            .progress_chars("=> ");
+    let style = ProgressStyle::with_template("{prefix:>17} [{bar:20}] {pos:>4}/{len} {msg}")
+        .expect("a valid template")
+        .progress_chars("=> ");
     ProgressBar::new(len as u64)
         .with_style(style)
         .with_prefix(prefix)
@@ -105,6 +104,18 @@ fn epoch_line(phase: &str, epoch: usize, state: &Phase, steps: usize, start: Ins
         100.0 * state.test_accuracy,
         steps as f64 / start.elapsed().as_secs_f64(),
     )
+}
+
+/// A progress bar's message during an epoch: the running loss, the test accuracy after the
+/// previous epoch, and the speed so far.
+fn step_message(loss: f64, phase: &Phase, steps: usize, start: Instant) -> String {
+    let accuracy = if phase.test_accuracy > 0.0 {
+        format!("{:.1} %", 100.0 * phase.test_accuracy)
+    } else {
+        "—".into()
+    };
+    let speed = steps as f64 / start.elapsed().as_secs_f64();
+    format!("loss {loss:.3}  accuracy {accuracy}  {speed:.0} steps/s")
 }
 
 fn tensors(batch: &Batch) -> (Tensor, Tensor) {
@@ -161,7 +172,12 @@ pub fn run(config: &Config, mut say: impl FnMut(&str)) -> Result<Summary, TourEr
             total += loss;
             curve.push((loss, "eager"));
             progress.inc(1);
-            progress.set_message(format!("loss {:.3}", total / (i + 1) as f64));
+            progress.set_message(step_message(
+                total / (i + 1) as f64,
+                &eager_phase,
+                i + 1,
+                start,
+            ));
         }
         eager_phase.seconds += start.elapsed().as_secs_f64();
         eager_phase.steps += batches.len();
@@ -208,7 +224,12 @@ pub fn run(config: &Config, mut say: impl FnMut(&str)) -> Result<Summary, TourEr
             total += loss;
             curve.push((loss, "compiled"));
             progress.inc(1);
-            progress.set_message(format!("loss {:.3}", total / (i + 1) as f64));
+            progress.set_message(step_message(
+                total / (i + 1) as f64,
+                &compiled_phase,
+                i + 1,
+                start,
+            ));
         }
         compiled_phase.steps += timed_steps;
         compiled_phase.final_loss = total / batches.len() as f64;
