@@ -33,16 +33,11 @@ else
   "$PY" "$ROOT/scripts/compare_table.py" --drop-kiln "$PEERS/results" "${WL[@]}"
 fi
 
-echo "== Kiln, on all cores and on one thread"
+echo "== Kiln, on all cores and on one thread (guarded like the peers' runs)"
 RUNNER="$ROOT/target/release/examples/peer_workloads"
-for threads in default 1; do
-  (cd "$PEERS" && "$PY" -c "import run_one; run_one.wait_quiet()")
-  if [ "$threads" = default ]; then
-    "$RUNNER" --out "$PEERS/results" --data "$PEERS/kiln_data" "${WL[@]}"
-  else
-    RAYON_NUM_THREADS=1 "$RUNNER" --out "$PEERS/results" --data "$PEERS/kiln_data" "${WL[@]}"
-  fi
-done
+GUARD=("$PY" "$ROOT/scripts/run_guarded.py" "$PEERS" "$PEERS/results" --)
+"${GUARD[@]}" "$RUNNER" --data "$PEERS/kiln_data" "${WL[@]}"
+"${GUARD[@]}" env RAYON_NUM_THREADS=1 "$RUNNER" --data "$PEERS/kiln_data" "${WL[@]}"
 
 echo "== tables"
 (cd "$PEERS" && "$PY" make_tables.py > results/tables.md)

@@ -67,6 +67,11 @@ def fmt(v, unit):
     return f"{s} {unit}"
 
 
+def flagged(r, text):
+    """`text`, marked when the run was disturbed by other processes (kept after 3 tries)."""
+    return f"{text} [contended]" if r and r.get("contended") else text
+
+
 def who(r):
     return f"{r['framework']} ({r['case']})" if r else "—"
 
@@ -86,7 +91,7 @@ def rows(results):
         else:
             met = ratio is not None and ratio >= target
         out.append([w, case_contains or (k2["case"] if k2 else ""),
-                    fmt(k2 and k2[key], unit), fmt(k1 and k1[key], unit),
+                    flagged(k2, fmt(k2 and k2[key], unit)), flagged(k1, fmt(k1 and k1[key], unit)),
                     f"{fmt(peer and peer[key], unit)} — {who(peer)}",
                     f"{ratio:.2f}×" if ratio else "—", target_text,
                     "yes" if met else "no"])
@@ -103,8 +108,8 @@ def rows(results):
         k2 = kiln(recs, "kiln", "GFLOPs_median", case=case)
         k1 = kiln(recs, "kiln_1thread", "GFLOPs_median", case=case)
         ratio = k2["GFLOPs_median"] / peer["GFLOPs_median"] if peer and k2 else None
-        out.append(["w4", case, fmt(k2 and k2["GFLOPs_median"], "GFLOP/s"),
-                    fmt(k1 and k1["GFLOPs_median"], "GFLOP/s"),
+        out.append(["w4", case, flagged(k2, fmt(k2 and k2["GFLOPs_median"], "GFLOP/s")),
+                    flagged(k1, fmt(k1 and k1["GFLOPs_median"], "GFLOP/s")),
                     f"{fmt(peer and peer['GFLOPs_median'], 'GFLOP/s')} — {who(peer)}",
                     f"{ratio:.2f}×" if ratio else "—", "≥ 1.0×",
                     "yes" if ratio and ratio >= 1.0 else "no"])
@@ -138,7 +143,8 @@ def section(results):
              f"Run of {datetime.date.today().isoformat()} on {machine()}.",
              "Command: `scripts/compare_peers.sh` (peers first, each in its own process after "
              "waiting for an idle machine, then Kiln's `examples/peer_workloads.rs` on all cores "
-             "and with `RAYON_NUM_THREADS=1`).", "",
+             "and with `RAYON_NUM_THREADS=1`, under the same guard: a run that other processes "
+             "disturbed is retried, and flagged [contended] if all three tries were).", "",
              "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows(results)]
     tables = os.path.join(results, "tables.md")
