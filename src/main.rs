@@ -7,7 +7,6 @@ use kiln::ir::{Function, Module, parse_and_verify};
 use kiln::runtime::Scope;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-use std::sync::Arc;
 
 #[derive(Parser)]
 #[command(
@@ -362,27 +361,6 @@ fn stats(path: &Path, bindings: &[String]) -> Result<(), Failed> {
     Ok(())
 }
 
-/// Runs `name` of `module` after the default pass pipeline, with JIT kernels.
-fn run_compiled(
-    module: &Module,
-    name: &str,
-    args: Vec<kiln::backend::Array>,
-    state: &mut kiln::backend::StateStore,
-) -> Result<Result<Vec<kiln::backend::Array>, kiln::backend::InterpError>, Failed> {
-    let mut optimized = module.clone();
-    kiln::passes::PassManager::pipeline("default")
-        .expect("the default pipeline exists")
-        .run(&mut optimized)
-        .map_err(|e| Failed(format!("error: {e}")))?;
-    let func = (optimized.functions.iter())
-        .find(|f| f.name() == name)
-        .ok_or_else(|| Failed(format!("error: the pass pipeline removed @{name}")))?;
-    let executable = kiln::backend::exec::Executable::new(func);
-    let args = args.into_iter().map(Arc::new).collect();
-    let results = executable.run(args, state, &Interpreter::new(&optimized), false);
-    Ok(results.map(|r| r.into_iter().map(kiln::backend::unshare).collect()))
-}
-
 fn tour(out: PathBuf, epochs: usize, gan_iterations: usize) -> Result<(), Failed> {
     use kiln::demos::tour;
     let config = tour::Config {
@@ -485,14 +463,20 @@ fn run(opts: &RunArgs<'_>) -> Result<(), Failed> {
             .load(checkpoint)
             .map_err(|e| Failed(format!("error: {e}")))?;
     }
-    let mut state = scope.store().clone();
-    let before = state.clone();
-    let results = if opts.interpret {
-        Interpreter::new(&module).run_function(func, args, &mut state)
+    let before = scope.store().clone();
+    let failed = |e: &dyn std::fmt::Display| Failed(format!("error: {e}"));
+    let (results, state) = if opts.interpret {
+        let mut state = before.clone();
+        let results = (Interpreter::new(&module).run_function(func, args, &mut state))
+            .map_err(|e| failed(&e))?;
+        (results, state)
     } else {
-        run_compiled(&module, func.name(), args, &mut state)?
-    }
-    .map_err(|e| Failed(format!("error: {e}")))?;
+        let mut compiled =
+            kiln::serve::Predictor::compile(module.clone(), func.name(), before.clone())
+                .map_err(|e| failed(&e))?;
+        let results = compiled.predict(args).map_err(|e| failed(&e))?;
+        (results, compiled.state().clone())
+    };
     if let Some(dir) = out {
         std::fs::create_dir_all(dir)
             .map_err(|e| Failed(format!("error: cannot create {}: {e}", dir.display())))?;

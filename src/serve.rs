@@ -30,7 +30,7 @@ pub enum ServeError {
     Run(String),
 }
 
-/// A compiled function of a saved program, with its parameters.
+/// A compiled function of a program, with its parameters. `kiln run` runs programs this way.
 pub struct Predictor {
     /// The program after the pass pipeline.
     module: Module,
@@ -51,7 +51,7 @@ impl Predictor {
             path: program.to_owned(),
             message,
         };
-        let mut module = parse_and_verify(&source).map_err(|e| program_error(e.render(&source)))?;
+        let module = parse_and_verify(&source).map_err(|e| program_error(e.render(&source)))?;
         let function = match module.functions.len() {
             1 => 0,
             _ => (module.functions.iter())
@@ -65,17 +65,32 @@ impl Predictor {
             path: parameters.to_owned(),
             message: e.to_string(),
         })?;
+        let name = module.functions[function].name().to_owned();
+        Predictor::compile(module, &name, scope.store().clone()).map_err(program_error)
+    }
+
+    /// Compiles function `name` of `module` (verified) after the default pass pipeline, to run
+    /// over `state`.
+    pub fn compile(mut module: Module, name: &str, state: StateStore) -> Result<Predictor, String> {
         PassManager::pipeline("default")
             .expect("the default pipeline exists")
             .run(&mut module)
-            .map_err(|e| program_error(e.to_string()))?;
+            .map_err(|e| e.to_string())?;
+        let function = (module.functions.iter())
+            .position(|f| f.name() == name)
+            .ok_or_else(|| format!("the pass pipeline removed @{name}"))?;
         let executable = Executable::new(&module.functions[function]);
         Ok(Predictor {
             module,
             function,
             executable,
-            state: scope.store().clone(),
+            state,
         })
+    }
+
+    /// The state (parameters) the function reads and, when it stores, updates.
+    pub fn state(&self) -> &StateStore {
+        &self.state
     }
 
     /// The function served (after the pass pipeline): its arguments and results.

@@ -106,16 +106,22 @@ fn epoch_line(phase: &str, epoch: usize, state: &Phase, steps: usize, start: Ins
     )
 }
 
-/// A progress bar's message during an epoch: the running loss, the test accuracy after the
+/// Moves an epoch's bar on by a step, showing the running loss, the test accuracy after the
 /// previous epoch, and the speed so far.
-fn step_message(loss: f64, phase: &Phase, steps: usize, start: Instant) -> String {
+fn advance(progress: &ProgressBar, loss: f64, phase: &Phase, steps: usize, start: Instant) {
+    progress.inc(1);
+    if progress.is_hidden() {
+        return;
+    }
     let accuracy = if phase.test_accuracy > 0.0 {
         format!("{:.1} %", 100.0 * phase.test_accuracy)
     } else {
         "—".into()
     };
     let speed = steps as f64 / start.elapsed().as_secs_f64();
-    format!("loss {loss:.3}  accuracy {accuracy}  {speed:.0} steps/s")
+    progress.set_message(format!(
+        "loss {loss:.3}  accuracy {accuracy}  {speed:.0} steps/s"
+    ));
 }
 
 fn tensors(batch: &Batch) -> (Tensor, Tensor) {
@@ -171,13 +177,13 @@ pub fn run(config: &Config, mut say: impl FnMut(&str)) -> Result<Summary, TourEr
             let loss = loss.item()?;
             total += loss;
             curve.push((loss, "eager"));
-            progress.inc(1);
-            progress.set_message(step_message(
+            advance(
+                &progress,
                 total / (i + 1) as f64,
                 &eager_phase,
                 i + 1,
                 start,
-            ));
+            );
         }
         eager_phase.seconds += start.elapsed().as_secs_f64();
         eager_phase.steps += batches.len();
@@ -223,13 +229,13 @@ pub fn run(config: &Config, mut say: impl FnMut(&str)) -> Result<Summary, TourEr
             }
             total += loss;
             curve.push((loss, "compiled"));
-            progress.inc(1);
-            progress.set_message(step_message(
+            advance(
+                &progress,
                 total / (i + 1) as f64,
                 &compiled_phase,
                 i + 1,
                 start,
-            ));
+            );
         }
         compiled_phase.steps += timed_steps;
         compiled_phase.final_loss = total / batches.len() as f64;

@@ -5,7 +5,9 @@
 
 use crate::Array;
 use gemm::Parallelism;
+use ndarray::ArrayD;
 use std::cell::RefCell;
+use std::thread::LocalKey;
 
 /// Below this many multiply-adds a second thread costs more than it saves (measured on the
 /// 2-core machines: gemm's two-thread mode pays from about 256³).
@@ -23,49 +25,42 @@ pub fn matmul(
 ) {
     match (a, b, out) {
         (Array::F32(x), Array::F32(y), Array::F32(z)) => {
-            let (xs, ys, zs) = (x.shape().to_vec(), y.shape().to_vec(), z.shape().to_vec());
-            let (xp, yp, zp) = (x.as_ptr(), y.as_ptr(), z.as_mut_ptr());
-            SCRATCH_F32.with_borrow_mut(|scratch| {
-                // SAFETY: the three arrays are contiguous with the shapes passed.
-                unsafe {
-                    batched(
-                        xp,
-                        &xs,
-                        yp,
-                        &ys,
-                        zp,
-                        &zs,
-                        transpose_a,
-                        transpose_b,
-                        threads,
-                        scratch,
-                    )
-                }
-            })
+            typed(x, y, z, transpose_a, transpose_b, threads, &SCRATCH_F32)
         }
         (Array::F64(x), Array::F64(y), Array::F64(z)) => {
-            let (xs, ys, zs) = (x.shape().to_vec(), y.shape().to_vec(), z.shape().to_vec());
-            let (xp, yp, zp) = (x.as_ptr(), y.as_ptr(), z.as_mut_ptr());
-            SCRATCH_F64.with_borrow_mut(|scratch| {
-                // SAFETY: as above.
-                unsafe {
-                    batched(
-                        xp,
-                        &xs,
-                        yp,
-                        &ys,
-                        zp,
-                        &zs,
-                        transpose_a,
-                        transpose_b,
-                        threads,
-                        scratch,
-                    )
-                }
-            })
+            typed(x, y, z, transpose_a, transpose_b, threads, &SCRATCH_F64)
         }
         _ => unreachable!("the executor runs only float matmuls through gemm"),
     }
+}
+
+fn typed<T: Copy + 'static + num_traits::Zero + num_traits::One>(
+    x: &ArrayD<T>,
+    y: &ArrayD<T>,
+    z: &mut ArrayD<T>,
+    transpose_a: bool,
+    transpose_b: bool,
+    threads: bool,
+    scratch: &'static LocalKey<RefCell<Vec<T>>>,
+) {
+    let zp = z.as_mut_ptr();
+    scratch.with_borrow_mut(|scratch| {
+        // SAFETY: the three arrays are contiguous with the shapes passed.
+        unsafe {
+            batched(
+                x.as_ptr(),
+                x.shape(),
+                y.as_ptr(),
+                y.shape(),
+                zp,
+                z.shape(),
+                transpose_a,
+                transpose_b,
+                threads,
+                scratch,
+            )
+        }
+    })
 }
 
 thread_local! {

@@ -11,7 +11,7 @@
 pub mod matmul;
 pub mod schedule;
 
-use crate::interp::{Env, InterpError, Interpreter};
+use crate::interp::{Env, InterpError, Interpreter, kernels};
 use crate::{Array, StateStore, debug};
 use cranelift_entity::EntityRef;
 use kiln_ir::print::{ValueNames, inst_line};
@@ -577,7 +577,8 @@ impl Executable {
                 let mut out = self.acquire(rt, slot, dtype, &step.shapes[0]);
                 let labels = Self::value(rt, step.inputs[0]);
                 let target = Arc::get_mut(&mut out).expect("a fresh or free buffer");
-                one_hot_into(labels, *depth, target).map_err(|m| self.fail(step.inst, m))?;
+                kernels::one_hot_into(labels, *depth, target)
+                    .map_err(|m| self.fail(step.inst, m))?;
                 rt.env[step.outputs[0].index()] = Some(out);
             }
             StepKind::Direct => {
@@ -627,70 +628,6 @@ impl Executable {
             }
         }
         Ok(())
-    }
-}
-
-/// `one_hot(labels, depth)` into `out` (already of the result's shape): as the interpreter's,
-/// a label outside `0..depth` is an error.
-fn one_hot_into(labels: &Array, depth: usize, out: &mut Array) -> Result<(), String> {
-    fn fill<T: Copy>(
-        labels: impl Iterator<Item = i64>,
-        depth: usize,
-        out: &mut [T],
-        zero: T,
-        one: T,
-    ) -> Result<(), String> {
-        out.fill(zero);
-        for (i, label) in labels.enumerate() {
-            let l = usize::try_from(label)
-                .ok()
-                .filter(|&l| l < depth)
-                .ok_or_else(|| format!("label {label} is out of range for depth {depth}"))?;
-            out[i * depth + l] = one;
-        }
-        Ok(())
-    }
-    let labels: Box<dyn Iterator<Item = i64>> = match labels {
-        Array::I32(a) => Box::new(a.iter().map(|&x| i64::from(x))),
-        Array::I64(a) => Box::new(a.iter().copied()),
-        other => return Err(format!("labels must be integers, found {}", other.dtype())),
-    };
-    match out {
-        Array::F32(a) => fill(
-            labels,
-            depth,
-            a.as_slice_mut().expect("standard layout"),
-            0.0,
-            1.0,
-        ),
-        Array::F64(a) => fill(
-            labels,
-            depth,
-            a.as_slice_mut().expect("standard layout"),
-            0.0,
-            1.0,
-        ),
-        Array::I32(a) => fill(
-            labels,
-            depth,
-            a.as_slice_mut().expect("standard layout"),
-            0,
-            1,
-        ),
-        Array::I64(a) => fill(
-            labels,
-            depth,
-            a.as_slice_mut().expect("standard layout"),
-            0,
-            1,
-        ),
-        Array::Bool(a) => fill(
-            labels,
-            depth,
-            a.as_slice_mut().expect("standard layout"),
-            false,
-            true,
-        ),
     }
 }
 

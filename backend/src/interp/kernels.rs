@@ -838,19 +838,44 @@ pub fn scatter_add(
 }
 
 pub fn one_hot(labels: &Array, depth: usize, dtype: DType) -> KernelResult<Array> {
-    let labels_flat = indices(labels)?;
-    let mut out = vec![0.0f64; labels_flat.len() * depth];
-    for (i, &label) in labels_flat.iter().enumerate() {
-        let l = usize::try_from(label)
-            .ok()
-            .filter(|&l| l < depth)
-            .ok_or_else(|| format!("label {label} is out of range for depth {depth}"))?;
-        out[i * depth + l] = 1.0;
-    }
     let mut shape = labels.shape().to_vec();
     shape.push(depth);
-    let ones = ArrayD::from_shape_vec(IxDyn(&shape), out).map_err(|e| e.to_string())?;
-    Ok(Array::F64(ones).cast(dtype))
+    let mut out = Array::zeros(dtype, &shape);
+    one_hot_into(labels, depth, &mut out)?;
+    Ok(out)
+}
+
+/// `one_hot(labels, depth)` written into `out`, an array of the result's shape (the compiled
+/// executor's buffer, or a fresh one). A label outside `0..depth` is an error.
+pub fn one_hot_into(labels: &Array, depth: usize, out: &mut Array) -> KernelResult<()> {
+    fn fill<T: Copy + From<bool>>(
+        labels: &Array,
+        depth: usize,
+        out: &mut ArrayD<T>,
+    ) -> KernelResult<()> {
+        let labels: Box<dyn Iterator<Item = i64>> = match labels {
+            Array::I32(a) => Box::new(a.iter().map(|&x| i64::from(x))),
+            Array::I64(a) => Box::new(a.iter().copied()),
+            other => return Err(format!("indices must be i32 or i64, found {}", other.ty())),
+        };
+        let out = out.as_slice_mut().expect("a standard-layout output");
+        out.fill(T::from(false));
+        for (i, label) in labels.enumerate() {
+            let l = usize::try_from(label)
+                .ok()
+                .filter(|&l| l < depth)
+                .ok_or_else(|| format!("label {label} is out of range for depth {depth}"))?;
+            out[i * depth + l] = T::from(true);
+        }
+        Ok(())
+    }
+    match out {
+        Array::F32(a) => fill(labels, depth, a),
+        Array::F64(a) => fill(labels, depth, a),
+        Array::I32(a) => fill(labels, depth, a),
+        Array::I64(a) => fill(labels, depth, a),
+        Array::Bool(a) => fill(labels, depth, a),
+    }
 }
 
 pub fn iota(shape: &[usize], axis: usize, dtype: DType) -> KernelResult<Array> {

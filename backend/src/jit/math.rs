@@ -241,14 +241,31 @@ pub fn log(b: &mut FunctionBuilder, l: Lanes, x: Value) -> Value {
     l.select(b, is_inf, inf, r)
 }
 
-pub fn tanh(b: &mut FunctionBuilder, l: Lanes, x: Value) -> Value {
-    let bound = 7.905_311;
+/// `c·P(c²) / Q(c²)` with `c` = `x` clamped to `±bound`: the odd rational form of tanh and
+/// erf (Horner coefficients, highest degree first). Also returns the upper bound's constant.
+fn clamped_odd_rational(
+    b: &mut FunctionBuilder,
+    l: Lanes,
+    x: Value,
+    bound: f32,
+    p: &[f32],
+    q: &[f32],
+) -> (Value, Value) {
     let (lo, hi) = (l.c(b, -bound), l.c(b, bound));
     let c = l.clamp(b, x, lo, hi);
     let x2 = b.ins().fmul(c, c);
-    let p = l.horner(
+    let p = l.horner(b, x2, p);
+    let p = b.ins().fmul(p, c);
+    let q = l.horner(b, x2, q);
+    (b.ins().fdiv(p, q), hi)
+}
+
+pub fn tanh(b: &mut FunctionBuilder, l: Lanes, x: Value) -> Value {
+    let (r, hi) = clamped_odd_rational(
         b,
-        x2,
+        l,
+        x,
+        7.905_311,
         &[
             -2.760_768_5e-16,
             2.000_188e-13,
@@ -258,14 +275,8 @@ pub fn tanh(b: &mut FunctionBuilder, l: Lanes, x: Value) -> Value {
             6.372_619_4e-4,
             4.893_524_6e-3,
         ],
-    );
-    let p = b.ins().fmul(p, c);
-    let q = l.horner(
-        b,
-        x2,
         &[1.198_258_4e-6, 1.185_347_1e-4, 2.268_434_6e-3, 4.893_525e-3],
     );
-    let r = b.ins().fdiv(p, q);
     // Near zero tanh(x) = x to within rounding, and the rational form loses the low bits.
     let ax = b.ins().fabs(x);
     let tiny = l.c(b, 4e-4);
@@ -291,12 +302,11 @@ pub fn sigmoid(b: &mut FunctionBuilder, l: Lanes, x: Value) -> Value {
 }
 
 pub fn erf(b: &mut FunctionBuilder, l: Lanes, x: Value) -> Value {
-    let (lo, hi) = (l.c(b, -4.0), l.c(b, 4.0));
-    let c = l.clamp(b, x, lo, hi);
-    let x2 = b.ins().fmul(c, c);
-    let p = l.horner(
+    let (r, _) = clamped_odd_rational(
         b,
-        x2,
+        l,
+        x,
+        4.0,
         &[
             -2.726_142_3e-10,
             2.770_681_4e-8,
@@ -306,11 +316,6 @@ pub fn erf(b: &mut FunctionBuilder, l: Lanes, x: Value) -> Value {
             -2.954_6e-3,
             -1.609_603_3e-2,
         ],
-    );
-    let p = b.ins().fmul(p, c);
-    let q = l.horner(
-        b,
-        x2,
         &[
             -1.456_607_2e-5,
             -2.133_740_6e-4,
@@ -319,7 +324,7 @@ pub fn erf(b: &mut FunctionBuilder, l: Lanes, x: Value) -> Value {
             -1.426_474e-2,
         ],
     );
-    b.ins().fdiv(p, q)
+    r
 }
 
 /// Functions generated code calls by symbol (scalar only): the ones the interpreter uses.
