@@ -18,7 +18,7 @@
 
 use super::JitError;
 use super::math::{self, Lanes};
-use super::plan::{KernelPlan, Mapping, RowRole};
+use super::plan::{self, KernelPlan, Mapping, RowRole};
 use cranelift_codegen::ir::condcodes::{FloatCC, IntCC};
 use cranelift_codegen::ir::{
     AbiParam, Block, FuncRef, InstBuilder, MemFlagsData, Type as ClType, Value as CValue, types,
@@ -483,20 +483,10 @@ impl Gen<'_, '_> {
 
     /// Whether computing `v` per element involves a transcendental function.
     fn expensive(&mut self, v: Value, map: &Mapping) -> bool {
-        self.inner_nodes(&[(v, map.clone())]).iter().any(|(x, _)| {
-            matches!(
-                self.plan.op(*x),
-                Some((
-                    Op::Unary(
-                        UnaryOp::Exp
-                            | UnaryOp::Log
-                            | UnaryOp::Tanh
-                            | UnaryOp::Sigmoid
-                            | UnaryOp::Erf
-                    ) | Op::Binary(BinaryOp::Pow),
-                    _
-                ))
-            )
+        (self.inner_nodes(&[(v, map.clone())]).iter()).any(|(x, _)| {
+            self.plan
+                .op(*x)
+                .is_some_and(|(op, _)| plan::is_transcendental(op))
         })
     }
 

@@ -470,16 +470,7 @@ impl KernelPlan {
                 continue;
             };
             cost += match op {
-                Op::Unary(
-                    UnaryOp::Exp
-                    | UnaryOp::Log
-                    | UnaryOp::Tanh
-                    | UnaryOp::Sigmoid
-                    | UnaryOp::Erf
-                    | UnaryOp::Sin
-                    | UnaryOp::Cos,
-                ) => 16,
-                Op::Binary(kiln_ir::BinaryOp::Pow) => 16,
+                op if is_transcendental(op) => 16,
                 Op::Broadcast { .. } | Op::Reshape { .. } | Op::Const { .. } => 0,
                 _ => 1,
             };
@@ -496,6 +487,23 @@ impl KernelPlan {
                 || map == Self::identity_mapping(&self.ty(x).shape)
         })
     }
+}
+
+/// Whether `op` evaluates a transcendental function per element (a polynomial or a call),
+/// which costs an order of magnitude more than arithmetic.
+pub fn is_transcendental(op: &Op) -> bool {
+    matches!(
+        op,
+        Op::Unary(
+            UnaryOp::Exp
+                | UnaryOp::Log
+                | UnaryOp::Tanh
+                | UnaryOp::Sigmoid
+                | UnaryOp::Erf
+                | UnaryOp::Sin
+                | UnaryOp::Cos
+        ) | Op::Binary(kiln_ir::BinaryOp::Pow)
+    )
 }
 
 /// How a materialised value sits in a rows stage.

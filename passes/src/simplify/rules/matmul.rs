@@ -36,25 +36,16 @@ fn swapped_in(g: &Graph, id: Id) -> Option<Id> {
 }
 
 fn matmul_transposed_a(g: &Graph, n: &Node) -> Option<Term> {
-    let Some(&Op::MatMul {
-        transpose_a,
-        transpose_b,
-    }) = n.ir_op()
-    else {
-        return None;
-    };
-    let a = swapped_in(g, n.children[0])?;
-    let op = Op::MatMul {
-        transpose_a: !transpose_a,
-        transpose_b,
-    };
-    Some(Term::Op(
-        op,
-        vec![Term::Class(a), Term::Class(n.children[1])],
-    ))
+    fold_transpose_into_matmul(g, n, 0)
 }
 
 fn matmul_transposed_b(g: &Graph, n: &Node) -> Option<Term> {
+    fold_transpose_into_matmul(g, n, 1)
+}
+
+/// `matmul` with operand `operand` a last-two-axes transpose: the transpose's source, with
+/// that operand's flag flipped.
+fn fold_transpose_into_matmul(g: &Graph, n: &Node, operand: usize) -> Option<Term> {
     let Some(&Op::MatMul {
         transpose_a,
         transpose_b,
@@ -62,15 +53,13 @@ fn matmul_transposed_b(g: &Graph, n: &Node) -> Option<Term> {
     else {
         return None;
     };
-    let b = swapped_in(g, n.children[1])?;
+    let mut children = [Term::Class(n.children[0]), Term::Class(n.children[1])];
+    children[operand] = Term::Class(swapped_in(g, n.children[operand])?);
     let op = Op::MatMul {
-        transpose_a,
-        transpose_b: !transpose_b,
+        transpose_a: transpose_a ^ (operand == 0),
+        transpose_b: transpose_b ^ (operand == 1),
     };
-    Some(Term::Op(
-        op,
-        vec![Term::Class(n.children[0]), Term::Class(b)],
-    ))
+    Some(Term::Op(op, children.into()))
 }
 
 fn transpose_of_matmul(g: &Graph, n: &Node) -> Option<Term> {
