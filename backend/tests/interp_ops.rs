@@ -89,7 +89,7 @@ fn close(got: &[f64], want: &[f64], tol: f64) {
 #[test]
 fn unary_float_ops_match_hand_values() {
     let x = [-1.5, 0.0, 0.5, 2.0];
-    let cases: [(UnaryOp, [f64; 4]); 15] = [
+    let cases: [(UnaryOp, [f64; 4]); 16] = [
         (UnaryOp::Neg, [1.5, -0.0, -0.5, -2.0]),
         (UnaryOp::Abs, [1.5, 0.0, 0.5, 2.0]),
         (UnaryOp::Sign, [-1.0, 0.0, 1.0, 1.0]),
@@ -119,6 +119,15 @@ fn unary_float_ops_match_hand_values() {
                 0.5,
                 0.6224593312018546,
                 0.8807970779778823,
+            ],
+        ),
+        (
+            UnaryOp::Softplus,
+            [
+                0.2014132779827524,
+                std::f64::consts::LN_2,
+                0.9740769841801067,
+                2.1269280110429727,
             ],
         ),
         (

@@ -118,6 +118,10 @@ fn sigmoid(x: f64) -> f64 {
     }
 }
 
+fn softplus(x: f64) -> f64 {
+    x.max(0.0) + (-x.abs()).exp().ln_1p()
+}
+
 #[test]
 fn approximations_stay_within_their_documented_errors() {
     let n = 400_001;
@@ -127,13 +131,19 @@ fn approximations_stay_within_their_documented_errors() {
     let tanh = measure(UnaryOp::Tanh, &sweep(-10.0, 10.0, n), f64::tanh, 0.0);
     let sig = measure(UnaryOp::Sigmoid, &sweep(-80.0, 30.0, n), sigmoid, tiny);
     let erf = measure(UnaryOp::Erf, &sweep(-5.0, 5.0, n), libm::erf, 0.0);
+    let softplus = measure(UnaryOp::Softplus, &sweep(-80.0, 30.0, n), softplus, tiny);
     // Bounds: the measured figures (see math.rs), with one ULP of slack.
     assert!(exp.max_ulps <= 2, "exp: {} ulp", exp.max_ulps);
     assert!(log.max_ulps <= 2, "log: {} ulp", log.max_ulps);
     assert!(tanh.max_ulps <= 7, "tanh: {} ulp", tanh.max_ulps);
     assert!(sig.max_ulps <= 4, "sigmoid: {} ulp", sig.max_ulps);
     assert!(erf.max_ulps <= 7, "erf: {} ulp", erf.max_ulps);
-    for m in [&exp, &log, &tanh, &sig, &erf] {
+    assert!(
+        softplus.max_ulps <= 4,
+        "softplus: {} ulp",
+        softplus.max_ulps
+    );
+    for m in [&exp, &log, &tanh, &sig, &erf, &softplus] {
         assert!(m.max_rel <= 1e-6, "relative error {:e}", m.max_rel);
     }
 }

@@ -287,26 +287,6 @@ impl FunctionBuilder {
             .collect()
     }
 
-    #[track_caller]
-    pub fn add(&mut self, a: Value, b: Value) -> BuildResult<Value> {
-        self.binary(BinaryOp::Add, a, b)
-    }
-
-    #[track_caller]
-    pub fn sub(&mut self, a: Value, b: Value) -> BuildResult<Value> {
-        self.binary(BinaryOp::Sub, a, b)
-    }
-
-    #[track_caller]
-    pub fn mul(&mut self, a: Value, b: Value) -> BuildResult<Value> {
-        self.binary(BinaryOp::Mul, a, b)
-    }
-
-    #[track_caller]
-    pub fn div(&mut self, a: Value, b: Value) -> BuildResult<Value> {
-        self.binary(BinaryOp::Div, a, b)
-    }
-
     /// A scalar constant of `dtype`.
     #[track_caller]
     pub fn scalar(&mut self, dtype: DType, value: f64) -> BuildResult<Value> {
@@ -721,24 +701,49 @@ impl FunctionBuilder {
     }
 }
 
-/// Shorthand methods for the elementwise ops of the unary table: `b.exp(x)?`.
+/// Shorthand methods generated from the elementwise tables of the op table: `b.exp(x)?`.
 macro_rules! unary_shorthands {
-    ($($method:ident => $op:ident),* $(,)?) => {
+    ($(#[$meta:meta])* $enum:ident {
+        $($variant:ident = $text:literal, $method:ident, $($_rest:ident),*;)*
+    }) => {
         impl FunctionBuilder {
             $(
+                #[doc = concat!("`", $text, "`, elementwise.")]
                 #[track_caller]
                 pub fn $method(&mut self, x: Value) -> BuildResult<Value> {
-                    self.unary(UnaryOp::$op, x)
+                    self.unary($enum::$variant, x)
                 }
             )*
         }
     };
 }
 
-unary_shorthands! {
-    neg => Neg, abs => Abs, exp => Exp, log => Log, sqrt => Sqrt, rsqrt => Rsqrt,
-    tanh => Tanh, sigmoid => Sigmoid, relu => Relu,
+/// Shorthand methods for the two-operand tables, which broadcast: `b.add(x, y)?`, `b.lt(x, y)?`.
+macro_rules! pair_shorthands {
+    ($kind:ident $(#[$meta:meta])* $enum:ident {
+        $($variant:ident = $text:literal, $method:ident, $($_rest:ident),*;)*
+    }) => {
+        impl FunctionBuilder {
+            $(
+                #[doc = concat!("`", $text, "`, elementwise, with NumPy broadcasting.")]
+                #[track_caller]
+                pub fn $method(&mut self, a: Value, b: Value) -> BuildResult<Value> {
+                    self.$kind($enum::$variant, a, b)
+                }
+            )*
+        }
+    };
 }
+
+macro_rules! binary_shorthands {
+    ($($t:tt)*) => { pair_shorthands!(binary $($t)*); };
+}
+macro_rules! compare_shorthands {
+    ($($t:tt)*) => { pair_shorthands!(compare $($t)*); };
+}
+crate::with_unary_ops!(unary_shorthands);
+crate::with_binary_ops!(binary_shorthands);
+crate::with_compare_ops!(compare_shorthands);
 
 #[cfg(test)]
 mod tests {

@@ -36,7 +36,8 @@ pub use literal::Literal;
 pub use loc::Loc;
 pub use module::{Initializer, Module, StateDecl};
 pub use op::{
-    ArgOp, AxisSlice, BinaryOp, CompareOp, DTypeClass, Distribution, Op, OpClass, ReduceOp, UnaryOp,
+    ArgOp, AxisSlice, BinaryOp, CompareOp, Cost, DTypeClass, Distribution, Helper, Op, OpClass,
+    ReduceOp, UnaryOp, VectorForm,
 };
 pub use parse::{ParseError, parse_module};
 pub use types::{DType, Dim, Shape, Symbol, SymbolBindings, Type};

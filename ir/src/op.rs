@@ -1,15 +1,32 @@
-//! The op table: what each op computes, its name in the text form, its attributes.
+//! The op table: what each op computes, its name in the text form, its attributes, and every
+//! per-op fact the rest of Kiln needs.
 //!
-//! Every other place that must know about ops — shape inference (`infer.rs`), the interpreter,
-//! autodiff, the code generator — matches on [`Op`] exhaustively, so adding an op makes the
-//! compiler list every place that must learn about it. The checklist for a new op:
+//! Elementwise ops are rows of the tables [`with_unary_ops!`], [`with_binary_ops!`] and
+//! [`with_compare_ops!`]: a row gives the text name, the shorthand method, the operand dtypes,
+//! the [`Cost`], the f32 [`VectorForm`] and the scalar [`Helper`]. Parsing, printing, dtype
+//! rules, the e-graph language, the builder's and eager tensors' shorthand methods, kernel cost
+//! models, vectorisation and the JIT's helper symbols are all derived from the row. Every other
+//! place matches on [`Op`] (or the table's enum) exhaustively, so a new op that the table knows
+//! but a backend does not is a compile error.
 //!
-//! 1. a variant here (or a line in one of the elementwise tables), with its attributes in
-//!    [`Op::attributes`] and [`Op::from_parts`];
-//! 2. its type rule in `infer.rs`;
-//! 3. its kernel in the reference interpreter (`kiln-backend`);
-//! 4. its gradient rule, or an entry in the list of ops without one;
-//! 5. tests: shape inference, an interpreter test, a gradient check, a round trip.
+//! The checklist for a new elementwise op (`softplus` touched exactly these):
+//!
+//! 1. its row in the table here;
+//! 2. its scalar function in the interpreter (`kiln-backend`, `interp/kernels.rs`; the JIT's
+//!    helper symbols call the same function) — a compile error until written;
+//! 3. its gradient rule (`kiln-passes`, `autodiff/rules.rs`) — a compile error until written;
+//! 4. its f32 kernel code (`kiln-backend`, `jit/codegen/`; a polynomial in `jit/math.rs` if it
+//!    is a new approximation) — a compile error until written, unless its row says
+//!    `F32AndF64` helpers;
+//! 5. tests: hand values in `backend/tests/interp_ops.rs`, its domain in the exhaustive match of
+//!    `passes/tests/grad_check.rs` (a compile error until added), and for a new approximation
+//!    its ULP bound in `backend/tests/math_ulp.rs`. The JIT differential tests iterate the
+//!    table, so they cover it already.
+//!
+//! Any other op: a variant of [`Op`] with its attributes in [`Op::attributes`],
+//! [`Op::from_parts`] and [`Op::all_names`]; then the compiler lists the exhaustive matches
+//! that must learn it (type rule in `infer.rs`, cost, class, interpreter, gradient, extraction,
+//! executor).
 
 use crate::literal::Literal;
 use crate::types::{DType, Shape, Type};
@@ -49,99 +66,211 @@ impl DTypeClass {
     }
 }
 
-/// Declares a table of simple ops: variant, text name and accepted operand dtypes, one per line.
+/// What an op costs per element, for kernel cost models, extraction and stashing.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Cost {
+    /// About one instruction: add, compare, select, abs, a cast.
+    Cheap,
+    /// One instruction of many cycles' latency: a division, a square root, a rounding.
+    Slow,
+    /// A polynomial, a rational approximation or a call: an order of magnitude above arithmetic.
+    Transcendental,
+    /// Reads many elements per result.
+    Reduction,
+    /// Moves or replicates elements without arithmetic.
+    DataMovement,
+    /// Multiply-accumulates over a contracted axis (matmul).
+    Contraction,
+    /// Regions, calls, state: not an elementwise cost at all.
+    Opaque,
+}
+
+/// Whether an f32 elementwise op has a four-lane form in compiled kernels.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum VectorForm {
+    /// Computed on f32x4 lanes.
+    F32x4,
+    /// Computed one element at a time (a scalar helper call): the whole inner loop runs scalar.
+    Scalar,
+}
+
+/// Which float dtypes compiled kernels compute by calling the op's scalar helper
+/// ([`UnaryOp::helper_symbol`]) instead of inline instructions.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Helper {
+    /// Inline for every dtype.
+    None,
+    /// A polynomial inline for f32; `kiln_<name>` for f64.
+    F64,
+    /// `kiln_<name>f` for f32 and `kiln_<name>` for f64.
+    F32AndF64,
+}
+
+/// Declares one elementwise table's enum from its rows (see [`with_unary_ops!`] for the columns).
 macro_rules! op_table {
-    ($(#[$meta:meta])* $name:ident { $($variant:ident = $text:literal, $class:ident;)* }) => {
+    ($(#[$meta:meta])* $name:ident {
+        $($variant:ident = $text:literal, $method:ident, $class:ident, $cost:ident, $vector:ident, $helper:ident;)*
+    }) => {
         $(#[$meta])*
         #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-        pub enum $name { $($variant),* }
+        pub enum $name { $(#[doc = concat!("`", $text, "`")] $variant),* }
 
         impl $name {
+            /// Every op of the table, in table order.
             pub const ALL: &'static [$name] = &[$($name::$variant),*];
 
+            /// The op's name in the text form.
             pub fn name(self) -> &'static str {
                 match self { $($name::$variant => $text),* }
             }
 
+            /// The op whose text-form name is `name`.
             pub fn from_name(name: &str) -> Option<$name> {
                 Self::ALL.iter().copied().find(|op| op.name() == name)
+            }
+
+            /// The name of the builder's and eager tensors' shorthand method.
+            pub fn method(self) -> &'static str {
+                match self { $($name::$variant => stringify!($method)),* }
             }
 
             /// The operand dtypes this op accepts.
             pub fn operand_class(self) -> DTypeClass {
                 match self { $($name::$variant => DTypeClass::$class),* }
             }
+
+            /// What the op costs per element.
+            pub fn cost(self) -> Cost {
+                match self { $($name::$variant => Cost::$cost),* }
+            }
+
+            /// Whether compiled kernels compute the op on f32x4 lanes.
+            pub fn vector_form(self) -> VectorForm {
+                match self { $($name::$variant => VectorForm::$vector),* }
+            }
+
+            /// Which float dtypes call the op's scalar helper in compiled kernels.
+            pub fn helper(self) -> Helper {
+                match self { $($name::$variant => Helper::$helper),* }
+            }
+
+            /// The symbol compiled kernels call for `dtype`, where they call one:
+            /// `kiln_<name>f` (f32) or `kiln_<name>` (f64).
+            pub fn helper_symbol(self, dtype: DType) -> Option<&'static str> {
+                match (self, dtype, self.helper()) {
+                    $(
+                        ($name::$variant, DType::F32, Helper::F32AndF64) => {
+                            Some(concat!("kiln_", $text, "f"))
+                        }
+                        ($name::$variant, DType::F64, Helper::F64 | Helper::F32AndF64) => {
+                            Some(concat!("kiln_", $text))
+                        }
+                    )*
+                    _ => None,
+                }
+            }
         }
     };
 }
 
-op_table! {
-    /// Elementwise functions of one operand; the result has the operand's type.
-    UnaryOp {
-        Neg = "neg", Numeric;
-        Abs = "abs", Numeric;
-        Sign = "sign", Numeric;
-        Relu = "relu", Numeric;
-        Exp = "exp", Float;
-        Log = "log", Float;
-        Sqrt = "sqrt", Float;
-        Rsqrt = "rsqrt", Float;
-        Recip = "recip", Float;
-        Tanh = "tanh", Float;
-        Sigmoid = "sigmoid", Float;
-        Erf = "erf", Float;
-        Sin = "sin", Float;
-        Cos = "cos", Float;
-        Floor = "floor", Float;
-        Ceil = "ceil", Float;
-        Round = "round", Float;
-        Not = "not", Bool;
-    }
+/// The table of elementwise functions of one operand, one row per op, handed to `$m!`:
+///
+/// `Variant = "text name", shorthand method, operand dtypes, cost, f32 vector form, helper;`
+///
+/// - *shorthand method*: `FunctionBuilder::tanh`, `Tensor::tanh`, … are generated from it;
+/// - *operand dtypes*: a [`DTypeClass`]; *cost*: a [`Cost`]; *f32 vector form*: a
+///   [`VectorForm`]; *helper*: a [`Helper`] (the symbols are `kiln_<name>` and `kiln_<name>f`).
+///
+/// Every per-op fact lives here; the other tables below have the same columns.
+#[macro_export]
+macro_rules! with_unary_ops {
+    ($m:ident) => {
+        $m! {
+            /// Elementwise functions of one operand; the result has the operand's type.
+            UnaryOp {
+                Neg = "neg", neg, Numeric, Cheap, F32x4, None;
+                Abs = "abs", abs, Numeric, Cheap, F32x4, None;
+                Sign = "sign", sign, Numeric, Cheap, F32x4, None;
+                Relu = "relu", relu, Numeric, Cheap, F32x4, None;
+                Exp = "exp", exp, Float, Transcendental, F32x4, F64;
+                Log = "log", log, Float, Transcendental, F32x4, F64;
+                Sqrt = "sqrt", sqrt, Float, Slow, F32x4, None;
+                Rsqrt = "rsqrt", rsqrt, Float, Slow, F32x4, None;
+                Recip = "recip", recip, Float, Slow, F32x4, None;
+                Tanh = "tanh", tanh, Float, Transcendental, F32x4, F64;
+                Sigmoid = "sigmoid", sigmoid, Float, Transcendental, F32x4, F64;
+                Softplus = "softplus", softplus, Float, Transcendental, F32x4, F64;
+                Erf = "erf", erf, Float, Transcendental, F32x4, F64;
+                Sin = "sin", sin, Float, Transcendental, Scalar, F32AndF64;
+                Cos = "cos", cos, Float, Transcendental, Scalar, F32AndF64;
+                Floor = "floor", floor, Float, Slow, F32x4, None;
+                Ceil = "ceil", ceil, Float, Slow, F32x4, None;
+                Round = "round", round, Float, Slow, F32x4, None;
+                Not = "not", not, Bool, Cheap, F32x4, None;
+            }
+        }
+    };
 }
 
-op_table! {
-    /// Elementwise functions of two operands of one type; the result has that type.
-    BinaryOp {
-        Add = "add", Numeric;
-        Sub = "sub", Numeric;
-        Mul = "mul", Numeric;
-        Div = "div", Numeric;
-        Max = "max", Numeric;
-        Min = "min", Numeric;
-        Pow = "pow", Float;
-        And = "and", Bool;
-        Or = "or", Bool;
-        Xor = "xor", Bool;
-    }
+/// The table of elementwise functions of two operands (columns as in [`with_unary_ops!`]).
+#[macro_export]
+macro_rules! with_binary_ops {
+    ($m:ident) => {
+        $m! {
+            /// Elementwise functions of two operands of one type; the result has that type.
+            BinaryOp {
+                Add = "add", add, Numeric, Cheap, F32x4, None;
+                Sub = "sub", sub, Numeric, Cheap, F32x4, None;
+                Mul = "mul", mul, Numeric, Cheap, F32x4, None;
+                Div = "div", div, Numeric, Slow, F32x4, None;
+                Max = "max", maximum, Numeric, Cheap, F32x4, None;
+                Min = "min", minimum, Numeric, Cheap, F32x4, None;
+                Pow = "pow", pow, Float, Transcendental, Scalar, F32AndF64;
+                And = "and", and, Bool, Cheap, F32x4, None;
+                Or = "or", or, Bool, Cheap, F32x4, None;
+                Xor = "xor", xor, Bool, Cheap, F32x4, None;
+            }
+        }
+    };
 }
 
-op_table! {
-    /// Elementwise comparisons of two operands of one type; the result is bool.
-    CompareOp {
-        Eq = "eq", Any;
-        Ne = "ne", Any;
-        Lt = "lt", Numeric;
-        Le = "le", Numeric;
-        Gt = "gt", Numeric;
-        Ge = "ge", Numeric;
-    }
+/// The table of elementwise comparisons (columns as in [`with_unary_ops!`]).
+#[macro_export]
+macro_rules! with_compare_ops {
+    ($m:ident) => {
+        $m! {
+            /// Elementwise comparisons of two operands of one type; the result is bool.
+            CompareOp {
+                Eq = "eq", eq, Any, Cheap, F32x4, None;
+                Ne = "ne", ne, Any, Cheap, F32x4, None;
+                Lt = "lt", lt, Numeric, Cheap, F32x4, None;
+                Le = "le", le, Numeric, Cheap, F32x4, None;
+                Gt = "gt", gt, Numeric, Cheap, F32x4, None;
+                Ge = "ge", ge, Numeric, Cheap, F32x4, None;
+            }
+        }
+    };
 }
+
+with_unary_ops!(op_table);
+with_binary_ops!(op_table);
+with_compare_ops!(op_table);
 
 op_table! {
     /// Reductions over a set of axes.
     ReduceOp {
-        Sum = "reduce_sum", Numeric;
-        Mean = "reduce_mean", Float;
-        Max = "reduce_max", Numeric;
-        Min = "reduce_min", Numeric;
+        Sum = "reduce_sum", sum, Numeric, Reduction, F32x4, None;
+        Mean = "reduce_mean", mean, Float, Reduction, F32x4, None;
+        Max = "reduce_max", max, Numeric, Reduction, F32x4, None;
+        Min = "reduce_min", min, Numeric, Reduction, F32x4, None;
     }
 }
 
 op_table! {
     /// Index of the extreme element along one axis; the result is i64.
     ArgOp {
-        ArgMax = "argmax", Numeric;
-        ArgMin = "argmin", Numeric;
+        ArgMax = "argmax", argmax, Numeric, Reduction, Scalar, None;
+        ArgMin = "argmin", argmin, Numeric, Reduction, Scalar, None;
     }
 }
 
@@ -455,6 +584,35 @@ impl Op {
             Op::Store { .. } => OpClass::Effect,
             Op::Cond | Op::While | Op::Fused => OpClass::Control,
             Op::Call { .. } => OpClass::Call,
+        }
+    }
+
+    /// What the op costs per element; elementwise ops take theirs from their table row.
+    pub fn cost(&self) -> Cost {
+        match self {
+            Op::Unary(op) => op.cost(),
+            Op::Binary(op) => op.cost(),
+            Op::Compare(op) => op.cost(),
+            Op::Const { .. } | Op::Select | Op::Cast { .. } | Op::Iota { .. } => Cost::Cheap,
+            // A hash per element, and a logarithm and a cosine for normal samples.
+            Op::Random { .. } => Cost::Transcendental,
+            Op::Broadcast { .. }
+            | Op::Reshape { .. }
+            | Op::Transpose { .. }
+            | Op::Slice { .. }
+            | Op::Pad { .. }
+            | Op::Concat { .. }
+            | Op::Gather { .. }
+            | Op::ScatterAdd { .. }
+            | Op::OneHot { .. } => Cost::DataMovement,
+            Op::Reduce { .. } | Op::ArgReduce { .. } => Cost::Reduction,
+            Op::MatMul { .. } => Cost::Contraction,
+            Op::Load { .. }
+            | Op::Store { .. }
+            | Op::Cond
+            | Op::While
+            | Op::Fused
+            | Op::Call { .. } => Cost::Opaque,
         }
     }
 

@@ -158,32 +158,33 @@ fn unary_ops() {
     let shapes: [&[usize]; 3] = [&[], &[5], &[2, 3]];
     for (k, shape) in shapes.iter().enumerate() {
         let seed = k as u64;
-        for op in [
-            UnaryOp::Neg,
-            UnaryOp::Abs,
-            UnaryOp::Relu,
-            UnaryOp::Exp,
-            UnaryOp::Tanh,
-            UnaryOp::Sigmoid,
-            UnaryOp::Erf,
-            UnaryOp::Sin,
-            UnaryOp::Cos,
-            UnaryOp::Recip,
-        ] {
-            check(vec![input(shape, seed)], |b, a| b.unary(op, a[0]));
-        }
-        for op in [UnaryOp::Log, UnaryOp::Sqrt, UnaryOp::Rsqrt] {
-            check(vec![positive(shape, seed)], |b, a| b.unary(op, a[0]));
-        }
-        // Piecewise-constant ops: zero gradient away from their jumps.
+        // Piecewise-constant ops are checked away from their jumps.
         let n = shape.iter().product();
         let away: Vec<f64> = values(n, seed, 0.2, 0.4, true)
             .iter()
             .zip(0..)
             .map(|(v, i)| v + i as f64)
             .collect();
-        for op in [UnaryOp::Sign, UnaryOp::Floor, UnaryOp::Ceil, UnaryOp::Round] {
-            check(vec![array(shape, away.clone())], |b, a| b.unary(op, a[0]));
+        for &op in UnaryOp::ALL {
+            let x = match op {
+                UnaryOp::Neg
+                | UnaryOp::Abs
+                | UnaryOp::Relu
+                | UnaryOp::Exp
+                | UnaryOp::Tanh
+                | UnaryOp::Sigmoid
+                | UnaryOp::Softplus
+                | UnaryOp::Erf
+                | UnaryOp::Sin
+                | UnaryOp::Cos
+                | UnaryOp::Recip => input(shape, seed),
+                UnaryOp::Log | UnaryOp::Sqrt | UnaryOp::Rsqrt => positive(shape, seed),
+                UnaryOp::Sign | UnaryOp::Floor | UnaryOp::Ceil | UnaryOp::Round => {
+                    array(shape, away.clone())
+                }
+                UnaryOp::Not => continue, // bool: never differentiated
+            };
+            check(vec![x], |b, a| b.unary(op, a[0]));
         }
     }
 }

@@ -1,6 +1,8 @@
 //! `kiln-runtime`: running Kiln programs.
 //!
 //! - [`program`]: static programs — placeholders, parameters, ops, targets.
+//! - [`composite`]: softmax, losses, normalisation, activations — written once over the
+//!   builder, used by static layers and eager code alike.
 //! - [`layers`], [`init`], [`optim`]: layers, initializers and optimizers for them.
 //! - [`session`]: runs any part of a program with feeds and fetches, over one [`scope`].
 //! - [`eager`]: dygraph — eager tensors with a tape, layers, custom ops, control flow, and
@@ -12,6 +14,7 @@
 //! nothing.
 
 pub mod checkpoint;
+pub mod composite;
 pub mod data;
 pub mod eager;
 pub mod error;

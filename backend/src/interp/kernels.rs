@@ -136,7 +136,13 @@ pub fn unary(op: UnaryOp, x: &Array) -> KernelResult<Array> {
 }
 
 fn unary_float<T: FloatElem>(op: UnaryOp, a: &ArrayD<T>) -> KernelResult<ArrayD<T>> {
-    let f: fn(T) -> T = match op {
+    Ok(a.mapv(unary_float_fn(op)?))
+}
+
+/// The scalar function of a float unary op: what the interpreter maps over arrays, and what
+/// compiled kernels call where the op table gives the op a helper symbol.
+pub fn unary_float_fn<T: FloatElem>(op: UnaryOp) -> KernelResult<fn(T) -> T> {
+    Ok(match op {
         UnaryOp::Neg => |x| -x,
         UnaryOp::Abs => |x| x.abs(),
         UnaryOp::Sign => |x| {
@@ -168,6 +174,8 @@ fn unary_float<T: FloatElem>(op: UnaryOp, a: &ArrayD<T>) -> KernelResult<ArrayD<
                 e / (T::one() + e)
             }
         },
+        // max(x, 0) + log(1 + exp(-|x|)): exp never overflows, and log1p keeps small tails.
+        UnaryOp::Softplus => |x| x.max(T::zero()) + (-x.abs()).exp().ln_1p(),
         UnaryOp::Erf => |x| x.erf(),
         UnaryOp::Sin => |x| x.sin(),
         UnaryOp::Cos => |x| x.cos(),
@@ -175,8 +183,7 @@ fn unary_float<T: FloatElem>(op: UnaryOp, a: &ArrayD<T>) -> KernelResult<ArrayD<
         UnaryOp::Ceil => |x| x.ceil(),
         UnaryOp::Round => |x| x.round_even(),
         UnaryOp::Not => return Err(dtype_error(op.name(), DType::F32)),
-    };
-    Ok(a.mapv(f))
+    })
 }
 
 fn unary_int<T: IntElem>(op: UnaryOp, a: &ArrayD<T>) -> KernelResult<ArrayD<T>> {
@@ -258,11 +265,16 @@ fn binary_float<T: FloatElem>(
         BinaryOp::Div => zip_same(x, y, |a, b| a / b),
         BinaryOp::Max => zip_same(x, y, nan_max),
         BinaryOp::Min => zip_same(x, y, nan_min),
-        BinaryOp::Pow => zip_same(x, y, |a, b| a.powf(b)),
+        BinaryOp::Pow => zip_same(x, y, pow),
         BinaryOp::And | BinaryOp::Or | BinaryOp::Xor => {
             Err(format!("`{}` is defined for bool only", op.name()))
         }
     }
+}
+
+/// `pow` on floats; compiled kernels call it as `kiln_pow` and `kiln_powf`.
+pub fn pow<T: FloatElem>(a: T, b: T) -> T {
+    a.powf(b)
 }
 
 fn binary_int<T: IntElem>(op: BinaryOp, x: &ArrayD<T>, y: &ArrayD<T>) -> KernelResult<ArrayD<T>> {

@@ -14,7 +14,7 @@
 //! Every expression is emitted at the outermost level where its inputs are known
 //! ([`Gen::hoist`]), and memoised per scope, so a broadcast operand is loaded once per row and
 //! a constant once per call. f32 groups are vectorised when every op in them has a vector form;
-//! everything else (f64, integers, bool in memory, `pow`, `sin`, `cos`) runs scalar.
+//! everything else (f64, integers, bool in memory, ops whose table row says `Scalar`) runs scalar.
 
 use super::JitError;
 use super::math::{self, Lanes};
@@ -26,7 +26,7 @@ use cranelift_codegen::ir::{
 use cranelift_frontend::{FunctionBuilder, FunctionBuilderContext, Variable};
 use cranelift_jit::JITModule;
 use cranelift_module::{Linkage, Module};
-use kiln_ir::{BinaryOp, CompareOp, DType, Dim, Literal, Op, ReduceOp, UnaryOp, Value};
+use kiln_ir::{BinaryOp, CompareOp, DType, Dim, Literal, Op, ReduceOp, UnaryOp, Value, VectorForm};
 use std::collections::{HashMap, HashSet};
 
 /// f32 lanes per vector (Cranelift's vectors are 128-bit on x86_64).
@@ -1048,8 +1048,8 @@ impl Gen<'_, '_> {
             let operand = args.first().map(|&a| self.dtype(a));
             let ok = match (dtype, op) {
                 (_, Op::Broadcast { .. } | Op::Reshape { .. }) => true,
-                (DType::F32, Op::Unary(u)) => !matches!(u, UnaryOp::Sin | UnaryOp::Cos),
-                (DType::F32, Op::Binary(b)) => !matches!(b, BinaryOp::Pow),
+                (DType::F32, Op::Unary(u)) => u.vector_form() == VectorForm::F32x4,
+                (DType::F32, Op::Binary(b)) => b.vector_form() == VectorForm::F32x4,
                 (DType::F32, Op::Iota { .. } | Op::Select) => true,
                 (DType::F32 | DType::Bool, Op::Cast { .. }) => {
                     matches!(operand, Some(DType::F32 | DType::Bool))
@@ -1248,7 +1248,9 @@ impl Gen<'_, '_> {
                 other => panic!("kernel codegen: `{}` on integers", other.name()),
             };
         }
-        let f32 = dtype == DType::F32;
+        if let Some(symbol) = op.helper_symbol(dtype) {
+            return self.call(symbol, &[x], clif_type(dtype));
+        }
         let zero = self.float_const(dtype, 0.0, vector);
         let one = self.float_const(dtype, 1.0, vector);
         match op {
@@ -1284,20 +1286,16 @@ impl Gen<'_, '_> {
                 };
                 self.float_select(nonzero, signed_one, x, vector)
             }
-            UnaryOp::Exp if f32 => math::exp(&mut self.b, lanes, x),
-            UnaryOp::Log if f32 => math::log(&mut self.b, lanes, x),
-            UnaryOp::Tanh if f32 => math::tanh(&mut self.b, lanes, x),
-            UnaryOp::Sigmoid if f32 => math::sigmoid(&mut self.b, lanes, x),
-            UnaryOp::Erf if f32 => math::erf(&mut self.b, lanes, x),
-            UnaryOp::Sin if f32 => self.call("kiln_sinf", &[x], types::F32),
-            UnaryOp::Cos if f32 => self.call("kiln_cosf", &[x], types::F32),
-            UnaryOp::Exp => self.call("kiln_exp", &[x], types::F64),
-            UnaryOp::Log => self.call("kiln_log", &[x], types::F64),
-            UnaryOp::Tanh => self.call("kiln_tanh", &[x], types::F64),
-            UnaryOp::Sigmoid => self.call("kiln_sigmoid", &[x], types::F64),
-            UnaryOp::Erf => self.call("kiln_erf", &[x], types::F64),
-            UnaryOp::Sin => self.call("kiln_sin", &[x], types::F64),
-            UnaryOp::Cos => self.call("kiln_cos", &[x], types::F64),
+            // f32 only: f64 calls the helper the table names (above).
+            UnaryOp::Exp => math::exp(&mut self.b, lanes, x),
+            UnaryOp::Log => math::log(&mut self.b, lanes, x),
+            UnaryOp::Tanh => math::tanh(&mut self.b, lanes, x),
+            UnaryOp::Sigmoid => math::sigmoid(&mut self.b, lanes, x),
+            UnaryOp::Softplus => math::softplus(&mut self.b, lanes, x),
+            UnaryOp::Erf => math::erf(&mut self.b, lanes, x),
+            UnaryOp::Sin | UnaryOp::Cos => {
+                unreachable!("`{}` calls its helper for every float dtype", op.name())
+            }
             UnaryOp::Not => panic!("kernel codegen: `not` on floats"),
         }
     }
@@ -1322,8 +1320,12 @@ impl Gen<'_, '_> {
             (BinaryOp::Div, d) if d.is_float() => ins.fdiv(x, y),
             (BinaryOp::Max, d) if d.is_float() => ins.fmax(x, y),
             (BinaryOp::Min, d) if d.is_float() => ins.fmin(x, y),
-            (BinaryOp::Pow, DType::F32) => self.call("kiln_powf", &[x, y], types::F32),
-            (BinaryOp::Pow, _) => self.call("kiln_pow", &[x, y], types::F64),
+            (BinaryOp::Pow, d) => {
+                let symbol = op
+                    .helper_symbol(d)
+                    .expect("`pow` has a helper for each float type");
+                self.call(symbol, &[x, y], clif_type(d))
+            }
             (BinaryOp::Add, _) => ins.iadd(x, y),
             (BinaryOp::Sub, _) => ins.isub(x, y),
             (BinaryOp::Mul, _) => ins.imul(x, y),

@@ -19,15 +19,20 @@
 //! | tanh | 6 | 3.4e-7 | [−10, 10] |
 //! | sigmoid | 3 | 1.8e-7 | [−80, 30] |
 //! | erf | 6 | 3.7e-7 | [−5, 5] |
+//! | softplus | 3 | 2.4e-7 | [−80, 30] (subnormal results included) |
 //!
 //! tanh and erf use the same rational forms as XLA (what `jax.jit` runs on the CPU).
-//! `sin`, `cos`, `pow` and every f64 function call the same Rust functions the interpreter
-//! uses (a cold path: a call per element).
+//! `softplus` is `max(x, 0) + log1p(exp(−|x|))` with the `exp` and `log` above.
+//! Ops whose table row names a helper (`sin`, `cos`, `pow`, and every f64 transcendental) call
+//! the interpreter's own scalar function by symbol (a cold path: a call per element).
 
 use cranelift_codegen::ir::condcodes::FloatCC;
 use cranelift_codegen::ir::{InstBuilder, MemFlagsData, Type, Value, types};
 use cranelift_frontend::FunctionBuilder;
 use cranelift_jit::JITBuilder;
+use kiln_ir::{BinaryOp, DType, UnaryOp};
+
+use crate::interp::kernels;
 
 /// Scalar f32 or four lanes of f32.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -327,74 +332,88 @@ pub fn erf(b: &mut FunctionBuilder, l: Lanes, x: Value) -> Value {
     r
 }
 
-/// Functions generated code calls by symbol (scalar only): the ones the interpreter uses.
-pub const IMPORTS_F32_1: &[(&str, extern "C" fn(f32) -> f32)] =
-    &[("kiln_sinf", sinf), ("kiln_cosf", cosf)];
-pub const IMPORTS_F32_2: &[(&str, extern "C" fn(f32, f32) -> f32)] = &[("kiln_powf", powf)];
-pub const IMPORTS_F64_1: &[(&str, extern "C" fn(f64) -> f64)] = &[
-    ("kiln_exp", exp64),
-    ("kiln_log", log64),
-    ("kiln_tanh", tanh64),
-    ("kiln_sigmoid", sigmoid64),
-    ("kiln_erf", erf64),
-    ("kiln_sin", sin64),
-    ("kiln_cos", cos64),
-];
-pub const IMPORTS_F64_2: &[(&str, extern "C" fn(f64, f64) -> f64)] = &[("kiln_pow", pow64)];
+/// `softplus(x) = max(x, 0) + log1p(exp(−|x|))`, with `log1p(e) = log(u)·e/(u − 1)` for
+/// `u = 1 + e` (exact where `u` rounds to 1), so that small tails keep their precision.
+pub fn softplus(b: &mut FunctionBuilder, l: Lanes, x: Value) -> Value {
+    let zero = l.c(b, 0.0);
+    let one = l.c(b, 1.0);
+    let pos = b.ins().fmax(x, zero);
+    let a = b.ins().fabs(x);
+    let na = b.ins().fneg(a);
+    let e = exp(b, l, na);
+    let u = b.ins().fadd(one, e);
+    let lu = log(b, l, u);
+    let um1 = b.ins().fsub(u, one);
+    let ratio = b.ins().fdiv(e, um1);
+    let scaled = b.ins().fmul(lu, ratio);
+    let exact = b.ins().fcmp(FloatCC::Equal, u, one);
+    let log1p = l.select(b, exact, e, scaled);
+    b.ins().fadd(pos, log1p)
+}
 
-extern "C" fn sinf(x: f32) -> f32 {
-    x.sin()
+/// A unary op's scalar helper, generated per op from the interpreter's own scalar function
+/// (so a helper computes exactly what the oracle does).
+macro_rules! unary_helpers {
+    ($(#[$meta:meta])* $enum:ident { $($variant:ident = $text:literal, $($_rest:ident),*;)* }) => {
+        fn unary_helpers(op: UnaryOp) -> (extern "C" fn(f32) -> f32, extern "C" fn(f64) -> f64) {
+            match op {
+                $(UnaryOp::$variant => {
+                    extern "C" fn f32_helper(x: f32) -> f32 {
+                        kernels::unary_float_fn(UnaryOp::$variant).map_or(f32::NAN, |f| f(x))
+                    }
+                    extern "C" fn f64_helper(x: f64) -> f64 {
+                        kernels::unary_float_fn(UnaryOp::$variant).map_or(f64::NAN, |f| f(x))
+                    }
+                    (f32_helper, f64_helper)
+                })*
+            }
+        }
+    };
 }
-extern "C" fn cosf(x: f32) -> f32 {
-    x.cos()
-}
+kiln_ir::with_unary_ops!(unary_helpers);
+
 extern "C" fn powf(x: f32, y: f32) -> f32 {
-    x.powf(y)
-}
-extern "C" fn exp64(x: f64) -> f64 {
-    x.exp()
-}
-extern "C" fn log64(x: f64) -> f64 {
-    x.ln()
-}
-extern "C" fn tanh64(x: f64) -> f64 {
-    x.tanh()
-}
-extern "C" fn sigmoid64(x: f64) -> f64 {
-    // The interpreter's two forms, so that exp never overflows.
-    if x >= 0.0 {
-        1.0 / (1.0 + (-x).exp())
-    } else {
-        let e = x.exp();
-        e / (1.0 + e)
-    }
-}
-extern "C" fn erf64(x: f64) -> f64 {
-    libm::erf(x)
-}
-extern "C" fn sin64(x: f64) -> f64 {
-    x.sin()
-}
-extern "C" fn cos64(x: f64) -> f64 {
-    x.cos()
+    kernels::pow(x, y)
 }
 extern "C" fn pow64(x: f64, y: f64) -> f64 {
-    x.powf(y)
+    kernels::pow(x, y)
 }
 
-/// Makes every imported function known to the JIT (its fallback lookup finds only symbols
-/// already loaded, so each is registered here).
+/// Makes every helper symbol of the op table known to the JIT (its fallback lookup finds only
+/// symbols already loaded, so each is registered here).
 pub fn register_symbols(builder: &mut JITBuilder) {
-    for (name, f) in IMPORTS_F32_1 {
-        builder.symbol(*name, *f as *const u8);
+    for &op in UnaryOp::ALL {
+        let (f32_helper, f64_helper) = unary_helpers(op);
+        if let Some(name) = op.helper_symbol(DType::F32) {
+            builder.symbol(name, f32_helper as *const u8);
+        }
+        if let Some(name) = op.helper_symbol(DType::F64) {
+            builder.symbol(name, f64_helper as *const u8);
+        }
     }
-    for (name, f) in IMPORTS_F32_2 {
-        builder.symbol(*name, *f as *const u8);
-    }
-    for (name, f) in IMPORTS_F64_1 {
-        builder.symbol(*name, *f as *const u8);
-    }
-    for (name, f) in IMPORTS_F64_2 {
-        builder.symbol(*name, *f as *const u8);
+    for &op in BinaryOp::ALL {
+        // `pow` is the one binary op with helpers (exhaustive, so a new op is decided here).
+        type Pair = (
+            extern "C" fn(f32, f32) -> f32,
+            extern "C" fn(f64, f64) -> f64,
+        );
+        let (f32_helper, f64_helper): Pair = match op {
+            BinaryOp::Pow => (powf, pow64),
+            BinaryOp::Add
+            | BinaryOp::Sub
+            | BinaryOp::Mul
+            | BinaryOp::Div
+            | BinaryOp::Max
+            | BinaryOp::Min
+            | BinaryOp::And
+            | BinaryOp::Or
+            | BinaryOp::Xor => continue,
+        };
+        if let Some(name) = op.helper_symbol(DType::F32) {
+            builder.symbol(name, f32_helper as *const u8);
+        }
+        if let Some(name) = op.helper_symbol(DType::F64) {
+            builder.symbol(name, f64_helper as *const u8);
+        }
     }
 }

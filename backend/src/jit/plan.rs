@@ -18,7 +18,7 @@
 //! broadcasting costs nothing but a zero stride.
 
 use crate::jit::JitError;
-use kiln_ir::{Dim, Function, Op, ReduceOp, Shape, Symbol, Type, UnaryOp, Value, ValueDef};
+use kiln_ir::{Cost, Dim, Function, Op, ReduceOp, Shape, Symbol, Type, Value, ValueDef};
 use std::collections::{BTreeSet, HashMap, HashSet};
 
 /// A kernel buffer: inputs, then outputs, then scratch, numbered in that order in the ABI.
@@ -490,20 +490,9 @@ impl KernelPlan {
 }
 
 /// Whether `op` evaluates a transcendental function per element (a polynomial or a call),
-/// which costs an order of magnitude more than arithmetic.
+/// which costs an order of magnitude more than arithmetic: the op table's cost class.
 pub fn is_transcendental(op: &Op) -> bool {
-    matches!(
-        op,
-        Op::Unary(
-            UnaryOp::Exp
-                | UnaryOp::Log
-                | UnaryOp::Tanh
-                | UnaryOp::Sigmoid
-                | UnaryOp::Erf
-                | UnaryOp::Sin
-                | UnaryOp::Cos
-        ) | Op::Binary(kiln_ir::BinaryOp::Pow)
-    )
+    op.cost() == Cost::Transcendental
 }
 
 /// How a materialised value sits in a rows stage.

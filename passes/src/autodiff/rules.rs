@@ -328,6 +328,11 @@ fn unary(
             let dy = b.mul(y, rest)?;
             b.mul(g, dy)?
         }
+        // d softplus = sigmoid(x)
+        UnaryOp::Softplus => {
+            let s = b.sigmoid(x)?;
+            b.mul(g, s)?
+        }
         // d erf = 2/√π · exp(-x²)
         UnaryOp::Erf => {
             let x2 = b.mul(x, x)?;

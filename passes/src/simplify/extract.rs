@@ -13,7 +13,7 @@
 
 use super::lang::{Graph, Node, NodeOp, node_type};
 use egg::Id;
-use kiln_ir::{BinaryOp, Op, Type, UnaryOp};
+use kiln_ir::{Cost, Op, Type};
 use std::collections::{HashMap, VecDeque};
 
 /// The size assumed for a symbolic dimension when estimating costs.
@@ -46,15 +46,12 @@ pub fn node_cost(egraph: &Graph, node: &Node) -> Option<f64> {
         Op::Const { value, .. } if value.len() == 1 => 0.0,
         Op::Const { .. } => out_bytes,
         Op::Broadcast { .. } | Op::Reshape { .. } | Op::Iota { .. } => 0.05 * out_bytes,
-        Op::Unary(u) => {
-            let heavy = !matches!(
-                u,
-                UnaryOp::Neg | UnaryOp::Abs | UnaryOp::Relu | UnaryOp::Sign | UnaryOp::Not
-            );
-            if heavy { 2.0 * out_bytes } else { out_bytes }
+        Op::Unary(_) | Op::Binary(_) | Op::Compare(_) | Op::Select | Op::Cast { .. } => {
+            match op.cost() {
+                Cost::Cheap => out_bytes,
+                _ => 2.0 * out_bytes,
+            }
         }
-        Op::Binary(BinaryOp::Div | BinaryOp::Pow) => 2.0 * out_bytes,
-        Op::Binary(_) | Op::Compare(_) | Op::Select | Op::Cast { .. } => out_bytes,
         Op::Transpose { .. } | Op::Slice { .. } | Op::Pad { .. } | Op::Concat { .. } => out_bytes,
         Op::Reduce { .. } | Op::ArgReduce { .. } => child_bytes(0) + out_bytes,
         Op::MatMul { .. } => {

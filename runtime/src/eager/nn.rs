@@ -4,9 +4,11 @@
 //! gradient `backward()` accumulates; traced it is a `load` of that state. So the same
 //! parameters train eagerly and serve compiled.
 
+use super::tensor::apply1;
 use super::{EagerError, EagerResult, Tensor, with};
+use crate::composite;
 use crate::init::Init;
-use kiln_ir::{DType, Shape, StateDecl, Type};
+use kiln_ir::{DType, Loc, Shape, StateDecl, Type};
 
 /// A named parameter in this thread's scope.
 #[derive(Clone, Debug, PartialEq)]
@@ -195,7 +197,9 @@ macro_rules! activation_layers {
     )*};
 }
 
-activation_layers!(Relu => relu, Tanh => tanh, Sigmoid => sigmoid);
+activation_layers!(
+    Relu => relu, Tanh => tanh, Sigmoid => sigmoid, Softplus => softplus, Gelu => gelu
+);
 
 /// Layer normalisation over the last axis, with a learned scale (ones) and shift (zeros).
 pub struct LayerNorm {
@@ -216,16 +220,10 @@ impl LayerNorm {
 
 impl Layer for LayerNorm {
     fn forward(&self, x: &Tensor) -> EagerResult<Tensor> {
-        let last = x.rank() - 1;
-        let mu = x.mean(&[last], true)?;
-        let d = x.sub(&mu)?;
-        let var = d.mul(&d)?.mean(&[last], true)?;
-        let inv = var
-            .binary_scalar(kiln_ir::BinaryOp::Add, self.eps)?
-            .rsqrt()?;
-        d.mul(&inv)?
-            .mul(&self.gamma.tensor()?)?
-            .add(&self.beta.tensor()?)
+        let (gamma, beta) = (self.gamma.tensor()?, self.beta.tensor()?);
+        apply1(&[x, &gamma, &beta], Loc::caller(), |b, v| {
+            composite::layer_norm(b, v[0], v[1], v[2], self.eps)
+        })
     }
 
     fn parameters(&self) -> Vec<Parameter> {
@@ -297,44 +295,36 @@ impl Layer for Dropout {
     }
 }
 
-/// Mean softmax cross-entropy of `logits: [N, C]` against integer `labels: [N]`.
+/// Mean softmax cross-entropy of `logits: [N, C]` against integer `labels: [N]`
+/// (see [`composite::softmax_cross_entropy`]).
+#[track_caller]
 pub fn cross_entropy(logits: &Tensor, labels: &Tensor) -> EagerResult<Tensor> {
-    let classes = logits
-        .ty()
-        .shape
-        .dims()
-        .last()
-        .and_then(|d| d.as_fixed())
-        .unwrap_or(0);
-    let last = logits.rank() - 1;
-    let logp = logits.log_softmax(last)?;
-    let onehot = labels.one_hot(classes, logits.dtype())?;
-    logp.mul(&onehot)?.sum(&[last], false)?.mean_all()?.neg()
+    apply1(&[logits, labels], Loc::caller(), |b, v| {
+        composite::softmax_cross_entropy(b, v[0], v[1])
+    })
 }
 
 /// Mean squared error.
+#[track_caller]
 pub fn mse(prediction: &Tensor, target: &Tensor) -> EagerResult<Tensor> {
-    let d = prediction.sub(target)?;
-    d.mul(&d)?.mean_all()
+    apply1(&[prediction, target], Loc::caller(), |b, v| {
+        composite::mse(b, v[0], v[1])
+    })
 }
 
-/// Mean binary cross-entropy of `sigmoid(logits)` against `targets` in [0, 1], computed
-/// stably as `max(x, 0) - x·z + log(1 + exp(-|x|))`.
+/// Mean binary cross-entropy of `sigmoid(logits)` against `targets` in [0, 1] (see
+/// [`composite::sigmoid_cross_entropy`]).
+#[track_caller]
 pub fn binary_cross_entropy_with_logits(logits: &Tensor, targets: &Tensor) -> EagerResult<Tensor> {
-    let pos = logits.binary_scalar(kiln_ir::BinaryOp::Max, 0.0)?;
-    let soft = logits
-        .abs()?
-        .neg()?
-        .exp()?
-        .binary_scalar(kiln_ir::BinaryOp::Add, 1.0)?
-        .log()?;
-    pos.sub(&logits.mul(targets)?)?.add(&soft)?.mean_all()
+    apply1(&[logits, targets], Loc::caller(), |b, v| {
+        composite::sigmoid_cross_entropy(b, v[0], v[1])
+    })
 }
 
 /// The fraction of rows whose arg-max equals the label.
+#[track_caller]
 pub fn accuracy(logits: &Tensor, labels: &Tensor) -> EagerResult<Tensor> {
-    let pred = logits.argmax(logits.rank() - 1)?;
-    pred.eq(&labels.cast(DType::I64)?)?
-        .cast(DType::F32)?
-        .mean_all()
+    apply1(&[logits, labels], Loc::caller(), |b, v| {
+        composite::accuracy(b, v[0], v[1])
+    })
 }

@@ -3,6 +3,7 @@
 use super::tape::{Generation, evaluate};
 use super::trace::Trace;
 use super::{Context, EagerError, EagerResult, LeafId, with};
+use crate::composite;
 use kiln_backend::interp::kernels;
 use kiln_backend::{Array, Env};
 use kiln_ir::{
@@ -619,65 +620,72 @@ impl Tensor {
         })
     }
 
-    /// `exp(x - max) / sum(exp(x - max))` along `axis`.
+    /// `exp(x - max) / sum(exp(x - max))` along `axis` (see [`composite::softmax`]).
     #[track_caller]
     pub fn softmax(&self, axis: usize) -> EagerResult<Tensor> {
         apply1(&[self], Loc::caller(), |b, v| {
-            let m = b.reduce(ReduceOp::Max, v[0], vec![axis], true)?;
-            let z = b.sub(v[0], m)?;
-            let e = b.exp(z)?;
-            let s = b.reduce(ReduceOp::Sum, e, vec![axis], true)?;
-            b.div(e, s)
+            composite::softmax(b, v[0], axis)
         })
     }
 
-    /// `x - max - log(sum(exp(x - max)))` along `axis`.
+    /// `x - max - log(sum(exp(x - max)))` along `axis` (see [`composite::log_softmax`]).
     #[track_caller]
     pub fn log_softmax(&self, axis: usize) -> EagerResult<Tensor> {
         apply1(&[self], Loc::caller(), |b, v| {
-            let m = b.reduce(ReduceOp::Max, v[0], vec![axis], true)?;
-            let z = b.sub(v[0], m)?;
-            let e = b.exp(z)?;
-            let s = b.reduce(ReduceOp::Sum, e, vec![axis], true)?;
-            let lse = b.log(s)?;
-            b.sub(z, lse)
+            composite::log_softmax(b, v[0], axis)
         })
+    }
+
+    /// GELU with the exact normal CDF (see [`composite::gelu`]).
+    #[track_caller]
+    pub fn gelu(&self) -> EagerResult<Tensor> {
+        apply1(&[self], Loc::caller(), |b, v| composite::gelu(b, v[0]))
     }
 }
 
-/// Shorthand methods: `x.exp()?`, `x.add(&y)?`, `x.lt(&y)?`, …
-macro_rules! shorthands {
-    (unary: $($u:ident => $uop:ident),*; binary: $($b:ident => $bop:ident),*; compare: $($c:ident => $cop:ident),*) => {
+/// Shorthand methods generated from the op table's elementwise tables: `x.exp()?`.
+macro_rules! unary_methods {
+    ($(#[$meta:meta])* $enum:ident {
+        $($variant:ident = $text:literal, $method:ident, $($_rest:ident),*;)*
+    }) => {
         impl Tensor {
             $(
+                #[doc = concat!("`", $text, "`, elementwise.")]
                 #[track_caller]
-                pub fn $u(&self) -> EagerResult<Tensor> {
-                    self.unary(UnaryOp::$uop)
-                }
-            )*
-            $(
-                #[track_caller]
-                pub fn $b(&self, other: &Tensor) -> EagerResult<Tensor> {
-                    self.binary(BinaryOp::$bop, other)
-                }
-            )*
-            $(
-                #[track_caller]
-                pub fn $c(&self, other: &Tensor) -> EagerResult<Tensor> {
-                    self.compare(CompareOp::$cop, other)
+                pub fn $method(&self) -> EagerResult<Tensor> {
+                    self.unary($enum::$variant)
                 }
             )*
         }
     };
 }
 
-shorthands! {
-    unary: neg => Neg, abs => Abs, exp => Exp, log => Log, sqrt => Sqrt, rsqrt => Rsqrt,
-        tanh => Tanh, sigmoid => Sigmoid, relu => Relu, erf => Erf, sin => Sin, cos => Cos;
-    binary: add => Add, sub => Sub, mul => Mul, div => Div, maximum => Max, minimum => Min,
-        pow => Pow;
-    compare: eq => Eq, ne => Ne, lt => Lt, le => Le, gt => Gt, ge => Ge
+/// Shorthand methods for the two-operand tables, which broadcast: `x.add(&y)?`, `x.lt(&y)?`.
+macro_rules! pair_methods {
+    ($kind:ident $(#[$meta:meta])* $enum:ident {
+        $($variant:ident = $text:literal, $method:ident, $($_rest:ident),*;)*
+    }) => {
+        impl Tensor {
+            $(
+                #[doc = concat!("`", $text, "`, elementwise, with NumPy broadcasting.")]
+                #[track_caller]
+                pub fn $method(&self, other: &Tensor) -> EagerResult<Tensor> {
+                    self.$kind($enum::$variant, other)
+                }
+            )*
+        }
+    };
 }
+
+macro_rules! binary_methods {
+    ($($t:tt)*) => { pair_methods!(binary $($t)*); };
+}
+macro_rules! compare_methods {
+    ($($t:tt)*) => { pair_methods!(compare $($t)*); };
+}
+kiln_ir::with_unary_ops!(unary_methods);
+kiln_ir::with_binary_ops!(binary_methods);
+kiln_ir::with_compare_ops!(compare_methods);
 
 /// Unwraps an operator's result: operators cannot return errors, so they panic with the
 /// error's message (which names the op, the shapes and the caller's line).
