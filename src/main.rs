@@ -85,6 +85,14 @@ enum Command {
         /// compiling it.
         #[arg(long)]
         interpret: bool,
+        /// Fail when a `while` loop makes more trips than this (a loop that never ends then
+        /// stops with an error naming it).
+        #[arg(long, value_name = "N")]
+        max_trips: Option<u64>,
+        /// Refuse the run before it starts if one value or the state needs more than this
+        /// many bytes (suffixes K, M, G, T; default: the machine's memory).
+        #[arg(long, value_name = "BYTES", value_parser = parse_bytes)]
+        memory_limit: Option<u64>,
     },
     /// Print the gradient function of a scalar loss: `@<func>_grad` returns the loss and the
     /// gradient with respect to each `--wrt` (arguments by name, state as `@name`).
@@ -182,15 +190,21 @@ fn main() -> ExitCode {
             state,
             save_state,
             interpret,
-        } => run(&RunArgs {
-            file: &file,
-            func: func.as_deref(),
-            feeds: &feeds,
-            out: out.as_deref(),
-            state: state.as_deref(),
-            save_state: save_state.as_deref(),
-            interpret,
-        }),
+            max_trips,
+            memory_limit,
+        } => {
+            kiln::backend::limits::set_max_trips(max_trips);
+            kiln::backend::limits::set_memory_limit(memory_limit);
+            run(&RunArgs {
+                file: &file,
+                func: func.as_deref(),
+                feeds: &feeds,
+                out: out.as_deref(),
+                state: state.as_deref(),
+                save_state: save_state.as_deref(),
+                interpret,
+            })
+        }
         Command::Grad {
             file,
             func,
@@ -416,6 +430,23 @@ struct RunArgs<'a> {
     state: Option<&'a Path>,
     save_state: Option<&'a Path>,
     interpret: bool,
+}
+
+/// `4096`, `512M`, `8G`: a byte count with an optional binary suffix.
+fn parse_bytes(text: &str) -> Result<u64, String> {
+    let (digits, shift) = match text.trim().to_ascii_uppercase() {
+        t if t.ends_with('K') => (t[..t.len() - 1].to_string(), 10),
+        t if t.ends_with('M') => (t[..t.len() - 1].to_string(), 20),
+        t if t.ends_with('G') => (t[..t.len() - 1].to_string(), 30),
+        t if t.ends_with('T') => (t[..t.len() - 1].to_string(), 40),
+        t => (t, 0),
+    };
+    let n: u64 = digits
+        .trim()
+        .parse()
+        .map_err(|_| format!("`{text}` is not a byte count such as 4096, 512M or 8G"))?;
+    n.checked_mul(1 << shift)
+        .ok_or_else(|| format!("`{text}` is more bytes than 2^64"))
 }
 
 fn run(opts: &RunArgs<'_>) -> Result<(), Failed> {

@@ -301,3 +301,94 @@ fn stats_counts_ops_parameters_kernels_and_traffic() {
         stderr(&bad)
     );
 }
+
+/// Every command on every malformed program exits with an error message (code 1), never a
+/// panic (101) or an abort (134).
+#[test]
+fn no_command_panics_or_aborts_on_malformed_programs() {
+    let dir = common::root().join("tests/diagnostics");
+    let mut files: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "kir"))
+        .collect();
+    files.sort();
+    assert!(files.len() >= 45, "only {} malformed programs", files.len());
+    for file in &files {
+        let file = file.to_str().unwrap();
+        for command in [
+            vec!["check", file],
+            vec!["dump", file],
+            vec!["run", file],
+            vec!["run", file, "--interpret"],
+            vec!["opt", file],
+            vec!["stats", file],
+            vec!["dot", file],
+            vec!["grad", file, "--wrt", "x"],
+        ] {
+            let out = kiln(&command);
+            assert_eq!(
+                out.status.code(),
+                Some(1),
+                "`kiln {}` should fail with a message:\n{}",
+                command.join(" "),
+                stderr(&out)
+            );
+            assert!(stderr(&out).contains("error"), "{}", stderr(&out));
+        }
+    }
+}
+
+/// Programs that verify but ask for more than a run may have: refused before they start, or
+/// stopped with an error naming the loop.
+#[test]
+fn runs_past_the_limits_are_refused_with_a_message() {
+    for (file, extra, expected) in [
+        (
+            "tests/runtime_limits/state_past_memory.kir",
+            &[][..],
+            "state @w: f32[1000000,1000000] needs 4000000000000 bytes, more than the memory limit",
+        ),
+        (
+            "tests/runtime_limits/constant_past_memory.kir",
+            &[][..],
+            "%c in @f: f32[1000000,1000000] needs 4000000000000 bytes",
+        ),
+        (
+            "tests/runtime_limits/endless_while.kir",
+            &["--feed", "x=1.0", "--max-trips", "100"][..],
+            "`while` at line 3, column 10 failed: the loop did not end within 100 trips",
+        ),
+    ] {
+        for backend in [&[][..], &["--interpret"][..]] {
+            let mut args = vec!["run", file];
+            args.extend_from_slice(extra);
+            args.extend_from_slice(backend);
+            let out = kiln(&args);
+            assert_eq!(out.status.code(), Some(1), "{args:?}: {}", stderr(&out));
+            assert!(
+                stderr(&out).contains(expected),
+                "{args:?}: {}",
+                stderr(&out)
+            );
+        }
+    }
+    let small = kiln(&[
+        "run",
+        "tests/programs/control_flow.kir",
+        "--func",
+        "newton_sqrt",
+        "--feed",
+        "a=[1,2,3,4]",
+        "--feed",
+        "iters=3",
+        "--memory-limit",
+        "8",
+    ]);
+    assert_eq!(small.status.code(), Some(1), "{}", stderr(&small));
+    assert!(
+        stderr(&small).contains("more than the memory limit of 8 bytes"),
+        "{}",
+        stderr(&small)
+    );
+}

@@ -3,6 +3,11 @@
 //! - [`interp`]: the reference interpreter — the oracle every compiled kernel is tested against.
 //! - [`array`]: host arrays of every Kiln dtype; [`state`]: the values of a module's state.
 //! - [`random`]: counter-based random numbers, the same whichever backend draws them.
+//! - [`jit`]: Cranelift kernels for `fused` regions (plan, code generation, f32 math).
+//! - [`exec`]: the compiled executor — a schedule of kernels, gemm matmuls and interpreter
+//!   steps over planned, reused buffers.
+//! - [`limits`]: the memory a run may ask for and the trips a loop may make.
+//! - [`debug`]: `KILN_DEBUG` levels.
 //!
 //! Architecture invariant: the interpreter defines the semantics. A faster backend is correct
 //! when it agrees with the interpreter (exactly for integers and layout ops, within stated
@@ -13,6 +18,7 @@ pub mod debug;
 pub mod exec;
 pub mod interp;
 pub mod jit;
+pub mod limits;
 pub mod random;
 pub mod state;
 

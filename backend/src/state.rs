@@ -95,18 +95,27 @@ pub fn initial_value(decl: &StateDecl) -> Result<Array, InterpError> {
             name: decl.name.clone(),
             message: format!("state needs a static shape, found {}", decl.ty),
         })?;
+    let what = format!("state @{}", decl.name);
+    crate::limits::check_bytes(&what, &decl.ty, decl.ty.fixed_bytes())?;
     let n: usize = shape.iter().product();
-    let values: Vec<f64> = match decl.init {
-        Initializer::Constant { value } => vec![value.0; n],
+    let mut values: Vec<f64> = Vec::new();
+    values
+        .try_reserve_exact(n)
+        .map_err(|_| InterpError::StateMismatch {
+            name: decl.name.clone(),
+            message: format!("could not allocate {} bytes for {}", n * 8, decl.ty),
+        })?;
+    match decl.init {
+        Initializer::Constant { value } => values.resize(n, value.0),
         Initializer::Uniform { low, high, seed } => {
             let s = Stream::new(seed, 0);
-            (0..n as u64).map(|i| s.uniform(i, low.0, high.0)).collect()
+            values.extend((0..n as u64).map(|i| s.uniform(i, low.0, high.0)));
         }
         Initializer::Normal { mean, std, seed } => {
             let s = Stream::new(seed, 0);
-            (0..n as u64).map(|i| s.normal(i, mean.0, std.0)).collect()
+            values.extend((0..n as u64).map(|i| s.normal(i, mean.0, std.0)));
         }
-    };
+    }
     let a = ndarray::ArrayD::from_shape_vec(ndarray::IxDyn(&shape), values)
         .expect("the element count matches the shape");
     Ok(Array::F64(a).cast(decl.ty.dtype))

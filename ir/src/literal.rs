@@ -80,7 +80,8 @@ impl Literal {
     /// Writes the literal with nested brackets following `dims` (row-major); a splat prints as
     /// its single element.
     pub fn fmt_nested(&self, dims: &[usize], f: &mut dyn fmt::Write) -> fmt::Result {
-        if self.len() == 1 && dims.iter().product::<usize>() != 1 || dims.is_empty() {
+        let one_element = dims.iter().try_fold(1usize, |a, &d| a.checked_mul(d)) == Some(1);
+        if self.len() == 1 && !one_element || dims.is_empty() {
             return self.fmt_element(0, f);
         }
         let mut next = 0;

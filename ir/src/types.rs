@@ -308,6 +308,42 @@ impl Type {
     pub fn with_shape(&self, shape: Shape) -> Type {
         Type::new(self.dtype, shape)
     }
+
+    /// The bytes a value of this type occupies, counting fixed dimensions only (a symbolic
+    /// one counts as 1), saturating rather than overflowing.
+    pub fn fixed_bytes(&self) -> u128 {
+        self.shape
+            .dims()
+            .iter()
+            .filter_map(Dim::as_fixed)
+            .fold(self.dtype.size_bytes() as u128, |acc, n| {
+                acc.saturating_mul(n as u128)
+            })
+    }
+
+    /// An error if no value of this type can exist in memory: its fixed dimensions alone need
+    /// more than `isize::MAX` bytes (the most one allocation can hold), so element counts and
+    /// byte sizes computed from it would overflow.
+    pub fn check_addressable(&self) -> Result<(), String> {
+        if self.fixed_bytes() <= isize::MAX as u128 {
+            return Ok(());
+        }
+        let elements = self
+            .shape
+            .dims()
+            .iter()
+            .filter_map(Dim::as_fixed)
+            .fold(1u128, |acc, n| acc.saturating_mul(n as u128));
+        let count = if elements == u128::MAX {
+            "more than 2^128".to_string()
+        } else {
+            elements.to_string()
+        };
+        Err(format!(
+            "type {self} has {count} elements, more than memory can address ({} bytes at most)",
+            isize::MAX
+        ))
+    }
 }
 
 impl fmt::Display for Type {

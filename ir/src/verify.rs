@@ -133,6 +133,9 @@ pub fn verify_module(module: &Module) -> Result<(), VerifyErrors> {
                 s.name, s.ty
             )));
         }
+        if let Err(message) = s.ty.check_addressable() {
+            errors.push(module_error(format!("state @{}: {message}", s.name)));
+        }
     }
     let mut functions = HashSet::new();
     for f in &module.functions {
@@ -166,6 +169,14 @@ pub fn verify_function(func: &Function, module: &Module) -> Vec<VerifyError> {
     };
     if func.name().is_empty() {
         v.error(None, "the function has an empty name".into());
+    }
+    for &arg in func.args() {
+        if let Err(message) = func.value_type(arg).check_addressable() {
+            let name = func
+                .value_name(arg)
+                .map_or(arg.to_string(), |n| format!("%{n}"));
+            v.error(None, format!("argument {name}: {message}"));
+        }
     }
     v.check_names();
     v.region(func.body(), &mut vec![HashSet::new()]);
@@ -265,6 +276,7 @@ impl Verifier<'_> {
                 );
             }
             self.check_symbols(None, func.value_type(arg));
+            self.check_size(None, arg);
             here.insert(arg);
         }
         scopes.push(here);
@@ -320,6 +332,7 @@ impl Verifier<'_> {
                 );
             }
             self.check_symbols(Some(inst), func.value_type(res));
+            self.check_size(Some(inst), res);
         }
         self.check_types(inst);
         self.check_state(inst, region);
@@ -419,6 +432,17 @@ impl Verifier<'_> {
                     format!("store: @{name} is stored twice in one function"),
                 );
             }
+        }
+    }
+
+    /// A value whose type no memory can hold would overflow every size computed from it.
+    fn check_size(&mut self, inst: Option<Inst>, v: Value) {
+        if let Err(message) = self.func.value_type(v).check_addressable() {
+            let name = self
+                .func
+                .value_name(v)
+                .map_or(v.to_string(), |n| format!("%{n}"));
+            self.error(inst, format!("{name}: {message}"));
         }
     }
 

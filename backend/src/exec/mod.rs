@@ -71,6 +71,8 @@ struct Runtime {
     /// Each value's array during a run, by value index.
     env: Vec<Option<Arc<Array>>>,
     sizes: Vec<i64>,
+    /// The sizes the memory limit was last checked for (checked again when they change).
+    checked_sizes: Option<Vec<i64>>,
     kernel_sizes: Vec<i64>,
     shape: Vec<usize>,
     pointers: Vec<*mut u8>,
@@ -232,6 +234,7 @@ impl Executable {
         retain_results: bool,
     ) -> Result<Vec<Arc<Array>>, InterpError> {
         self.bind(rt, &args)?;
+        self.check_memory(rt)?;
         self.check_loads(state)?;
         for (&a, array) in self.func.args().iter().zip(args) {
             rt.env[a.index()] = Some(array);
@@ -273,6 +276,22 @@ impl Executable {
             }
         }
         Ok(results)
+    }
+
+    /// Refuses the run if a value would pass the memory limit at the bound sizes (checked once
+    /// per set of sizes, so a warm step does no work here).
+    fn check_memory(&self, rt: &mut Runtime) -> Result<(), InterpError> {
+        if rt.checked_sizes.as_ref() == Some(&rt.sizes) {
+            return Ok(());
+        }
+        let symbols = &self.schedule.symbols;
+        let sizes = &rt.sizes;
+        crate::limits::check_function(&self.func, |s| {
+            let i = symbols.iter().position(|x| x == s)?;
+            usize::try_from(sizes[i]).ok()
+        })?;
+        rt.checked_sizes = Some(rt.sizes.clone());
+        Ok(())
     }
 
     /// Checks the arguments against the function's types and binds the symbols' sizes.

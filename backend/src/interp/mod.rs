@@ -49,6 +49,8 @@ pub enum InterpError {
     },
     #[error("state @{name}: {message}")]
     StateMismatch { name: String, message: String },
+    #[error(transparent)]
+    MemoryLimit(Box<crate::limits::MemoryLimitExceeded>),
     #[error("in @{func}, `{op}` at {loc} failed: {message}\n    in: {line}")]
     Op {
         func: String,
@@ -174,6 +176,7 @@ impl<'a> Interpreter<'a> {
                 .map_err(mismatch)?;
             frame.values.insert(v, array);
         }
+        crate::limits::check_function(func, |s| frame.bindings.get(s).copied())?;
         let results = self.region(&mut frame, func.body(), state)?;
         for (name, value) in frame.stores {
             state.insert_shared(name, value);
@@ -474,7 +477,14 @@ impl<'a> Interpreter<'a> {
             .iter()
             .map(|v| operand(frame, Some(v)))
             .collect::<Result<_, _>>()?;
-        loop {
+        let max_trips = crate::limits::max_trips();
+        for trips in 0.. {
+            if trips >= max_trips {
+                return Err(Eval::Kernel(format!(
+                    "the loop did not end within {max_trips} trips (the limit set with \
+                     `kiln run --max-trips` or `kiln_backend::limits::set_max_trips`)"
+                )));
+            }
             for (&a, v) in func.region(cond).args.iter().zip(&carried) {
                 frame.values.insert(a, v.clone());
             }
@@ -497,6 +507,7 @@ impl<'a> Interpreter<'a> {
                 .region(frame, body, state)
                 .map_err(|e| Eval::Nested(Box::new(e)))?;
         }
+        unreachable!("a u64 trip count outlasts any loop")
     }
 }
 

@@ -1,0 +1,117 @@
+//! Process-wide run limits, as an embedding server sets them once at start: the memory one
+//! value or the state may take, and the trips a `while` loop may make.
+//!
+//! A run that would pass a limit is refused with an error that names what asked for too much
+//! — before anything is allocated where the sizes are known up front (state, and every value
+//! once the arguments have bound the shapes' symbols), so a hostile program cannot abort the
+//! process with an allocation failure.
+
+use crate::interp::InterpError;
+use kiln_ir::{Dim, Function, Symbol, Type};
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// A value or the state needs more memory than the limit allows.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "{what}: {ty} needs {bytes} bytes, more than the memory limit of {limit} bytes; the run was \
+     refused before it started (raise the limit with `kiln run --memory-limit` or \
+     `kiln_backend::limits::set_memory_limit`)"
+)]
+pub struct MemoryLimitExceeded {
+    /// What asked for the memory: `state @w`, or a value and its function.
+    pub what: String,
+    /// Its type.
+    pub ty: Type,
+    /// The bytes it needs.
+    pub bytes: u128,
+    /// The limit in force.
+    pub limit: u64,
+}
+
+static MEMORY_LIMIT: AtomicU64 = AtomicU64::new(0);
+static MAX_TRIPS: AtomicU64 = AtomicU64::new(u64::MAX);
+
+/// The bytes one value, or all state together, may take: the machine's memory unless set.
+pub fn memory_limit() -> u64 {
+    match MEMORY_LIMIT.load(Ordering::Relaxed) {
+        0 => machine_memory(),
+        bytes => bytes,
+    }
+}
+
+/// Sets [`memory_limit`]; `None` restores the default (the machine's memory).
+pub fn set_memory_limit(bytes: Option<u64>) {
+    MEMORY_LIMIT.store(bytes.map_or(0, |b| b.max(1)), Ordering::Relaxed);
+}
+
+/// The trips one `while` loop may make before the run fails: unlimited unless set.
+pub fn max_trips() -> u64 {
+    MAX_TRIPS.load(Ordering::Relaxed)
+}
+
+/// Sets [`max_trips`]; `None` removes the limit.
+pub fn set_max_trips(trips: Option<u64>) {
+    MAX_TRIPS.store(trips.unwrap_or(u64::MAX), Ordering::Relaxed);
+}
+
+/// The machine's memory (`MemTotal` in `/proc/meminfo`), or no limit where that is unknown.
+pub fn machine_memory() -> u64 {
+    static TOTAL: OnceLock<u64> = OnceLock::new();
+    *TOTAL.get_or_init(|| {
+        let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
+        meminfo
+            .lines()
+            .find_map(|l| l.strip_prefix("MemTotal:"))
+            .and_then(|rest| rest.trim().strip_suffix("kB"))
+            .and_then(|kb| kb.trim().parse::<u64>().ok())
+            .map_or(u64::MAX, |kb| kb.saturating_mul(1024))
+    })
+}
+
+/// The bytes of a value of `ty` with its symbols sized by `size`, saturating.
+pub fn bytes_of(ty: &Type, size: impl Fn(&Symbol) -> Option<usize>) -> u128 {
+    ty.shape
+        .dims()
+        .iter()
+        .fold(ty.dtype.size_bytes() as u128, |acc, d| {
+            let n = match d {
+                Dim::Fixed(n) => Some(*n),
+                Dim::Sym(s) => size(s),
+            };
+            acc.saturating_mul(n.unwrap_or(1) as u128)
+        })
+}
+
+/// An error if `bytes` (of `what`, a value of `ty`) pass the memory limit.
+pub fn check_bytes(what: &str, ty: &Type, bytes: u128) -> Result<(), InterpError> {
+    let limit = memory_limit();
+    if bytes <= u128::from(limit) {
+        return Ok(());
+    }
+    Err(InterpError::MemoryLimit(Box::new(MemoryLimitExceeded {
+        what: what.to_owned(),
+        ty: ty.clone(),
+        bytes,
+        limit,
+    })))
+}
+
+/// Refuses a run of `func` in which some value, with the symbols sized by `size`, would pass
+/// the memory limit. Values inside regions count too (a loop body's values exist per trip).
+pub fn check_function(
+    func: &Function,
+    size: impl Fn(&Symbol) -> Option<usize>,
+) -> Result<(), InterpError> {
+    let limit = u128::from(memory_limit());
+    for (v, data) in func.all_values() {
+        let bytes = bytes_of(&data.ty, &size);
+        if bytes > limit {
+            let name = func
+                .value_name(v)
+                .map_or(v.to_string(), |n| format!("%{n}"));
+            return check_bytes(&format!("{name} in @{}", func.name()), &data.ty, bytes);
+        }
+    }
+    Ok(())
+}
