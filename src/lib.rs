@@ -64,7 +64,7 @@
 //!
 //! ```
 //! use kiln::backend::Array;
-//! use kiln::runtime::eager::{self, CustomOp, Tensor};
+//! use kiln::runtime::eager::{self, CustomOp, CustomOpError, Tensor};
 //! use std::sync::Arc;
 //!
 //! /// x³, computed by hand.
@@ -74,13 +74,13 @@
 //!     fn name(&self) -> &str {
 //!         "cube"
 //!     }
-//!     fn forward(&self, inputs: &[Array]) -> Result<Vec<Array>, String> {
+//!     fn forward(&self, inputs: &[Array]) -> Result<Vec<Array>, CustomOpError> {
 //!         match &inputs[0] {
 //!             Array::F32(x) => Ok(vec![Array::F32(x.mapv(|v| v * v * v))]),
-//!             other => Err(format!("cube takes f32, not {}", other.dtype())),
+//!             other => Err(format!("cube takes f32, not {}", other.dtype()).into()),
 //!         }
 //!     }
-//!     fn backward(&self, inputs: &[Array], _: &[Array], grads: &[Array]) -> Result<Vec<Array>, String> {
+//!     fn backward(&self, inputs: &[Array], _: &[Array], grads: &[Array]) -> Result<Vec<Array>, CustomOpError> {
 //!         match (&inputs[0], &grads[0]) {
 //!             (Array::F32(x), Array::F32(g)) => Ok(vec![Array::F32(x.mapv(|v| 3.0 * v * v) * g)]),
 //!             _ => Err("cube takes f32".into()),

@@ -28,6 +28,10 @@ pub enum ServeError {
     Parameters { path: PathBuf, message: String },
     #[error("{0}")]
     Run(String),
+    #[error("the optimisation pipeline failed: {0}")]
+    Pass(#[from] kiln_passes::PassError),
+    #[error("the pass pipeline removed @{0}")]
+    Removed(String),
 }
 
 /// A compiled function of a program, with its parameters. `kiln run` runs programs this way.
@@ -66,19 +70,22 @@ impl Predictor {
             message: e.to_string(),
         })?;
         let name = module.functions[function].name().to_owned();
-        Predictor::compile(module, &name, scope.store().clone()).map_err(program_error)
+        Predictor::compile(module, &name, scope.store().clone())
     }
 
     /// Compiles function `name` of `module` (verified) after the default pass pipeline, to run
     /// over `state`.
-    pub fn compile(mut module: Module, name: &str, state: StateStore) -> Result<Predictor, String> {
+    pub fn compile(
+        mut module: Module,
+        name: &str,
+        state: StateStore,
+    ) -> Result<Predictor, ServeError> {
         PassManager::pipeline("default")
             .expect("the default pipeline exists")
-            .run(&mut module)
-            .map_err(|e| e.to_string())?;
+            .run(&mut module)?;
         let function = (module.functions.iter())
             .position(|f| f.name() == name)
-            .ok_or_else(|| format!("the pass pipeline removed @{name}"))?;
+            .ok_or_else(|| ServeError::Removed(name.to_owned()))?;
         let executable = Executable::new(&module.functions[function]);
         Ok(Predictor {
             module,

@@ -544,36 +544,37 @@ impl FunctionBuilder {
     /// `if pred { then_branch } else { else_branch }`; both branches yield values of the same
     /// types, which are the results.
     #[track_caller]
-    pub fn cond(
+    pub fn cond<E: From<BuildError>>(
         &mut self,
         pred: Value,
-        then_branch: impl FnOnce(&mut FunctionBuilder) -> BuildResult<Vec<Value>>,
-        else_branch: impl FnOnce(&mut FunctionBuilder) -> BuildResult<Vec<Value>>,
-    ) -> BuildResult<Vec<Value>> {
+        then_branch: impl FnOnce(&mut FunctionBuilder) -> Result<Vec<Value>, E>,
+        else_branch: impl FnOnce(&mut FunctionBuilder) -> Result<Vec<Value>, E>,
+    ) -> Result<Vec<Value>, E> {
         let loc = Loc::caller();
         let then_region = self.region(&[], |b, _| then_branch(b), loc)?;
         let else_region = self.region(&[], |b, _| else_branch(b), loc)?;
-        self.insert_at(Op::Cond, &[pred], vec![then_region, else_region], loc)
+        Ok(self.insert_at(Op::Cond, &[pred], vec![then_region, else_region], loc)?)
     }
 
     /// `while cond(values) { values = body(values) }`, starting from `init`; returns the final
-    /// values. Both closures receive the loop-carried values as fresh region arguments.
+    /// values. Both closures receive the loop-carried values as fresh region arguments. The
+    /// closures may fail with any error a [`BuildError`] converts into.
     #[track_caller]
-    pub fn while_loop(
+    pub fn while_loop<E: From<BuildError>>(
         &mut self,
         init: &[Value],
-        cond: impl FnOnce(&mut FunctionBuilder, &[Value]) -> BuildResult<Value>,
-        body: impl FnOnce(&mut FunctionBuilder, &[Value]) -> BuildResult<Vec<Value>>,
-    ) -> BuildResult<Vec<Value>> {
+        cond: impl FnOnce(&mut FunctionBuilder, &[Value]) -> Result<Value, E>,
+        body: impl FnOnce(&mut FunctionBuilder, &[Value]) -> Result<Vec<Value>, E>,
+    ) -> Result<Vec<Value>, E> {
         let loc = Loc::caller();
         self.check_visible("while", init, loc)?;
         let carried: Vec<Type> = init
             .iter()
             .map(|&v| self.func.value_type(v).clone())
             .collect();
-        let cond_region = self.region(&carried, |b, args| Ok(vec![cond(b, args)?]), loc)?;
+        let cond_region = self.region(&carried, |b, args| cond(b, args).map(|c| vec![c]), loc)?;
         let body_region = self.region(&carried, body, loc)?;
-        self.insert_at(Op::While, init, vec![cond_region, body_region], loc)
+        Ok(self.insert_at(Op::While, init, vec![cond_region, body_region], loc)?)
     }
 
     /// A `fused` group over `args`: `body` receives the region's arguments (standing for
@@ -611,15 +612,15 @@ impl FunctionBuilder {
 
     /// Builds a region with arguments of `arg_types`, filled by `fill`, which returns the values
     /// the region yields.
-    fn region(
+    fn region<E: From<BuildError>>(
         &mut self,
         arg_types: &[Type],
-        fill: impl FnOnce(&mut FunctionBuilder, &[Value]) -> BuildResult<Vec<Value>>,
+        fill: impl FnOnce(&mut FunctionBuilder, &[Value]) -> Result<Vec<Value>, E>,
         loc: Loc,
-    ) -> BuildResult<Region> {
+    ) -> Result<Region, E> {
         let (region, args) = self.begin_region(arg_types);
         match fill(self, &args) {
-            Ok(yielded) => self.end_region_at(region, &yielded, loc).map(|()| region),
+            Ok(yielded) => Ok(self.end_region_at(region, &yielded, loc).map(|()| region)?),
             Err(e) => {
                 self.abandon_region(region);
                 Err(e)
@@ -788,7 +789,7 @@ mod tests {
         let mut b = FunctionBuilder::new("f");
         let p = b.arg("p", Type::scalar(DType::Bool));
         let mut leaked = None;
-        b.cond(
+        b.cond::<BuildError>(
             p,
             |b| {
                 let c = b.scalar(DType::F32, 1.0)?;

@@ -13,6 +13,8 @@
 //! - Elementwise ops take operands of one type: broadcasting is an explicit `broadcast` op.
 //! - No panics on user input: parsing, building and verifying return errors with locations.
 
+#![forbid(unsafe_code)]
+
 pub mod builder;
 pub mod diagnostic;
 pub mod entities;
@@ -34,7 +36,7 @@ pub use function::{Function, InstData, RegionData, ValueData, ValueDef};
 pub use infer::TypeError;
 pub use literal::Literal;
 pub use loc::Loc;
-pub use module::{Initializer, Module, StateDecl};
+pub use module::{Initializer, Module, StateConflict, StateDecl};
 pub use op::{
     ArgOp, AxisSlice, BinaryOp, CompareOp, Cost, DTypeClass, Distribution, Helper, Op, OpClass,
     ReduceOp, UnaryOp, VectorForm,

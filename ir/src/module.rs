@@ -164,15 +164,13 @@ impl Module {
 
     /// Declares state, replacing nothing: `Err` if the name is taken with a different
     /// declaration. Declaring the same thing twice is allowed and changes nothing.
-    pub fn declare_state(&mut self, decl: StateDecl) -> Result<&StateDecl, String> {
+    pub fn declare_state(&mut self, decl: StateDecl) -> Result<&StateDecl, StateConflict> {
         match self.states.iter().position(|s| s.name == decl.name) {
             Some(i) if self.states[i] == decl => Ok(&self.states[i]),
-            Some(i) => Err(format!(
-                "state @{} is already declared as {} = {}(...)",
-                decl.name,
-                self.states[i].ty,
-                self.states[i].init.name()
-            )),
+            Some(i) => Err(StateConflict {
+                name: decl.name,
+                existing: Box::new(self.states[i].clone()),
+            }),
             None => {
                 self.states.push(decl);
                 Ok(self.states.last().expect("just pushed"))
@@ -191,4 +189,14 @@ impl Module {
             None => self.functions.push(function),
         }
     }
+}
+
+/// A state declared again with a different type or initializer.
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+#[error("state @{name} is already declared as {} = {}(...)", existing.ty, existing.init.name())]
+pub struct StateConflict {
+    /// The state's name.
+    pub name: String,
+    /// The declaration already in the module.
+    pub existing: Box<StateDecl>,
 }

@@ -12,6 +12,8 @@
 //! checked against the reference interpreter in tests. Constant folding evaluates with the
 //! interpreter's own kernels, which is why this crate depends on `kiln-backend`.
 
+#![forbid(unsafe_code)]
+
 pub mod autodiff;
 pub mod canonicalize;
 pub mod cse;

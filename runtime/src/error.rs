@@ -31,11 +31,15 @@ pub enum RuntimeError {
     #[error("state `{name}`: {message}")]
     State { name: String, message: String },
     #[error(transparent)]
+    StateConflict(#[from] kiln_ir::StateConflict),
+    #[error(transparent)]
     Build(#[from] BuildError),
     #[error(transparent)]
     Autodiff(#[from] AutodiffError),
     #[error("the pruned program does not verify (this is a bug in Kiln):\n{0}")]
     Verify(String),
+    #[error("the optimisation pipeline failed: {0}")]
+    Pass(#[from] kiln_passes::PassError),
     #[error(transparent)]
     Interp(#[from] InterpError),
     #[error(transparent)]

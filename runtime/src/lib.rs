@@ -13,6 +13,8 @@
 //! state update goes through the scope, which checks types; a failed run or load changes
 //! nothing.
 
+#![forbid(unsafe_code)]
+
 pub mod checkpoint;
 pub mod composite;
 pub mod data;

@@ -127,12 +127,7 @@ impl Program {
         if let Some(param) = self.params.iter().find(|q| q.name == decl.name) {
             return Ok(param.value);
         }
-        self.module
-            .declare_state(decl.clone())
-            .map_err(|message| RuntimeError::State {
-                name: decl.name.clone(),
-                message,
-            })?;
+        self.module.declare_state(decl.clone())?;
         let v = self.graph.load_at_top(decl)?;
         self.graph.set_name(v, &decl.name);
         self.params.push(Param {

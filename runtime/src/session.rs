@@ -252,9 +252,7 @@ fn prepare(
         Backend::Compiled => {
             let mut pipeline =
                 PassManager::pipeline("default").expect("the default pipeline exists");
-            pipeline
-                .run(&mut module)
-                .map_err(|e| RuntimeError::Verify(e.to_string()))?;
+            pipeline.run(&mut module).map_err(RuntimeError::Pass)?;
             Some(Executable::new(&module.functions[0]))
         }
         Backend::Interpreter => None,

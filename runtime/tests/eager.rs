@@ -3,6 +3,7 @@
 
 use kiln_backend::Array;
 use kiln_ir::{DType, Dim, Shape, Type};
+use kiln_runtime::eager::CustomOpError;
 use kiln_runtime::eager::nn::{self, Layer, Linear, Parameter};
 use kiln_runtime::eager::{self, CustomOp, EagerOptimizer, Tensor};
 use kiln_runtime::{Adam, Init, Sgd};
@@ -216,7 +217,7 @@ impl CustomOp for Cube {
     fn name(&self) -> &str {
         "test.cube"
     }
-    fn forward(&self, inputs: &[Array]) -> Result<Vec<Array>, String> {
+    fn forward(&self, inputs: &[Array]) -> Result<Vec<Array>, CustomOpError> {
         match inputs {
             [Array::F32(x)] => Ok(vec![Array::F32(x.mapv(|v| v * v * v))]),
             _ => Err("cube takes one f32 tensor".into()),
@@ -227,7 +228,7 @@ impl CustomOp for Cube {
         inputs: &[Array],
         _outputs: &[Array],
         grads: &[Array],
-    ) -> Result<Vec<Array>, String> {
+    ) -> Result<Vec<Array>, CustomOpError> {
         match (inputs, grads) {
             ([Array::F32(x)], [Array::F32(g)]) => Ok(vec![Array::F32(
                 ndarray::Zip::from(x)

@@ -5,6 +5,7 @@
 use kiln_backend::Array;
 use kiln_ir::{BinaryOp, CompareOp, DType, Dim, Shape, Type};
 use kiln_runtime::Init;
+use kiln_runtime::eager::CustomOpError;
 use kiln_runtime::eager::nn::{
     self, Dropout, Embedding, Layer, LayerNorm, Linear, Parameter, Relu, Sequential,
 };
@@ -206,7 +207,7 @@ impl CustomOp for Swish {
     fn name(&self) -> &str {
         "equivalence.swish"
     }
-    fn forward(&self, inputs: &[Array]) -> Result<Vec<Array>, String> {
+    fn forward(&self, inputs: &[Array]) -> Result<Vec<Array>, CustomOpError> {
         let [Array::F32(x)] = inputs else {
             return Err("swish takes one f32 tensor".into());
         };
@@ -217,7 +218,7 @@ impl CustomOp for Swish {
         inputs: &[Array],
         _: &[Array],
         grads: &[Array],
-    ) -> Result<Vec<Array>, String> {
+    ) -> Result<Vec<Array>, CustomOpError> {
         let ([Array::F32(x)], [Array::F32(g)]) = (inputs, grads) else {
             return Err("f32 only".into());
         };

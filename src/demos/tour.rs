@@ -261,7 +261,7 @@ pub fn run(config: &Config, mut say: impl FnMut(&str)) -> Result<Summary, TourEr
     PassManager::pipeline("default")
         .expect("the default pipeline exists")
         .run(&mut optimized)
-        .map_err(|e| RuntimeError::Verify(e.to_string()))?;
+        .map_err(RuntimeError::Pass)?;
     let predict = eager::to_static(&[("x", x_type)], |t| Ok(vec![model.forward(&t[0])?]))?;
     let stages = [
         (

@@ -292,7 +292,7 @@ fn random_op(
             let p = b.scalar(DType::Bool, 1.0)?;
             let then_pool = pool.to_vec();
             let mut inner = Vec::new();
-            let results = b.cond(
+            let results = b.cond::<kiln::ir::BuildError>(
                 p,
                 |b| {
                     let v =

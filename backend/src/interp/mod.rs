@@ -29,6 +29,18 @@ pub trait CustomOps {
 #[error("{0}")]
 pub struct CustomOpError(pub String);
 
+impl From<String> for CustomOpError {
+    fn from(message: String) -> CustomOpError {
+        CustomOpError(message)
+    }
+}
+
+impl From<&str> for CustomOpError {
+    fn from(message: &str) -> CustomOpError {
+        CustomOpError(message.to_owned())
+    }
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum InterpError {
     #[error("no function @{name} in the module; it has: {available}")]

@@ -335,30 +335,12 @@ impl<'a> Sweep<'a> {
             yields.iter().copied().zip(grads.iter().copied()).collect()
         };
         let (then_seeds, else_seeds) = (seeds(then_r), seeds(else_r));
-        // The builder's closures return `BuildError`s; an autodiff error is kept aside here.
-        let failure = std::cell::RefCell::new(None);
-        let run = |b: &mut FunctionBuilder, region, seeds: &[(Value, Option<Value>)]| {
-            self.branch(b, region, seeds, &captured).map_err(|e| {
-                let error = kiln_ir::TypeError {
-                    op: "cond",
-                    message: e.to_string(),
-                };
-                failure.borrow_mut().get_or_insert(e);
-                BuildError {
-                    error,
-                    loc: kiln_ir::Loc::Unknown,
-                }
-            })
-        };
-        let built = b.cond(
+        let gradients = b.cond(
             pred,
-            |b| run(b, then_r, &then_seeds),
-            |b| run(b, else_r, &else_seeds),
-        );
-        match built {
-            Ok(gradients) => Ok(captured.into_iter().zip(gradients).collect()),
-            Err(e) => Err(failure.into_inner().unwrap_or(AutodiffError::Build(e))),
-        }
+            |b| self.branch(b, then_r, &then_seeds, &captured),
+            |b| self.branch(b, else_r, &else_seeds, &captured),
+        )?;
+        Ok(captured.into_iter().zip(gradients).collect())
     }
 
     /// The gradient of a `while` loop, by recomputation. It counts the trips `T`, then for
@@ -403,29 +385,14 @@ impl<'a> Sweep<'a> {
         for &v in &captured {
             start.push(zeros(b, self.ty(v))?);
         }
-        let failure = std::cell::RefCell::new(None);
-        let backward = b.while_loop(
+        let results = b.while_loop(
             &start,
             |b, c| {
                 let zero = b.scalar(DType::I32, 0.0)?;
-                b.compare(kiln_ir::CompareOp::Gt, c[0], zero)
+                Ok(b.compare(kiln_ir::CompareOp::Gt, c[0], zero)?)
             },
-            |b, c| {
-                self.reverse_iteration(b, &loop_shape, c).map_err(|e| {
-                    let error = kiln_ir::TypeError {
-                        op: "while",
-                        message: e.to_string(),
-                    };
-                    failure.borrow_mut().get_or_insert(e);
-                    BuildError {
-                        error,
-                        loc: kiln_ir::Loc::Unknown,
-                    }
-                })
-            },
-        );
-        let results =
-            backward.map_err(|e| failure.into_inner().unwrap_or(AutodiffError::Build(e)))?;
+            |b, c| self.reverse_iteration(b, &loop_shape, c),
+        )?;
         let mut out = Vec::new();
         for (k, &i) in floats.iter().enumerate() {
             out.push((data.args[i], results[1 + k]));

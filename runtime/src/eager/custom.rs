@@ -22,14 +22,14 @@ pub trait CustomOp: Send + Sync {
 
     /// The result types for operands of `inputs` types (dimensions may be symbolic while
     /// tracing). The default: one result of the first operand's type.
-    fn output_types(&self, inputs: &[Type]) -> Result<Vec<Type>, String> {
+    fn output_types(&self, inputs: &[Type]) -> Result<Vec<Type>, CustomOpError> {
         inputs
             .first()
             .map(|t| vec![t.clone()])
-            .ok_or_else(|| format!("`{}` needs an operand", self.name()))
+            .ok_or_else(|| format!("`{}` needs an operand", self.name()).into())
     }
 
-    fn forward(&self, inputs: &[Array]) -> Result<Vec<Array>, String>;
+    fn forward(&self, inputs: &[Array]) -> Result<Vec<Array>, CustomOpError>;
 
     /// One gradient per input, given the inputs, the outputs and the gradients of the outputs.
     fn backward(
@@ -37,7 +37,7 @@ pub trait CustomOp: Send + Sync {
         inputs: &[Array],
         outputs: &[Array],
         output_grads: &[Array],
-    ) -> Result<Vec<Array>, String>;
+    ) -> Result<Vec<Array>, CustomOpError>;
 }
 
 fn registry() -> &'static RwLock<HashMap<String, Arc<dyn CustomOp>>> {
@@ -46,16 +46,16 @@ fn registry() -> &'static RwLock<HashMap<String, Arc<dyn CustomOp>>> {
 }
 
 /// Registers `op` for every thread; registering a name again replaces the op.
-pub fn register(op: Arc<dyn CustomOp>) -> Result<(), String> {
+pub fn register(op: Arc<dyn CustomOp>) -> Result<(), CustomOpError> {
     let name = op.name().to_owned();
     if name.ends_with(".grad") || name.is_empty() {
-        return Err(format!(
-            "`{name}` cannot name a custom op (empty, or ends with `.grad`)"
-        ));
+        return Err(
+            format!("`{name}` cannot name a custom op (empty, or ends with `.grad`)").into(),
+        );
     }
     registry()
         .write()
-        .map_err(|_| "the custom-op registry is poisoned".to_owned())?
+        .map_err(|_| CustomOpError::from("the custom-op registry is poisoned"))?
         .insert(name, op);
     Ok(())
 }
@@ -76,7 +76,7 @@ impl CustomOps for Registry {
         };
         let op = lookup(base)
             .ok_or_else(|| CustomOpError(format!("no custom op `{base}` is registered")))?;
-        let result = if backward {
+        if backward {
             let outputs = op.num_outputs();
             let inputs = args.len().checked_sub(2 * outputs).ok_or_else(|| {
                 CustomOpError(format!(
@@ -90,8 +90,7 @@ impl CustomOps for Registry {
             )
         } else {
             op.forward(args)
-        };
-        result.map_err(CustomOpError)
+        }
     }
 }
 

@@ -26,6 +26,7 @@ mod trace;
 
 pub use control::{cond, while_loop};
 pub use custom::{CustomOp, register as register_custom_op};
+pub use kiln_backend::CustomOpError;
 pub use nn::Parameter;
 pub use optim::EagerOptimizer;
 pub use tensor::Tensor;

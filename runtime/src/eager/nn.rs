@@ -41,7 +41,7 @@ impl Parameter {
             };
             cx.states
                 .declare_state(decl.clone())
-                .map_err(EagerError::Usage)?;
+                .map_err(|e| EagerError::Usage(e.to_string()))?;
             let leaf = cx.new_leaf();
             cx.param_leaves.insert(decl.name.clone(), leaf);
             let module = kiln_ir::Module {
