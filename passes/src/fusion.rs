@@ -96,97 +96,20 @@ fn fuse_region(
     region: Region,
     replace: &mut HashMap<Value, Value>,
 ) -> (usize, usize) {
-    let insts = func.region(region).insts.clone();
-    let n = insts.len();
+    let uses = RegionUses::new(func, region);
+    let plans: Vec<(Vec<usize>, Vec<Value>)> = uses
+        .groups()
+        .into_iter()
+        .map(|members| {
+            let outputs = uses.outputs(&members);
+            (members, outputs)
+        })
+        .collect();
+    let insts = uses.insts;
     let producer: HashMap<Value, usize> = insts
         .iter()
         .enumerate()
         .flat_map(|(i, &inst)| func.inst(inst).results.iter().map(move |&r| (r, i)))
-        .collect();
-    // Users of each value: positions in this region; `n` stands for the region's results.
-    let mut users: HashMap<Value, Vec<usize>> = HashMap::new();
-    for (i, &inst) in insts.iter().enumerate() {
-        for &a in &func.inst(inst).args {
-            users.entry(a).or_default().push(i);
-        }
-        for &r in &func.inst(inst).regions {
-            for v in func.free_values(r) {
-                users.entry(v).or_default().push(i);
-            }
-        }
-    }
-    for &v in &func.region(region).results {
-        users.entry(v).or_default().push(n);
-    }
-    let compute = |i: usize| {
-        i < n && {
-            let op = &func.inst(insts[i]).op;
-            fusible(op) && !duplicable(op)
-        }
-    };
-    // The users of `v` that compute with it, looking through duplicable ops (which groups copy).
-    let effective_users = |v: Value| -> Vec<usize> {
-        let mut out = Vec::new();
-        let mut stack = vec![v];
-        while let Some(v) = stack.pop() {
-            for &u in users.get(&v).map(Vec::as_slice).unwrap_or_default() {
-                if u < n && duplicable(&func.inst(insts[u]).op) {
-                    stack.extend(func.inst(insts[u]).results.iter().copied());
-                } else {
-                    out.push(u);
-                }
-            }
-        }
-        out
-    };
-    let mut groups = Groups {
-        parent: (0..n).collect(),
-        last: (0..n).collect(),
-    };
-    // Producers last to first: an op joins the group of its earliest consumer when every other
-    // use of it comes after that group ends; the group then also yields it.
-    for p in (0..n).rev() {
-        if !compute(p) {
-            continue;
-        }
-        let uses: Vec<usize> = func
-            .inst(insts[p])
-            .results
-            .iter()
-            .flat_map(|&r| effective_users(r))
-            .collect();
-        let Some(&first) = uses.iter().filter(|&&u| compute(u)).min() else {
-            continue;
-        };
-        let group = groups.find(first);
-        let last = groups.last[group];
-        if uses
-            .iter()
-            .all(|&u| (compute(u) && groups.find(u) == group) || u > last)
-        {
-            groups.union(p, group);
-        }
-    }
-    // Emit each group that computes something.
-    let mut by_group: HashMap<usize, Vec<usize>> = HashMap::new();
-    for i in 0..n {
-        if compute(i) {
-            by_group.entry(groups.find(i)).or_default().push(i);
-        }
-    }
-    let mut ordered: Vec<Vec<usize>> = by_group.into_values().collect();
-    ordered.sort_by_key(|members| members[0]);
-    // A member's result leaves its kernel when something outside computes with it.
-    let plans: Vec<(Vec<usize>, Vec<Value>)> = ordered
-        .into_iter()
-        .map(|members| {
-            let outputs = members
-                .iter()
-                .flat_map(|&i| func.inst(insts[i]).results.clone())
-                .filter(|&v| effective_users(v).iter().any(|u| !members.contains(u)))
-                .collect();
-            (members, outputs)
-        })
         .collect();
     let mut kernels: Vec<(usize, Inst, Vec<usize>)> = Vec::new();
     let mut fused_count = 0;
@@ -195,7 +118,119 @@ fn fuse_region(
         fused_count += members.len();
         kernels.push((members[0], kernel, members));
     }
-    // The new order: kept instructions and kernels, sorted topologically near their old places.
+    let kept = reorder(func, &insts, &kernels, replace);
+    func.region_mut(region).insts =
+        drop_unused_duplicates(func, kept, &func.region(region).results.clone());
+    (kernels.len(), fused_count)
+}
+
+/// A region's instructions by position, and the positions that use each value (`n`, one past
+/// the last instruction, stands for the region's results).
+struct RegionUses<'f> {
+    func: &'f Function,
+    insts: Vec<Inst>,
+    users: HashMap<Value, Vec<usize>>,
+}
+
+impl<'f> RegionUses<'f> {
+    fn new(func: &'f Function, region: Region) -> RegionUses<'f> {
+        let insts = func.region(region).insts.clone();
+        let mut users: HashMap<Value, Vec<usize>> = HashMap::new();
+        for (i, &inst) in insts.iter().enumerate() {
+            for &a in &func.inst(inst).args {
+                users.entry(a).or_default().push(i);
+            }
+            for &r in &func.inst(inst).regions {
+                for v in func.free_values(r) {
+                    users.entry(v).or_default().push(i);
+                }
+            }
+        }
+        for &v in &func.region(region).results {
+            users.entry(v).or_default().push(insts.len());
+        }
+        RegionUses { func, insts, users }
+    }
+
+    /// Whether position `i` computes something a kernel would do (not a duplicable op, which
+    /// groups copy, nor the region's results).
+    fn computes(&self, i: usize) -> bool {
+        i < self.insts.len() && {
+            let op = &self.func.inst(self.insts[i]).op;
+            fusible(op) && !duplicable(op)
+        }
+    }
+
+    /// The users of `v` that compute with it, looking through duplicable ops.
+    fn effective_users(&self, v: Value) -> Vec<usize> {
+        let mut out = Vec::new();
+        let mut stack = vec![v];
+        while let Some(v) = stack.pop() {
+            for &u in self.users.get(&v).map(Vec::as_slice).unwrap_or_default() {
+                let inst = self.insts.get(u).map(|&i| self.func.inst(i));
+                match inst {
+                    Some(data) if duplicable(&data.op) => stack.extend(data.results.iter()),
+                    _ => out.push(u),
+                }
+            }
+        }
+        out
+    }
+
+    /// The groups to fuse, each its members' positions, ordered by first member. Producers go
+    /// last to first: an op joins the group of its earliest consumer when every other use of
+    /// it comes after that group ends; the group then also yields it.
+    fn groups(&self) -> Vec<Vec<usize>> {
+        let n = self.insts.len();
+        let mut groups = Groups {
+            parent: (0..n).collect(),
+            last: (0..n).collect(),
+        };
+        for p in (0..n).rev().filter(|&p| self.computes(p)) {
+            let results = &self.func.inst(self.insts[p]).results;
+            let uses: Vec<usize> = results
+                .iter()
+                .flat_map(|&r| self.effective_users(r))
+                .collect();
+            let Some(&first) = uses.iter().filter(|&&u| self.computes(u)).min() else {
+                continue;
+            };
+            let group = groups.find(first);
+            let last = groups.last[group];
+            if uses
+                .iter()
+                .all(|&u| (self.computes(u) && groups.find(u) == group) || u > last)
+            {
+                groups.union(p, group);
+            }
+        }
+        let mut by_group: HashMap<usize, Vec<usize>> = HashMap::new();
+        for i in (0..n).filter(|&i| self.computes(i)) {
+            by_group.entry(groups.find(i)).or_default().push(i);
+        }
+        let mut ordered: Vec<Vec<usize>> = by_group.into_values().collect();
+        ordered.sort_by_key(|members| members[0]);
+        ordered
+    }
+
+    /// The results of a group that leave its kernel: those something outside computes with.
+    fn outputs(&self, members: &[usize]) -> Vec<Value> {
+        members
+            .iter()
+            .flat_map(|&i| self.func.inst(self.insts[i]).results.clone())
+            .filter(|&v| self.effective_users(v).iter().any(|u| !members.contains(u)))
+            .collect()
+    }
+}
+
+/// The region's new order: the instructions left unfused and the kernels, sorted
+/// topologically near their old places.
+fn reorder(
+    func: &Function,
+    insts: &[Inst],
+    kernels: &[(usize, Inst, Vec<usize>)],
+    replace: &HashMap<Value, Value>,
+) -> Vec<Inst> {
     let fused: HashSet<usize> = kernels
         .iter()
         .flat_map(|(_, _, m)| m.iter().copied())
@@ -207,10 +242,7 @@ fn fuse_region(
         .map(|(i, &inst)| (i, inst))
         .collect();
     items.extend(kernels.iter().map(|&(first, kernel, _)| (first, kernel)));
-    let kept = topological(func, items, replace);
-    func.region_mut(region).insts =
-        drop_unused_duplicates(func, kept, &func.region(region).results.clone());
-    (kernels.len(), fused_count)
+    topological(func, items, replace)
 }
 
 /// Builds the `fused` instruction of a group and records its outputs in `replace`.
