@@ -123,6 +123,8 @@ fn rewritable(func: &Function, inst: Inst) -> bool {
 }
 
 impl Simplify {
+    /// Simplifies one region: its straight-line code into an e-graph, saturated, the cheapest
+    /// program extracted and emitted in place; `replace` maps old values to their new ones.
     fn simplify_region(
         &self,
         func: &mut Function,
@@ -131,193 +133,22 @@ impl Simplify {
         totals: &mut Totals,
     ) {
         let insts = func.region(region).insts.clone();
-        let pure_count = insts.iter().filter(|&&i| rewritable(func, i)).count();
-        if pure_count == 0 {
+        if !insts.iter().any(|&i| rewritable(func, i)) {
             return;
         }
-        // Build: pure instructions become e-nodes; every other value a leaf.
-        let mut graph = lang::Graph::new(Typing::default());
-        let mut class_of: HashMap<Value, Id> = HashMap::new();
-        let mut leaf_values: Vec<Value> = Vec::new();
-        let mut leaf =
-            |graph: &mut lang::Graph, class_of: &mut HashMap<Value, Id>, v: Value| -> Id {
-                if let Some(&id) = class_of.get(&v) {
-                    return id;
-                }
-                let index = graph.analysis.leaves.len() as u32;
-                graph.analysis.leaves.push(func.value_type(v).clone());
-                leaf_values.push(v);
-                let id = graph.add(Node {
-                    op: NodeOp::Leaf(index),
-                    children: Vec::new(),
-                });
-                class_of.insert(v, id);
-                id
-            };
-        let mut originals: Vec<(Value, Inst)> = Vec::new();
-        for &inst in &insts {
-            let data = func.inst(inst);
-            let children: Vec<Id> = data
-                .args
-                .iter()
-                .map(|&a| leaf(&mut graph, &mut class_of, a))
-                .collect();
-            if rewritable(func, inst) {
-                let id = graph.add(Node::ir(data.op.clone(), children));
-                class_of.insert(data.results[0], id);
-                originals.push((data.results[0], inst));
-            } else {
-                // Values the region-owning instruction captures are needed here too.
-                for &r in &data.regions {
-                    for v in func.free_values(r) {
-                        leaf(&mut graph, &mut class_of, v);
-                    }
-                }
-            }
-        }
-        for &v in &func.region(region).results {
-            leaf(&mut graph, &mut class_of, v);
-        }
-        // Saturate, within limits.
-        let node_limit = 10_000 + self.nodes_per_inst * insts.len();
-        let runner = Runner::default()
-            .with_egraph(graph)
-            .with_node_limit(node_limit)
-            .with_iter_limit(self.iter_limit)
-            .with_time_limit(self.time_limit)
-            .with_scheduler(SimpleScheduler)
-            .run(&self.rules);
-        totals.nodes += runner.egraph.total_number_of_nodes();
-        totals.classes += runner.egraph.number_of_classes();
-        totals.iterations += runner.iterations.len();
-        let stop = match &runner.stop_reason {
-            Some(StopReason::Saturated) => "saturated".to_owned(),
-            Some(StopReason::IterationLimit(n)) => format!("iteration limit ({n})"),
-            Some(StopReason::NodeLimit(n)) => format!("node limit ({n})"),
-            Some(StopReason::TimeLimit(t)) => format!("time limit ({t:.2} s)"),
-            Some(StopReason::Other(s)) => s.clone(),
-            None => "not run".to_owned(),
-        };
-        // The worst reason across regions is the one to report.
-        if totals.stop.as_deref().is_none_or(|s| s == "saturated") {
-            totals.stop = Some(stop);
-        }
-        for iteration in &runner.iterations {
-            for (rule, n) in &iteration.applied {
-                *totals.applied.entry(rule.to_string()).or_default() += n;
-            }
-        }
+        let RegionGraph {
+            graph,
+            class_of,
+            leaf_values,
+            originals,
+        } = RegionGraph::build(func, region, &insts);
+        let runner = self.saturate(graph, insts.len(), totals);
         let egraph = &runner.egraph;
-        let canonical = |n: &Node| Node {
-            op: n.op.clone(),
-            children: n.children.iter().map(|&c| egraph.find(c)).collect(),
-        };
-        let input_nodes: HashSet<Node> = originals
-            .iter()
-            .map(|&(_, inst)| {
-                let data = func.inst(inst);
-                canonical(&Node::ir(
-                    data.op.clone(),
-                    data.args.iter().map(|a| class_of[a]).collect(),
-                ))
-            })
-            .collect();
-        let keep = self.keep_input_on_ties;
-        let extraction = Extraction::new(egraph, |n| input_nodes.contains(&canonical(n)) == keep);
-        // The classes the region's remaining instructions and results need.
-        let mut needed: HashSet<Id> = HashSet::new();
-        let mut stack: Vec<Id> = Vec::new();
-        for &inst in &insts {
-            if !rewritable(func, inst) {
-                let data = func.inst(inst);
-                stack.extend(data.args.iter().map(|a| egraph.find(class_of[a])));
-                for &r in &data.regions {
-                    stack.extend(func.free_values(r).iter().map(|v| egraph.find(class_of[v])));
-                }
-            }
-        }
-        stack.extend(
-            func.region(region)
-                .results
-                .iter()
-                .map(|v| egraph.find(class_of[v])),
-        );
-        while let Some(class) = stack.pop() {
-            if needed.insert(class)
-                && let Some(node) = extraction.best(class)
-            {
-                stack.extend(node.children.iter().map(|&c| egraph.find(c)));
-            }
-        }
-        // Rebuild the region: instructions the e-graph does not own stay in order; before each,
-        // the classes it needs are emitted from the extraction.
-        let mut rebuild = Rebuild {
-            egraph,
-            extraction: &extraction,
-            emitted: HashMap::new(),
-            insts: Vec::new(),
-            names: HashMap::new(),
-            locs: HashMap::new(),
-            available: HashSet::new(),
-            leaf_values: &leaf_values,
-        };
-        for &(v, inst) in &originals {
-            let class = egraph.find(class_of[&v]);
-            if let Some(name) = func.value_name(v) {
-                rebuild
-                    .names
-                    .entry(class)
-                    .or_insert_with(|| name.to_owned());
-            }
-            rebuild.locs.entry(class).or_insert(func.inst(inst).loc);
-        }
-        for &v in func.args() {
-            rebuild.available.insert(v);
-        }
-        for &v in &func.region(region).args {
-            rebuild.available.insert(v);
-        }
-        let outer: HashSet<Value> = leaf_values.iter().copied().collect();
-        let defined_here: HashSet<Value> = insts
-            .iter()
-            .flat_map(|&i| func.inst(i).results.clone())
-            .collect();
-        for &v in outer.difference(&defined_here) {
-            rebuild.available.insert(v);
-        }
-        for &inst in &insts {
-            if rewritable(func, inst) {
-                // Emit what the instruction computed where it stood, if it is still needed.
-                let class = egraph.find(class_of[&func.inst(inst).results[0]]);
-                if needed.contains(&class) {
-                    rebuild.emit(func, class);
-                }
-                continue;
-            }
-            let data = func.inst(inst).clone();
-            let mut needed: Vec<Value> = data.args.clone();
-            for &r in &data.regions {
-                needed.extend(func.free_values(r));
-            }
-            for v in needed {
-                let class = egraph.find(class_of[&v]);
-                if let Some(new) = rebuild.emit(func, class)
-                    && new != v
-                {
-                    replace.insert(v, new);
-                }
-            }
-            rebuild.insts.push(inst);
-            rebuild.available.extend(data.results.iter().copied());
-        }
-        for v in func.region(region).results.clone() {
-            let class = egraph.find(class_of[&v]);
-            if let Some(new) = rebuild.emit(func, class)
-                && new != v
-            {
-                replace.insert(v, new);
-            }
-        }
+        let extraction = self.extract(func, egraph, &originals, &class_of);
+        let needed = needed_classes(func, region, &insts, egraph, &class_of, &extraction);
+        let mut rebuild = Rebuild::new(func, region, &insts, egraph, &extraction, &leaf_values);
+        rebuild.remember_names(func, &originals, &class_of);
+        rebuild.region(func, region, &insts, &class_of, &needed, replace);
         for &(v, _) in &originals {
             let class = egraph.find(class_of[&v]);
             if let Some(&new) = rebuild.emitted.get(&class)
@@ -326,19 +157,180 @@ impl Simplify {
                 replace.insert(v, new);
             }
         }
-        let used_names: Vec<(Value, String)> = rebuild.take_names();
+        let used_names = rebuild.take_names();
         func.region_mut(region).insts = rebuild.insts;
-        let taken: HashSet<String> = func
-            .walk_insts()
+        restore_names(func, used_names);
+    }
+
+    /// Runs the rules over `graph` within the limits, adding what happened to `totals`.
+    fn saturate(
+        &self,
+        graph: lang::Graph,
+        insts: usize,
+        totals: &mut Totals,
+    ) -> Runner<Node, Typing> {
+        let runner = Runner::default()
+            .with_egraph(graph)
+            .with_node_limit(10_000 + self.nodes_per_inst * insts)
+            .with_iter_limit(self.iter_limit)
+            .with_time_limit(self.time_limit)
+            .with_scheduler(SimpleScheduler)
+            .run(&self.rules);
+        totals.record(&runner);
+        runner
+    }
+
+    /// The cheapest node of every class; on ties, the input's own node or a rewritten one as
+    /// [`Simplify::keep_input_on_ties`] says.
+    fn extract(
+        &self,
+        func: &Function,
+        egraph: &lang::Graph,
+        originals: &[(Value, Inst)],
+        class_of: &HashMap<Value, Id>,
+    ) -> Extraction {
+        let canonical = |n: &Node| Node {
+            op: n.op.clone(),
+            children: n.children.iter().map(|&c| egraph.find(c)).collect(),
+        };
+        let input_nodes: HashSet<Node> = originals
             .iter()
-            .flat_map(|&i| func.inst(i).results.clone())
-            .chain(func.args().iter().copied())
-            .filter_map(|v| func.value_name(v).map(str::to_owned))
+            .map(|&(_, inst)| {
+                let data = func.inst(inst);
+                let children = data.args.iter().map(|a| class_of[a]).collect();
+                canonical(&Node::ir(data.op.clone(), children))
+            })
             .collect();
-        for (v, name) in used_names {
-            if !taken.contains(&name) {
-                func.set_value_name(v, Some(name));
+        let keep = self.keep_input_on_ties;
+        Extraction::new(egraph, |n| input_nodes.contains(&canonical(n)) == keep)
+    }
+}
+
+impl Totals {
+    /// Adds one run's sizes, stop reason (the worst across regions) and rule applications.
+    fn record(&mut self, runner: &Runner<Node, Typing>) {
+        self.nodes += runner.egraph.total_number_of_nodes();
+        self.classes += runner.egraph.number_of_classes();
+        self.iterations += runner.iterations.len();
+        let stop = match &runner.stop_reason {
+            Some(StopReason::Saturated) => "saturated".to_owned(),
+            Some(StopReason::IterationLimit(n)) => format!("iteration limit ({n})"),
+            Some(StopReason::NodeLimit(n)) => format!("node limit ({n})"),
+            Some(StopReason::TimeLimit(t)) => format!("time limit ({t:.2} s)"),
+            Some(StopReason::Other(s)) => s.clone(),
+            None => "not run".to_owned(),
+        };
+        if self.stop.as_deref().is_none_or(|s| s == "saturated") {
+            self.stop = Some(stop);
+        }
+        for iteration in &runner.iterations {
+            for (rule, n) in &iteration.applied {
+                *self.applied.entry(rule.to_string()).or_default() += n;
             }
+        }
+    }
+}
+
+/// A region's straight-line code as an e-graph: pure instructions are e-nodes, every other
+/// value (arguments, results of loops and custom ops, captured values) a leaf.
+struct RegionGraph {
+    graph: lang::Graph,
+    class_of: HashMap<Value, Id>,
+    /// The value of each leaf, by leaf index.
+    leaf_values: Vec<Value>,
+    /// The rewritable instructions with their results, in order.
+    originals: Vec<(Value, Inst)>,
+}
+
+impl RegionGraph {
+    fn build(func: &Function, region: Region, insts: &[Inst]) -> RegionGraph {
+        let mut g = RegionGraph {
+            graph: lang::Graph::new(Typing::default()),
+            class_of: HashMap::new(),
+            leaf_values: Vec::new(),
+            originals: Vec::new(),
+        };
+        for &inst in insts {
+            let data = func.inst(inst);
+            let children: Vec<Id> = data.args.iter().map(|&a| g.leaf(func, a)).collect();
+            if rewritable(func, inst) {
+                let id = g.graph.add(Node::ir(data.op.clone(), children));
+                g.class_of.insert(data.results[0], id);
+                g.originals.push((data.results[0], inst));
+            } else {
+                // Values the region-owning instruction captures are needed here too.
+                for &r in &data.regions {
+                    for v in func.free_values(r) {
+                        g.leaf(func, v);
+                    }
+                }
+            }
+        }
+        for &v in &func.region(region).results {
+            g.leaf(func, v);
+        }
+        g
+    }
+
+    /// The class of `v`: its node if it has one already, else a new leaf.
+    fn leaf(&mut self, func: &Function, v: Value) -> Id {
+        if let Some(&id) = self.class_of.get(&v) {
+            return id;
+        }
+        let index = self.graph.analysis.leaves.len() as u32;
+        self.graph.analysis.leaves.push(func.value_type(v).clone());
+        self.leaf_values.push(v);
+        let id = self.graph.add(Node {
+            op: NodeOp::Leaf(index),
+            children: Vec::new(),
+        });
+        self.class_of.insert(v, id);
+        id
+    }
+}
+
+/// The classes the region's remaining instructions and results need, through the extraction.
+fn needed_classes(
+    func: &Function,
+    region: Region,
+    insts: &[Inst],
+    egraph: &lang::Graph,
+    class_of: &HashMap<Value, Id>,
+    extraction: &Extraction,
+) -> HashSet<Id> {
+    let mut stack: Vec<Id> = Vec::new();
+    for &inst in insts.iter().filter(|&&i| !rewritable(func, i)) {
+        let data = func.inst(inst);
+        stack.extend(data.args.iter().map(|a| egraph.find(class_of[a])));
+        for &r in &data.regions {
+            stack.extend(func.free_values(r).iter().map(|v| egraph.find(class_of[v])));
+        }
+    }
+    let results = &func.region(region).results;
+    stack.extend(results.iter().map(|v| egraph.find(class_of[v])));
+    let mut needed: HashSet<Id> = HashSet::new();
+    while let Some(class) = stack.pop() {
+        if needed.insert(class)
+            && let Some(node) = extraction.best(class)
+        {
+            stack.extend(node.children.iter().map(|&c| egraph.find(c)));
+        }
+    }
+    needed
+}
+
+/// Gives emitted values the names their originals had, where no other value has taken them.
+fn restore_names(func: &mut Function, used_names: Vec<(Value, String)>) {
+    let taken: HashSet<String> = func
+        .walk_insts()
+        .iter()
+        .flat_map(|&i| func.inst(i).results.clone())
+        .chain(func.args().iter().copied())
+        .filter_map(|v| func.value_name(v).map(str::to_owned))
+        .collect();
+    for (v, name) in used_names {
+        if !taken.contains(&name) {
+            func.set_value_name(v, Some(name));
         }
     }
 }
@@ -357,7 +349,104 @@ struct Rebuild<'a> {
     leaf_values: &'a [Value],
 }
 
-impl Rebuild<'_> {
+impl<'a> Rebuild<'a> {
+    /// A rebuild of `region`, where the function's and the region's arguments and every value
+    /// defined outside the region are available.
+    fn new(
+        func: &Function,
+        region: Region,
+        insts: &[Inst],
+        egraph: &'a lang::Graph,
+        extraction: &'a Extraction,
+        leaf_values: &'a [Value],
+    ) -> Rebuild<'a> {
+        let mut available: HashSet<Value> = func.args().iter().copied().collect();
+        available.extend(func.region(region).args.iter().copied());
+        let defined_here: HashSet<Value> = insts
+            .iter()
+            .flat_map(|&i| func.inst(i).results.clone())
+            .collect();
+        available.extend(leaf_values.iter().filter(|v| !defined_here.contains(v)));
+        Rebuild {
+            egraph,
+            extraction,
+            emitted: HashMap::new(),
+            insts: Vec::new(),
+            names: HashMap::new(),
+            locs: HashMap::new(),
+            available,
+            leaf_values,
+        }
+    }
+
+    /// Records each class's first original name and location, for what is emitted for it.
+    fn remember_names(
+        &mut self,
+        func: &Function,
+        originals: &[(Value, Inst)],
+        class_of: &HashMap<Value, Id>,
+    ) {
+        for &(v, inst) in originals {
+            let class = self.egraph.find(class_of[&v]);
+            if let Some(name) = func.value_name(v) {
+                self.names.entry(class).or_insert_with(|| name.to_owned());
+            }
+            self.locs.entry(class).or_insert(func.inst(inst).loc);
+        }
+    }
+
+    /// Rebuilds the region in order: instructions the e-graph does not own stay; before each,
+    /// the classes it needs are emitted from the extraction; each rewritable instruction's
+    /// class is emitted where the instruction stood, if still needed.
+    fn region(
+        &mut self,
+        func: &mut Function,
+        region: Region,
+        insts: &[Inst],
+        class_of: &HashMap<Value, Id>,
+        needed: &HashSet<Id>,
+        replace: &mut HashMap<Value, Value>,
+    ) {
+        for &inst in insts {
+            if rewritable(func, inst) {
+                let class = self.egraph.find(class_of[&func.inst(inst).results[0]]);
+                if needed.contains(&class) {
+                    self.emit(func, class);
+                }
+                continue;
+            }
+            let data = func.inst(inst).clone();
+            let mut uses: Vec<Value> = data.args.clone();
+            for &r in &data.regions {
+                uses.extend(func.free_values(r));
+            }
+            for v in uses {
+                self.emit_for(func, v, class_of, replace);
+            }
+            self.insts.push(inst);
+            self.available.extend(data.results.iter().copied());
+        }
+        for v in func.region(region).results.clone() {
+            self.emit_for(func, v, class_of, replace);
+        }
+    }
+
+    /// Emits the class of `v` and records its replacement.
+    fn emit_for(
+        &mut self,
+        func: &mut Function,
+        v: Value,
+        class_of: &HashMap<Value, Id>,
+        replace: &mut HashMap<Value, Value>,
+    ) {
+        let class = self.egraph.find(class_of[&v]);
+        if let Some(new) = self.emit(func, class)
+            && new != v
+        {
+            replace.insert(v, new);
+        }
+    }
+
     /// Emits `class` (children first, without recursion: chains can be long) and returns its
     /// value; `None` if some class on the way has no usable node here.
     fn emit(&mut self, func: &mut Function, class: Id) -> Option<Value> {
