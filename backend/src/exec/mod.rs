@@ -421,6 +421,7 @@ impl Executable {
             .expect("an operand computed before its use")
     }
 
+    /// Runs one step of the schedule.
     fn step(
         &self,
         rt: &mut Runtime,
@@ -431,151 +432,13 @@ impl Executable {
     ) -> Result<(), InterpError> {
         match &step.kind {
             StepKind::Kernel { kernel, symbols } => {
-                rt.kernel_sizes.clear();
-                rt.kernel_sizes.extend(symbols.iter().map(|&s| rt.sizes[s]));
-                rt.pointers.clear();
-                for &v in &step.inputs {
-                    rt.pointers.push(Self::value(rt, v).data_ptr().cast_mut());
-                }
-                // Outputs written over an input's buffer (bit k: output k).
-                let mut over_input: u64 = 0;
-                for (k, out) in step.out.iter().enumerate() {
-                    let dtype = self.func.value_type(step.outputs[k]).dtype;
-                    let array = match out {
-                        Output::Slot(s) => self.acquire(rt, *s, dtype, &step.shapes[k]),
-                        Output::InPlace { input, slot } => {
-                            let mut array = rt.env[step.inputs[*input].index()]
-                                .take()
-                                .expect("a live input");
-                            if Arc::get_mut(&mut array).is_some() {
-                                over_input |= 1 << k;
-                                array
-                            } else {
-                                rt.held.push(array);
-                                self.acquire(rt, *slot, dtype, &step.shapes[k])
-                            }
-                        }
-                        Output::State {
-                            input,
-                            state: name,
-                            slot,
-                        } => {
-                            rt.env[step.inputs[*input].index()] = None;
-                            let mut array = state.remove(name).expect("a checked load");
-                            if Arc::get_mut(&mut array).is_some() {
-                                over_input |= 1 << k;
-                                array
-                            } else {
-                                rt.pointers[*input] = array.data_ptr().cast_mut();
-                                rt.held.push(array.clone());
-                                state.insert_shared(name.clone(), array);
-                                self.acquire(rt, *slot, dtype, &step.shapes[k])
-                            }
-                        }
-                        Output::External => unreachable!("kernels write slots"),
-                    };
-                    rt.outputs.push(array);
-                }
-                for (k, array) in rt.outputs.iter_mut().enumerate() {
-                    let ptr = Arc::get_mut(array)
-                        .expect("a kernel's output buffer is its own")
-                        .data_mut_ptr();
-                    if over_input & (1 << k) != 0
-                        && let Output::InPlace { input, .. } | Output::State { input, .. } =
-                            step.out[k]
-                    {
-                        // The input is read through the same pointer the output is written by.
-                        rt.pointers[input] = ptr;
-                        add(&self.counters.in_place, 1);
-                    }
-                    rt.pointers.push(ptr);
-                }
-                let scratch_start = rt.outputs.len();
-                for (s, recipe) in &step.scratch {
-                    let dtype = self.schedule.slots[*s];
-                    let array = self.acquire(rt, *s, dtype, recipe);
-                    rt.outputs.push(array);
-                }
-                for array in &mut rt.outputs[scratch_start..] {
-                    let ptr = Arc::get_mut(array)
-                        .expect("scratch is the kernel's own")
-                        .data_mut_ptr();
-                    rt.pointers.push(ptr);
-                }
-                // SAFETY: the pointers are the kernel's inputs, outputs and scratch, in its
-                // ABI order, each a contiguous array of its value's type under these sizes.
-                // Outputs and scratch are buffers no one else holds; an output shares an
-                // input's buffer only where the plan allows it (`can_update_in_place`).
-                let status =
-                    unsafe { kernel.execute(&rt.pointers, &rt.kernel_sizes, self.threads) };
-                rt.pointers.clear();
-                rt.held.clear();
-                let scratch: Vec<Arc<Array>> = rt.outputs.drain(scratch_start..).collect();
-                for ((s, _), array) in step.scratch.iter().zip(scratch) {
-                    rt.arena[*s] = Some(array);
-                }
-                for (k, array) in rt.outputs.drain(..).enumerate() {
-                    if let Output::State { state: name, .. } = &step.out[k]
-                        && state.get_shared(name).is_none()
-                    {
-                        state.insert_shared(name.clone(), array.clone());
-                    }
-                    rt.env[step.outputs[k].index()] = Some(array);
-                }
-                if let Err(status) = status {
-                    return Err(self.fail(
-                        step.inst,
-                        format!("{} (in a compiled kernel)", status.message()),
-                    ));
-                }
+                self.run_kernel(rt, step, state, kernel, symbols)?
             }
             StepKind::MatMul {
                 transpose_a,
                 transpose_b,
-            } => {
-                let Output::Slot(s) = step.out[0] else {
-                    unreachable!("a matmul writes a slot")
-                };
-                let dtype = self.func.value_type(step.outputs[0]).dtype;
-                let mut out = self.acquire(rt, s, dtype, &step.shapes[0]);
-                let (a, b) = (
-                    Self::value(rt, step.inputs[0]),
-                    Self::value(rt, step.inputs[1]),
-                );
-                let target = Arc::get_mut(&mut out).expect("a fresh or free buffer");
-                matmul::matmul(a, b, target, *transpose_a, *transpose_b, self.threads);
-                rt.env[step.outputs[0].index()] = Some(out);
-            }
-            StepKind::Reshape => {
-                let dtype = self.func.value_type(step.outputs[0]).dtype;
-                let out = match step.out[0] {
-                    Output::InPlace { slot, .. } => {
-                        let mut array =
-                            rt.env[step.inputs[0].index()].take().expect("a live input");
-                        step.shapes[0].resolve_into(&rt.sizes, &mut rt.shape);
-                        if let Some(a) = Arc::get_mut(&mut array) {
-                            a.reshape_in_place(&rt.shape);
-                            array
-                        } else {
-                            let mut copy = self.acquire(rt, slot, dtype, &step.shapes[0]);
-                            Arc::get_mut(&mut copy)
-                                .expect("a fresh buffer")
-                                .copy_elements_from(&array);
-                            copy
-                        }
-                    }
-                    Output::Slot(slot) => {
-                        let mut copy = self.acquire(rt, slot, dtype, &step.shapes[0]);
-                        let input = Self::value(rt, step.inputs[0]);
-                        Arc::get_mut(&mut copy)
-                            .expect("a fresh buffer")
-                            .copy_elements_from(input);
-                        copy
-                    }
-                    _ => unreachable!("a reshape writes a slot"),
-                };
-                rt.env[step.outputs[0].index()] = Some(out);
-            }
+            } => self.run_matmul(rt, step, *transpose_a, *transpose_b),
+            StepKind::Reshape => self.run_reshape(rt, step),
             StepKind::Const(array) => rt.env[step.outputs[0].index()] = Some(array.clone()),
             StepKind::Load { state: name } => {
                 let value = state.get_shared(name).expect("a checked load").clone();
@@ -588,64 +451,275 @@ impl Executable {
                 let value = Self::value(rt, step.inputs[0]).clone();
                 rt.stores.push((name.clone(), value, *recycle));
             }
-            StepKind::OneHot { depth } => {
-                let Output::Slot(slot) = step.out[0] else {
-                    unreachable!("one_hot writes a slot")
-                };
-                let dtype = self.func.value_type(step.outputs[0]).dtype;
-                let mut out = self.acquire(rt, slot, dtype, &step.shapes[0]);
-                let labels = Self::value(rt, step.inputs[0]);
-                let target = Arc::get_mut(&mut out).expect("a fresh or free buffer");
-                kernels::one_hot_into(labels, *depth, target)
-                    .map_err(|m| self.fail(step.inst, m))?;
-                rt.env[step.outputs[0].index()] = Some(out);
-            }
-            StepKind::Direct => {
-                let args: Vec<&Array> =
-                    step.inputs.iter().map(|&v| &**Self::value(rt, v)).collect();
-                let shapes: Vec<Vec<usize>> = (step.shapes.iter())
-                    .map(|r| {
-                        let mut shape = Vec::new();
-                        r.resolve_into(&rt.sizes, &mut shape);
-                        shape
-                    })
-                    .collect();
-                let op = &self.func.inst(step.inst).op;
-                let results = interp
-                    .eval_op(op, &args, &shapes)
-                    .map_err(|m| self.fail(step.inst, m))?;
-                for ((&v, array), shape) in step.outputs.iter().zip(results).zip(&shapes) {
-                    let ty = self.func.value_type(v);
-                    if array.dtype() != ty.dtype || array.shape() != shape.as_slice() {
-                        let message = format!(
-                            "computed {} where the IR says {ty} (= {shape:?})",
-                            array.ty()
-                        );
-                        return Err(self.fail(step.inst, message));
-                    }
-                    rt.env[v.index()] = Some(Arc::new(array));
-                }
-                add(&self.counters.interpreted, 1);
-            }
-            StepKind::Interpret => {
-                let bindings = bindings.get_or_insert_with(|| {
-                    (self.schedule.symbols.iter().cloned())
-                        .zip(rt.sizes.iter().map(|&n| n as usize))
-                        .collect()
-                });
-                let values: Env = (step.inputs.iter())
-                    .map(|&v| (v, Self::value(rt, v).clone()))
-                    .collect();
-                let (results, stores) =
-                    interp.eval_inst(&self.func, step.inst, values, bindings, state)?;
-                for (&v, array) in step.outputs.iter().zip(results) {
-                    rt.env[v.index()] = Some(array);
-                }
-                rt.stores
-                    .extend(stores.into_iter().map(|(name, value)| (name, value, None)));
-                add(&self.counters.interpreted, 1);
-            }
+            StepKind::OneHot { depth } => self.run_one_hot(rt, step, *depth)?,
+            StepKind::Direct => self.run_direct(rt, step, interp)?,
+            StepKind::Interpret => self.run_interpreted(rt, step, state, interp, bindings)?,
         }
+        Ok(())
+    }
+
+    /// A compiled kernel: its buffers acquired (outputs in place where the plan allows), the
+    /// call, and its outputs and scratch put back.
+    fn run_kernel(
+        &self,
+        rt: &mut Runtime,
+        step: &Step,
+        state: &mut StateStore,
+        kernel: &crate::jit::Kernel,
+        symbols: &[usize],
+    ) -> Result<(), InterpError> {
+        let scratch_start = self.kernel_buffers(rt, step, state, symbols);
+        // SAFETY: the pointers are the kernel's inputs, outputs and scratch, in its
+        // ABI order, each a contiguous array of its value's type under these sizes.
+        // Outputs and scratch are buffers no one else holds; an output shares an
+        // input's buffer only where the plan allows it (`can_update_in_place`).
+        let status = unsafe { kernel.execute(&rt.pointers, &rt.kernel_sizes, self.threads) };
+        self.kernel_done(rt, step, state, scratch_start);
+        if let Err(status) = status {
+            return Err(self.fail(
+                step.inst,
+                format!("{} (in a compiled kernel)", status.message()),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Fills `rt.pointers` with the kernel's inputs, outputs and scratch in its ABI order and
+    /// `rt.kernel_sizes` with its sizes; returns where the scratch starts in `rt.outputs`.
+    fn kernel_buffers(
+        &self,
+        rt: &mut Runtime,
+        step: &Step,
+        state: &mut StateStore,
+        symbols: &[usize],
+    ) -> usize {
+        rt.kernel_sizes.clear();
+        rt.kernel_sizes.extend(symbols.iter().map(|&s| rt.sizes[s]));
+        rt.pointers.clear();
+        for &v in &step.inputs {
+            rt.pointers.push(Self::value(rt, v).data_ptr().cast_mut());
+        }
+        // Outputs written over an input's buffer (bit k: output k).
+        let mut over_input: u64 = 0;
+        for k in 0..step.out.len() {
+            let (array, in_place) = self.kernel_output(rt, step, state, k);
+            over_input |= u64::from(in_place) << k;
+            rt.outputs.push(array);
+        }
+        for (k, array) in rt.outputs.iter_mut().enumerate() {
+            let ptr = Arc::get_mut(array)
+                .expect("a kernel's output buffer is its own")
+                .data_mut_ptr();
+            if over_input & (1 << k) != 0
+                && let Output::InPlace { input, .. } | Output::State { input, .. } = step.out[k]
+            {
+                // The input is read through the same pointer the output is written by.
+                rt.pointers[input] = ptr;
+                add(&self.counters.in_place, 1);
+            }
+            rt.pointers.push(ptr);
+        }
+        let scratch_start = rt.outputs.len();
+        for (s, recipe) in &step.scratch {
+            let dtype = self.schedule.slots[*s];
+            let array = self.acquire(rt, *s, dtype, recipe);
+            rt.outputs.push(array);
+        }
+        for array in &mut rt.outputs[scratch_start..] {
+            let ptr = Arc::get_mut(array)
+                .expect("scratch is the kernel's own")
+                .data_mut_ptr();
+            rt.pointers.push(ptr);
+        }
+        scratch_start
+    }
+
+    /// The buffer kernel output `k` is written to, and whether it is its input's own buffer
+    /// (updated in place); an input someone else still holds is kept alive in `rt.held`.
+    fn kernel_output(
+        &self,
+        rt: &mut Runtime,
+        step: &Step,
+        state: &mut StateStore,
+        k: usize,
+    ) -> (Arc<Array>, bool) {
+        let dtype = self.func.value_type(step.outputs[k]).dtype;
+        match &step.out[k] {
+            Output::Slot(s) => (self.acquire(rt, *s, dtype, &step.shapes[k]), false),
+            Output::InPlace { input, slot } => {
+                let mut array = rt.env[step.inputs[*input].index()]
+                    .take()
+                    .expect("a live input");
+                if Arc::get_mut(&mut array).is_some() {
+                    (array, true)
+                } else {
+                    rt.held.push(array);
+                    (self.acquire(rt, *slot, dtype, &step.shapes[k]), false)
+                }
+            }
+            Output::State {
+                input,
+                state: name,
+                slot,
+            } => {
+                rt.env[step.inputs[*input].index()] = None;
+                let mut array = state.remove(name).expect("a checked load");
+                if Arc::get_mut(&mut array).is_some() {
+                    (array, true)
+                } else {
+                    rt.pointers[*input] = array.data_ptr().cast_mut();
+                    rt.held.push(array.clone());
+                    state.insert_shared(name.clone(), array);
+                    (self.acquire(rt, *slot, dtype, &step.shapes[k]), false)
+                }
+            }
+            Output::External => unreachable!("kernels write slots"),
+        }
+    }
+
+    /// Returns the scratch to its slots and binds the outputs (and state updated in place).
+    fn kernel_done(
+        &self,
+        rt: &mut Runtime,
+        step: &Step,
+        state: &mut StateStore,
+        scratch_start: usize,
+    ) {
+        rt.pointers.clear();
+        rt.held.clear();
+        let scratch: Vec<Arc<Array>> = rt.outputs.drain(scratch_start..).collect();
+        for ((s, _), array) in step.scratch.iter().zip(scratch) {
+            rt.arena[*s] = Some(array);
+        }
+        for (k, array) in rt.outputs.drain(..).enumerate() {
+            if let Output::State { state: name, .. } = &step.out[k]
+                && state.get_shared(name).is_none()
+            {
+                state.insert_shared(name.clone(), array.clone());
+            }
+            rt.env[step.outputs[k].index()] = Some(array);
+        }
+    }
+
+    /// A matmul through gemm into a slot's buffer.
+    fn run_matmul(&self, rt: &mut Runtime, step: &Step, transpose_a: bool, transpose_b: bool) {
+        let Output::Slot(s) = step.out[0] else {
+            unreachable!("a matmul writes a slot")
+        };
+        let dtype = self.func.value_type(step.outputs[0]).dtype;
+        let mut out = self.acquire(rt, s, dtype, &step.shapes[0]);
+        let (a, b) = (
+            Self::value(rt, step.inputs[0]),
+            Self::value(rt, step.inputs[1]),
+        );
+        let target = Arc::get_mut(&mut out).expect("a fresh or free buffer");
+        matmul::matmul(a, b, target, transpose_a, transpose_b, self.threads);
+        rt.env[step.outputs[0].index()] = Some(out);
+    }
+
+    /// A reshape: the input's buffer renamed when no one else holds it, else a copy.
+    fn run_reshape(&self, rt: &mut Runtime, step: &Step) {
+        let dtype = self.func.value_type(step.outputs[0]).dtype;
+        let out = match step.out[0] {
+            Output::InPlace { slot, .. } => {
+                let mut array = rt.env[step.inputs[0].index()].take().expect("a live input");
+                step.shapes[0].resolve_into(&rt.sizes, &mut rt.shape);
+                if let Some(a) = Arc::get_mut(&mut array) {
+                    a.reshape_in_place(&rt.shape);
+                    array
+                } else {
+                    let mut copy = self.acquire(rt, slot, dtype, &step.shapes[0]);
+                    Arc::get_mut(&mut copy)
+                        .expect("a fresh buffer")
+                        .copy_elements_from(&array);
+                    copy
+                }
+            }
+            Output::Slot(slot) => {
+                let mut copy = self.acquire(rt, slot, dtype, &step.shapes[0]);
+                let input = Self::value(rt, step.inputs[0]);
+                Arc::get_mut(&mut copy)
+                    .expect("a fresh buffer")
+                    .copy_elements_from(input);
+                copy
+            }
+            _ => unreachable!("a reshape writes a slot"),
+        };
+        rt.env[step.outputs[0].index()] = Some(out);
+    }
+
+    /// `one_hot` written into a slot's buffer.
+    fn run_one_hot(&self, rt: &mut Runtime, step: &Step, depth: usize) -> Result<(), InterpError> {
+        let Output::Slot(slot) = step.out[0] else {
+            unreachable!("one_hot writes a slot")
+        };
+        let dtype = self.func.value_type(step.outputs[0]).dtype;
+        let mut out = self.acquire(rt, slot, dtype, &step.shapes[0]);
+        let labels = Self::value(rt, step.inputs[0]);
+        let target = Arc::get_mut(&mut out).expect("a fresh or free buffer");
+        kernels::one_hot_into(labels, depth, target).map_err(|m| self.fail(step.inst, m))?;
+        rt.env[step.outputs[0].index()] = Some(out);
+        Ok(())
+    }
+
+    /// An op the interpreter's kernels compute directly on the operands' arrays.
+    fn run_direct(
+        &self,
+        rt: &mut Runtime,
+        step: &Step,
+        interp: &Interpreter<'_>,
+    ) -> Result<(), InterpError> {
+        let args: Vec<&Array> = step.inputs.iter().map(|&v| &**Self::value(rt, v)).collect();
+        let shapes: Vec<Vec<usize>> = (step.shapes.iter())
+            .map(|r| {
+                let mut shape = Vec::new();
+                r.resolve_into(&rt.sizes, &mut shape);
+                shape
+            })
+            .collect();
+        let op = &self.func.inst(step.inst).op;
+        let results = interp
+            .eval_op(op, &args, &shapes)
+            .map_err(|m| self.fail(step.inst, m))?;
+        for ((&v, array), shape) in step.outputs.iter().zip(results).zip(&shapes) {
+            let ty = self.func.value_type(v);
+            if array.dtype() != ty.dtype || array.shape() != shape.as_slice() {
+                let message = format!(
+                    "computed {} where the IR says {ty} (= {shape:?})",
+                    array.ty()
+                );
+                return Err(self.fail(step.inst, message));
+            }
+            rt.env[v.index()] = Some(Arc::new(array));
+        }
+        add(&self.counters.interpreted, 1);
+        Ok(())
+    }
+
+    /// An instruction the interpreter runs whole (control flow, calls), with the run's sizes.
+    fn run_interpreted(
+        &self,
+        rt: &mut Runtime,
+        step: &Step,
+        state: &mut StateStore,
+        interp: &Interpreter<'_>,
+        bindings: &mut Option<SymbolBindings>,
+    ) -> Result<(), InterpError> {
+        let bindings = bindings.get_or_insert_with(|| {
+            (self.schedule.symbols.iter().cloned())
+                .zip(rt.sizes.iter().map(|&n| n as usize))
+                .collect()
+        });
+        let values: Env = (step.inputs.iter())
+            .map(|&v| (v, Self::value(rt, v).clone()))
+            .collect();
+        let (results, stores) = interp.eval_inst(&self.func, step.inst, values, bindings, state)?;
+        for (&v, array) in step.outputs.iter().zip(results) {
+            rt.env[v.index()] = Some(array);
+        }
+        rt.stores
+            .extend(stores.into_iter().map(|(name, value)| (name, value, None)));
+        add(&self.counters.interpreted, 1);
         Ok(())
     }
 }
