@@ -9,13 +9,13 @@ use kiln::ir::{
     Literal, Module, ReduceOp, Shape, StateDecl, Type, UnaryOp, Value,
 };
 
-pub struct Gen {
+pub(crate) struct Gen {
     stream: Stream,
     next: u64,
 }
 
 impl Gen {
-    pub fn new(seed: u64) -> Gen {
+    pub(crate) fn new(seed: u64) -> Gen {
         Gen {
             stream: Stream::new(seed, 0),
             next: 0,
@@ -28,15 +28,15 @@ impl Gen {
     }
 
     /// A number in `0..n` (n > 0).
-    pub fn below(&mut self, n: usize) -> usize {
+    pub(crate) fn below(&mut self, n: usize) -> usize {
         (self.bits() % n.max(1) as u64) as usize
     }
 
-    pub fn chance(&mut self, percent: usize) -> bool {
+    pub(crate) fn chance(&mut self, percent: usize) -> bool {
         self.below(100) < percent
     }
 
-    pub fn pick<T: Clone>(&mut self, items: &[T]) -> T {
+    pub(crate) fn pick<T: Clone>(&mut self, items: &[T]) -> T {
         items[self.below(items.len())].clone()
     }
 
@@ -104,7 +104,7 @@ impl Gen {
 }
 
 /// A random module of up to `size` ops per function.
-pub fn random_module(seed: u64, size: usize) -> Module {
+pub(crate) fn random_module(seed: u64, size: usize) -> Module {
     let mut g = Gen::new(seed);
     let mut module = Module::new();
     for i in 0..g.below(4) {

@@ -36,12 +36,12 @@ use crate::interp::kernels;
 
 /// Scalar f32 or four lanes of f32.
 #[derive(Clone, Copy, PartialEq, Eq)]
-pub struct Lanes {
+pub(super) struct Lanes {
     pub vector: bool,
 }
 
 impl Lanes {
-    pub fn float(self) -> Type {
+    pub(super) fn float(self) -> Type {
         if self.vector {
             types::F32X4
         } else {
@@ -49,7 +49,7 @@ impl Lanes {
         }
     }
 
-    pub fn int(self) -> Type {
+    pub(super) fn int(self) -> Type {
         if self.vector {
             types::I32X4
         } else {
@@ -57,7 +57,7 @@ impl Lanes {
         }
     }
 
-    pub fn c(self, b: &mut FunctionBuilder, x: f32) -> Value {
+    pub(super) fn c(self, b: &mut FunctionBuilder, x: f32) -> Value {
         let s = b.ins().f32const(x);
         if self.vector {
             b.ins().splat(types::F32X4, s)
@@ -66,7 +66,7 @@ impl Lanes {
         }
     }
 
-    pub fn ci(self, b: &mut FunctionBuilder, x: i32) -> Value {
+    pub(super) fn ci(self, b: &mut FunctionBuilder, x: i32) -> Value {
         let s = b.ins().iconst(types::I32, x as i64);
         if self.vector {
             b.ins().splat(types::I32X4, s)
@@ -75,16 +75,16 @@ impl Lanes {
         }
     }
 
-    pub fn to_int(self, b: &mut FunctionBuilder, x: Value) -> Value {
+    pub(super) fn to_int(self, b: &mut FunctionBuilder, x: Value) -> Value {
         b.ins().bitcast(self.int(), MemFlagsData::new(), x)
     }
 
-    pub fn to_float(self, b: &mut FunctionBuilder, x: Value) -> Value {
+    pub(super) fn to_float(self, b: &mut FunctionBuilder, x: Value) -> Value {
         b.ins().bitcast(self.float(), MemFlagsData::new(), x)
     }
 
     /// `cond ? a : b` for a comparison result of these lanes.
-    pub fn select(self, b: &mut FunctionBuilder, cond: Value, a: Value, c: Value) -> Value {
+    pub(super) fn select(self, b: &mut FunctionBuilder, cond: Value, a: Value, c: Value) -> Value {
         if self.vector {
             // The mask must have the type of the values selected.
             let ty = b.func.dfg.value_type(a);
@@ -102,7 +102,7 @@ impl Lanes {
     /// `x` limited to `[lo, hi]`, NaN kept. A compare and a select each way: one `maxps` /
     /// `minps`, where `fmax`/`fmin` (which order zeros and propagate NaN from either side)
     /// take an 8-instruction sequence on x86.
-    pub fn clamp(self, b: &mut FunctionBuilder, x: Value, lo: Value, hi: Value) -> Value {
+    pub(super) fn clamp(self, b: &mut FunctionBuilder, x: Value, lo: Value, hi: Value) -> Value {
         let below = b.ins().fcmp(FloatCC::LessThan, x, lo);
         let x = self.select(b, below, lo, x);
         let above = b.ins().fcmp(FloatCC::GreaterThan, x, hi);
@@ -120,7 +120,7 @@ impl Lanes {
     }
 }
 
-pub fn exp(b: &mut FunctionBuilder, l: Lanes, x: Value) -> Value {
+pub(super) fn exp(b: &mut FunctionBuilder, l: Lanes, x: Value) -> Value {
     const LOG2E: f32 = std::f32::consts::LOG2_E;
     const MAGIC: f32 = 12_582_912.0; // 1.5·2²³: adding it rounds to an integer in the low bits
     // Down to −103.97 the result is subnormal (2ⁿ is built in two halves, so it gets there);
@@ -172,7 +172,7 @@ pub fn exp(b: &mut FunctionBuilder, l: Lanes, x: Value) -> Value {
     l.select(b, under, zero, y)
 }
 
-pub fn log(b: &mut FunctionBuilder, l: Lanes, x: Value) -> Value {
+pub(super) fn log(b: &mut FunctionBuilder, l: Lanes, x: Value) -> Value {
     // Denormals: scale into the normal range first.
     let min_normal = l.c(b, f32::MIN_POSITIVE);
     let tiny = b.ins().fcmp(FloatCC::LessThan, x, min_normal);
@@ -265,7 +265,7 @@ fn clamped_odd_rational(
     (b.ins().fdiv(p, q), hi)
 }
 
-pub fn tanh(b: &mut FunctionBuilder, l: Lanes, x: Value) -> Value {
+pub(super) fn tanh(b: &mut FunctionBuilder, l: Lanes, x: Value) -> Value {
     let (r, hi) = clamped_odd_rational(
         b,
         l,
@@ -298,7 +298,7 @@ pub fn tanh(b: &mut FunctionBuilder, l: Lanes, x: Value) -> Value {
     l.select(b, big, signed_one, r)
 }
 
-pub fn sigmoid(b: &mut FunctionBuilder, l: Lanes, x: Value) -> Value {
+pub(super) fn sigmoid(b: &mut FunctionBuilder, l: Lanes, x: Value) -> Value {
     let neg = b.ins().fneg(x);
     let e = exp(b, l, neg);
     let one = l.c(b, 1.0);
@@ -306,7 +306,7 @@ pub fn sigmoid(b: &mut FunctionBuilder, l: Lanes, x: Value) -> Value {
     b.ins().fdiv(one, d)
 }
 
-pub fn erf(b: &mut FunctionBuilder, l: Lanes, x: Value) -> Value {
+pub(super) fn erf(b: &mut FunctionBuilder, l: Lanes, x: Value) -> Value {
     let (r, _) = clamped_odd_rational(
         b,
         l,
@@ -334,7 +334,7 @@ pub fn erf(b: &mut FunctionBuilder, l: Lanes, x: Value) -> Value {
 
 /// `softplus(x) = max(x, 0) + log1p(exp(−|x|))`, with `log1p(e) = log(u)·e/(u − 1)` for
 /// `u = 1 + e` (exact where `u` rounds to 1), so that small tails keep their precision.
-pub fn softplus(b: &mut FunctionBuilder, l: Lanes, x: Value) -> Value {
+pub(super) fn softplus(b: &mut FunctionBuilder, l: Lanes, x: Value) -> Value {
     let zero = l.c(b, 0.0);
     let one = l.c(b, 1.0);
     let pos = b.ins().fmax(x, zero);
@@ -381,7 +381,7 @@ extern "C" fn pow64(x: f64, y: f64) -> f64 {
 
 /// Makes every helper symbol of the op table known to the JIT (its fallback lookup finds only
 /// symbols already loaded, so each is registered here).
-pub fn register_symbols(builder: &mut JITBuilder) {
+pub(super) fn register_symbols(builder: &mut JITBuilder) {
     for &op in UnaryOp::ALL {
         let (f32_helper, f64_helper) = unary_helpers(op);
         if let Some(name) = op.helper_symbol(DType::F32) {

@@ -3,7 +3,7 @@
 use crate::print::is_symbol_char;
 
 #[derive(Clone, Debug, PartialEq)]
-pub enum TokenKind {
+pub(super) enum TokenKind {
     /// Keywords, op names, dtypes, symbolic dimensions, `true`, `nan`, …
     Ident(String),
     /// `%x`, `%12`: the text after `%`.
@@ -26,7 +26,7 @@ pub enum TokenKind {
 }
 
 #[derive(Clone, Debug, PartialEq)]
-pub struct Token {
+pub(super) struct Token {
     pub kind: TokenKind,
     /// The token as written, for error messages.
     pub text: String,
@@ -36,14 +36,14 @@ pub struct Token {
 
 /// A character the lexer cannot start a token with.
 #[derive(Debug)]
-pub struct LexError {
+pub(super) struct LexError {
     pub line: u32,
     pub col: u32,
     pub message: String,
     pub text: String,
 }
 
-pub fn tokenize(src: &str) -> Result<Vec<Token>, LexError> {
+pub(super) fn tokenize(src: &str) -> Result<Vec<Token>, LexError> {
     let mut lexer = Lexer {
         chars: src.chars().collect(),
         pos: 0,

@@ -103,12 +103,12 @@ impl Context {
         }
     }
 
-    pub fn new_leaf(&mut self) -> LeafId {
+    pub(crate) fn new_leaf(&mut self) -> LeafId {
         self.next_leaf += 1;
         LeafId(self.next_leaf)
     }
 
-    pub fn new_trace_id(&mut self) -> u64 {
+    pub(crate) fn new_trace_id(&mut self) -> u64 {
         self.next_trace += 1;
         self.next_trace
     }

@@ -21,7 +21,7 @@ pub(crate) struct Tape {
 }
 
 impl Tape {
-    pub fn new() -> Tape {
+    pub(crate) fn new() -> Tape {
         Tape {
             builder: FunctionBuilder::new("tape"),
             env: Env::new(),
@@ -36,7 +36,7 @@ impl Tape {
     }
 
     /// The current generation, starting a fresh tape when no recorded tensor is alive.
-    pub fn generation(&mut self) -> Arc<Generation> {
+    pub(crate) fn generation(&mut self) -> Arc<Generation> {
         match self.generation.upgrade() {
             Some(g) => g,
             None => {
@@ -48,14 +48,14 @@ impl Tape {
         }
     }
 
-    pub fn is_current(&self, generation: &Arc<Generation>) -> bool {
+    pub(crate) fn is_current(&self, generation: &Arc<Generation>) -> bool {
         self.generation
             .upgrade()
             .is_some_and(|g| Arc::ptr_eq(&g, generation))
     }
 
     /// Instructions recorded, or 0 when no recorded tensor is alive.
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         if self.generation.strong_count() == 0 {
             return 0;
         }
@@ -63,16 +63,16 @@ impl Tape {
         func.region(func.body()).insts.len()
     }
 
-    pub fn builder(&mut self) -> &mut FunctionBuilder {
+    pub(crate) fn builder(&mut self) -> &mut FunctionBuilder {
         &mut self.builder
     }
 
-    pub fn value(&self, v: Value) -> Option<&Arc<Array>> {
+    pub(crate) fn value(&self, v: Value) -> Option<&Arc<Array>> {
         self.env.get(&v)
     }
 
     /// An argument standing for `data` (a leaf, or a value computed off the tape).
-    pub fn argument(&mut self, data: &Arc<Array>, leaf: Option<LeafId>) -> Value {
+    pub(crate) fn argument(&mut self, data: &Arc<Array>, leaf: Option<LeafId>) -> Value {
         if let Some(leaf) = leaf
             && let Some(&(_, v)) = self.leaves.iter().find(|(l, _)| *l == leaf)
         {
@@ -87,7 +87,7 @@ impl Tape {
     }
 
     /// Evaluates the instructions added since the last evaluation.
-    pub fn evaluate(&mut self, rng_counter: u64) -> EagerResult<()> {
+    pub(crate) fn evaluate(&mut self, rng_counter: u64) -> EagerResult<()> {
         let func = self.builder.function();
         let insts = func.region(func.body()).insts[self.evaluated..].to_vec();
         evaluate(func, &insts, &mut self.env, rng_counter)?;
@@ -97,7 +97,7 @@ impl Tape {
 
     /// Runs the autodiff pass from `loss` to every leaf on the tape, evaluates the gradient
     /// instructions, and returns each leaf's gradient. The tape is cleared afterwards.
-    pub fn backward(
+    pub(crate) fn backward(
         &mut self,
         loss: Value,
         rng_counter: u64,
