@@ -131,12 +131,17 @@ pub use kiln_ir as ir;
 pub use kiln_passes as passes;
 pub use kiln_runtime as runtime;
 
+/// The examples' and the tour's code, shared with the tests that run them small (not API).
+#[doc(hidden)]
 pub mod demos;
 pub mod dot;
 pub mod npy;
 pub mod plot;
 pub mod serve;
 pub mod stats;
+/// The peers' benchmark workloads, shared by `benches/` and `examples/peer_workloads.rs`
+/// (not API).
+#[doc(hidden)]
 pub mod workloads;
 
 /// The names most programs need.

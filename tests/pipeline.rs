@@ -184,14 +184,14 @@ impl CustomOps for Identity {
 
 /// The passes whose results are bit-identical: everything, with only the exact rules.
 fn exact_pipeline() -> Vec<Box<dyn Pass>> {
-    use kiln::passes::{canonicalize, cse, dce, fold, fusion, simplify};
+    use kiln::passes::{Canonicalize, ConstantFold, Cse, Dce, Fuse, Simplify, simplify};
     vec![
-        Box::new(canonicalize::Canonicalize),
-        Box::new(fold::ConstantFold),
-        Box::new(cse::Cse),
-        Box::new(simplify::Simplify::with_rules(simplify::rules::exact())),
-        Box::new(dce::Dce),
-        Box::new(fusion::Fuse),
+        Box::new(Canonicalize),
+        Box::new(ConstantFold),
+        Box::new(Cse),
+        Box::new(Simplify::with_rules(simplify::rules::exact())),
+        Box::new(Dce),
+        Box::new(Fuse),
     ]
 }
 

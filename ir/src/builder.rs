@@ -21,10 +21,13 @@ use std::collections::{HashMap, HashSet};
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[error("{error} (built at {loc})")]
 pub struct BuildError {
+    /// What is wrong: the op and the message.
     pub error: TypeError,
+    /// The line of the caller that built the op (or the text position, when parsed).
     pub loc: Loc,
 }
 
+/// The result of a builder call.
 pub type BuildResult<T> = Result<T, BuildError>;
 
 /// Builds one function. Values defined inside a region are visible only until that region
@@ -39,6 +42,7 @@ pub struct FunctionBuilder {
 }
 
 impl FunctionBuilder {
+    /// A builder for a new function named `name`, with no arguments yet.
     pub fn new(name: impl Into<String>) -> FunctionBuilder {
         let func = Function::new(name);
         let body = func.body();
@@ -85,6 +89,7 @@ impl FunctionBuilder {
         &self.func
     }
 
+    /// The type of `v`.
     pub fn value_type(&self, v: Value) -> &Type {
         self.func.value_type(v)
     }
@@ -227,6 +232,7 @@ impl FunctionBuilder {
 
     // ----- elementwise -----
 
+    /// `op(x)`, elementwise.
     #[track_caller]
     pub fn unary(&mut self, op: UnaryOp, x: Value) -> BuildResult<Value> {
         self.insert1(Op::Unary(op), &[x])
@@ -241,6 +247,7 @@ impl FunctionBuilder {
             .map(|r| r[0])
     }
 
+    /// The comparison `op(a, b)`, elementwise with NumPy broadcasting; the result is bool.
     #[track_caller]
     pub fn compare(&mut self, op: CompareOp, a: Value, b: Value) -> BuildResult<Value> {
         let loc = Loc::caller();
@@ -301,6 +308,7 @@ impl FunctionBuilder {
 
     // ----- layout -----
 
+    /// `x` converted to `to`; floats to integers saturate (NaN gives 0).
     #[track_caller]
     pub fn cast(&mut self, x: Value, to: DType) -> BuildResult<Value> {
         if self.func.value_type(x).dtype == to {
@@ -325,6 +333,7 @@ impl FunctionBuilder {
         self.insert_at(op, &[x], Vec::new(), loc).map(|r| r[0])
     }
 
+    /// The same elements, row-major, in `shape` (the element counts must agree).
     #[track_caller]
     pub fn reshape(&mut self, x: Value, shape: Shape) -> BuildResult<Value> {
         if self.func.value_type(x).shape == shape {
@@ -333,11 +342,13 @@ impl FunctionBuilder {
         self.insert1(Op::Reshape { shape }, &[x])
     }
 
+    /// The axes of `x` permuted: result axis `i` is axis `perm[i]` of `x`.
     #[track_caller]
     pub fn transpose(&mut self, x: Value, perm: Vec<usize>) -> BuildResult<Value> {
         self.insert1(Op::Transpose { perm }, &[x])
     }
 
+    /// A range of each axis (`AxisSlice::Full` keeps an axis whole).
     #[track_caller]
     pub fn slice(&mut self, x: Value, axes: Vec<AxisSlice>) -> BuildResult<Value> {
         self.insert1(Op::Slice { axes }, &[x])
@@ -360,6 +371,7 @@ impl FunctionBuilder {
         self.insert1(op, &[x])
     }
 
+    /// `xs` joined along `axis`; their other dimensions must agree.
     #[track_caller]
     pub fn concat(&mut self, xs: &[Value], axis: usize) -> BuildResult<Value> {
         self.insert1(Op::Concat { axis }, xs)
@@ -367,6 +379,7 @@ impl FunctionBuilder {
 
     // ----- reductions, contractions, indexing -----
 
+    /// `op` over `axes` of `x`; `keep_dims` keeps them as axes of size 1.
     #[track_caller]
     pub fn reduce(
         &mut self,
@@ -385,6 +398,7 @@ impl FunctionBuilder {
         )
     }
 
+    /// The index of the extreme element along `axis` (i64).
     #[track_caller]
     pub fn arg_reduce(
         &mut self,
@@ -403,6 +417,7 @@ impl FunctionBuilder {
         )
     }
 
+    /// The matrix product `[..., M, K] @ [..., K, N]`, batch dimensions broadcast.
     #[track_caller]
     pub fn matmul(&mut self, a: Value, b: Value) -> BuildResult<Value> {
         self.matmul_t(a, b, false, false)
@@ -424,6 +439,7 @@ impl FunctionBuilder {
         self.insert1(op, &[a, b])
     }
 
+    /// `table` indexed by `indices` along `axis`.
     #[track_caller]
     pub fn gather(&mut self, table: Value, indices: Value, axis: usize) -> BuildResult<Value> {
         self.insert1(Op::Gather { axis }, &[table, indices])
@@ -441,16 +457,19 @@ impl FunctionBuilder {
         self.insert1(Op::ScatterAdd { axis, shape }, &[updates, indices])
     }
 
+    /// Integer `labels` as one-hot vectors of `depth` along a new last axis.
     #[track_caller]
     pub fn one_hot(&mut self, labels: Value, depth: usize, dtype: DType) -> BuildResult<Value> {
         self.insert1(Op::OneHot { depth, dtype }, &[labels])
     }
 
+    /// The index along `axis` of every element of `ty`.
     #[track_caller]
     pub fn iota(&mut self, ty: Type, axis: usize) -> BuildResult<Value> {
         self.insert1(Op::Iota { axis, ty }, &[])
     }
 
+    /// Samples of U(`low`, `high`) of type `ty`, counter-based from `seed`.
     #[track_caller]
     pub fn random_uniform(
         &mut self,
@@ -466,6 +485,7 @@ impl FunctionBuilder {
         self.insert1(Op::Random { dist, seed, ty }, &[])
     }
 
+    /// Samples of N(`mean`, `std`²) of type `ty`, counter-based from `seed`.
     #[track_caller]
     pub fn random_normal(
         &mut self,

@@ -48,8 +48,10 @@ mod tests {
 /// Why a source text is not a valid module.
 #[derive(Debug, thiserror::Error)]
 pub enum SourceError {
+    /// The text did not parse.
     #[error("{0}")]
     Parse(#[from] crate::parse::ParseError),
+    /// The module parsed but does not verify.
     #[error("{0}")]
     Verify(#[from] crate::verify::VerifyErrors),
 }

@@ -27,31 +27,47 @@ pub enum ValueDef {
     Arg(Region, usize),
 }
 
+/// A value: its type, where it is defined, and its name in the text form, if any.
 #[derive(Clone, Debug)]
 pub struct ValueData {
+    /// The value's type.
     pub ty: Type,
+    /// Where the value is defined.
     pub def: ValueDef,
+    /// Its name in the text form (`%logits`); unnamed values print as numbers.
     pub name: Option<String>,
 }
 
+/// An instruction: an op applied to arguments, with its results and regions.
 #[derive(Clone, Debug)]
 pub struct InstData {
+    /// What the instruction computes.
     pub op: Op,
+    /// The operands.
     pub args: Vec<Value>,
+    /// The values it defines.
     pub results: Vec<Value>,
+    /// Its regions (`cond`'s branches, `while`'s condition and body, a `fused` body).
     pub regions: Vec<Region>,
+    /// Where it was built or parsed.
     pub loc: Loc,
 }
 
+/// A region: arguments, instructions in order, and the values it yields.
 #[derive(Clone, Debug, Default)]
 pub struct RegionData {
+    /// The region's arguments (loop-carried values, a fused kernel's operands).
     pub args: Vec<Value>,
+    /// The instructions, in order.
     pub insts: Vec<Inst>,
+    /// The values the region yields.
     pub results: Vec<Value>,
     /// The instruction that owns this region; `None` for a function body.
     pub parent: Option<Inst>,
 }
 
+/// A function: arenas of values, instructions and regions, with the layout (which
+/// instructions each region holds, in order) kept apart from the definitions.
 #[derive(Clone, Debug)]
 pub struct Function {
     name: String,
@@ -65,6 +81,7 @@ pub struct Function {
 }
 
 impl Function {
+    /// An empty function named `name`.
     pub fn new(name: impl Into<String>) -> Function {
         let mut regions = PrimaryMap::new();
         let body = regions.push(RegionData::default());
@@ -79,18 +96,22 @@ impl Function {
         }
     }
 
+    /// Where the function was built or parsed.
     pub fn loc(&self) -> Loc {
         self.loc
     }
 
+    /// Sets where the function was built or parsed.
     pub fn set_loc(&mut self, loc: Loc) {
         self.loc = loc;
     }
 
+    /// The function's name (`@name` in the text form).
     pub fn name(&self) -> &str {
         &self.name
     }
 
+    /// Renames the function.
     pub fn set_name(&mut self, name: impl Into<String>) {
         self.name = name.into();
     }
@@ -100,10 +121,12 @@ impl Function {
         self.body
     }
 
+    /// The function's arguments, in order.
     pub fn args(&self) -> &[Value] {
         &self.regions[self.body].args
     }
 
+    /// The values the function returns, in order.
     pub fn results(&self) -> &[Value] {
         &self.regions[self.body].results
     }
@@ -113,26 +136,32 @@ impl Function {
         &self.result_types
     }
 
+    /// Declares the types the function returns.
     pub fn set_result_types(&mut self, types: Vec<Type>) {
         self.result_types = types;
     }
 
+    /// The types of the arguments, in order.
     pub fn arg_types(&self) -> impl Iterator<Item = &Type> {
         self.args().iter().map(|&v| &self.values[v].ty)
     }
 
+    /// The definition of `v`.
     pub fn value(&self, v: Value) -> &ValueData {
         &self.values[v]
     }
 
+    /// The type of `v`.
     pub fn value_type(&self, v: Value) -> &Type {
         &self.values[v].ty
     }
 
+    /// The name of `v` in the text form, if it has one.
     pub fn value_name(&self, v: Value) -> Option<&str> {
         self.values[v].name.as_deref()
     }
 
+    /// Names (or unnames) `v`.
     pub fn set_value_name(&mut self, v: Value, name: Option<String>) {
         self.values[v].name = name;
     }
@@ -143,18 +172,22 @@ impl Function {
         self.values[v].ty = ty;
     }
 
+    /// The instruction `i`.
     pub fn inst(&self, i: Inst) -> &InstData {
         &self.insts[i]
     }
 
+    /// The instruction `i`, to change.
     pub fn inst_mut(&mut self, i: Inst) -> &mut InstData {
         &mut self.insts[i]
     }
 
+    /// The region `r`.
     pub fn region(&self, r: Region) -> &RegionData {
         &self.regions[r]
     }
 
+    /// The region `r`, to change.
     pub fn region_mut(&mut self, r: Region) -> &mut RegionData {
         &mut self.regions[r]
     }
@@ -164,6 +197,7 @@ impl Function {
         self.values.iter()
     }
 
+    /// How many values the function has defined (an upper bound on value indices).
     pub fn num_values(&self) -> usize {
         self.values.len()
     }
@@ -173,6 +207,7 @@ impl Function {
         self.regions.push(RegionData::default())
     }
 
+    /// Adds an argument of `ty` to `region` and returns it.
     pub fn append_region_arg(&mut self, region: Region, ty: Type, name: Option<String>) -> Value {
         let index = self.regions[region].args.len();
         let v = self.values.push(ValueData {
@@ -230,10 +265,12 @@ impl Function {
         self.regions[region].args = args;
     }
 
+    /// Places `inst` at the end of `region`.
     pub fn append_inst(&mut self, region: Region, inst: Inst) {
         self.regions[region].insts.push(inst);
     }
 
+    /// Sets the values `region` yields.
     pub fn set_region_results(&mut self, region: Region, values: Vec<Value>) {
         self.regions[region].results = values;
     }

@@ -12,14 +12,18 @@ use std::fmt;
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[error("{op}: {message}")]
 pub struct TypeError {
+    /// The op, by its text-form name.
     pub op: &'static str,
+    /// What is wrong, with the types involved.
     pub message: String,
 }
 
 /// The argument and yielded types of one region of the instruction being typed.
 #[derive(Clone, Debug, Default)]
 pub struct RegionTypes<'a> {
+    /// The argument types of each region.
     pub args: Vec<&'a Type>,
+    /// The types each region yields.
     pub results: Vec<&'a Type>,
 }
 

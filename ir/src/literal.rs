@@ -9,12 +9,18 @@ use crate::types::DType;
 use std::fmt;
 use std::hash::{Hash, Hasher};
 
+/// A constant's elements: one (a splat) or all of them, row-major.
 #[derive(Clone, Debug)]
 pub enum Literal {
+    /// f32 elements.
     F32(Vec<f32>),
+    /// f64 elements.
     F64(Vec<f64>),
+    /// i32 elements.
     I32(Vec<i32>),
+    /// i64 elements.
     I64(Vec<i64>),
+    /// bool elements.
     Bool(Vec<bool>),
 }
 
@@ -31,6 +37,7 @@ impl Literal {
         }
     }
 
+    /// The elements' dtype.
     pub fn dtype(&self) -> DType {
         match self {
             Literal::F32(_) => DType::F32,
@@ -41,6 +48,7 @@ impl Literal {
         }
     }
 
+    /// How many elements are written out.
     pub fn len(&self) -> usize {
         match self {
             Literal::F32(v) => v.len(),
@@ -51,6 +59,7 @@ impl Literal {
         }
     }
 
+    /// Whether no element is written out.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }

@@ -2,22 +2,31 @@
 
 use std::fmt;
 
+/// Where an instruction comes from: a line of the caller's Rust, or a position in IR text.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum Loc {
+    /// Not known (built by a pass, say).
     #[default]
     Unknown,
-    /// 1-based line and column in IR text.
-    Text { line: u32, col: u32 },
+    /// A position in IR text.
+    Text {
+        /// The line, from 1.
+        line: u32,
+        /// The column, from 1.
+        col: u32,
+    },
     /// The caller of a builder method (captured with `#[track_caller]`).
     Rust(&'static std::panic::Location<'static>),
 }
 
 impl Loc {
+    /// The location of the caller (through `#[track_caller]` functions).
     #[track_caller]
     pub fn caller() -> Loc {
         Loc::Rust(std::panic::Location::caller())
     }
 
+    /// Whether the location is known.
     pub fn is_known(&self) -> bool {
         !matches!(self, Loc::Unknown)
     }

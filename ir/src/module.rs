@@ -12,28 +12,39 @@ use crate::types::Type;
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Initializer {
     /// Every element `value` (converted to the state's dtype).
-    Constant { value: F64Attr },
+    Constant {
+        /// The value, converted to the state's dtype.
+        value: F64Attr,
+    },
     /// Independent samples from `U[low, high)`.
     Uniform {
+        /// The lower bound.
         low: F64Attr,
+        /// The upper bound.
         high: F64Attr,
+        /// The seed of the counter-based generator.
         seed: u64,
     },
     /// Independent samples from `N(mean, std²)`.
     Normal {
+        /// The mean.
         mean: F64Attr,
+        /// The standard deviation.
         std: F64Attr,
+        /// The seed of the counter-based generator.
         seed: u64,
     },
 }
 
 impl Initializer {
+    /// Every element `value`.
     pub fn constant(value: f64) -> Initializer {
         Initializer::Constant {
             value: F64Attr(value),
         }
     }
 
+    /// Uniform samples in [`low`, `high`).
     pub fn uniform(low: f64, high: f64, seed: u64) -> Initializer {
         Initializer::Uniform {
             low: F64Attr(low),
@@ -42,6 +53,7 @@ impl Initializer {
         }
     }
 
+    /// Normal samples of `mean` and `std`.
     pub fn normal(mean: f64, std: f64, seed: u64) -> Initializer {
         Initializer::Normal {
             mean: F64Attr(mean),
@@ -50,6 +62,7 @@ impl Initializer {
         }
     }
 
+    /// The initializer's name in the text form (`constant`, `uniform`, `normal`).
     pub fn name(&self) -> &'static str {
         match self {
             Initializer::Constant { .. } => "constant",
@@ -58,6 +71,7 @@ impl Initializer {
         }
     }
 
+    /// The attributes the text form prints: `(low=…, high=…, seed=…)`.
     pub fn attributes(&self) -> Vec<(&'static str, Attr)> {
         match *self {
             Initializer::Constant { value } => vec![("value", Attr::Float(value.0))],
@@ -132,11 +146,15 @@ impl Initializer {
 /// A named, typed piece of state: `state @fc1.w : f32[784,512] = normal(...)`.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct StateDecl {
+    /// The state's name (`@name` in the text form).
     pub name: String,
+    /// Its type; the shape is static.
     pub ty: Type,
+    /// Its initial value.
     pub init: Initializer,
 }
 
+/// A module: state declarations and functions.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Module {
     /// State declarations, in the order they print. Names are unique (the verifier checks).
@@ -146,18 +164,22 @@ pub struct Module {
 }
 
 impl Module {
+    /// An empty module.
     pub fn new() -> Module {
         Module::default()
     }
 
+    /// The declaration of state `name`.
     pub fn state(&self, name: &str) -> Option<&StateDecl> {
         self.states.iter().find(|s| s.name == name)
     }
 
+    /// The function named `name`.
     pub fn function(&self, name: &str) -> Option<&Function> {
         self.functions.iter().find(|f| f.name() == name)
     }
 
+    /// The function named `name`, to change.
     pub fn function_mut(&mut self, name: &str) -> Option<&mut Function> {
         self.functions.iter_mut().find(|f| f.name() == name)
     }

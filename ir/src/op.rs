@@ -47,6 +47,7 @@ pub enum DTypeClass {
 }
 
 impl DTypeClass {
+    /// Whether `dtype` is in the class.
     pub fn admits(self, dtype: DType) -> bool {
         match self {
             DTypeClass::Float => dtype.is_float(),
@@ -56,6 +57,7 @@ impl DTypeClass {
         }
     }
 
+    /// The class in words, for error messages.
     pub fn describe(self) -> &'static str {
         match self {
             DTypeClass::Float => "a float type (f32, f64)",
@@ -307,17 +309,34 @@ impl Hash for F64Attr {
 /// The distribution a `random_*` op samples.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Distribution {
-    Uniform { low: F64Attr, high: F64Attr },
-    Normal { mean: F64Attr, std: F64Attr },
+    /// Uniform samples in [`low`, `high`).
+    Uniform {
+        /// The lower bound.
+        low: F64Attr,
+        /// The upper bound.
+        high: F64Attr,
+    },
+    /// Normal samples of `mean` and `std`.
+    Normal {
+        /// The mean.
+        mean: F64Attr,
+        /// The standard deviation.
+        std: F64Attr,
+    },
 }
 
 /// The range a `slice` takes along one axis: `start..end` by `step`, or the whole axis.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum AxisSlice {
+    /// The whole axis.
     Full,
+    /// `start..end` by `step` (the text form writes `start:end:step`).
     Range {
+        /// The first index.
         start: usize,
+        /// One past the last index.
         end: usize,
+        /// The distance between indices (at least 1).
         step: usize,
     },
 }
@@ -352,94 +371,133 @@ impl fmt::Display for AxisSlice {
 pub enum Op {
     /// A constant: one element (splat) or every element of a static shape.
     Const {
+        /// The elements.
         value: Literal,
+        /// The constant's type.
         ty: Type,
     },
+    /// An elementwise function of one operand (a row of the unary table).
     Unary(UnaryOp),
+    /// An elementwise function of two operands (a row of the binary table).
     Binary(BinaryOp),
+    /// An elementwise comparison (a row of the comparison table).
     Compare(CompareOp),
     /// `select %cond, %on_true, %on_false`, elementwise; all three have one shape.
     Select,
     /// Converts the element type; floats to integers saturate (NaN gives 0).
     Cast {
+        /// The target dtype.
         to: DType,
     },
     /// Stretches dimensions of size 1 and prepends dimensions, NumPy-style, to `shape`.
     Broadcast {
+        /// The result shape.
         shape: Shape,
     },
     /// Same elements in row-major order, new shape.
     Reshape {
+        /// The result shape.
         shape: Shape,
     },
     /// Result axis `i` is operand axis `perm[i]`.
     Transpose {
+        /// The permutation of the axes.
         perm: Vec<usize>,
     },
+    /// A range of each axis.
     Slice {
+        /// The range taken along each axis.
         axes: Vec<AxisSlice>,
     },
     /// Zero padding: `low` before, `high` after, and `interior` between the elements of each
     /// axis (so a strided slice's gradient is a pad).
     Pad {
+        /// Zeros before each axis.
         low: Vec<usize>,
+        /// Zeros after each axis.
         high: Vec<usize>,
+        /// Zeros between the elements of each axis.
         interior: Vec<usize>,
     },
+    /// Operands joined along an axis.
     Concat {
+        /// The axis joined along.
         axis: usize,
     },
+    /// A reduction over a set of axes.
     Reduce {
+        /// The reduction.
         op: ReduceOp,
+        /// The axes reduced.
         axes: Vec<usize>,
+        /// Whether the reduced axes stay, with size 1.
         keep_dims: bool,
     },
+    /// The index of the extreme element along one axis.
     ArgReduce {
+        /// Which extreme.
         op: ArgOp,
+        /// The axis searched.
         axis: usize,
+        /// Whether the axis stays, with size 1.
         keep_dims: bool,
     },
     /// `[..., M, K] @ [..., K, N]`; batch dimensions broadcast NumPy-style; the flags transpose
     /// the last two axes of an operand first.
     MatMul {
+        /// Whether the left operand's last two axes are swapped first.
         transpose_a: bool,
+        /// Whether the right operand's last two axes are swapped first.
         transpose_b: bool,
     },
     /// `table[..., indices, ...]` along `axis`: result shape
     /// `table[..axis] ++ indices ++ table[axis+1..]`.
     Gather {
+        /// The axis indexed.
         axis: usize,
     },
     /// The transpose of `gather`: zeros of `shape` with `updates` added at `indices` along
     /// `axis` (repeated indices accumulate). Operands: updates, indices.
     ScatterAdd {
+        /// The axis indexed.
         axis: usize,
+        /// The result shape.
         shape: Shape,
     },
     /// Integer labels to one-hot vectors along a new last axis of size `depth`.
     OneHot {
+        /// The size of the new last axis.
         depth: usize,
+        /// The result dtype.
         dtype: DType,
     },
     /// The index along `axis`, for every element of `ty`.
     Iota {
+        /// The axis whose index each element holds.
         axis: usize,
+        /// The result type.
         ty: Type,
     },
     /// Seeded samples. The same seed gives the same numbers within one run; the runtime
     /// advances a run counter so that successive runs draw fresh numbers, reproducibly.
     Random {
+        /// The distribution sampled.
         dist: Distribution,
+        /// The seed.
         seed: u64,
+        /// The result type.
         ty: Type,
     },
     /// Reads a state variable as it was when the function was called.
     Load {
+        /// The state read.
         state: String,
+        /// Its type.
         ty: Type,
     },
     /// Writes a state variable; stores take effect when the function returns.
     Store {
+        /// The state written.
         state: String,
     },
     /// `cond %pred` with regions `then` and `else`, each yielding the results.
@@ -452,7 +510,9 @@ pub enum Op {
     Fused,
     /// A registered custom op, with its result types stated.
     Call {
+        /// The registered name of the custom op.
         callee: String,
+        /// Its result types.
         results: Vec<Type>,
     },
 }
@@ -464,7 +524,9 @@ pub enum OpClass {
     Elementwise,
     /// Moves or replicates elements without arithmetic.
     Layout,
+    /// Reads many elements per result.
     Reduction,
+    /// Multiply-accumulates over a contracted axis.
     Contraction,
     /// Reads elements at data-dependent positions.
     Indexing,
@@ -474,6 +536,7 @@ pub enum OpClass {
     Effect,
     /// Ops with regions.
     Control,
+    /// Custom-op calls.
     Call,
 }
 
@@ -482,9 +545,13 @@ pub enum OpClass {
 pub enum Attr {
     /// Wide enough for every i64 and u64 (seeds).
     Int(i128),
+    /// A number with a fraction or exponent.
     Float(f64),
+    /// `true` or `false`.
     Bool(bool),
+    /// A list of integers: `[0, 1]`.
     Ints(Vec<i64>),
+    /// A list of ranges: `[0:2, :]`.
     Slices(Vec<AxisSlice>),
 }
 
@@ -518,9 +585,13 @@ fn write_list<T: fmt::Display>(f: &mut fmt::Formatter<'_>, items: &[T]) -> fmt::
 /// The pieces of an op as the text form spells them, from which [`Op::from_parts`] rebuilds it.
 /// `const` is the one op with a literal; the parser builds it directly.
 pub struct OpParts<'a> {
+    /// The op's name.
     pub name: &'a str,
+    /// The `@name` after it, if any.
     pub symbol: Option<&'a str>,
+    /// The attributes in braces.
     pub attrs: &'a [(String, Attr)],
+    /// The result types after the colon.
     pub result_types: &'a [Type],
 }
 
@@ -564,6 +635,7 @@ impl Op {
         }
     }
 
+    /// The op's broad class.
     pub fn class(&self) -> OpClass {
         match self {
             Op::Unary(_) | Op::Binary(_) | Op::Compare(_) | Op::Select | Op::Cast { .. } => {

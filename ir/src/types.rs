@@ -12,16 +12,23 @@ use std::sync::Arc;
 /// The element type of a tensor.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum DType {
+    /// 32-bit float.
     F32,
+    /// 64-bit float.
     F64,
+    /// 32-bit signed integer.
     I32,
+    /// 64-bit signed integer.
     I64,
+    /// Boolean (one byte per element in memory).
     Bool,
 }
 
 impl DType {
+    /// Every dtype.
     pub const ALL: [DType; 5] = [DType::F32, DType::F64, DType::I32, DType::I64, DType::Bool];
 
+    /// The dtype's name in the text form (`f32`).
     pub fn name(self) -> &'static str {
         match self {
             DType::F32 => "f32",
@@ -32,14 +39,17 @@ impl DType {
         }
     }
 
+    /// The dtype named `name`.
     pub fn from_name(name: &str) -> Option<DType> {
         DType::ALL.into_iter().find(|d| d.name() == name)
     }
 
+    /// Whether the dtype is f32 or f64.
     pub fn is_float(self) -> bool {
         matches!(self, DType::F32 | DType::F64)
     }
 
+    /// Whether the dtype is i32 or i64.
     pub fn is_int(self) -> bool {
         matches!(self, DType::I32 | DType::I64)
     }
@@ -49,6 +59,7 @@ impl DType {
         self != DType::Bool
     }
 
+    /// The bytes one element takes.
     pub fn size_bytes(self) -> usize {
         match self {
             DType::F32 | DType::I32 => 4,
@@ -69,10 +80,12 @@ impl fmt::Display for DType {
 pub struct Symbol(Arc<str>);
 
 impl Symbol {
+    /// The symbol `name`.
     pub fn new(name: &str) -> Symbol {
         Symbol(Arc::from(name))
     }
 
+    /// The symbol's name.
     pub fn as_str(&self) -> &str {
         &self.0
     }
@@ -87,15 +100,19 @@ impl fmt::Display for Symbol {
 /// One dimension of a shape.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Dim {
+    /// A size known when the program is built.
     Fixed(usize),
+    /// A size bound when the function runs (a batch size, say).
     Sym(Symbol),
 }
 
 impl Dim {
+    /// The symbolic dimension `name`.
     pub fn sym(name: &str) -> Dim {
         Dim::Sym(Symbol::new(name))
     }
 
+    /// The size, if it is fixed.
     pub fn as_fixed(&self) -> Option<usize> {
         match *self {
             Dim::Fixed(n) => Some(n),
@@ -103,6 +120,7 @@ impl Dim {
         }
     }
 
+    /// Whether the dimension is fixed at 1.
     pub fn is_one(&self) -> bool {
         *self == Dim::Fixed(1)
     }
@@ -137,22 +155,27 @@ pub type SymbolBindings = BTreeMap<Symbol, usize>;
 pub struct Shape(pub Vec<Dim>);
 
 impl Shape {
+    /// The shape of a scalar (rank 0).
     pub fn scalar() -> Shape {
         Shape(Vec::new())
     }
 
+    /// A shape of fixed sizes.
     pub fn fixed(dims: &[usize]) -> Shape {
         Shape(dims.iter().map(|&d| Dim::Fixed(d)).collect())
     }
 
+    /// The number of dimensions.
     pub fn rank(&self) -> usize {
         self.0.len()
     }
 
+    /// The dimensions, outermost first.
     pub fn dims(&self) -> &[Dim] {
         &self.0
     }
 
+    /// Whether every dimension is fixed.
     pub fn is_static(&self) -> bool {
         self.0.iter().all(|d| matches!(d, Dim::Fixed(_)))
     }
@@ -169,6 +192,7 @@ impl Shape {
             .try_fold(1usize, |acc, d| acc.checked_mul(d.as_fixed()?))
     }
 
+    /// The symbols the shape uses, in order (with repeats).
     pub fn symbols(&self) -> impl Iterator<Item = &Symbol> {
         self.0.iter().filter_map(|d| match d {
             Dim::Sym(s) => Some(s),
@@ -281,11 +305,14 @@ impl fmt::Display for Shape {
 /// The type of a value: element type and shape, printed `f32[N,784]`.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Type {
+    /// The element type.
     pub dtype: DType,
+    /// The dimensions.
     pub shape: Shape,
 }
 
 impl Type {
+    /// A type of `dtype` and `shape`.
     pub fn new(dtype: DType, shape: impl Into<Shape>) -> Type {
         Type {
             dtype,
@@ -293,18 +320,22 @@ impl Type {
         }
     }
 
+    /// The scalar type of `dtype`.
     pub fn scalar(dtype: DType) -> Type {
         Type::new(dtype, Shape::scalar())
     }
 
+    /// The number of dimensions.
     pub fn rank(&self) -> usize {
         self.shape.rank()
     }
 
+    /// The same shape with another dtype.
     pub fn with_dtype(&self, dtype: DType) -> Type {
         Type::new(dtype, self.shape.clone())
     }
 
+    /// The same dtype with another shape.
     pub fn with_shape(&self, shape: Shape) -> Type {
         Type::new(self.dtype, shape)
     }

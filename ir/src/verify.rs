@@ -15,6 +15,7 @@ use crate::types::{Symbol, Type};
 use std::collections::{HashMap, HashSet};
 use std::fmt;
 
+/// A verifier error: which function and instruction, where, and what is wrong.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct VerifyError {
     /// The function, if the error is inside one.
@@ -25,6 +26,7 @@ pub struct VerifyError {
     pub loc: Loc,
     /// The instruction as one line of text, when there is one.
     pub context: Option<String>,
+    /// What is wrong.
     pub message: String,
 }
 

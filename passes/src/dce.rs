@@ -24,7 +24,7 @@ impl Pass for Dce {
 }
 
 /// Whether `inst` or anything in its regions has effects.
-pub fn has_effects(func: &Function, inst: Inst) -> bool {
+pub(crate) fn has_effects(func: &Function, inst: Inst) -> bool {
     let data = func.inst(inst);
     data.op.has_side_effects()
         || data

@@ -13,7 +13,7 @@ use kiln_ir::{Function, Literal, Module, Op, OpClass, Region, Type, Value};
 use std::collections::HashMap;
 
 /// The largest constant folding produces.
-pub const MAX_ELEMENTS: usize = 1024;
+pub(crate) const MAX_ELEMENTS: usize = 1024;
 
 pub struct ConstantFold;
 

@@ -44,7 +44,7 @@ impl Pass for Fuse {
 }
 
 /// Ops a fused kernel computes.
-pub fn fusible(op: &Op) -> bool {
+pub(crate) fn fusible(op: &Op) -> bool {
     matches!(
         op,
         Op::Unary(_)
@@ -57,7 +57,7 @@ pub fn fusible(op: &Op) -> bool {
 }
 
 /// Ops that are index arithmetic: copied into every group that uses them.
-pub fn duplicable(op: &Op) -> bool {
+pub(crate) fn duplicable(op: &Op) -> bool {
     match op {
         Op::Broadcast { .. } | Op::Iota { .. } => true,
         Op::Const { value, .. } => value.len() == 1,

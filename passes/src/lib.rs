@@ -15,15 +15,21 @@
 #![forbid(unsafe_code)]
 
 pub mod autodiff;
-pub mod canonicalize;
-pub mod cse;
-pub mod dce;
-pub mod fold;
-pub mod fusion;
+mod canonicalize;
+mod cse;
+mod dce;
+mod fold;
+mod fusion;
 pub mod manager;
 pub mod prune;
 pub mod simplify;
 
 pub use autodiff::{AutodiffError, Wrt, append_gradients, gradient_function};
+pub use canonicalize::Canonicalize;
+pub use cse::Cse;
+pub use dce::Dce;
+pub use fold::ConstantFold;
+pub use fusion::Fuse;
 pub use manager::{Pass, PassError, PassManager, PassReport, Stats};
 pub use prune::prune;
+pub use simplify::Simplify;

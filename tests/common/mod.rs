@@ -43,7 +43,12 @@ pub(crate) fn i32s(shape: &[usize], data: &[i32]) -> Array {
     Array::I32(ArrayD::from_shape_vec(IxDyn(shape), data.to_vec()).unwrap())
 }
 
-pub(crate) fn run(module: &Module, func: &str, args: Vec<Array>, state: &mut StateStore) -> Vec<Array> {
+pub(crate) fn run(
+    module: &Module,
+    func: &str,
+    args: Vec<Array>,
+    state: &mut StateStore,
+) -> Vec<Array> {
     Interpreter::new(module)
         .run(func, args, state)
         .unwrap_or_else(|e| panic!("{e}"))

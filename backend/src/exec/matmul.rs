@@ -15,7 +15,7 @@ const PARALLEL_FLOPS: usize = 256 * 256 * 256;
 
 /// Computes `a @ b` (each operand's last two axes transposed first when asked) into `out`,
 /// which has the result's shape.
-pub fn matmul(
+pub(crate) fn matmul(
     a: &Array,
     b: &Array,
     out: &mut Array,

@@ -8,8 +8,8 @@
 //! written only when the whole run succeeds. The one exception is planned: a parameter or
 //! optimizer state updated in place is written by a step after which nothing can fail.
 
-pub mod matmul;
-pub mod schedule;
+pub(crate) mod matmul;
+pub(crate) mod schedule;
 
 use crate::interp::{Env, InterpError, Interpreter, kernels};
 use crate::{Array, StateStore, debug};

@@ -10,7 +10,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 /// What a step does.
-pub enum StepKind {
+pub(crate) enum StepKind {
     /// A compiled kernel; `symbols[i]` is the schedule's index of the kernel's symbol `i`.
     Kernel {
         kernel: Arc<Kernel>,
@@ -46,7 +46,7 @@ pub enum StepKind {
 
 /// Where a step's output buffer comes from.
 #[derive(Clone, Debug, PartialEq)]
-pub enum Output {
+pub(crate) enum Output {
     /// A buffer slot of the arena.
     Slot(usize),
     /// The buffer of input `input`, whose last use this is (the slot it owns passes on).
@@ -62,7 +62,7 @@ pub enum Output {
     External,
 }
 
-pub struct Step {
+pub(crate) struct Step {
     pub inst: Inst,
     pub kind: StepKind,
     /// Operands, and for interpreted steps the free values of their regions.
@@ -80,16 +80,16 @@ pub struct Step {
 
 /// A shape in terms of the schedule's symbols.
 #[derive(Clone, Debug, PartialEq)]
-pub struct ShapeRecipe(pub Vec<DimRecipe>);
+pub(crate) struct ShapeRecipe(pub Vec<DimRecipe>);
 
 #[derive(Clone, Copy, Debug, PartialEq)]
-pub enum DimRecipe {
+pub(crate) enum DimRecipe {
     Fixed(usize),
     Symbol(usize),
 }
 
 impl ShapeRecipe {
-    pub fn resolve_into(&self, sizes: &[i64], out: &mut Vec<usize>) {
+    pub(crate) fn resolve_into(&self, sizes: &[i64], out: &mut Vec<usize>) {
         out.clear();
         out.extend(self.0.iter().map(|d| match *d {
             DimRecipe::Fixed(n) => n,
@@ -98,7 +98,7 @@ impl ShapeRecipe {
     }
 }
 
-pub struct Schedule {
+pub(crate) struct Schedule {
     pub steps: Vec<Step>,
     /// The dtype of each slot's buffer.
     pub slots: Vec<DType>,
@@ -111,7 +111,7 @@ pub struct Schedule {
 }
 
 impl Schedule {
-    pub fn new(func: &Function) -> Schedule {
+    pub(crate) fn new(func: &Function) -> Schedule {
         let mut symbols: Vec<Symbol> = Vec::new();
         for (_, v) in func.all_values() {
             for s in v.ty.shape.symbols() {
@@ -498,7 +498,7 @@ fn step_kind(
 }
 
 /// A `fused` instruction's region as a kernel function of its own.
-pub fn region_function(func: &Function, inst: Inst) -> Function {
+pub(crate) fn region_function(func: &Function, inst: Inst) -> Function {
     let region = func.inst(inst).regions[0];
     let data = func.region(region);
     let mut b = FunctionBuilder::new("kernel");

@@ -17,9 +17,9 @@
 //! so no kernel is compiled twice in a process. `KILN_DEBUG=1` reports each kernel compiled,
 //! `2` also prints its Cranelift IR, `3` its machine code.
 
-pub mod codegen;
+pub(crate) mod codegen;
 mod math;
-pub mod plan;
+pub(crate) mod plan;
 
 use crate::Array;
 use crate::debug;

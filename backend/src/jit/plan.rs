@@ -30,7 +30,7 @@ pub enum Buffer {
 }
 
 /// For each axis of a value, the domain axis that indexes it (`None`: always index 0).
-pub type Mapping = Vec<Option<u8>>;
+pub(crate) type Mapping = Vec<Option<u8>>;
 
 #[derive(Clone, Debug)]
 pub struct Stage {
@@ -77,7 +77,7 @@ pub struct KernelPlan {
 }
 
 /// Ops a kernel computes.
-pub fn supported(func: &Function, op: &Op, args: &[Value], result: Value) -> bool {
+pub(crate) fn supported(func: &Function, op: &Op, args: &[Value], result: Value) -> bool {
     match op {
         Op::Unary(_) | Op::Binary(_) | Op::Compare(_) | Op::Select | Op::Cast { .. } => true,
         Op::Broadcast { .. } | Op::Iota { .. } | Op::Reduce { .. } => true,
@@ -91,7 +91,7 @@ pub fn supported(func: &Function, op: &Op, args: &[Value], result: Value) -> boo
 }
 
 /// Whether a reshape from `from` to `to` only inserts or removes axes of size 1.
-pub fn is_unit_reshape(from: &Shape, to: &Shape) -> bool {
+pub(crate) fn is_unit_reshape(from: &Shape, to: &Shape) -> bool {
     let non_unit = |s: &Shape| {
         s.0.iter()
             .filter(|d| !d.is_one())
@@ -491,7 +491,7 @@ impl KernelPlan {
 
 /// Whether `op` evaluates a transcendental function per element (a polynomial or a call),
 /// which costs an order of magnitude more than arithmetic: the op table's cost class.
-pub fn is_transcendental(op: &Op) -> bool {
+pub(crate) fn is_transcendental(op: &Op) -> bool {
     op.cost() == Cost::Transcendental
 }
 

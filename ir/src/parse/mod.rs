@@ -21,9 +21,12 @@ use std::fmt;
 /// The deepest nesting of regions or literal brackets the parser accepts.
 const MAX_DEPTH: usize = 64;
 
+/// A parse error at a line and column of the text.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ParseError {
+    /// The line, from 1.
     pub line: u32,
+    /// The column, from 1.
     pub col: u32,
     /// The offending token as written (`end of input` at the end).
     pub token: String,

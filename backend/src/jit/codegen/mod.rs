@@ -87,7 +87,7 @@ impl Work {
 }
 
 /// Builds stage `stage` of `plan` into `func`, whose signature is the kernel ABI.
-pub fn build_stage(
+pub(crate) fn build_stage(
     module: &mut JITModule,
     func: &mut cranelift_codegen::ir::Function,
     builder_ctx: &mut FunctionBuilderContext,
