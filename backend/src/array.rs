@@ -6,12 +6,18 @@ use kiln_ir::{DType, Literal, Shape, Type};
 use ndarray::{ArrayD, IxDyn};
 use std::fmt;
 
+/// An n-dimensional array of one of Kiln's dtypes, row-major (or any ndarray layout).
 #[derive(Clone, Debug, PartialEq)]
 pub enum Array {
+    /// f32 elements.
     F32(ArrayD<f32>),
+    /// f64 elements.
     F64(ArrayD<f64>),
+    /// i32 elements.
     I32(ArrayD<i32>),
+    /// i64 elements.
     I64(ArrayD<i64>),
+    /// bool elements.
     Bool(ArrayD<bool>),
 }
 
@@ -44,6 +50,7 @@ macro_rules! map_array {
 }
 
 impl Array {
+    /// The element type.
     pub fn dtype(&self) -> DType {
         match self {
             Array::F32(_) => DType::F32,
@@ -54,14 +61,17 @@ impl Array {
         }
     }
 
+    /// The dimensions, outermost first.
     pub fn shape(&self) -> &[usize] {
         with_array!(self, a => a.shape())
     }
 
+    /// The number of elements.
     pub fn len(&self) -> usize {
         with_array!(self, a => a.len())
     }
 
+    /// Whether the array has no elements.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
@@ -187,6 +197,7 @@ impl Array {
         })
     }
 
+    /// The address of the first element, to write (the array must be contiguous).
     pub fn data_mut_ptr(&mut self) -> *mut u8 {
         with_array!(self, a => {
             debug_assert!(a.is_standard_layout());
@@ -238,6 +249,7 @@ impl Array {
 
 /// The element types an [`Array`] holds, for typed access: `array.as_ndarray::<f32>()`.
 pub trait Element: Sized + Clone {
+    /// The array's elements, if it holds this element type.
     fn view(array: &Array) -> Option<&ArrayD<Self>>;
 }
 

@@ -3,6 +3,7 @@
 
 use std::sync::OnceLock;
 
+/// The `KILN_DEBUG` level (0 when unset): 1 lists kernels, 2 adds Cranelift IR, 3 machine code.
 pub fn level() -> u32 {
     static LEVEL: OnceLock<u32> = OnceLock::new();
     *LEVEL.get_or_init(|| {

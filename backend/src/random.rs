@@ -21,6 +21,7 @@ pub struct Stream {
 }
 
 impl Stream {
+    /// The stream for `seed` at run `counter`.
     pub fn new(seed: u64, counter: u64) -> Stream {
         Stream {
             state: mix(mix(seed.wrapping_add(GAMMA)) ^ counter.wrapping_mul(GAMMA)),

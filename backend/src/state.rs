@@ -15,6 +15,7 @@ pub struct StateStore {
 }
 
 impl StateStore {
+    /// An empty store.
     pub fn new() -> StateStore {
         StateStore::default()
     }
@@ -37,6 +38,7 @@ impl StateStore {
         Ok(())
     }
 
+    /// The value of state `name`.
     pub fn get(&self, name: &str) -> Option<&Array> {
         self.values.get(name).map(|v| &**v)
     }
@@ -51,10 +53,12 @@ impl StateStore {
         self.values.get_mut(name)
     }
 
+    /// Sets state `name` to `value`.
     pub fn insert(&mut self, name: impl Into<String>, value: Array) {
         self.values.insert(name.into(), Arc::new(value));
     }
 
+    /// Sets state `name` to a shared `value`.
     pub fn insert_shared(&mut self, name: impl Into<String>, value: Arc<Array>) {
         self.values.insert(name.into(), value);
     }
@@ -68,18 +72,22 @@ impl StateStore {
         self.values.insert(name.into(), value)
     }
 
+    /// Takes state `name` out of the store.
     pub fn remove(&mut self, name: &str) -> Option<Arc<Array>> {
         self.values.remove(name)
     }
 
+    /// Every state value, by name.
     pub fn iter(&self) -> impl Iterator<Item = (&str, &Array)> {
         self.values.iter().map(|(k, v)| (k.as_str(), &**v))
     }
 
+    /// How many state values the store holds.
     pub fn len(&self) -> usize {
         self.values.len()
     }
 
+    /// Whether the store is empty.
     pub fn is_empty(&self) -> bool {
         self.values.is_empty()
     }

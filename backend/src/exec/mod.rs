@@ -98,6 +98,7 @@ struct Counters {
 /// What an executable did so far, and how it is built.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ExecStats {
+    /// How many times the executable has run.
     pub runs: u64,
     /// Buffers allocated (a warm run allocates only its results, which it hands over).
     pub allocations: u64,
@@ -107,8 +108,11 @@ pub struct ExecStats {
     pub in_place: u64,
     /// Steps run by the interpreter.
     pub interpreted: u64,
+    /// Steps in the schedule.
     pub steps: usize,
+    /// Steps that call a compiled kernel.
     pub kernels: usize,
+    /// Buffer slots the memory plan uses.
     pub slots: usize,
 }
 
@@ -175,10 +179,12 @@ impl Executable {
         self
     }
 
+    /// The function the executable runs.
     pub fn function(&self) -> &Function {
         &self.func
     }
 
+    /// What the executable has done so far: allocations, reuses, in-place writes.
     pub fn stats(&self) -> ExecStats {
         let c = &self.counters;
         let get = |a: &AtomicU64| a.load(Ordering::Relaxed);

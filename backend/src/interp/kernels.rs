@@ -28,9 +28,13 @@ fn mismatch(op: &str, a: &Array, b: &Array) -> String {
 
 /// The float operations the kernels need beyond `num_traits::Float`.
 pub trait FloatElem: num_traits::Float + Copy + 'static {
+    /// The error function.
     fn erf(self) -> Self;
+    /// Rounds half to even.
     fn round_even(self) -> Self;
+    /// The value as f64.
     fn as_f64(self) -> f64;
+    /// The f64 `v`, rounded to this type.
     fn from_f64(v: f64) -> Self;
 }
 
@@ -66,14 +70,21 @@ impl FloatElem for f64 {
 
 /// Wrapping integer arithmetic for i32 and i64.
 pub trait IntElem: Copy + Ord + 'static {
+    /// Zero.
     const ZERO: Self;
+    /// Addition that wraps on overflow.
     fn wrapping_add(self, o: Self) -> Self;
+    /// Subtraction that wraps on overflow.
     fn wrapping_sub(self, o: Self) -> Self;
+    /// Multiplication that wraps on overflow.
     fn wrapping_mul(self, o: Self) -> Self;
+    /// Negation that wraps (`-MIN` is `MIN`).
     fn wrapping_neg(self) -> Self;
+    /// Absolute value that wraps (`|MIN|` is `MIN`).
     fn wrapping_abs(self) -> Self;
     /// `None` when `o` is zero.
     fn checked_trunc_div(self, o: Self) -> Option<Self>;
+    /// -1, 0 or 1.
     fn signum(self) -> Self;
 }
 
@@ -122,6 +133,7 @@ fn standard<T: Clone>(a: ArrayViewD<'_, T>) -> ArrayD<T> {
 
 // ----- elementwise -----
 
+/// `op(x)`, elementwise.
 pub fn unary(op: UnaryOp, x: &Array) -> KernelResult<Array> {
     Ok(match x {
         Array::F32(a) => Array::F32(unary_float(op, a)?),
@@ -241,6 +253,7 @@ fn zip_same<T: Copy>(
     zip_map(x, y, f)
 }
 
+/// `op(a, b)`, elementwise, on operands of one type.
 pub fn binary(op: BinaryOp, a: &Array, b: &Array) -> KernelResult<Array> {
     Ok(match (a, b) {
         (Array::F32(x), Array::F32(y)) => Array::F32(binary_float(op, x, y)?),
@@ -307,6 +320,7 @@ fn binary_bool(op: BinaryOp, x: &ArrayD<bool>, y: &ArrayD<bool>) -> KernelResult
     zip_map(x, y, f)
 }
 
+/// The comparison `op(a, b)`, elementwise: a bool array.
 pub fn compare(op: CompareOp, a: &Array, b: &Array) -> KernelResult<Array> {
     fn typed<T: PartialOrd + Copy>(
         op: CompareOp,
@@ -333,6 +347,7 @@ pub fn compare(op: CompareOp, a: &Array, b: &Array) -> KernelResult<Array> {
     }))
 }
 
+/// `cond ? a : b`, elementwise.
 pub fn select(cond: &Array, a: &Array, b: &Array) -> KernelResult<Array> {
     let Array::Bool(c) = cond else {
         return Err(format!("the condition must be bool, found {}", cond.ty()));
@@ -358,11 +373,13 @@ pub fn select(cond: &Array, a: &Array, b: &Array) -> KernelResult<Array> {
 
 // ----- layout -----
 
+/// `x` broadcast to `shape`, NumPy-style.
 pub fn broadcast(x: &Array, shape: &[usize]) -> KernelResult<Array> {
     let fail = || format!("{:?} does not broadcast to {shape:?}", x.shape());
     Ok(map_array!(x, a => standard(a.broadcast(IxDyn(shape)).ok_or_else(fail)?)))
 }
 
+/// The elements of `x`, row-major, in `shape`.
 pub fn reshape(x: &Array, shape: &[usize]) -> KernelResult<Array> {
     if shape.iter().product::<usize>() != x.len() {
         return Err(format!("cannot reshape {:?} to {shape:?}", x.shape()));
@@ -373,6 +390,7 @@ pub fn reshape(x: &Array, shape: &[usize]) -> KernelResult<Array> {
     )
 }
 
+/// The axes of `x` permuted by `perm`.
 pub fn transpose(x: &Array, perm: &[usize]) -> KernelResult<Array> {
     let mut seen = vec![false; x.shape().len()];
     let valid = perm.len() == seen.len()
@@ -385,6 +403,7 @@ pub fn transpose(x: &Array, perm: &[usize]) -> KernelResult<Array> {
     Ok(map_array!(x, a => standard(a.view().permuted_axes(IxDyn(perm)))))
 }
 
+/// A range of each axis of `x`.
 pub fn slice(x: &Array, axes: &[AxisSlice]) -> KernelResult<Array> {
     if axes.len() != x.shape().len() {
         return Err(format!(
@@ -444,6 +463,7 @@ pub fn pad(x: &Array, low: &[usize], high: &[usize], interior: &[usize]) -> Kern
     Ok(out)
 }
 
+/// `xs` joined along `axis`.
 pub fn concat(xs: &[&Array], axis: usize) -> KernelResult<Array> {
     let Some(first) = xs.first() else {
         return Err("concat of nothing".into());
@@ -497,6 +517,7 @@ fn fold_axes<T: Clone, A: Clone>(
     acc
 }
 
+/// `op` over `axes` of `x`.
 pub fn reduce(op: ReduceOp, x: &Array, axes: &[usize], keep_dims: bool) -> KernelResult<Array> {
     let rank = x.shape().len();
     if let Some(&bad) = axes.iter().find(|&&a| a >= rank) {
@@ -567,6 +588,7 @@ fn reduce_int<T: IntElem + num_traits::Bounded>(
     })
 }
 
+/// The index of the extreme element of `x` along `axis`.
 pub fn arg_reduce(op: ArgOp, x: &Array, axis: usize, keep_dims: bool) -> KernelResult<Array> {
     let rank = x.shape().len();
     if axis >= rank {
@@ -630,6 +652,7 @@ fn broadcast_dims(a: &[usize], b: &[usize]) -> Option<Vec<usize>> {
         .collect()
 }
 
+/// The batched matrix product, each operand's last two axes swapped first if asked.
 pub fn matmul(a: &Array, b: &Array, transpose_a: bool, transpose_b: bool) -> KernelResult<Array> {
     Ok(match (a, b) {
         (Array::F32(x), Array::F32(y)) => {
@@ -736,6 +759,7 @@ fn indices(idx: &Array) -> KernelResult<Vec<i64>> {
     }
 }
 
+/// `table` indexed by `idx` along `axis`.
 pub fn gather(table: &Array, idx: &Array, axis: usize) -> KernelResult<Array> {
     let rank = table.shape().len();
     if axis >= rank {
@@ -849,6 +873,7 @@ pub fn scatter_add(
     Ok(out)
 }
 
+/// Integer labels as one-hot vectors of `depth`.
 pub fn one_hot(labels: &Array, depth: usize, dtype: DType) -> KernelResult<Array> {
     let mut shape = labels.shape().to_vec();
     shape.push(depth);
@@ -890,6 +915,7 @@ pub fn one_hot_into(labels: &Array, depth: usize, out: &mut Array) -> KernelResu
     }
 }
 
+/// The index along `axis` of every element of `shape`.
 pub fn iota(shape: &[usize], axis: usize, dtype: DType) -> KernelResult<Array> {
     if axis >= shape.len() {
         return Err(format!(

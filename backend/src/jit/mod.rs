@@ -36,10 +36,13 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 
+/// Why a region could not be compiled.
 #[derive(Debug, thiserror::Error)]
 pub enum JitError {
+    /// The region uses something kernels do not compile.
     #[error("the kernel compiler does not support {0}")]
     Unsupported(String),
+    /// Cranelift failed (a bug in Kiln).
     #[error("Cranelift rejected a kernel: {0}")]
     Codegen(String),
 }
@@ -47,11 +50,14 @@ pub enum JitError {
 /// What a kernel reports instead of trapping.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Status {
+    /// An integer division by zero.
     IntegerDivisionByZero = 1,
+    /// A max, min or arg reduction over an empty axis.
     EmptyReduction = 2,
 }
 
 impl Status {
+    /// The status a kernel returned, if `code` is not success.
     pub fn from_code(code: i32) -> Option<Status> {
         match code {
             1 => Some(Status::IntegerDivisionByZero),
@@ -60,6 +66,7 @@ impl Status {
         }
     }
 
+    /// What went wrong, in words.
     pub fn message(self) -> &'static str {
         match self {
             Status::IntegerDivisionByZero => "integer division by zero",
@@ -71,8 +78,10 @@ impl Status {
 /// How a kernel call failed.
 #[derive(Debug, thiserror::Error)]
 pub enum KernelError {
+    /// The kernel stopped with a status.
     #[error("{}", .0.message())]
     Status(Status),
+    /// The arrays do not fit the kernel's types.
     #[error("{0}")]
     Shape(String),
 }
@@ -82,7 +91,9 @@ pub type StageFn = unsafe extern "C" fn(*const *mut u8, *const i64, i64, i64) ->
 
 /// A compiled kernel: its plan and one native function per stage.
 pub struct Kernel {
+    /// The plan the kernel was generated from.
     pub plan: KernelPlan,
+    /// The generated function of each stage.
     pub stages: Vec<StageFn>,
     /// Each stage's estimated work per element, to decide when to use more threads.
     pub cost: Vec<i64>,
