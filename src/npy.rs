@@ -5,21 +5,35 @@ use kiln_ir::DType;
 use ndarray::{ArrayD, IxDyn};
 use std::path::Path;
 
+/// Why an array could not be read or written.
 #[derive(Debug, thiserror::Error)]
 pub enum ArrayIoError {
+    /// Reading a `.npy` file failed.
     #[error("cannot read {path} as {dtype} .npy: {source}")]
     Read {
+        /// The file.
         path: String,
+        /// The dtype asked for.
         dtype: DType,
+        /// The error.
         source: ndarray_npy::ReadNpyError,
     },
+    /// Writing a `.npy` file failed.
     #[error("cannot write {path}: {source}")]
     Write {
+        /// The file.
         path: String,
+        /// The error.
         source: ndarray_npy::WriteNpyError,
     },
+    /// An inline array literal is malformed.
     #[error("invalid array literal `{text}`: {message}")]
-    Literal { text: String, message: String },
+    Literal {
+        /// The text.
+        text: String,
+        /// What is wrong.
+        message: String,
+    },
 }
 
 /// Reads a `.npy` file holding elements of `dtype`.

@@ -18,18 +18,40 @@ use kiln_runtime::Scope;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+/// Why a model could not be loaded, compiled or run.
 #[derive(thiserror::Error, Debug)]
 pub enum ServeError {
+    /// The program file could not be read.
     #[error("cannot read {path}: {message}")]
-    Read { path: PathBuf, message: String },
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong.
+        message: String,
+    },
+    /// The program does not parse, verify or fit.
     #[error("{path}: {message}")]
-    Program { path: PathBuf, message: String },
+    Program {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong.
+        message: String,
+    },
+    /// The parameters could not be loaded.
     #[error("{path}: {message}")]
-    Parameters { path: PathBuf, message: String },
+    Parameters {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong.
+        message: String,
+    },
+    /// A run failed.
     #[error("{0}")]
     Run(String),
+    /// The optimisation pipeline failed.
     #[error("the optimisation pipeline failed: {0}")]
     Pass(#[from] kiln_passes::PassError),
+    /// The pass pipeline removed the function.
     #[error("the pass pipeline removed @{0}")]
     Removed(String),
 }

@@ -37,6 +37,7 @@ fn elements(ty: &Type, bindings: &SymbolBindings) -> u64 {
         .product()
 }
 
+/// The statistics of `func` with its symbols bound by `bindings`.
 pub fn function_stats(func: &Function, bindings: &SymbolBindings) -> FunctionStats {
     let mut stats = FunctionStats::default();
     for inst in func.walk_insts() {

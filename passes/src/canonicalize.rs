@@ -12,6 +12,7 @@ use crate::manager::{Pass, PassError, Stats};
 use kiln_ir::{AxisSlice, Function, Inst, Module, Op, Region, Value};
 use std::collections::HashMap;
 
+/// The canonicalisation pass: operands of commutative ops in a fixed order, identities removed.
 pub struct Canonicalize;
 
 impl Pass for Canonicalize {

@@ -7,6 +7,7 @@ use crate::manager::{Pass, PassError, Stats};
 use kiln_ir::{Function, Inst, Module, Op, Region, Value};
 use std::collections::HashMap;
 
+/// Common-subexpression elimination.
 pub struct Cse;
 
 impl Pass for Cse {

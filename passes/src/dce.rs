@@ -6,6 +6,7 @@ use crate::manager::{Pass, PassError, Stats};
 use kiln_ir::{Function, Inst, Module, Region, Value};
 use std::collections::HashSet;
 
+/// Dead-code elimination: instructions whose results nothing uses and that have no effects.
 pub struct Dce;
 
 impl Pass for Dce {

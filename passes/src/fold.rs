@@ -15,6 +15,7 @@ use std::collections::HashMap;
 /// The largest constant folding produces.
 pub(crate) const MAX_ELEMENTS: usize = 1024;
 
+/// Constant folding, with the interpreter's own kernels.
 pub struct ConstantFold;
 
 impl Pass for ConstantFold {

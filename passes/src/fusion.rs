@@ -13,6 +13,7 @@ use crate::manager::{Pass, PassError, Stats};
 use kiln_ir::{Function, Inst, Module, Op, Region, Value};
 use std::collections::{BTreeSet, HashMap, HashSet};
 
+/// Fusion of elementwise, broadcast and reduction ops into `fused` kernel regions.
 pub struct Fuse;
 
 impl Pass for Fuse {

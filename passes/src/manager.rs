@@ -13,15 +13,18 @@ use std::time::{Duration, Instant};
 /// What a pass did, in its own words: `("e-graph nodes", "1234")`, `("stopped by", "Saturated")`.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Stats {
+    /// Named figures, in the order they were added.
     pub entries: Vec<(&'static str, String)>,
 }
 
 impl Stats {
+    /// Adds the figure `key`.
     pub fn with(mut self, key: &'static str, value: impl fmt::Display) -> Stats {
         self.entries.push((key, value.to_string()));
         self
     }
 
+    /// The figure `key`, if there is one.
     pub fn get(&self, key: &str) -> Option<&str> {
         self.entries
             .iter()
@@ -30,34 +33,63 @@ impl Stats {
     }
 }
 
+/// Why a pass or pipeline failed.
 #[derive(Debug, thiserror::Error)]
 pub enum PassError {
+    /// No pass has that name.
     #[error("unknown pass `{name}`; the passes are: {available}")]
-    UnknownPass { name: String, available: String },
+    UnknownPass {
+        /// The name.
+        name: String,
+        /// What there is, listed.
+        available: String,
+    },
+    /// No pipeline has that name.
     #[error("unknown pipeline `{name}`; the pipelines are: {available}")]
-    UnknownPipeline { name: String, available: String },
+    UnknownPipeline {
+        /// The name.
+        name: String,
+        /// What there is, listed.
+        available: String,
+    },
+    /// A pass left the module ill-formed (a bug in the pass).
     #[error("after pass `{pass}`, the module does not verify (a bug in the pass):\n{rendered}")]
     Verify {
+        /// The pass.
         pass: &'static str,
+        /// The verifier's errors, rendered against the module.
         rendered: String,
     },
+    /// A pass failed.
     #[error("pass `{pass}` failed: {message}")]
-    Failed { pass: &'static str, message: String },
+    Failed {
+        /// The pass.
+        pass: &'static str,
+        /// What is wrong.
+        message: String,
+    },
 }
 
 /// A transformation of a module, in place, keeping its meaning.
 pub trait Pass {
+    /// The pass's name, as `--passes` spells it.
     fn name(&self) -> &'static str;
+    /// Runs the pass over `module`, returning what it did.
     fn run(&mut self, module: &mut Module) -> Result<Stats, PassError>;
 }
 
 /// What one pass did to the module.
 #[derive(Clone, Debug)]
 pub struct PassReport {
+    /// The pass.
     pub pass: &'static str,
+    /// How long it took.
     pub time: Duration,
+    /// Instructions before it ran.
     pub insts_before: usize,
+    /// Instructions after it ran.
     pub insts_after: usize,
+    /// What the pass says it did.
     pub stats: Stats,
 }
 
@@ -165,6 +197,7 @@ pub fn instruction_count(module: &Module) -> usize {
     module.functions.iter().map(|f| f.num_insts()).sum()
 }
 
+/// Runs passes in order, optionally verifying after each and reporting what each did.
 pub struct PassManager {
     passes: Vec<Box<dyn Pass>>,
     verify: bool,
@@ -191,6 +224,7 @@ impl PassManager {
         self
     }
 
+    /// Appends `pass`.
     pub fn with_pass(mut self, pass: Box<dyn Pass>) -> PassManager {
         self.passes.push(pass);
         self
@@ -218,6 +252,7 @@ impl PassManager {
         PassManager::from_names(passes)
     }
 
+    /// The passes' names, in order.
     pub fn pass_names(&self) -> Vec<&'static str> {
         self.passes.iter().map(|p| p.name()).collect()
     }

@@ -15,31 +15,61 @@ use std::collections::{BTreeMap, HashMap};
 use std::io::Write;
 use std::path::Path;
 
+/// Why a checkpoint could not be saved or loaded.
 #[derive(Debug, thiserror::Error)]
 pub enum CheckpointError {
+    /// Writing failed (the previous file is intact).
     #[error("cannot write {path}: {source}")]
     Write {
+        /// The file.
         path: String,
+        /// The I/O error.
         source: std::io::Error,
     },
+    /// Reading failed.
     #[error("cannot read {path}: {source}")]
     Read {
+        /// The file.
         path: String,
+        /// The I/O error.
         source: std::io::Error,
     },
+    /// The file is not a valid safetensors file.
     #[error("{path} is not a valid checkpoint: {message}")]
-    Invalid { path: String, message: String },
+    Invalid {
+        /// The file.
+        path: String,
+        /// What is wrong.
+        message: String,
+    },
+    /// A tensor's checksum does not match (the file was truncated or modified).
     #[error("{path}: tensor `{name}` fails its checksum; the file was damaged or modified")]
-    Checksum { path: String, name: String },
+    Checksum {
+        /// The file.
+        path: String,
+        /// The tensor.
+        name: String,
+    },
+    /// A tensor's type differs from the state it loads into.
     #[error("{path}: `{name}` is {found} in the checkpoint but {expected} in the program")]
     Mismatch {
+        /// The file.
         path: String,
+        /// The tensor.
         name: String,
+        /// The state's type.
         expected: Box<Type>,
+        /// The tensor's type.
         found: Box<Type>,
     },
+    /// State values the file does not have.
     #[error("{path}: the checkpoint has no values for {names}")]
-    Missing { path: String, names: String },
+    Missing {
+        /// The file.
+        path: String,
+        /// The missing states.
+        names: String,
+    },
 }
 
 const CHECKSUM_PREFIX: &str = "kiln.crc32.";

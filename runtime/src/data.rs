@@ -8,26 +8,39 @@ use std::io::Read;
 /// The UCI handwritten digits (8×8 images, 1,797 of them), compiled into the library.
 const DIGITS_CSV_GZ: &[u8] = include_bytes!("../../data/digits.csv.gz");
 
+/// Why the built-in data could not be read.
 #[derive(Debug, thiserror::Error)]
 pub enum DataError {
+    /// Decompression failed.
     #[error("cannot decompress the digits data: {0}")]
     Decompress(#[from] std::io::Error),
+    /// A line is malformed.
     #[error("digits data, line {line}: {message}")]
-    Parse { line: usize, message: String },
+    Parse {
+        /// The line, from 1.
+        line: usize,
+        /// What is wrong.
+        message: String,
+    },
 }
 
 /// Features `[n, d]` (f32) with integer class labels `[n]`.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Dataset {
+    /// One row of features per example.
     pub features: Array2<f32>,
+    /// The label of each example.
     pub labels: Vec<i64>,
+    /// The number of classes.
     pub classes: usize,
 }
 
 /// One batch, ready to feed: features `f32[b, d]`, labels `i64[b]`.
 #[derive(Clone, Debug)]
 pub struct Batch {
+    /// The features.
     pub x: Array,
+    /// The labels.
     pub y: Array,
 }
 
@@ -87,10 +100,12 @@ fn permutation(n: usize, seed: u64) -> Vec<usize> {
 }
 
 impl Dataset {
+    /// The number of examples.
     pub fn len(&self) -> usize {
         self.labels.len()
     }
 
+    /// Whether there are no examples.
     pub fn is_empty(&self) -> bool {
         self.labels.is_empty()
     }

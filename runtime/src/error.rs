@@ -5,45 +5,93 @@ use kiln_backend::InterpError;
 use kiln_ir::{BuildError, Type};
 use kiln_passes::AutodiffError;
 
+/// Why a static-program operation failed.
 #[derive(Debug, thiserror::Error)]
 pub enum RuntimeError {
+    /// A placeholder the run needs was not fed.
     #[error("missing feed for placeholder `{name}`: {ty}")]
-    MissingFeed { name: String, ty: Box<Type> },
+    MissingFeed {
+        /// The name.
+        name: String,
+        /// Its type.
+        ty: Box<Type>,
+    },
+    /// A fed array does not fit its placeholder.
     #[error(
         "feed `{name}`: the placeholder is {expected}, but the fed array is {found} ({reason})"
     )]
     FeedMismatch {
+        /// The placeholder.
         name: String,
+        /// Its type.
         expected: Box<Type>,
+        /// The array's type.
         found: Box<Type>,
+        /// What does not fit.
         reason: String,
     },
+    /// A feed names no placeholder.
     #[error("feed `{name}`: no placeholder has that name; the placeholders are: {available}")]
-    UnknownFeed { name: String, available: String },
+    UnknownFeed {
+        /// The name.
+        name: String,
+        /// What there is, listed.
+        available: String,
+    },
+    /// A fetch names nothing in the program.
     #[error(
         "fetch `{name}`: nothing in the program has that name; named values and targets: {available}"
     )]
-    UnknownFetch { name: String, available: String },
+    UnknownFetch {
+        /// The name.
+        name: String,
+        /// What there is, listed.
+        available: String,
+    },
+    /// A name is declared twice.
     #[error("`{name}` is already declared in this program")]
-    Duplicate { name: String },
+    Duplicate {
+        /// The name.
+        name: String,
+    },
+    /// A parameter's shape is not static.
     #[error("parameter `{name}` needs a static shape, found {ty}")]
-    DynamicParameter { name: String, ty: Box<Type> },
+    DynamicParameter {
+        /// The name.
+        name: String,
+        /// Its type.
+        ty: Box<Type>,
+    },
+    /// A state value is missing or wrong.
     #[error("state `{name}`: {message}")]
-    State { name: String, message: String },
+    State {
+        /// The name.
+        name: String,
+        /// What is wrong.
+        message: String,
+    },
+    /// A state is declared again, differently.
     #[error(transparent)]
     StateConflict(#[from] kiln_ir::StateConflict),
+    /// Building an op failed.
     #[error(transparent)]
     Build(#[from] BuildError),
+    /// Deriving gradients failed.
     #[error(transparent)]
     Autodiff(#[from] AutodiffError),
+    /// A pruned program does not verify (a bug in Kiln).
     #[error("the pruned program does not verify (this is a bug in Kiln):\n{0}")]
     Verify(String),
+    /// The optimisation pipeline failed.
     #[error("the optimisation pipeline failed: {0}")]
     Pass(#[from] kiln_passes::PassError),
+    /// A run failed.
     #[error(transparent)]
     Interp(#[from] InterpError),
+    /// Saving or loading a checkpoint failed.
     #[error(transparent)]
     Checkpoint(#[from] CheckpointError),
 }
 
+/// The result of a static-program operation.
 pub type RuntimeResult<T> = Result<T, RuntimeError>;

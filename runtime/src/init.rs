@@ -6,15 +6,24 @@ use kiln_ir::Initializer;
 /// fan-in is the product of every dimension but the last, the fan-out the last dimension.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Init {
+    /// Zeros.
     Zeros,
+    /// Ones.
     Ones,
+    /// Every element the value.
     Constant(f64),
+    /// Uniform samples in [`low`, `high`).
     Uniform {
+        /// The lower bound.
         low: f64,
+        /// The upper bound.
         high: f64,
     },
+    /// Normal samples of `mean` and `std`.
     Normal {
+        /// The mean.
         mean: f64,
+        /// The standard deviation.
         std: f64,
     },
     /// Glorot & Bengio (2010): `U(-a, a)` with `a = sqrt(6 / (fan_in + fan_out))`.

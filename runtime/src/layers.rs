@@ -18,12 +18,16 @@ pub fn activation(p: &mut Program, x: Value, a: Activation) -> RuntimeResult<Val
 /// twice reuses the same parameters (a GAN's discriminator sees real and fake data).
 #[derive(Clone, Copy, Debug)]
 pub struct Dense {
+    /// The weights, `[inputs, units]`.
     pub w: Value,
+    /// The bias, `[units]`.
     pub b: Value,
+    /// The activation applied after.
     pub act: Activation,
 }
 
 impl Dense {
+    /// Declares the layer's parameters `<name>.w` and `<name>.b`.
     pub fn new(
         p: &mut Program,
         name: &str,
@@ -41,6 +45,7 @@ impl Dense {
         Ok(Dense { w, b, act })
     }
 
+    /// `act(x @ w + b)`.
     pub fn apply(&self, p: &mut Program, x: Value) -> RuntimeResult<Value> {
         let h = p.matmul(x, self.w)?;
         let h = p.add(h, self.b)?;

@@ -12,7 +12,9 @@ use kiln_ir::{BinaryOp, DType, Initializer, StateDecl, Type, Value};
 /// The learning rate: a constant, or a scalar placeholder fed at each run.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum LearningRate {
+    /// A constant.
     Const(f64),
+    /// A value of the program (a placeholder, say), read at each run.
     Feed(Value),
 }
 
@@ -33,18 +35,25 @@ impl LearningRate {
 
 /// One parameter to update: its state, its current value, its gradient.
 pub struct Update<'a> {
+    /// The parameter's state.
     pub decl: &'a StateDecl,
+    /// Its value in the program.
     pub value: Value,
+    /// Its gradient.
     pub grad: Value,
 }
 
 /// The result of a step: the parameter's next value and the next values of the optimizer's
 /// state for it.
 pub struct Step {
+    /// The parameter's new value.
     pub param: Value,
+    /// The optimizer's new state values, with their declarations.
     pub state: Vec<(StateDecl, Value)>,
 }
 
+/// An update rule: given a parameter and its gradient, the ops of its new value (and of the
+/// optimizer's state). `minimize` adds gradient and update ops to a program.
 pub trait Optimizer {
     /// A name unique within the program, prefixing the optimizer's state.
     fn name(&self) -> &str;
@@ -146,10 +155,12 @@ pub struct Sgd {
 }
 
 impl Sgd {
+    /// Plain gradient descent at learning rate `lr`.
     pub fn new(lr: impl Into<LearningRate>) -> Sgd {
         Sgd::named("sgd", lr)
     }
 
+    /// Gradient descent whose state (none) is named after `name`.
     pub fn named(name: &str, lr: impl Into<LearningRate>) -> Sgd {
         Sgd {
             name: name.to_owned(),
@@ -182,10 +193,12 @@ pub struct Momentum {
 }
 
 impl Momentum {
+    /// Gradient descent with momentum (PyTorch's form).
     pub fn new(lr: impl Into<LearningRate>, momentum: f64) -> Momentum {
         Momentum::named("momentum", lr, momentum)
     }
 
+    /// Momentum whose velocity states are named after `name`.
     pub fn named(name: &str, lr: impl Into<LearningRate>, momentum: f64) -> Momentum {
         Momentum {
             name: name.to_owned(),
@@ -230,10 +243,12 @@ pub struct Adam {
 }
 
 impl Adam {
+    /// Adam at learning rate `lr`, betas 0.9 and 0.999, eps 1e-8.
     pub fn new(lr: impl Into<LearningRate>) -> Adam {
         Adam::named("adam", lr)
     }
 
+    /// Adam whose moment states are named after `name`.
     pub fn named(name: &str, lr: impl Into<LearningRate>) -> Adam {
         Adam {
             name: name.to_owned(),
@@ -245,12 +260,14 @@ impl Adam {
         }
     }
 
+    /// Other betas.
     pub fn with_betas(mut self, beta1: f64, beta2: f64) -> Adam {
         self.beta1 = beta1;
         self.beta2 = beta2;
         self
     }
 
+    /// Another eps.
     pub fn with_eps(mut self, eps: f64) -> Adam {
         self.eps = eps;
         self

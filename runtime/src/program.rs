@@ -21,7 +21,9 @@ use std::ops::{Deref, DerefMut};
 /// A trainable parameter: its state name and the value its `load` gives in the graph.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Param {
+    /// The parameter's name.
     pub name: String,
+    /// Its value in the program (a load).
     pub value: Value,
 }
 
@@ -35,6 +37,8 @@ struct TargetData {
     stores: Vec<Inst>,
 }
 
+/// A static program under construction: one graph of every op built, its state
+/// (parameters, optimizer moments), placeholders and targets. Dereferences to the builder.
 #[derive(Clone)]
 pub struct Program {
     module: Module,
@@ -73,6 +77,7 @@ fn stable_hash(text: &str) -> u64 {
 }
 
 impl Program {
+    /// An empty program with seed 0.
     pub fn new() -> Program {
         Program::with_seed(0)
     }
@@ -189,14 +194,17 @@ impl Program {
         self.graph.function()
     }
 
+    /// The parameters, in the order they were declared.
     pub fn params(&self) -> &[Param] {
         &self.params
     }
 
+    /// The placeholders, with their names.
     pub fn placeholders(&self) -> &[(String, Value)] {
         &self.placeholders
     }
 
+    /// The seed initializers derive theirs from.
     pub fn seed(&self) -> u64 {
         self.seed
     }
@@ -215,6 +223,7 @@ impl Program {
         Ok(Target(self.targets.len() - 1))
     }
 
+    /// The name of `target`.
     pub fn target_name(&self, target: Target) -> &str {
         &self.targets[target.0].name
     }

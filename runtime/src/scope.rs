@@ -16,6 +16,7 @@ pub struct Scope {
 }
 
 impl Scope {
+    /// An empty scope.
     pub fn new() -> Scope {
         Scope::default()
     }
@@ -47,6 +48,7 @@ impl Scope {
         Ok(())
     }
 
+    /// The value of state `name`.
     pub fn get(&self, name: &str) -> Option<&Array> {
         self.store.get(name)
     }
@@ -74,14 +76,17 @@ impl Scope {
         self.store.iter()
     }
 
+    /// The declared type of every state.
     pub fn declared(&self) -> &BTreeMap<String, Type> {
         &self.declared
     }
 
+    /// The values.
     pub fn store(&self) -> &StateStore {
         &self.store
     }
 
+    /// The values, to change (types are checked on the next run).
     pub fn store_mut(&mut self) -> &mut StateStore {
         &mut self.store
     }

@@ -33,8 +33,11 @@ pub enum Backend {
 /// Something to compute in a run: a value, a target (its updates), or either by name.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Fetch {
+    /// A value of the program.
     Value(Value),
+    /// A target (a group of updates).
     Target(Target),
+    /// A value or target by name.
     Name(String),
 }
 
@@ -85,10 +88,12 @@ pub struct Runner {
 }
 
 impl Runner {
+    /// A runner with the default backend (compiled).
     pub fn new() -> Runner {
         Runner::default()
     }
 
+    /// The backend runs use.
     pub fn backend(&self) -> Backend {
         self.backend
     }
@@ -340,18 +345,22 @@ impl Session {
         })
     }
 
+    /// The program the session runs.
     pub fn program(&self) -> &Program {
         &self.program
     }
 
+    /// The session's state.
     pub fn scope(&self) -> &Scope {
         &self.scope
     }
 
+    /// The session's state, to change.
     pub fn scope_mut(&mut self) -> &mut Scope {
         &mut self.scope
     }
 
+    /// The session's state, keeping it after the session.
     pub fn into_scope(self) -> Scope {
         self.scope
     }
@@ -367,6 +376,7 @@ impl Session {
         self
     }
 
+    /// Chooses the backend of later runs.
     pub fn set_backend(&mut self, backend: Backend) {
         self.runner.set_backend(backend);
     }
@@ -434,6 +444,7 @@ pub struct KerasFunction {
 }
 
 impl KerasFunction {
+    /// Runs the function on `args`.
     pub fn call(&self, session: &mut Session, args: &[Array]) -> RuntimeResult<Vec<Array>> {
         let feeds: Vec<(&str, Array)> = self
             .inputs

@@ -22,14 +22,29 @@ use kiln_ir::{
 };
 use std::collections::{HashMap, HashSet};
 
+/// Why gradients could not be derived.
 #[derive(Debug, thiserror::Error)]
 pub enum AutodiffError {
+    /// The loss is not a scalar.
     #[error("the loss must be a float scalar, found {0}")]
     LossNotScalar(Type),
+    /// A `--wrt` names nothing that can be differentiated.
     #[error("cannot differentiate with respect to {value}: {reason}")]
-    BadWrt { value: String, reason: String },
+    BadWrt {
+        /// What was named.
+        value: String,
+        /// Why.
+        reason: String,
+    },
+    /// An op has no gradient rule.
     #[error("`{op}` has no gradient rule yet, and the loss depends on it through {line}")]
-    NoRule { op: &'static str, line: String },
+    NoRule {
+        /// The op.
+        op: &'static str,
+        /// The instruction, as text.
+        line: String,
+    },
+    /// Building the gradient ops failed.
     #[error("building the gradient failed: {0}")]
     Build(#[from] BuildError),
 }

@@ -127,6 +127,7 @@ impl Extraction {
         self.best.get(&id).map(|(_, n)| n)
     }
 
+    /// The total cost of the cheapest program for `id`.
     pub fn cost(&self, id: Id) -> Option<f64> {
         self.best.get(&id).map(|(c, _)| *c)
     }

@@ -9,6 +9,7 @@ use kiln_ir::infer::infer;
 use kiln_ir::{BinaryOp, CompareOp, Literal, Op, Type, UnaryOp};
 use std::fmt;
 
+/// What an e-node is: an IR op, or a leaf (a value the e-graph does not own).
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum NodeOp {
     /// An IR op.
@@ -18,13 +19,17 @@ pub enum NodeOp {
     Leaf(u32),
 }
 
+/// An e-node: an op and its child classes.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Node {
+    /// The op.
     pub op: NodeOp,
+    /// The operands' classes.
     pub children: Vec<Id>,
 }
 
 impl Node {
+    /// The e-node of IR op `op` over `children`.
     pub fn ir(op: Op, children: Vec<Id>) -> Node {
         Node {
             op: NodeOp::Ir(op),
@@ -32,6 +37,7 @@ impl Node {
         }
     }
 
+    /// The IR op, unless the node is a leaf.
     pub fn ir_op(&self) -> Option<&Op> {
         match &self.op {
             NodeOp::Ir(op) => Some(op),
@@ -107,9 +113,11 @@ pub struct ClassData {
 /// The analysis: types of leaves, and the type and splat value of every class.
 #[derive(Default)]
 pub struct Typing {
+    /// The type of each leaf, by index.
     pub leaves: Vec<Type>,
 }
 
+/// An e-graph of IR ops with their types.
 pub type Graph = EGraph<Node, Typing>;
 
 /// The type of `op` on children classes, with the IR's inference rules.

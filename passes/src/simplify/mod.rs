@@ -20,11 +20,15 @@ use lang::{Node, NodeOp, Typing};
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::time::Duration;
 
+/// The e-graph simplification pass.
 pub struct Simplify {
+    /// The rewrite rules it runs.
     pub rules: Vec<Rewrite<Node, Typing>>,
     /// Stop when the e-graph has this many nodes per instruction of the input (plus 10,000).
     pub nodes_per_inst: usize,
+    /// Stop after this many iterations.
     pub iter_limit: usize,
+    /// Stop after this long.
     pub time_limit: Duration,
     /// On cost ties, keep the input's own form (true, the default) or prefer rewritten forms
     /// (tests use this to evaluate every rule's right-hand side).
@@ -38,6 +42,7 @@ impl Default for Simplify {
 }
 
 impl Simplify {
+    /// The pass with `rules` and the default limits.
     pub fn with_rules(rules: Vec<Rewrite<Node, Typing>>) -> Simplify {
         Simplify {
             rules,

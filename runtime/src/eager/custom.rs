@@ -11,6 +11,7 @@ use kiln_ir::Type;
 use std::collections::HashMap;
 use std::sync::{Arc, OnceLock, RwLock};
 
+/// An op written by the user over host arrays, with its own forward and backward.
 pub trait CustomOp: Send + Sync {
     /// The name the IR calls it by: `call @name`.
     fn name(&self) -> &str;
@@ -29,6 +30,7 @@ pub trait CustomOp: Send + Sync {
             .ok_or_else(|| format!("`{}` needs an operand", self.name()).into())
     }
 
+    /// The results for `inputs`.
     fn forward(&self, inputs: &[Array]) -> Result<Vec<Array>, CustomOpError>;
 
     /// One gradient per input, given the inputs, the outputs and the gradients of the outputs.

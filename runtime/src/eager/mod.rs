@@ -41,26 +41,37 @@ use std::cell::RefCell;
 use std::collections::HashMap;
 use std::sync::Arc;
 
+/// Why an eager operation failed.
 #[derive(Debug, thiserror::Error)]
 pub enum EagerError {
+    /// Building the op failed (a shape or dtype error).
     #[error(transparent)]
     Build(#[from] BuildError),
+    /// Computing it failed.
     #[error(transparent)]
     Run(#[from] InterpError),
+    /// A static-program operation failed.
     #[error(transparent)]
     Runtime(#[from] RuntimeError),
+    /// Deriving gradients failed.
     #[error(transparent)]
     Autodiff(#[from] AutodiffError),
+    /// A traced tensor's value was read while tracing.
     #[error(
         "cannot read the value of {value} while tracing with `to_static`: it is not known until \
          the compiled function runs. To branch or loop on a tensor, use `kiln::eager::cond` or \
          `kiln::eager::while_loop`, which trace into `cond` and `while` ops"
     )]
-    TracedRead { value: String },
+    TracedRead {
+        /// The value.
+        value: String,
+    },
+    /// The API was used in a way it does not allow.
     #[error("{0}")]
     Usage(String),
 }
 
+/// The result of an eager operation.
 pub type EagerResult<T> = Result<T, EagerError>;
 
 /// Identifies a tensor whose gradient is accumulated (a parameter, or `requires_grad()`).

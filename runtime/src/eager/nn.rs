@@ -53,10 +53,12 @@ impl Parameter {
         })
     }
 
+    /// The parameter's name (its state's name).
     pub fn name(&self) -> &str {
         &self.decl.name
     }
 
+    /// Its state declaration.
     pub fn decl(&self) -> &StateDecl {
         &self.decl
     }
@@ -90,6 +92,7 @@ impl Parameter {
         .flatten()
     }
 
+    /// Clears its gradient.
     pub fn zero_grad(&self) {
         let _ = with(|cx| {
             if let Some(leaf) = cx.param_leaves.get(&self.decl.name) {
@@ -102,8 +105,10 @@ impl Parameter {
 
 /// A layer: a function of a tensor with named parameters, in training or evaluation mode.
 pub trait Layer {
+    /// Applies the layer to `x`.
     fn forward(&self, x: &Tensor) -> EagerResult<Tensor>;
 
+    /// The layer's parameters (and its sublayers').
     fn parameters(&self) -> Vec<Parameter> {
         Vec::new()
     }
@@ -111,6 +116,7 @@ pub trait Layer {
     /// Training mode changes what some layers do (dropout); the default ignores it.
     fn set_training(&mut self, _training: bool) {}
 
+    /// Clears the gradients of its parameters.
     fn zero_grad(&self) {
         for p in self.parameters() {
             p.zero_grad();
@@ -120,11 +126,14 @@ pub trait Layer {
 
 /// `x @ w + b`, with `w: [in, out]` (Kaiming-uniform) and `b: [out]` (zeros).
 pub struct Linear {
+    /// The weights, `[inputs, outputs]`.
     pub w: Parameter,
+    /// The bias, `[outputs]`.
     pub b: Parameter,
 }
 
 impl Linear {
+    /// A layer `x @ w + b` with parameters `<name>.w` (Kaiming-uniform) and `<name>.b` (zeros).
     pub fn new(name: &str, inputs: usize, outputs: usize) -> EagerResult<Linear> {
         Ok(Linear {
             w: Parameter::new(
@@ -155,10 +164,12 @@ pub struct Sequential {
 }
 
 impl Sequential {
+    /// An empty sequence.
     pub fn new() -> Sequential {
         Sequential::default()
     }
 
+    /// Appends `layer`.
     pub fn push(mut self, layer: impl Layer + 'static) -> Sequential {
         self.layers.push(Box::new(layer));
         self
@@ -203,12 +214,16 @@ activation_layers!(
 
 /// Layer normalisation over the last axis, with a learned scale (ones) and shift (zeros).
 pub struct LayerNorm {
+    /// The scale, initially ones.
     pub gamma: Parameter,
+    /// The shift, initially zeros.
     pub beta: Parameter,
+    /// Added to the variance.
     pub eps: f64,
 }
 
 impl LayerNorm {
+    /// Layer normalisation over a last axis of `width`, with parameters `<name>.gamma` and `<name>.beta`.
     pub fn new(name: &str, width: usize, eps: f64) -> EagerResult<LayerNorm> {
         Ok(LayerNorm {
             gamma: Parameter::new(&format!("{name}.gamma"), DType::F32, &[width], Init::Ones)?,
@@ -233,10 +248,12 @@ impl Layer for LayerNorm {
 
 /// A table of `vocab` vectors of `dim`, indexed by integer tensors.
 pub struct Embedding {
+    /// The vectors, `[vocab, dim]`.
     pub table: Parameter,
 }
 
 impl Embedding {
+    /// A table of `vocab` vectors of `dim`, normal-initialised, as `<name>.table`.
     pub fn new(name: &str, vocab: usize, dim: usize) -> EagerResult<Embedding> {
         let init = Init::Normal {
             mean: 0.0,
@@ -262,12 +279,16 @@ impl Layer for Embedding {
 /// Zeroes each element with probability `p` in training mode (scaling the rest by 1/(1-p));
 /// the identity in evaluation mode. Each run draws a fresh mask.
 pub struct Dropout {
+    /// The probability of zeroing an element.
     pub p: f64,
+    /// The seed of the masks.
     pub seed: u64,
+    /// Whether the layer is in training mode.
     pub training: bool,
 }
 
 impl Dropout {
+    /// Dropout with probability `p`, in training mode.
     pub fn new(p: f64, seed: u64) -> Dropout {
         Dropout {
             p,

@@ -13,6 +13,7 @@ use crate::session::{Fetch, Runner};
 use kiln_backend::Array;
 use kiln_ir::{StateDecl, Value};
 
+/// An optimizer for eager parameters: each `step` applies the update of a static [`crate::Optimizer`] to the gradients `backward()` left.
 pub struct EagerOptimizer {
     program: Program,
     runner: Runner,

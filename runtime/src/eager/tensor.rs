@@ -244,10 +244,12 @@ impl Tensor {
         Tensor::new(Array::F32(ndarray::arr0(v).into_dyn()))
     }
 
+    /// A tensor of zeros.
     pub fn zeros(dtype: DType, shape: &[usize]) -> Tensor {
         Tensor::new(Array::zeros(dtype, shape))
     }
 
+    /// A tensor every element of which is `value`.
     pub fn full(dtype: DType, shape: &[usize], value: f64) -> Tensor {
         Tensor::new(
             Array::F64(ndarray::ArrayD::from_elem(ndarray::IxDyn(shape), value)).cast(dtype),
@@ -295,6 +297,7 @@ impl Tensor {
 
     // ----- what it is -----
 
+    /// The tensor's type (symbolic dimensions while tracing).
     pub fn ty(&self) -> Type {
         match &self.0 {
             Repr::Eager { data, .. } => data.ty(),
@@ -302,14 +305,17 @@ impl Tensor {
         }
     }
 
+    /// The element type.
     pub fn dtype(&self) -> DType {
         self.ty().dtype
     }
 
+    /// The number of dimensions.
     pub fn rank(&self) -> usize {
         self.ty().rank()
     }
 
+    /// Whether the tensor is a symbolic value of a trace.
     pub fn is_traced(&self) -> bool {
         matches!(self.0, Repr::Traced { .. })
     }
@@ -348,6 +354,7 @@ impl Tensor {
         })
     }
 
+    /// The elements as f64, row-major.
     pub fn to_f64_vec(&self) -> EagerResult<Vec<f64>> {
         Ok(self.data()?.to_f64_vec())
     }
@@ -440,6 +447,7 @@ impl Tensor {
 
     // ----- elementwise -----
 
+    /// `op(self)`, elementwise.
     #[track_caller]
     pub fn unary(&self, op: UnaryOp) -> EagerResult<Tensor> {
         if let Some(t) = direct(&[self], |a, _| kernels::unary(op, a)) {
@@ -475,6 +483,7 @@ impl Tensor {
         })
     }
 
+    /// The comparison `op(self, other)`, elementwise with broadcasting.
     #[track_caller]
     pub fn compare(&self, op: CompareOp, other: &Tensor) -> EagerResult<Tensor> {
         apply1(&[self, other], Loc::caller(), |b, v| {
@@ -482,6 +491,7 @@ impl Tensor {
         })
     }
 
+    /// The comparison `op(self, c)` against a scalar.
     #[track_caller]
     pub fn compare_scalar(&self, op: CompareOp, c: f64) -> EagerResult<Tensor> {
         apply1(&[self], Loc::caller(), |b, v| {
@@ -491,6 +501,7 @@ impl Tensor {
         })
     }
 
+    /// The tensor converted to `dtype`.
     #[track_caller]
     pub fn cast(&self, dtype: DType) -> EagerResult<Tensor> {
         apply1(&[self], Loc::caller(), |b, v| b.cast(v[0], dtype))
@@ -498,12 +509,14 @@ impl Tensor {
 
     // ----- layout -----
 
+    /// The same elements in `shape`.
     #[track_caller]
     pub fn reshape(&self, shape: impl Into<Shape>) -> EagerResult<Tensor> {
         let shape = shape.into();
         apply1(&[self], Loc::caller(), |b, v| b.reshape(v[0], shape))
     }
 
+    /// The axes permuted by `perm`.
     #[track_caller]
     pub fn transpose(&self, perm: &[usize]) -> EagerResult<Tensor> {
         let perm = perm.to_vec();
@@ -525,17 +538,20 @@ impl Tensor {
         self.transpose(&perm)
     }
 
+    /// The tensor broadcast to `shape`.
     #[track_caller]
     pub fn broadcast_to(&self, shape: impl Into<Shape>) -> EagerResult<Tensor> {
         let shape = shape.into();
         apply1(&[self], Loc::caller(), |b, v| b.broadcast_to(v[0], &shape))
     }
 
+    /// A range of each axis.
     #[track_caller]
     pub fn slice(&self, ranges: Vec<AxisSlice>) -> EagerResult<Tensor> {
         apply1(&[self], Loc::caller(), |b, v| b.slice(v[0], ranges))
     }
 
+    /// `tensors` joined along `axis`.
     #[track_caller]
     pub fn concat(tensors: &[&Tensor], axis: usize) -> EagerResult<Tensor> {
         apply1(tensors, Loc::caller(), |b, v| b.concat(v, axis))
@@ -543,6 +559,7 @@ impl Tensor {
 
     // ----- reductions, contractions, indexing -----
 
+    /// `op` over `axes`.
     #[track_caller]
     pub fn reduce(&self, op: ReduceOp, axes: &[usize], keep_dims: bool) -> EagerResult<Tensor> {
         let axes = axes.to_vec();
@@ -551,11 +568,13 @@ impl Tensor {
         })
     }
 
+    /// The sum over `axes`.
     #[track_caller]
     pub fn sum(&self, axes: &[usize], keep_dims: bool) -> EagerResult<Tensor> {
         self.reduce(ReduceOp::Sum, axes, keep_dims)
     }
 
+    /// The mean over `axes`.
     #[track_caller]
     pub fn mean(&self, axes: &[usize], keep_dims: bool) -> EagerResult<Tensor> {
         self.reduce(ReduceOp::Mean, axes, keep_dims)
@@ -575,6 +594,7 @@ impl Tensor {
         self.reduce(ReduceOp::Mean, &axes, false)
     }
 
+    /// The index of the largest element along `axis`.
     #[track_caller]
     pub fn argmax(&self, axis: usize) -> EagerResult<Tensor> {
         apply1(&[self], Loc::caller(), |b, v| {
@@ -582,11 +602,13 @@ impl Tensor {
         })
     }
 
+    /// The matrix product.
     #[track_caller]
     pub fn matmul(&self, other: &Tensor) -> EagerResult<Tensor> {
         apply1(&[self, other], Loc::caller(), |b, v| b.matmul(v[0], v[1]))
     }
 
+    /// The matrix product with either operand's last two axes swapped first.
     #[track_caller]
     pub fn matmul_t(
         &self,
@@ -607,6 +629,7 @@ impl Tensor {
         })
     }
 
+    /// Integer labels as one-hot vectors of `depth`.
     #[track_caller]
     pub fn one_hot(&self, depth: usize, dtype: DType) -> EagerResult<Tensor> {
         apply1(&[self], Loc::caller(), |b, v| b.one_hot(v[0], depth, dtype))

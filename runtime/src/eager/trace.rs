@@ -114,7 +114,9 @@ struct GradientValues {
 /// and for each parameter by name.
 #[derive(Debug)]
 pub struct Gradients {
+    /// The gradient of each input that was traced with one.
     pub inputs: Vec<Option<Tensor>>,
+    /// The gradient of each parameter, by name.
     pub parameters: Vec<(String, Tensor)>,
 }
 
@@ -124,6 +126,7 @@ impl StaticFunction {
         &self.program
     }
 
+    /// The traced function's outputs.
     pub fn outputs(&self) -> &[Value] {
         &self.outputs
     }

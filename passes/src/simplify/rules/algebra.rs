@@ -6,6 +6,7 @@ use super::is_splat;
 use crate::simplify::lang::{Node, Typing};
 use egg::{Rewrite, rewrite as rw};
 
+/// The algebraic rules.
 pub fn rules() -> Vec<Rewrite<Node, Typing>> {
     vec![
         rw!("add-zero"; "(add ?x ?z)" => "?x" if is_splat("?z", 0.0)), // x + 0 = x

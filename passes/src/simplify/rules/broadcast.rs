@@ -8,6 +8,7 @@ use crate::simplify::lang::{Graph, Node, Typing, splat};
 use egg::{Id, Rewrite};
 use kiln_ir::{BinaryOp, Op, ReduceOp, UnaryOp};
 
+/// The rules that move broadcasts.
 pub fn rules() -> Vec<Rewrite<Node, Typing>> {
     let table: [(&str, RuleFn); 6] = [
         ("unary-of-broadcast", unary_of_broadcast), // f(broadcast(x)) = broadcast(f(x)), f elementwise

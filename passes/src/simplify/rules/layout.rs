@@ -6,6 +6,7 @@ use crate::simplify::lang::{Graph, Node, Typing};
 use egg::Rewrite;
 use kiln_ir::Op;
 
+/// The layout rules (transposes, reshapes, slices).
 pub fn rules() -> Vec<Rewrite<Node, Typing>> {
     let table: [(&str, RuleFn); 7] = [
         ("transpose-transpose", transpose_transpose), // transpose(transpose(x, p), q) = transpose(x, p∘q)

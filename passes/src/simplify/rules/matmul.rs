@@ -6,6 +6,7 @@ use crate::simplify::lang::{Graph, Node, Typing};
 use egg::{Id, Rewrite};
 use kiln_ir::Op;
 
+/// The matmul rules.
 pub fn rules() -> Vec<Rewrite<Node, Typing>> {
     let table: [(&str, RuleFn); 3] = [
         ("matmul-transposed-a", matmul_transposed_a), // matmul(tᵀ(a), b, ta, tb) = matmul(a, b, !ta, tb)

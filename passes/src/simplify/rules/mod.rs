@@ -50,7 +50,9 @@ pub fn all() -> Vec<Rewrite<Node, Typing>> {
 
 /// A term to add to the e-graph: an existing class, or an op over terms.
 pub enum Term {
+    /// An existing class.
     Class(Id),
+    /// An op over terms.
     Op(Op, Vec<Term>),
 }
 
@@ -154,6 +156,7 @@ pub fn ops_in(egraph: &Graph, id: Id) -> impl Iterator<Item = (&Op, &[Id])> {
         .filter_map(|n| n.ir_op().map(|op| (op, &n.children[..])))
 }
 
+/// The type of class `id`, if it is well typed.
 pub fn ty(egraph: &Graph, id: Id) -> Option<&Type> {
     egraph[id].data.ty.as_ref()
 }
