@@ -3,7 +3,7 @@
 //! pipeline, side by side.
 
 use kiln_ir::{Dim, Function, Module, Op, SymbolBindings, Type};
-use kiln_passes::PassManager;
+use kiln_passes::{PassError, PassManager};
 use std::collections::BTreeMap;
 use std::fmt::Write;
 
@@ -77,12 +77,9 @@ fn human(bytes: u64) -> String {
 }
 
 /// The report `kiln stats` prints.
-pub fn report(module: &Module, bindings: &SymbolBindings) -> Result<String, String> {
+pub fn report(module: &Module, bindings: &SymbolBindings) -> Result<String, PassError> {
     let mut optimized = module.clone();
-    PassManager::pipeline("default")
-        .map_err(|e| e.to_string())?
-        .run(&mut optimized)
-        .map_err(|e| e.to_string())?;
+    PassManager::pipeline("default")?.run(&mut optimized)?;
     let mut out = String::new();
     let total: u64 = (module.states.iter())
         .map(|s| elements(&s.ty, bindings))

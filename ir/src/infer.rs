@@ -523,12 +523,7 @@ fn same_element_count(a: &Shape, b: &Shape) -> bool {
 }
 
 /// `[..., M, K] @ [..., K, N] -> [..., M, N]`, batch dimensions broadcast.
-pub fn matmul_type(
-    a: &Type,
-    b: &Type,
-    transpose_a: bool,
-    transpose_b: bool,
-) -> Result<Type, String> {
+fn matmul_type(a: &Type, b: &Type, transpose_a: bool, transpose_b: bool) -> Result<Type, String> {
     if a.rank() < 2 || b.rank() < 2 {
         return Err(format!(
             "operands need rank 2 or more (reshape vectors to matrices): {a}, {b}"

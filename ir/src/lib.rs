@@ -42,5 +42,5 @@ pub use op::{
     ReduceOp, UnaryOp, VectorForm,
 };
 pub use parse::{ParseError, parse_module};
-pub use types::{DType, Dim, Shape, Symbol, SymbolBindings, Type};
+pub use types::{BindError, DType, Dim, Shape, Symbol, SymbolBindings, TooLarge, Type};
 pub use verify::{VerifyError, VerifyErrors, verify_module};

@@ -89,7 +89,7 @@ impl Initializer {
     }
 
     /// Rebuilds an initializer from its text form `name(key=value, ...)`.
-    pub fn from_parts(name: &str, attrs: &[(String, Attr)]) -> Result<Initializer, String> {
+    pub(crate) fn from_parts(name: &str, attrs: &[(String, Attr)]) -> Result<Initializer, String> {
         let expected: &[&str] = match name {
             "constant" => &["value"],
             "uniform" => &["low", "high", "seed"],

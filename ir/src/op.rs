@@ -793,7 +793,7 @@ impl Op {
     }
 
     /// Rebuilds an op from its text-form pieces. `Err` says what is missing or malformed.
-    pub fn from_parts(parts: &OpParts<'_>) -> Result<Op, String> {
+    pub(crate) fn from_parts(parts: &OpParts<'_>) -> Result<Op, String> {
         let attrs = AttrReader::new(parts.attrs);
         let symbol = || {
             parts

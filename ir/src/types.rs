@@ -213,25 +213,31 @@ impl Shape {
 
     /// Binds this shape's symbols to the sizes of a concrete array, checking fixed sizes and
     /// symbols already bound. `Err` names the first dimension that does not fit.
-    pub fn bind(&self, concrete: &[usize], bindings: &mut SymbolBindings) -> Result<(), String> {
+    pub fn bind(&self, concrete: &[usize], bindings: &mut SymbolBindings) -> Result<(), BindError> {
         if concrete.len() != self.rank() {
-            return Err(format!(
-                "rank {} where rank {} was expected",
-                concrete.len(),
-                self.rank()
-            ));
+            return Err(BindError::Rank {
+                found: concrete.len(),
+                expected: self.rank(),
+            });
         }
         for (axis, (dim, &size)) in self.0.iter().zip(concrete).enumerate() {
             match dim {
                 Dim::Fixed(n) if *n != size => {
-                    return Err(format!("dimension {axis} is {size}, expected {n}"));
+                    return Err(BindError::Size {
+                        axis,
+                        found: size,
+                        expected: *n,
+                    });
                 }
                 Dim::Fixed(_) => {}
                 Dim::Sym(s) => match bindings.get(s) {
                     Some(&bound) if bound != size => {
-                        return Err(format!(
-                            "dimension {axis} is {size}, but {s} is already bound to {bound}"
-                        ));
+                        return Err(BindError::Symbol {
+                            axis,
+                            found: size,
+                            symbol: s.clone(),
+                            bound,
+                        });
                     }
                     Some(_) => {}
                     None => {
@@ -355,7 +361,7 @@ impl Type {
     /// An error if no value of this type can exist in memory: its fixed dimensions alone need
     /// more than `isize::MAX` bytes (the most one allocation can hold), so element counts and
     /// byte sizes computed from it would overflow.
-    pub fn check_addressable(&self) -> Result<(), String> {
+    pub fn check_addressable(&self) -> Result<(), TooLarge> {
         if self.fixed_bytes() <= isize::MAX as u128 {
             return Ok(());
         }
@@ -365,21 +371,73 @@ impl Type {
             .iter()
             .filter_map(Dim::as_fixed)
             .fold(1u128, |acc, n| acc.saturating_mul(n as u128));
-        let count = if elements == u128::MAX {
-            "more than 2^128".to_string()
-        } else {
-            elements.to_string()
-        };
-        Err(format!(
-            "type {self} has {count} elements, more than memory can address ({} bytes at most)",
-            isize::MAX
-        ))
+        Err(TooLarge {
+            ty: self.clone(),
+            elements,
+        })
     }
 }
 
 impl fmt::Display for Type {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}{}", self.dtype, self.shape)
+    }
+}
+
+/// Why an array's shape does not fit a shape with symbols.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum BindError {
+    /// The ranks differ.
+    #[error("rank {found} where rank {expected} was expected")]
+    Rank {
+        /// The array's rank.
+        found: usize,
+        /// The shape's rank.
+        expected: usize,
+    },
+    /// A fixed dimension differs.
+    #[error("dimension {axis} is {found}, expected {expected}")]
+    Size {
+        /// The axis.
+        axis: usize,
+        /// The array's size there.
+        found: usize,
+        /// The shape's size there.
+        expected: usize,
+    },
+    /// A symbol is already bound to another size.
+    #[error("dimension {axis} is {found}, but {symbol} is already bound to {bound}")]
+    Symbol {
+        /// The axis.
+        axis: usize,
+        /// The array's size there.
+        found: usize,
+        /// The symbol of that dimension.
+        symbol: Symbol,
+        /// The size it is bound to.
+        bound: usize,
+    },
+}
+
+/// A type no memory can hold: its fixed dimensions need more than `isize::MAX` bytes.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "type {ty} has {} elements, more than memory can address ({} bytes at most)",
+    count(*elements),
+    isize::MAX
+)]
+pub struct TooLarge {
+    /// The type.
+    pub ty: Type,
+    /// Its element count (saturating at `u128::MAX`).
+    pub elements: u128,
+}
+
+fn count(elements: u128) -> String {
+    if elements == u128::MAX {
+        "more than 2^128".to_owned()
+    } else {
+        elements.to_string()
     }
 }
 
@@ -426,18 +484,21 @@ mod tests {
             shape(&["N"])
                 .bind(&[4], &mut b)
                 .unwrap_err()
+                .to_string()
                 .contains("already bound to 5")
         );
         assert!(
             shape(&["2"])
                 .bind(&[3], &mut b)
                 .unwrap_err()
+                .to_string()
                 .contains("expected 2")
         );
         assert!(
             shape(&["2"])
                 .bind(&[2, 1], &mut b)
                 .unwrap_err()
+                .to_string()
                 .contains("rank 2")
         );
     }

@@ -314,7 +314,7 @@ fn arguments(
         }
         ty.shape
             .bind(array.shape(), &mut bindings)
-            .map_err(mismatch)?;
+            .map_err(|e| mismatch(e.to_string()))?;
         args.push(array.clone());
     }
     Ok(args)

@@ -378,7 +378,8 @@ impl Executable {
         Ok(())
     }
 
-    fn fail(&self, inst: Inst, message: String) -> InterpError {
+    fn fail(&self, inst: Inst, message: impl ToString) -> InterpError {
+        let message = message.to_string();
         let data = self.func.inst(inst);
         InterpError::Op {
             func: self.func.name().to_owned(),

@@ -16,14 +16,31 @@ use kiln_ir::{ArgOp, AxisSlice, BinaryOp, CompareOp, DType, Distribution, Reduce
 use ndarray::{Array3, ArrayD, ArrayView2, ArrayViewD, Axis, Ix2, IxDyn, Slice, Zip};
 
 /// A kernel's failure, described for the user; the interpreter adds which op and where.
-pub type KernelResult<T> = Result<T, String>;
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct OpError(pub String);
 
-fn dtype_error(op: &str, dtype: DType) -> String {
-    format!("`{op}` is not defined for {dtype}")
+impl From<String> for OpError {
+    fn from(message: String) -> OpError {
+        OpError(message)
+    }
 }
 
-fn mismatch(op: &str, a: &Array, b: &Array) -> String {
-    format!("`{op}` operands differ: {} vs {}", a.ty(), b.ty())
+impl From<&str> for OpError {
+    fn from(message: &str) -> OpError {
+        OpError(message.to_owned())
+    }
+}
+
+/// The result of a kernel.
+pub type KernelResult<T> = Result<T, OpError>;
+
+fn dtype_error(op: &str, dtype: DType) -> OpError {
+    OpError(format!("`{op}` is not defined for {dtype}"))
+}
+
+fn mismatch(op: &str, a: &Array, b: &Array) -> OpError {
+    OpError(format!("`{op}` operands differ: {} vs {}", a.ty(), b.ty()))
 }
 
 /// The float operations the kernels need beyond `num_traits::Float`.
@@ -204,7 +221,7 @@ fn unary_int<T: IntElem>(op: UnaryOp, a: &ArrayD<T>) -> KernelResult<ArrayD<T>> 
         UnaryOp::Abs => |x| x.wrapping_abs(),
         UnaryOp::Sign => |x| x.signum(),
         UnaryOp::Relu => |x| x.max(T::ZERO),
-        _ => return Err(format!("`{}` is not defined for integers", op.name())),
+        _ => return Err(format!("`{}` is not defined for integers", op.name()).into()),
     };
     Ok(a.mapv(f))
 }
@@ -215,11 +232,7 @@ fn zip_map<A: Copy, B: Copy, T>(
     f: impl Fn(A, B) -> T,
 ) -> KernelResult<ArrayD<T>> {
     if x.shape() != y.shape() {
-        return Err(format!(
-            "operand shapes differ: {:?} vs {:?}",
-            x.shape(),
-            y.shape()
-        ));
+        return Err(format!("operand shapes differ: {:?} vs {:?}", x.shape(), y.shape()).into());
     }
     // Contiguous operands (the common case) skip the general iterator.
     if let (Some(a), Some(b)) = (x.as_slice(), y.as_slice()) {
@@ -280,7 +293,7 @@ fn binary_float<T: FloatElem>(
         BinaryOp::Min => zip_same(x, y, nan_min),
         BinaryOp::Pow => zip_same(x, y, pow),
         BinaryOp::And | BinaryOp::Or | BinaryOp::Xor => {
-            Err(format!("`{}` is defined for bool only", op.name()))
+            Err(format!("`{}` is defined for bool only", op.name()).into())
         }
     }
 }
@@ -304,7 +317,7 @@ fn binary_int<T: IntElem>(op: BinaryOp, x: &ArrayD<T>, y: &ArrayD<T>) -> KernelR
             |a, b| a.checked_trunc_div(b).unwrap_or(T::ZERO)
         }
         BinaryOp::Pow | BinaryOp::And | BinaryOp::Or | BinaryOp::Xor => {
-            return Err(format!("`{}` is not defined for integers", op.name()));
+            return Err(format!("`{}` is not defined for integers", op.name()).into());
         }
     };
     zip_same(x, y, f)
@@ -350,7 +363,7 @@ pub fn compare(op: CompareOp, a: &Array, b: &Array) -> KernelResult<Array> {
 /// `cond ? a : b`, elementwise.
 pub fn select(cond: &Array, a: &Array, b: &Array) -> KernelResult<Array> {
     let Array::Bool(c) = cond else {
-        return Err(format!("the condition must be bool, found {}", cond.ty()));
+        return Err(format!("the condition must be bool, found {}", cond.ty()).into());
     };
     fn typed<T: Copy>(c: &ArrayD<bool>, x: &ArrayD<T>, y: &ArrayD<T>) -> KernelResult<ArrayD<T>> {
         if c.shape() != x.shape() || x.shape() != y.shape() {
@@ -382,11 +395,11 @@ pub fn broadcast(x: &Array, shape: &[usize]) -> KernelResult<Array> {
 /// The elements of `x`, row-major, in `shape`.
 pub fn reshape(x: &Array, shape: &[usize]) -> KernelResult<Array> {
     if shape.iter().product::<usize>() != x.len() {
-        return Err(format!("cannot reshape {:?} to {shape:?}", x.shape()));
+        return Err(format!("cannot reshape {:?} to {shape:?}", x.shape()).into());
     }
     Ok(
         map_array!(x, a => ArrayD::from_shape_vec(IxDyn(shape), a.iter().cloned().collect())
-        .map_err(|e| e.to_string())?),
+        .map_err(|e| OpError(e.to_string()))?),
     )
 }
 
@@ -398,7 +411,7 @@ pub fn transpose(x: &Array, perm: &[usize]) -> KernelResult<Array> {
             .iter()
             .all(|&p| p < seen.len() && !std::mem::replace(&mut seen[p], true));
     if !valid {
-        return Err(format!("{perm:?} is not a permutation for {:?}", x.shape()));
+        return Err(format!("{perm:?} is not a permutation for {:?}", x.shape()).into());
     }
     Ok(map_array!(x, a => standard(a.view().permuted_axes(IxDyn(perm)))))
 }
@@ -406,19 +419,15 @@ pub fn transpose(x: &Array, perm: &[usize]) -> KernelResult<Array> {
 /// A range of each axis of `x`.
 pub fn slice(x: &Array, axes: &[AxisSlice]) -> KernelResult<Array> {
     if axes.len() != x.shape().len() {
-        return Err(format!(
-            "{} ranges for rank {}",
-            axes.len(),
-            x.shape().len()
-        ));
+        return Err(format!("{} ranges for rank {}", axes.len(), x.shape().len()).into());
     }
     for (range, &size) in axes.iter().zip(x.shape()) {
         if let AxisSlice::Range { start, end, step } = *range
             && (step == 0 || start > end || end > size)
         {
-            return Err(format!(
-                "range {range} is out of bounds for an axis of size {size}"
-            ));
+            return Err(
+                format!("range {range} is out of bounds for an axis of size {size}").into(),
+            );
         }
     }
     let info = |d: ndarray::AxisDescription| match axes[d.axis.index()] {
@@ -434,7 +443,7 @@ pub fn slice(x: &Array, axes: &[AxisSlice]) -> KernelResult<Array> {
 pub fn pad(x: &Array, low: &[usize], high: &[usize], interior: &[usize]) -> KernelResult<Array> {
     let rank = x.shape().len();
     if low.len() != rank || high.len() != rank || interior.len() != rank {
-        return Err(format!("padding needs one entry per axis of rank {rank}"));
+        return Err(format!("padding needs one entry per axis of rank {rank}").into());
     }
     let out_shape: Vec<usize> = x
         .shape()
@@ -521,11 +530,11 @@ fn fold_axes<T: Clone, A: Clone>(
 pub fn reduce(op: ReduceOp, x: &Array, axes: &[usize], keep_dims: bool) -> KernelResult<Array> {
     let rank = x.shape().len();
     if let Some(&bad) = axes.iter().find(|&&a| a >= rank) {
-        return Err(format!("axis {bad} is out of range for rank {rank}"));
+        return Err(format!("axis {bad} is out of range for rank {rank}").into());
     }
     let count: usize = axes.iter().map(|&a| x.shape()[a]).product();
     if count == 0 && matches!(op, ReduceOp::Max | ReduceOp::Min) {
-        return Err(format!("`{}` over an empty axis has no value", op.name()));
+        return Err(format!("`{}` over an empty axis has no value", op.name()).into());
     }
     Ok(match x {
         Array::F32(a) => Array::F32(reduce_float(op, a, axes, keep_dims, count)),
@@ -592,10 +601,10 @@ fn reduce_int<T: IntElem + num_traits::Bounded>(
 pub fn arg_reduce(op: ArgOp, x: &Array, axis: usize, keep_dims: bool) -> KernelResult<Array> {
     let rank = x.shape().len();
     if axis >= rank {
-        return Err(format!("axis {axis} is out of range for rank {rank}"));
+        return Err(format!("axis {axis} is out of range for rank {rank}").into());
     }
     if x.shape()[axis] == 0 {
-        return Err(format!("`{}` over an empty axis has no value", op.name()));
+        return Err(format!("`{}` over an empty axis has no value", op.name()).into());
     }
     fn typed<T: PartialOrd + Copy>(
         x: &ArrayD<T>,
@@ -710,7 +719,7 @@ fn batched_matmul<T: Clone + num_traits::Zero>(
     let (m, k) = (va.shape()[ra - 2], va.shape()[ra - 1]);
     let (k2, n) = (vb.shape()[rb - 2], vb.shape()[rb - 1]);
     if k != k2 {
-        return Err(format!("contraction sizes differ: {k} vs {k2}"));
+        return Err(format!("contraction sizes differ: {k} vs {k2}").into());
     }
     let batch = broadcast_dims(&va.shape()[..ra - 2], &vb.shape()[..rb - 2])
         .ok_or("batch dimensions do not broadcast")?;
@@ -725,28 +734,28 @@ fn batched_matmul<T: Clone + num_traits::Zero>(
         .as_standard_layout()
         .into_owned()
         .into_shape_with_order((batch_size, m, k))
-        .map_err(|e| e.to_string())?;
+        .map_err(|e| OpError(e.to_string()))?;
     let b3 = vb
         .broadcast(IxDyn(&full(batch.clone(), k, n)))
         .ok_or("rhs does not broadcast")?
         .as_standard_layout()
         .into_owned()
         .into_shape_with_order((batch_size, k, n))
-        .map_err(|e| e.to_string())?;
+        .map_err(|e| OpError(e.to_string()))?;
     let mut out = Array3::<T>::zeros((batch_size, m, n));
     for i in 0..batch_size {
         let p = a3
             .index_axis(Axis(0), i)
             .into_dimensionality::<Ix2>()
-            .map_err(|e| e.to_string())?;
+            .map_err(|e| OpError(e.to_string()))?;
         let q = b3
             .index_axis(Axis(0), i)
             .into_dimensionality::<Ix2>()
-            .map_err(|e| e.to_string())?;
+            .map_err(|e| OpError(e.to_string()))?;
         out.index_axis_mut(Axis(0), i).assign(&mm(p, q));
     }
     out.into_shape_with_order(IxDyn(&full(batch, m, n)))
-        .map_err(|e| e.to_string())
+        .map_err(|e| OpError(e.to_string()))
 }
 
 // ----- indexing and sources -----
@@ -755,7 +764,7 @@ fn indices(idx: &Array) -> KernelResult<Vec<i64>> {
     match idx {
         Array::I32(a) => Ok(a.iter().map(|&v| v as i64).collect()),
         Array::I64(a) => Ok(a.iter().copied().collect()),
-        other => Err(format!("indices must be i32 or i64, found {}", other.ty())),
+        other => Err(format!("indices must be i32 or i64, found {}", other.ty()).into()),
     }
 }
 
@@ -763,7 +772,7 @@ fn indices(idx: &Array) -> KernelResult<Vec<i64>> {
 pub fn gather(table: &Array, idx: &Array, axis: usize) -> KernelResult<Array> {
     let rank = table.shape().len();
     if axis >= rank {
-        return Err(format!("axis {axis} is out of range for rank {rank}"));
+        return Err(format!("axis {axis} is out of range for rank {rank}").into());
     }
     let size = table.shape()[axis];
     let positions = indices(idx)?
@@ -772,7 +781,11 @@ pub fn gather(table: &Array, idx: &Array, axis: usize) -> KernelResult<Array> {
             usize::try_from(i)
                 .ok()
                 .filter(|&u| u < size)
-                .ok_or_else(|| format!("index {i} is out of range for axis {axis} of size {size}"))
+                .ok_or_else(|| {
+                    OpError(format!(
+                        "index {i} is out of range for axis {axis} of size {size}"
+                    ))
+                })
         })
         .collect::<KernelResult<Vec<usize>>>()?;
     let mut shape = table.shape()[..axis].to_vec();
@@ -790,10 +803,7 @@ pub fn scatter_add(
     shape: &[usize],
 ) -> KernelResult<Array> {
     if axis >= shape.len() {
-        return Err(format!(
-            "axis {axis} is out of range for rank {}",
-            shape.len()
-        ));
+        return Err(format!("axis {axis} is out of range for rank {}", shape.len()).into());
     }
     let size = shape[axis];
     let positions = indices(idx)?
@@ -802,7 +812,11 @@ pub fn scatter_add(
             usize::try_from(i)
                 .ok()
                 .filter(|&u| u < size)
-                .ok_or_else(|| format!("index {i} is out of range for axis {axis} of size {size}"))
+                .ok_or_else(|| {
+                    OpError(format!(
+                        "index {i} is out of range for axis {axis} of size {size}"
+                    ))
+                })
         })
         .collect::<KernelResult<Vec<usize>>>()?;
     let outer: usize = shape[..axis].iter().product();
@@ -812,7 +826,8 @@ pub fn scatter_add(
             "updates {:?} do not fit {} indices into {shape:?}",
             updates.shape(),
             positions.len()
-        ));
+        )
+        .into());
     }
     fn accumulate<T: Copy>(
         out: &mut [T],
@@ -864,10 +879,7 @@ pub fn scatter_add(
             i64::wrapping_add,
         ),
         _ => {
-            return Err(format!(
-                "`scatter_add` is not defined for {}",
-                updates.dtype()
-            ));
+            return Err(format!("`scatter_add` is not defined for {}", updates.dtype()).into());
         }
     }
     Ok(out)
@@ -893,7 +905,7 @@ pub fn one_hot_into(labels: &Array, depth: usize, out: &mut Array) -> KernelResu
         let labels: Box<dyn Iterator<Item = i64>> = match labels {
             Array::I32(a) => Box::new(a.iter().map(|&x| i64::from(x))),
             Array::I64(a) => Box::new(a.iter().copied()),
-            other => return Err(format!("indices must be i32 or i64, found {}", other.ty())),
+            other => return Err(format!("indices must be i32 or i64, found {}", other.ty()).into()),
         };
         let out = out.as_slice_mut().expect("a standard-layout output");
         out.fill(T::from(false));
@@ -901,7 +913,9 @@ pub fn one_hot_into(labels: &Array, depth: usize, out: &mut Array) -> KernelResu
             let l = usize::try_from(label)
                 .ok()
                 .filter(|&l| l < depth)
-                .ok_or_else(|| format!("label {label} is out of range for depth {depth}"))?;
+                .ok_or_else(|| {
+                    OpError(format!("label {label} is out of range for depth {depth}"))
+                })?;
             out[i * depth + l] = T::from(true);
         }
         Ok(())
@@ -918,10 +932,7 @@ pub fn one_hot_into(labels: &Array, depth: usize, out: &mut Array) -> KernelResu
 /// The index along `axis` of every element of `shape`.
 pub fn iota(shape: &[usize], axis: usize, dtype: DType) -> KernelResult<Array> {
     if axis >= shape.len() {
-        return Err(format!(
-            "axis {axis} is out of range for rank {}",
-            shape.len()
-        ));
+        return Err(format!("axis {axis} is out of range for rank {}", shape.len()).into());
     }
     let idx = ArrayD::from_shape_fn(IxDyn(shape), |i| i[axis] as i64);
     Ok(Array::I64(idx).cast(dtype))

@@ -10,6 +10,7 @@
 pub mod kernels;
 
 use crate::array::Array;
+use crate::interp::kernels::{KernelResult, OpError};
 use crate::random::Stream;
 use crate::state::StateStore;
 use kiln_ir::print::{ValueNames, inst_line};
@@ -217,7 +218,7 @@ impl<'a> Interpreter<'a> {
             expected
                 .shape
                 .bind(array.shape(), &mut frame.bindings)
-                .map_err(mismatch)?;
+                .map_err(|e| mismatch(e.to_string()))?;
             frame.values.insert(v, array);
         }
         crate::limits::check_function(func, |s| frame.bindings.get(s).copied())?;
@@ -420,7 +421,9 @@ impl<'a> Interpreter<'a> {
                     .map_err(|s| {
                         Eval::Kernel(format!("symbol {s} is not bound by the arguments"))
                     })?;
-                let results = self.eval_op(op, &arg_refs, &shapes).map_err(Eval::Kernel)?;
+                let results = self
+                    .eval_op(op, &arg_refs, &shapes)
+                    .map_err(|e| Eval::Kernel(e.0))?;
                 Ok(results.into_iter().map(Arc::new).collect())
             }
         }
@@ -433,23 +436,23 @@ impl<'a> Interpreter<'a> {
         op: &Op,
         args: &[&Array],
         result_shapes: &[Vec<usize>],
-    ) -> Result<Vec<Array>, String> {
+    ) -> KernelResult<Vec<Array>> {
         use kernels as k;
         let arg = |i: usize| {
             args.get(i)
                 .copied()
-                .ok_or_else(|| format!("operand {i} is missing"))
+                .ok_or_else(|| OpError(format!("operand {i} is missing")))
         };
         let shape = |i: usize| {
             result_shapes
                 .get(i)
-                .ok_or_else(|| "a result shape is missing".to_owned())
+                .ok_or_else(|| OpError::from("a result shape is missing"))
         };
-        let one = |r: Result<Array, String>| r.map(|a| vec![a]);
+        let one = |r: KernelResult<Array>| r.map(|a| vec![a]);
         match op {
             Op::Const { value, ty } => {
                 let array = Array::from_literal(value, shape(0)?)
-                    .ok_or_else(|| format!("the literal does not fill {ty}"))?;
+                    .ok_or_else(|| OpError(format!("the literal does not fill {ty}")))?;
                 Ok(vec![array])
             }
             Op::Unary(op) => one(k::unary(*op, arg(0)?)),
@@ -496,12 +499,13 @@ impl<'a> Interpreter<'a> {
                 let owned: Vec<Array> = args.iter().map(|&a| a.clone()).collect();
                 ops.call(callee, &owned)
                     .map(|rs| rs.into_iter().map(Array::into_standard_layout).collect())
-                    .map_err(|e| format!("custom op @{callee}: {e}"))
+                    .map_err(|e| OpError(format!("custom op @{callee}: {e}")))
             }
             Op::Load { .. } | Op::Store { .. } | Op::Cond | Op::While | Op::Fused => Err(format!(
                 "`{}` needs state or regions; run it in a function",
                 op.name()
-            )),
+            )
+            .into()),
         }
     }
 

@@ -134,7 +134,7 @@ impl Kernel {
             }
             ty.shape
                 .bind(input.shape(), &mut bindings)
-                .map_err(KernelError::Shape)?;
+                .map_err(|e| KernelError::Shape(e.to_string()))?;
         }
         let sizes = self.sizes(&bindings)?;
         let standard: Vec<Array> = inputs

@@ -146,7 +146,7 @@ pub(crate) fn accumulate(cx: &mut Context, leaf: LeafId, g: Arc<Array>) -> Eager
     let sum = match cx.grads.get(&leaf) {
         Some(prev) => {
             let added = kiln_backend::interp::kernels::binary(kiln_ir::BinaryOp::Add, prev, &g)
-                .map_err(EagerError::Usage)?;
+                .map_err(|e| EagerError::Usage(e.0))?;
             Arc::new(added)
         }
         None => g,

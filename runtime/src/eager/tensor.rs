@@ -82,7 +82,7 @@ pub(crate) fn apply(
 /// the general path — which also reports any error with the op's location.
 fn direct(
     inputs: &[&Tensor],
-    kernel: impl FnOnce(&Array, Option<&Array>) -> Result<Array, String>,
+    kernel: impl FnOnce(&Array, Option<&Array>) -> kernels::KernelResult<Array>,
 ) -> Option<Tensor> {
     let result = with(|cx| {
         if cx.trace.is_some() {
@@ -463,7 +463,7 @@ impl Tensor {
         // general way, as do errors, which then name the op's location).
         let kernel = |a: &Array, b: Option<&Array>| match b {
             Some(b) => kernels::binary(op, a, b),
-            None => Err(String::new()),
+            None => Err(kernels::OpError::from("no second operand")),
         };
         if let Some(t) = direct(&[self, other], kernel) {
             return Ok(t);
