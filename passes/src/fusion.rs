@@ -44,17 +44,34 @@ impl Pass for Fuse {
     }
 }
 
-/// Ops a fused kernel computes.
+/// Ops a fused kernel computes (exhaustive, so a new op is decided here).
 pub(crate) fn fusible(op: &Op) -> bool {
-    matches!(
-        op,
+    match op {
         Op::Unary(_)
-            | Op::Binary(_)
-            | Op::Compare(_)
-            | Op::Select
-            | Op::Cast { .. }
-            | Op::Reduce { .. }
-    ) || duplicable(op)
+        | Op::Binary(_)
+        | Op::Compare(_)
+        | Op::Select
+        | Op::Cast { .. }
+        | Op::Reduce { .. } => true,
+        Op::Const { .. } | Op::Broadcast { .. } | Op::Iota { .. } => duplicable(op),
+        Op::Reshape { .. }
+        | Op::Transpose { .. }
+        | Op::Slice { .. }
+        | Op::Pad { .. }
+        | Op::Concat { .. }
+        | Op::ArgReduce { .. }
+        | Op::MatMul { .. }
+        | Op::Gather { .. }
+        | Op::ScatterAdd { .. }
+        | Op::OneHot { .. }
+        | Op::Random { .. }
+        | Op::Load { .. }
+        | Op::Store { .. }
+        | Op::Cond
+        | Op::While
+        | Op::Fused
+        | Op::Call { .. } => false,
+    }
 }
 
 /// Ops that are index arithmetic: copied into every group that uses them.
