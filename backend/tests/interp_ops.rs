@@ -3,8 +3,9 @@
 
 use kiln_backend::{Array, CustomOpError, CustomOps, Interpreter, StateStore};
 use kiln_ir::{
-    ArgOp, AxisSlice, BinaryOp, BuildResult, CompareOp, DType, FunctionBuilder, Initializer,
-    Literal, Module, ReduceOp, Shape, StateDecl, Type, UnaryOp, Value, verify_module,
+    ArgOp, AxisSlice, BinaryOp, BuildResult, CompareOp, Conv2dAttrs, DType, FunctionBuilder,
+    Initializer, Literal, Module, Pool2dAttrs, PoolKind, ReduceOp, Shape, StateDecl, Type, UnaryOp,
+    Value, verify_module,
 };
 use ndarray::{ArrayD, IxDyn};
 
@@ -823,6 +824,177 @@ fn scatter_add_is_the_transpose_of_gather() {
     });
     assert!(
         err.contains("index 4 is out of range for axis 0 of size 4"),
+        "{err}"
+    );
+}
+
+/// conv2d by its definition: zero-pad the input explicitly, then for every output position sum
+/// the products of each tap with the input element it covers (dilated), per group.
+fn conv2d_reference(x: &ArrayD<f64>, w: &ArrayD<f64>, attrs: &Conv2dAttrs) -> ArrayD<f64> {
+    let (n, c, h, wd) = (x.shape()[0], x.shape()[1], x.shape()[2], x.shape()[3]);
+    let (o, cg, kh, kw) = (w.shape()[0], w.shape()[1], w.shape()[2], w.shape()[3]);
+    let [(pt, pb), (pl, pr)] = attrs.padding;
+    let (hp, wp) = (h + pt + pb, wd + pl + pr);
+    let mut padded = ArrayD::<f64>::zeros(IxDyn(&[n, c, hp, wp]));
+    padded
+        .slice_mut(ndarray::s![.., .., pt..pt + h, pl..pl + wd])
+        .assign(x);
+    let [sh, sw] = attrs.strides;
+    let [dh, dw] = attrs.dilation;
+    let oh = (hp - dh * (kh - 1) - 1) / sh + 1;
+    let ow = (wp - dw * (kw - 1) - 1) / sw + 1;
+    let og = o / attrs.groups;
+    ArrayD::from_shape_fn(IxDyn(&[n, o, oh, ow]), |i| {
+        let (b, oc, y, xx) = (i[0], i[1], i[2], i[3]);
+        let group = oc / og;
+        let mut sum = 0.0;
+        for ci in 0..cg {
+            for ky in 0..kh {
+                for kx in 0..kw {
+                    let v = padded[[b, group * cg + ci, y * sh + ky * dh, xx * sw + kx * dw]];
+                    sum += v * w[[oc, ci, ky, kx]];
+                }
+            }
+        }
+        sum
+    })
+}
+
+#[test]
+fn conv2d_matches_its_definition() {
+    let cases = [
+        ([1, 1, 4, 4], [1, 1, 3, 3], Conv2dAttrs::default()),
+        (
+            [2, 3, 6, 5],
+            [4, 3, 3, 2],
+            Conv2dAttrs {
+                strides: [2, 1],
+                padding: [(1, 2), (0, 1)],
+                dilation: [1, 2],
+                groups: 1,
+            },
+        ),
+        (
+            [1, 4, 5, 5],
+            [6, 2, 3, 3],
+            Conv2dAttrs {
+                padding: [(1, 1), (1, 1)],
+                groups: 2,
+                ..Conv2dAttrs::default()
+            },
+        ),
+    ];
+    for (xs, ws, attrs) in cases {
+        let n: usize = xs.iter().product();
+        let m: usize = ws.iter().product();
+        let x: Vec<f64> = (0..n).map(|i| ((i * 7) % 11) as f64 - 5.0).collect();
+        let w: Vec<f64> = (0..m).map(|i| ((i * 5) % 7) as f64 * 0.5 - 1.5).collect();
+        let (xa, wa) = (f64s(&xs, &x), f64s(&ws, &w));
+        let got = eval1(vec![xa.clone(), wa.clone()], |b, p| {
+            b.conv2d(p[0], p[1], attrs)
+        });
+        let (Array::F64(xr), Array::F64(wr)) = (&xa, &wa) else {
+            unreachable!()
+        };
+        let want = conv2d_reference(xr, wr, &attrs);
+        assert_eq!(got.shape(), want.shape());
+        close(
+            &values(&got),
+            &want.iter().copied().collect::<Vec<_>>(),
+            1e-12,
+        );
+        // f32 gives the same values (small integers and halves are exact).
+        let x32: Vec<f32> = x.iter().map(|&v| v as f32).collect();
+        let w32: Vec<f32> = w.iter().map(|&v| v as f32).collect();
+        let got32 = eval1(vec![f32s(&xs, &x32), f32s(&ws, &w32)], |b, p| {
+            b.conv2d(p[0], p[1], attrs)
+        });
+        close(
+            &values(&got32),
+            &want.iter().copied().collect::<Vec<_>>(),
+            1e-4,
+        );
+    }
+}
+
+#[test]
+fn pooling_matches_hand_values() {
+    // One 4x4 plane: rows 0..4 of 1..16.
+    let x = f32s(
+        &[1, 1, 4, 4],
+        &(1..=16).map(|v| v as f32).collect::<Vec<_>>(),
+    );
+    let two = Pool2dAttrs::new([2, 2], [2, 2]);
+    let max = eval1(vec![x.clone()], |b, p| b.max_pool2d(p[0], two));
+    assert_eq!(values(&max), [6.0, 8.0, 14.0, 16.0]);
+    let avg = eval1(vec![x.clone()], |b, p| b.avg_pool2d(p[0], two));
+    assert_eq!(values(&avg), [3.5, 5.5, 11.5, 13.5]);
+    // Padding: −∞ for max, zeros in the average (the window's size is the divisor).
+    let padded = Pool2dAttrs {
+        window: [2, 2],
+        strides: [2, 2],
+        padding: [(1, 1), (1, 1)],
+    };
+    let max = eval1(vec![x.clone()], |b, p| b.max_pool2d(p[0], padded));
+    assert_eq!(
+        values(&max),
+        [1.0, 3.0, 4.0, 9.0, 11.0, 12.0, 13.0, 15.0, 16.0]
+    );
+    let avg = eval1(vec![x.clone()], |b, p| b.avg_pool2d(p[0], padded));
+    assert_eq!(values(&avg)[..3], [0.25, 1.25, 1.0]);
+    // The gradient of max pooling goes to each window's largest element.
+    let g = f32s(&[1, 1, 2, 2], &[1.0, 2.0, 3.0, 4.0]);
+    let dx = eval1(vec![x, g], |b, p| {
+        b.pool(PoolKind::MaxGrad, two, &[p[0], p[1]])
+    });
+    let mut want = vec![0.0; 16];
+    (want[5], want[7], want[13], want[15]) = (1.0, 2.0, 3.0, 4.0);
+    assert_eq!(values(&dx), want);
+    // NaN propagates through max pooling.
+    let nan = f32s(&[1, 1, 2, 2], &[1.0, f32::NAN, 3.0, 2.0]);
+    let max = eval1(vec![nan], |b, p| b.max_pool2d(p[0], two));
+    assert!(values(&max)[0].is_nan());
+}
+
+#[test]
+fn window_ops_reject_bad_geometry_naming_the_op_and_shapes() {
+    let x = f32s(&[1, 4, 5, 5], &[0.0; 100]);
+    let cases: [(Vec<Array>, Conv2dAttrs, &str); 4] = [
+        (
+            vec![x.clone(), f32s(&[2, 4, 7, 7], &[0.0; 392])],
+            Conv2dAttrs::default(),
+            "kernel 7x7 dilated by [1, 1] is larger than the input 5x5",
+        ),
+        (
+            vec![x.clone(), f32s(&[3, 2, 3, 3], &[0.0; 54])],
+            Conv2dAttrs {
+                groups: 2,
+                ..Conv2dAttrs::default()
+            },
+            "groups=2 must divide the input channels (4) and the output channels (3)",
+        ),
+        (
+            vec![x.clone(), f32s(&[2, 3, 3, 3], &[0.0; 54])],
+            Conv2dAttrs::default(),
+            "take 3 input channels per group, but the input f32[1,4,5,5] has 4",
+        ),
+        (
+            vec![x.clone(), f32s(&[2, 4, 3, 3], &[0.0; 72])],
+            Conv2dAttrs {
+                strides: [0, 1],
+                ..Conv2dAttrs::default()
+            },
+            "strides must be at least 1",
+        ),
+    ];
+    for (args, attrs, expected) in cases {
+        let err = eval(args, |b, p| Ok(vec![b.conv2d(p[0], p[1], attrs)?])).unwrap_err();
+        assert!(err.contains("conv2d") && err.contains(expected), "{err}");
+    }
+    let big = Pool2dAttrs::new([6, 6], [1, 1]);
+    let err = eval(vec![x], |b, p| Ok(vec![b.max_pool2d(p[0], big)?])).unwrap_err();
+    assert!(
+        err.contains("max_pool2d") && err.contains("window 6x6 is larger than the input 5x5"),
         "{err}"
     );
 }

@@ -15,6 +15,7 @@ use crate::op::{
     ArgOp, AxisSlice, BinaryOp, CompareOp, Distribution, F64Attr, Op, ReduceOp, UnaryOp,
 };
 use crate::types::{DType, Shape, Type};
+use crate::window::{Conv2dAttrs, ConvKind, Pool2dAttrs, PoolKind};
 use std::collections::{HashMap, HashSet};
 
 /// An op that could not be built, and where the attempt was made.
@@ -455,6 +456,48 @@ impl FunctionBuilder {
         shape: Shape,
     ) -> BuildResult<Value> {
         self.insert1(Op::ScatterAdd { axis, shape }, &[updates, indices])
+    }
+
+    /// A 2-D convolution (or one of its transposes, by `kind`) of NCHW `a` with `b` (see
+    /// [`ConvKind`] for the operands of each).
+    #[track_caller]
+    pub fn conv(
+        &mut self,
+        kind: ConvKind,
+        attrs: Conv2dAttrs,
+        a: Value,
+        b: Value,
+    ) -> BuildResult<Value> {
+        self.insert1(Op::Conv2d { kind, attrs }, &[a, b])
+    }
+
+    /// `conv2d(x, w)`: NCHW `x` `[N, C, H, W]` with OIHW weights `[O, C/groups, KH, KW]`.
+    #[track_caller]
+    pub fn conv2d(&mut self, x: Value, w: Value, attrs: Conv2dAttrs) -> BuildResult<Value> {
+        self.conv(ConvKind::Forward, attrs, x, w)
+    }
+
+    /// A pooling op (or a pooling gradient, by `kind`) over NCHW `args` (see [`PoolKind`]).
+    #[track_caller]
+    pub fn pool(
+        &mut self,
+        kind: PoolKind,
+        attrs: Pool2dAttrs,
+        args: &[Value],
+    ) -> BuildResult<Value> {
+        self.insert1(Op::Pool2d { kind, attrs }, args)
+    }
+
+    /// The largest element of each window of NCHW `x`.
+    #[track_caller]
+    pub fn max_pool2d(&mut self, x: Value, attrs: Pool2dAttrs) -> BuildResult<Value> {
+        self.pool(PoolKind::Max, attrs, &[x])
+    }
+
+    /// The mean of each window of NCHW `x` (padding counts as zeros).
+    #[track_caller]
+    pub fn avg_pool2d(&mut self, x: Value, attrs: Pool2dAttrs) -> BuildResult<Value> {
+        self.pool(PoolKind::Avg, attrs, &[x])
     }
 
     /// Integer `labels` as one-hot vectors of `depth` along a new last axis.

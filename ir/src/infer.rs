@@ -6,6 +6,7 @@
 
 use crate::op::{AxisSlice, Distribution, Op};
 use crate::types::{DType, Dim, Shape, Type};
+use crate::window::{Conv2dAttrs, ConvKind, Pool2dAttrs, PoolKind};
 use std::fmt;
 
 /// An op applied to operands it does not accept.
@@ -56,7 +57,12 @@ fn check_counts(op: &Op, args: &[&Type], regions: &[RegionTypes<'_>]) -> Result<
         | Op::Compare(_)
         | Op::MatMul { .. }
         | Op::Gather { .. }
-        | Op::ScatterAdd { .. } => Some(2),
+        | Op::ScatterAdd { .. }
+        | Op::Conv2d { .. } => Some(2),
+        Op::Pool2d { kind, .. } => Some(match kind {
+            PoolKind::MaxGrad => 2,
+            PoolKind::Max | PoolKind::Avg | PoolKind::AvgGrad { .. } => 1,
+        }),
         Op::Select => Some(3),
         Op::Concat { .. } | Op::While | Op::Fused | Op::Call { .. } => None,
     };
@@ -390,6 +396,8 @@ fn rule(op: &Op, args: &[&Type], regions: &[RegionTypes<'_>]) -> Result<Vec<Type
             }
             one(updates.with_shape(shape.clone()))
         }
+        Op::Conv2d { kind, attrs } => one(conv2d_type(*kind, attrs, args)?),
+        Op::Pool2d { kind, attrs } => one(pool2d_type(*kind, attrs, args)?),
         Op::OneHot { depth, dtype } => {
             let labels = args[0];
             if !labels.dtype.is_int() {
@@ -520,6 +528,168 @@ fn same_element_count(a: &Shape, b: &Shape) -> bool {
         return zero(a) && zero(b);
     }
     fixed(a) == fixed(b) && symbols(a) == symbols(b)
+}
+
+/// The dimensions of an NCHW operand: `N` as it is, `C`, `H`, `W` fixed.
+fn nchw(what: &str, t: &Type) -> Result<(Dim, [usize; 3]), String> {
+    let dims = t.shape.dims();
+    let fixed = |i: usize| dims[i].as_fixed();
+    match dims {
+        [n, ..] if dims.len() == 4 => match (fixed(1), fixed(2), fixed(3)) {
+            (Some(c), Some(h), Some(w)) => Ok((n.clone(), [c, h, w])),
+            _ => Err(format!(
+                "the {what} {t} needs fixed channels, height and width"
+            )),
+        },
+        _ => Err(format!("the {what} must be NCHW (rank 4), found {t}")),
+    }
+}
+
+/// The output size along both spatial axes, or an error naming the window and the input.
+fn spatial_output(
+    input: [usize; 2],
+    size: impl Fn(usize, usize) -> Option<usize>,
+    window: &str,
+    padding: [(usize, usize); 2],
+) -> Result<[usize; 2], String> {
+    match (size(0, input[0]), size(1, input[1])) {
+        (Some(h), Some(w)) => Ok([h, w]),
+        _ => Err(format!(
+            "the {window} is larger than the input {}x{} padded by {:?}",
+            input[0], input[1], padding
+        )),
+    }
+}
+
+/// The type rule of `conv2d` and its two transposes.
+fn conv2d_type(kind: ConvKind, attrs: &Conv2dAttrs, args: &[&Type]) -> Result<Type, String> {
+    attrs.check()?;
+    let (a, b) = (args[0], args[1]);
+    if !a.dtype.is_float() || a.dtype != b.dtype {
+        return Err(format!(
+            "operands must have one float dtype, found {a}, {b}"
+        ));
+    }
+    let groups = attrs.groups;
+    let forward = |x: &Type,
+                   c: usize,
+                   hw: [usize; 2],
+                   w: &Type|
+     -> Result<(usize, [usize; 2]), String> {
+        let (o, [cg, kh, kw]) = match nchw("weights", w)? {
+            (Dim::Fixed(o), dims) => (o, dims),
+            _ => return Err(format!("the weights {w} need a fixed output-channel count")),
+        };
+        if !c.is_multiple_of(groups) || !o.is_multiple_of(groups) {
+            return Err(format!(
+                "groups={groups} must divide the input channels ({c}) and the output channels ({o})"
+            ));
+        }
+        if cg != c / groups {
+            return Err(format!(
+                "the weights {w} take {cg} input channels per group, but the input {x} has {c} \
+                 channels in {groups} group(s) ({} each)",
+                c / groups
+            ));
+        }
+        let size = |axis: usize, n: usize| attrs.output_size(axis, n, [kh, kw][axis]);
+        let window = format!("kernel {kh}x{kw} dilated by {:?}", attrs.dilation);
+        Ok((o, spatial_output(hw, size, &window, attrs.padding)?))
+    };
+    let dims = match kind {
+        ConvKind::Forward => {
+            let (n, [c, h, w]) = nchw("input", a)?;
+            let (o, [h2, w2]) = forward(a, c, [h, w], b)?;
+            vec![n, o.into(), h2.into(), w2.into()]
+        }
+        ConvKind::InputGrad { input } => {
+            let (n, [o, h2, w2]) = nchw("gradient", a)?;
+            let (_, [cg, _, _]) = nchw("weights", b)?;
+            let c = cg * groups;
+            let x = Type::new(
+                a.dtype,
+                vec![n.clone(), c.into(), input[0].into(), input[1].into()],
+            );
+            let (o2, out) = forward(&x, c, input, b)?;
+            if (o2, out) != (o, [h2, w2]) {
+                return Err(format!(
+                    "the gradient {a} is not the shape conv2d gives for an input {x} with weights {b}"
+                ));
+            }
+            x.shape.0
+        }
+        ConvKind::FilterGrad { kernel } => {
+            let (n, [c, h, w]) = nchw("input", a)?;
+            let (n2, [o, h2, w2]) = nchw("gradient", b)?;
+            if n != n2 {
+                return Err(format!(
+                    "the input {a} and the gradient {b} differ in batch size"
+                ));
+            }
+            let wt = Type::new(
+                a.dtype,
+                vec![
+                    o.into(),
+                    (c / groups.max(1)).into(),
+                    kernel[0].into(),
+                    kernel[1].into(),
+                ],
+            );
+            let (o2, out) = forward(a, c, [h, w], &wt)?;
+            if (o2, out) != (o, [h2, w2]) {
+                return Err(format!(
+                    "the gradient {b} is not the shape conv2d gives for the input {a} with weights {wt}"
+                ));
+            }
+            wt.shape.0
+        }
+    };
+    Ok(Type::new(a.dtype, Shape(dims)))
+}
+
+/// The type rule of the pooling ops and their gradients.
+fn pool2d_type(kind: PoolKind, attrs: &Pool2dAttrs, args: &[&Type]) -> Result<Type, String> {
+    attrs.check()?;
+    let x = args[0];
+    if !x.dtype.is_float() {
+        return Err(format!("the operand must be a float type, found {x}"));
+    }
+    let window = format!("window {}x{}", attrs.window[0], attrs.window[1]);
+    let size = |axis: usize, n: usize| attrs.output_size(axis, n);
+    match kind {
+        PoolKind::Max | PoolKind::Avg => {
+            let (n, [c, h, w]) = nchw("input", x)?;
+            let [h2, w2] = spatial_output([h, w], size, &window, attrs.padding)?;
+            Ok(Type::new(x.dtype, vec![n, c.into(), h2.into(), w2.into()]))
+        }
+        PoolKind::MaxGrad => {
+            let (_, [c, h, w]) = nchw("input", x)?;
+            let [h2, w2] = spatial_output([h, w], size, &window, attrs.padding)?;
+            let g = args[1];
+            let mut expected = x.shape.0.clone();
+            expected[1..].clone_from_slice(&[c.into(), h2.into(), w2.into()]);
+            if g.dtype != x.dtype || g.shape.0 != expected {
+                return Err(format!(
+                    "the gradient {g} is not the shape max_pool2d gives for the input {x}"
+                ));
+            }
+            Ok(x.clone())
+        }
+        PoolKind::AvgGrad { input } => {
+            let (n, [c, h2, w2]) = nchw("gradient", x)?;
+            let out = spatial_output(input, size, &window, attrs.padding)?;
+            if out != [h2, w2] {
+                return Err(format!(
+                    "the gradient {x} is not the shape avg_pool2d gives for an input of {}x{}",
+                    input[0], input[1]
+                ));
+            }
+            Ok(Type::new(
+                x.dtype,
+                vec![n, c.into(), input[0].into(), input[1].into()],
+            ))
+        }
+    }
 }
 
 /// `[..., M, K] @ [..., K, N] -> [..., M, N]`, batch dimensions broadcast.

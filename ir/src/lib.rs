@@ -28,6 +28,7 @@ pub mod parse;
 pub mod print;
 pub mod types;
 pub mod verify;
+pub mod window;
 
 pub use builder::{BuildError, BuildResult, FunctionBuilder};
 pub use diagnostic::{SourceError, parse_and_verify};
@@ -44,3 +45,4 @@ pub use op::{
 pub use parse::{ParseError, parse_module};
 pub use types::{BindError, DType, Dim, Shape, Symbol, SymbolBindings, TooLarge, Type};
 pub use verify::{VerifyError, VerifyErrors, verify_module};
+pub use window::{Conv2dAttrs, ConvKind, Pool2dAttrs, PoolKind};

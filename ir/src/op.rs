@@ -30,6 +30,7 @@
 
 use crate::literal::Literal;
 use crate::types::{DType, Shape, Type};
+use crate::window::{Conv2dAttrs, ConvKind, Pool2dAttrs, PoolKind};
 use std::fmt;
 use std::hash::{Hash, Hasher};
 
@@ -464,6 +465,21 @@ pub enum Op {
         /// The result shape.
         shape: Shape,
     },
+    /// A 2-D convolution over NCHW with OIHW weights, or one of its transposes (see
+    /// [`ConvKind`]).
+    Conv2d {
+        /// The convolution or a transpose.
+        kind: ConvKind,
+        /// Strides, padding, dilation, groups.
+        attrs: Conv2dAttrs,
+    },
+    /// 2-D max or average pooling over NCHW, or the gradient of one (see [`PoolKind`]).
+    Pool2d {
+        /// Which pooling op.
+        kind: PoolKind,
+        /// Window, strides, padding.
+        attrs: Pool2dAttrs,
+    },
     /// Integer labels to one-hot vectors along a new last axis of size `depth`.
     OneHot {
         /// The size of the new last axis.
@@ -553,6 +569,8 @@ pub enum Attr {
     Ints(Vec<i64>),
     /// A list of ranges: `[0:2, :]`.
     Slices(Vec<AxisSlice>),
+    /// A list of pairs: `[(1, 1), (0, 2)]` (padding as low and high per axis).
+    Pairs(Vec<(i64, i64)>),
 }
 
 impl fmt::Display for Attr {
@@ -567,6 +585,10 @@ impl fmt::Display for Attr {
             Attr::Bool(v) => write!(f, "{v}"),
             Attr::Ints(v) => write_list(f, v),
             Attr::Slices(v) => write_list(f, v),
+            Attr::Pairs(v) => {
+                let pairs: Vec<String> = v.iter().map(|(a, b)| format!("({a}, {b})")).collect();
+                write!(f, "[{}]", pairs.join(", "))
+            }
         }
     }
 }
@@ -616,6 +638,17 @@ impl Op {
             Op::MatMul { .. } => "matmul",
             Op::Gather { .. } => "gather",
             Op::ScatterAdd { .. } => "scatter_add",
+            Op::Conv2d { kind, .. } => match kind {
+                ConvKind::Forward => "conv2d",
+                ConvKind::InputGrad { .. } => "conv2d_input_grad",
+                ConvKind::FilterGrad { .. } => "conv2d_filter_grad",
+            },
+            Op::Pool2d { kind, .. } => match kind {
+                PoolKind::Max => "max_pool2d",
+                PoolKind::Avg => "avg_pool2d",
+                PoolKind::MaxGrad => "max_pool2d_grad",
+                PoolKind::AvgGrad { .. } => "avg_pool2d_grad",
+            },
             Op::OneHot { .. } => "one_hot",
             Op::Iota { .. } => "iota",
             Op::Random {
@@ -648,7 +681,8 @@ impl Op {
             | Op::Pad { .. }
             | Op::Concat { .. } => OpClass::Layout,
             Op::Reduce { .. } | Op::ArgReduce { .. } => OpClass::Reduction,
-            Op::MatMul { .. } => OpClass::Contraction,
+            Op::MatMul { .. } | Op::Conv2d { .. } => OpClass::Contraction,
+            Op::Pool2d { .. } => OpClass::Reduction,
             Op::Gather { .. } | Op::ScatterAdd { .. } | Op::OneHot { .. } => OpClass::Indexing,
             Op::Const { .. } | Op::Iota { .. } | Op::Random { .. } | Op::Load { .. } => {
                 OpClass::Source
@@ -677,8 +711,8 @@ impl Op {
             | Op::Gather { .. }
             | Op::ScatterAdd { .. }
             | Op::OneHot { .. } => Cost::DataMovement,
-            Op::Reduce { .. } | Op::ArgReduce { .. } => Cost::Reduction,
-            Op::MatMul { .. } => Cost::Contraction,
+            Op::Reduce { .. } | Op::ArgReduce { .. } | Op::Pool2d { .. } => Cost::Reduction,
+            Op::MatMul { .. } | Op::Conv2d { .. } => Cost::Contraction,
             Op::Load { .. }
             | Op::Store { .. }
             | Op::Cond
@@ -763,6 +797,8 @@ impl Op {
                 }
                 attrs
             }
+            Op::Conv2d { attrs, .. } => attrs.attributes(),
+            Op::Pool2d { attrs, .. } => attrs.attributes(),
             Op::Random { dist, seed, .. } => {
                 let (a, b) = match dist {
                     Distribution::Uniform { low, high } => (("low", low), ("high", high)),
@@ -864,6 +900,36 @@ impl Op {
                     axis: attrs.usize("axis")?,
                     shape: single_result()?.shape,
                 },
+                "conv2d" => Op::Conv2d {
+                    kind: ConvKind::Forward,
+                    attrs: attrs.conv2d(parts.name)?,
+                },
+                "conv2d_input_grad" => Op::Conv2d {
+                    kind: ConvKind::InputGrad {
+                        input: spatial(&single_result()?)?,
+                    },
+                    attrs: attrs.conv2d(parts.name)?,
+                },
+                "conv2d_filter_grad" => Op::Conv2d {
+                    kind: ConvKind::FilterGrad {
+                        kernel: spatial(&single_result()?)?,
+                    },
+                    attrs: attrs.conv2d(parts.name)?,
+                },
+                "max_pool2d" | "avg_pool2d" | "max_pool2d_grad" | "avg_pool2d_grad" => {
+                    let kind = match parts.name {
+                        "max_pool2d" => PoolKind::Max,
+                        "avg_pool2d" => PoolKind::Avg,
+                        "max_pool2d_grad" => PoolKind::MaxGrad,
+                        _ => PoolKind::AvgGrad {
+                            input: spatial(&single_result()?)?,
+                        },
+                    };
+                    Op::Pool2d {
+                        kind,
+                        attrs: attrs.pool2d(parts.name)?,
+                    }
+                }
                 "one_hot" => {
                     let ty = single_result()?;
                     let depth = ty.shape.dims().last().and_then(|d| d.as_fixed()).ok_or(
@@ -943,6 +1009,13 @@ impl Op {
             "matmul",
             "gather",
             "scatter_add",
+            "conv2d",
+            "conv2d_input_grad",
+            "conv2d_filter_grad",
+            "max_pool2d",
+            "avg_pool2d",
+            "max_pool2d_grad",
+            "avg_pool2d_grad",
             "one_hot",
             "iota",
             "random_uniform",
@@ -955,6 +1028,21 @@ impl Op {
             "call",
         ]);
         names
+    }
+}
+
+/// The fixed spatial size `(H, W)` of an NCHW type (a result type that states it).
+fn spatial(ty: &Type) -> Result<[usize; 2], String> {
+    match ty.shape.dims() {
+        [_, _, h, w] => match (h.as_fixed(), w.as_fixed()) {
+            (Some(h), Some(w)) => Ok([h, w]),
+            _ => Err(format!(
+                "the result type must state fixed spatial sizes, found {ty}"
+            )),
+        },
+        _ => Err(format!(
+            "the result type must have rank 4 (NCHW), found {ty}"
+        )),
     }
 }
 
@@ -1048,6 +1136,64 @@ impl<'a> AttrReader<'a> {
                 "attribute `{key}` must be a list of ranges like `[0:2, :]`, found `{other}`"
             )),
         }
+    }
+
+    /// Two non-negative integers, one per spatial axis.
+    fn usize2(&self, key: &str) -> Result<[usize; 2], String> {
+        match self.usizes(key)?[..] {
+            [a, b] => Ok([a, b]),
+            _ => Err(format!(
+                "attribute `{key}` must list two values, one per spatial axis"
+            )),
+        }
+    }
+
+    fn usize2_or(&self, key: &str, default: [usize; 2]) -> Result<[usize; 2], String> {
+        if self.attrs.iter().any(|(k, _)| k == key) {
+            self.usize2(key)
+        } else {
+            Ok(default)
+        }
+    }
+
+    /// `[(low, high), (low, high)]`, one pair per spatial axis; zeros when absent.
+    fn padding(&self, key: &str) -> Result<[(usize, usize); 2], String> {
+        let pair = |(a, b): (i64, i64)| Some((usize::try_from(a).ok()?, usize::try_from(b).ok()?));
+        match self.get(key) {
+            None => Ok([(0, 0), (0, 0)]),
+            Some(Attr::Pairs(v)) if v.len() == 2 => match (pair(v[0]), pair(v[1])) {
+                (Some(h), Some(w)) => Ok([h, w]),
+                _ => Err(format!("attribute `{key}` must hold non-negative sizes")),
+            },
+            Some(other) => Err(format!(
+                "attribute `{key}` must be two (low, high) pairs like `[(1, 1), (1, 1)]`, found `{other}`"
+            )),
+        }
+    }
+
+    fn conv2d(&self, op: &str) -> Result<Conv2dAttrs, String> {
+        let attrs = Conv2dAttrs {
+            strides: self.usize2_or("strides", [1, 1])?,
+            padding: self.padding("padding")?,
+            dilation: self.usize2_or("dilation", [1, 1])?,
+            groups: match self.get("groups") {
+                None => 1,
+                Some(_) => self.usize("groups")?,
+            },
+        };
+        attrs.check().map_err(|e| format!("`{op}`: {e}"))?;
+        Ok(attrs)
+    }
+
+    fn pool2d(&self, op: &str) -> Result<Pool2dAttrs, String> {
+        let window = self.usize2("window")?;
+        let attrs = Pool2dAttrs {
+            window,
+            strides: self.usize2_or("strides", window)?,
+            padding: self.padding("padding")?,
+        };
+        attrs.check().map_err(|e| format!("`{op}`: {e}"))?;
+        Ok(attrs)
     }
 
     fn finish(&self, op: &str) -> Result<(), String> {

@@ -61,6 +61,8 @@ pub(crate) fn fusible(op: &Op) -> bool {
         | Op::Concat { .. }
         | Op::ArgReduce { .. }
         | Op::MatMul { .. }
+        | Op::Conv2d { .. }
+        | Op::Pool2d { .. }
         | Op::Gather { .. }
         | Op::ScatterAdd { .. }
         | Op::OneHot { .. }

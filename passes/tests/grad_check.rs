@@ -7,8 +7,9 @@
 use kiln_backend::random::Stream;
 use kiln_backend::{Array, Interpreter, StateStore};
 use kiln_ir::{
-    AxisSlice, BinaryOp, BuildResult, CompareOp, DType, Dim, Function, FunctionBuilder, Literal,
-    Module, ReduceOp, Shape, Type, UnaryOp, Value, verify_module,
+    AxisSlice, BinaryOp, BuildResult, CompareOp, Conv2dAttrs, ConvKind, DType, Dim, Function,
+    FunctionBuilder, Literal, Module, Pool2dAttrs, PoolKind, ReduceOp, Shape, Type, UnaryOp, Value,
+    verify_module,
 };
 use kiln_passes::append_gradients;
 use ndarray::{ArrayD, IxDyn};
@@ -563,4 +564,86 @@ fn custom_ops_use_their_own_backward() {
         let cubed = b.call("cube", &[a[0]], vec![ty])?;
         b.mul(cubed[0], a[1])
     });
+}
+
+fn conv_attrs(strides: usize, pad: (usize, usize), dilation: usize, groups: usize) -> Conv2dAttrs {
+    Conv2dAttrs {
+        strides: [strides, strides],
+        padding: [pad, (pad.1, pad.0)],
+        dilation: [dilation, dilation],
+        groups,
+    }
+}
+
+#[test]
+fn conv2d_and_its_transposes() {
+    // (input, weights, attributes): plain, padded and strided, dilated, grouped.
+    let cases = [
+        ([1, 2, 5, 5], [3, 2, 3, 3], conv_attrs(1, (0, 0), 1, 1)),
+        ([2, 1, 6, 5], [2, 1, 3, 2], conv_attrs(2, (1, 2), 1, 1)),
+        ([1, 2, 7, 7], [2, 2, 2, 3], conv_attrs(1, (1, 0), 2, 1)),
+        ([2, 4, 4, 4], [6, 2, 3, 3], conv_attrs(1, (1, 1), 1, 2)),
+    ];
+    for (k, (x, w, attrs)) in cases.into_iter().enumerate() {
+        let seed = 60 + 3 * k as u64;
+        check(vec![input(&x, seed), input(&w, seed + 1)], |b, a| {
+            b.conv2d(a[0], a[1], attrs)
+        });
+        // The transposes, each differentiated with respect to both operands.
+        let y_type = {
+            let mut b = FunctionBuilder::new("shape");
+            let xa = b.arg("x", Type::new(DType::F64, Shape::fixed(&x)));
+            let wa = b.arg("w", Type::new(DType::F64, Shape::fixed(&w)));
+            let y = b.conv2d(xa, wa, attrs).unwrap();
+            b.value_type(y).clone()
+        };
+        let y = y_type.shape.as_fixed().unwrap();
+        let input_grad = ConvKind::InputGrad {
+            input: [x[2], x[3]],
+        };
+        check(vec![input(&y, seed + 2), input(&w, seed)], |b, a| {
+            b.conv(input_grad, attrs, a[0], a[1])
+        });
+        let filter_grad = ConvKind::FilterGrad {
+            kernel: [w[2], w[3]],
+        };
+        check(vec![input(&x, seed + 1), input(&y, seed + 2)], |b, a| {
+            b.conv(filter_grad, attrs, a[0], a[1])
+        });
+    }
+}
+
+#[test]
+fn pooling_and_its_gradients() {
+    // Random values: a window's largest element leads the next by far more than the step.
+    let attrs = [
+        Pool2dAttrs::new([2, 2], [2, 2]),
+        Pool2dAttrs::new([3, 3], [1, 1]),
+        Pool2dAttrs {
+            window: [3, 2],
+            strides: [2, 1],
+            padding: [(1, 1), (0, 1)],
+        },
+    ];
+    for (k, attrs) in attrs.into_iter().enumerate() {
+        let x = [2, 2, 5, 6];
+        check(vec![input(&x, 70 + k as u64)], |b, a| {
+            b.max_pool2d(a[0], attrs)
+        });
+        check(vec![input(&x, 71 + k as u64)], |b, a| {
+            b.avg_pool2d(a[0], attrs)
+        });
+        let y = {
+            let mut b = FunctionBuilder::new("shape");
+            let xa = b.arg("x", Type::new(DType::F64, Shape::fixed(&x)));
+            let p = b.avg_pool2d(xa, attrs).unwrap();
+            b.value_type(p).shape.as_fixed().unwrap()
+        };
+        let avg_grad = PoolKind::AvgGrad {
+            input: [x[2], x[3]],
+        };
+        check(vec![input(&y, 72 + k as u64)], |b, a| {
+            b.pool(avg_grad, attrs, &[a[0]])
+        });
+    }
 }

@@ -8,6 +8,7 @@
 //! results and a loop's carried values are never copied.
 
 pub mod kernels;
+mod window;
 
 use crate::array::Array;
 use crate::interp::kernels::{KernelResult, OpError};
@@ -486,6 +487,10 @@ impl<'a> Interpreter<'a> {
             } => one(k::matmul(arg(0)?, arg(1)?, *transpose_a, *transpose_b)),
             Op::Gather { axis } => one(k::gather(arg(0)?, arg(1)?, *axis)),
             Op::ScatterAdd { axis, .. } => one(k::scatter_add(arg(0)?, arg(1)?, *axis, shape(0)?)),
+            Op::Conv2d { kind, attrs } => {
+                one(window::conv2d(*kind, attrs, arg(0)?, arg(1)?, shape(0)?))
+            }
+            Op::Pool2d { kind, attrs } => one(window::pool2d(*kind, attrs, args, shape(0)?)),
             Op::OneHot { depth, dtype } => one(k::one_hot(arg(0)?, *depth, *dtype)),
             Op::Iota { axis, ty } => one(k::iota(shape(0)?, *axis, ty.dtype)),
             Op::Random { dist, seed, ty } => {

@@ -604,12 +604,15 @@ impl Parser {
             .ok_or_else(|| self.error_at(&token, format!("expected a number, found `{text}`")))
     }
 
-    /// After `[`: integers `[0, 2]` or slice ranges `[0:2, :, 1:9:2]`.
+    /// After `[`: integers `[0, 2]`, slice ranges `[0:2, :, 1:9:2]` or pairs `[(1, 1), (0, 2)]`.
     fn list_attr(&mut self) -> Result<Attr, ParseError> {
         let mut ints: Vec<i128> = Vec::new();
         let mut slices = Vec::new();
         if self.eat(&TokenKind::RBracket) {
             return Ok(Attr::Ints(Vec::new()));
+        }
+        if matches!(self.peek_kind(), TokenKind::LParen) {
+            return self.pairs_attr();
         }
         loop {
             let start_token = self.peek().clone();
@@ -667,6 +670,28 @@ impl Parser {
         } else {
             Ok(Attr::Slices(slices))
         }
+    }
+
+    /// After `[`, at `(`: `(a, b), (c, d)]`.
+    fn pairs_attr(&mut self) -> Result<Attr, ParseError> {
+        let mut pairs = Vec::new();
+        loop {
+            self.expect_kind(TokenKind::LParen, "`(` and a pair such as `(1, 1)`")?;
+            let a = self.pair_int()?;
+            self.expect_kind(TokenKind::Comma, "`,` between the pair's values")?;
+            let b = self.pair_int()?;
+            self.expect_kind(TokenKind::RParen, "`)` after the pair")?;
+            pairs.push((a, b));
+            if self.eat(&TokenKind::RBracket) {
+                return Ok(Attr::Pairs(pairs));
+            }
+            self.expect_kind(TokenKind::Comma, "`,` or `]` in the list of pairs")?;
+        }
+    }
+
+    fn pair_int(&mut self) -> Result<i64, ParseError> {
+        let v = self.small_int()?;
+        i64::try_from(v).map_err(|_| self.expected("integers that fit in 64 bits"))
     }
 
     fn small_int(&mut self) -> Result<i128, ParseError> {

@@ -5,8 +5,8 @@
 
 use super::{AutodiffError, Sweep, zeros};
 use kiln_ir::{
-    AxisSlice, BinaryOp, BuildError, CompareOp, Dim, FunctionBuilder, Inst, Op, ReduceOp, Shape,
-    Type, UnaryOp, Value,
+    AxisSlice, BinaryOp, BuildError, CompareOp, ConvKind, Dim, FunctionBuilder, Inst, Op, PoolKind,
+    ReduceOp, Shape, Type, UnaryOp, Value,
 };
 
 type Contributions = Vec<(Value, Value)>;
@@ -210,6 +210,48 @@ pub(super) fn vjp(
                 out.push((args[0], b.gather(g, x(1), *axis)?));
             }
         }
+        Op::Conv2d { kind, attrs } => {
+            let (a, c) = (x(0), x(1));
+            let spatial = |i: usize| spatial_of(s.ty(args[i]));
+            // ⟨g, conv(x, w)⟩ = ⟨x, input_grad(g, w)⟩ = ⟨w, filter_grad(x, g)⟩: each op's
+            // adjoints are the other two.
+            let (da, dc) = match kind {
+                ConvKind::Forward => (
+                    (ConvKind::InputGrad { input: spatial(0) }, g, c),
+                    (ConvKind::FilterGrad { kernel: spatial(1) }, a, g),
+                ),
+                ConvKind::InputGrad { .. } => (
+                    (ConvKind::Forward, g, c),
+                    (ConvKind::FilterGrad { kernel: spatial(1) }, g, a),
+                ),
+                ConvKind::FilterGrad { .. } => (
+                    (ConvKind::InputGrad { input: spatial(0) }, c, g),
+                    (ConvKind::Forward, a, g),
+                ),
+            };
+            if active(0) {
+                out.push((args[0], b.conv(da.0, *attrs, da.1, da.2)?));
+            }
+            if active(1) {
+                out.push((args[1], b.conv(dc.0, *attrs, dc.1, dc.2)?));
+            }
+        }
+        Op::Pool2d { kind, attrs } => match kind {
+            PoolKind::Max if active(0) => {
+                out.push((args[0], b.pool(PoolKind::MaxGrad, *attrs, &[x(0), g])?));
+            }
+            PoolKind::Avg if active(0) => {
+                let input = spatial_of(s.ty(args[0]));
+                out.push((args[0], b.pool(PoolKind::AvgGrad { input }, *attrs, &[g])?));
+            }
+            PoolKind::AvgGrad { .. } if active(0) => {
+                out.push((args[0], b.pool(PoolKind::Avg, *attrs, &[g])?));
+            }
+            // Routing by the arg-max is piecewise constant in `x`; the gradient with respect
+            // to the routed values (second order) has no op yet.
+            PoolKind::MaxGrad if active(1) => return Err(no_rule()),
+            _ => {}
+        },
         // Ops whose results are integers, booleans or independent of their operands.
         Op::Compare(_)
         | Op::ArgReduce { .. }
@@ -224,6 +266,13 @@ pub(super) fn vjp(
         Op::Cond | Op::While | Op::Fused | Op::Call { .. } => return Err(no_rule()),
     }
     Ok(out)
+}
+
+/// The spatial size `(H, W)` of an NCHW type (fixed: the type rules require it).
+fn spatial_of(ty: &Type) -> [usize; 2] {
+    let d = ty.shape.dims();
+    let fixed = |i: usize| d.get(i).and_then(Dim::as_fixed).unwrap_or(0);
+    [fixed(2), fixed(3)]
 }
 
 /// A custom op's gradient comes from the op's own backward, which the runtime registers as

@@ -63,6 +63,9 @@ pub fn node_cost(egraph: &Graph, node: &Node) -> Option<f64> {
                 .unwrap_or(SYMBOLIC_SIZE as usize) as f64;
             child_bytes(0) + child_bytes(1) + out_bytes * (1.0 + k / 8.0)
         }
+        // No rule rewrites the window ops: any fair positive cost serves.
+        Op::Conv2d { .. } => child_bytes(0) + child_bytes(1) + 4.0 * out_bytes,
+        Op::Pool2d { .. } => child_bytes(0) + out_bytes,
         Op::Gather { .. } | Op::ScatterAdd { .. } | Op::OneHot { .. } => 2.0 * out_bytes,
         Op::Random { .. } => out_bytes,
         Op::Load { .. } => 0.0,

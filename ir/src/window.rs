@@ -1,0 +1,224 @@
+//! Sliding windows over the two spatial axes of NCHW tensors: the geometry of `conv2d` and of
+//! the pooling ops, their output sizes, and their attributes in the text form.
+//!
+//! Along each spatial axis, a window of `k` taps `dilation` apart slides by `stride` over the
+//! input padded with `(low, high)` elements; the output has
+//! `(size + low + high - dilation·(k - 1) - 1) / stride + 1` positions (PyTorch's and XLA's
+//! formula). Convolution pads with zeros; max pooling with −∞; average pooling counts padding
+//! as zeros in the average (PyTorch's `count_include_pad=True`).
+
+use crate::op::Attr;
+
+/// The geometry of a 2-D convolution: strides, padding and dilation per spatial axis (H, W),
+/// and the number of channel groups.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Conv2dAttrs {
+    /// How far the window moves per output position.
+    pub strides: [usize; 2],
+    /// Elements added before and after each spatial axis.
+    pub padding: [(usize, usize); 2],
+    /// The distance between the window's taps.
+    pub dilation: [usize; 2],
+    /// Channel groups: each output channel sees `C / groups` input channels.
+    pub groups: usize,
+}
+
+impl Default for Conv2dAttrs {
+    fn default() -> Conv2dAttrs {
+        Conv2dAttrs {
+            strides: [1, 1],
+            padding: [(0, 0), (0, 0)],
+            dilation: [1, 1],
+            groups: 1,
+        }
+    }
+}
+
+impl Conv2dAttrs {
+    /// The output size along spatial axis `axis` for an input of `size` and a kernel of
+    /// `kernel` taps; `None` if the dilated kernel is larger than the padded input.
+    pub fn output_size(&self, axis: usize, size: usize, kernel: usize) -> Option<usize> {
+        output_size(
+            size,
+            self.padding[axis],
+            kernel,
+            self.dilation[axis],
+            self.strides[axis],
+        )
+    }
+
+    /// What is wrong with the attributes themselves, if anything.
+    pub fn check(&self) -> Result<(), String> {
+        check_positive("strides", &self.strides)?;
+        check_positive("dilation", &self.dilation)?;
+        if self.groups == 0 {
+            return Err("groups must be at least 1".into());
+        }
+        Ok(())
+    }
+
+    /// The attributes the text form prints.
+    pub fn attributes(&self) -> Vec<(&'static str, Attr)> {
+        vec![
+            ("strides", ints(&self.strides)),
+            ("padding", pairs(&self.padding)),
+            ("dilation", ints(&self.dilation)),
+            ("groups", Attr::Int(self.groups as i128)),
+        ]
+    }
+}
+
+/// The geometry of 2-D pooling: window, strides and padding per spatial axis (H, W).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Pool2dAttrs {
+    /// The window's size.
+    pub window: [usize; 2],
+    /// How far the window moves per output position.
+    pub strides: [usize; 2],
+    /// Elements added before and after each spatial axis.
+    pub padding: [(usize, usize); 2],
+}
+
+impl Pool2dAttrs {
+    /// A `window` moved by `strides`, without padding.
+    pub fn new(window: [usize; 2], strides: [usize; 2]) -> Pool2dAttrs {
+        Pool2dAttrs {
+            window,
+            strides,
+            padding: [(0, 0), (0, 0)],
+        }
+    }
+
+    /// The output size along spatial axis `axis` for an input of `size`; `None` if the
+    /// window is larger than the padded input.
+    pub fn output_size(&self, axis: usize, size: usize) -> Option<usize> {
+        output_size(
+            size,
+            self.padding[axis],
+            self.window[axis],
+            1,
+            self.strides[axis],
+        )
+    }
+
+    /// What is wrong with the attributes themselves, if anything.
+    pub fn check(&self) -> Result<(), String> {
+        check_positive("window", &self.window)?;
+        check_positive("strides", &self.strides)?;
+        for (axis, &(low, high)) in self.padding.iter().enumerate() {
+            if low >= self.window[axis] || high >= self.window[axis] {
+                return Err(format!(
+                    "padding {:?} on axis {axis} must be smaller than the window {}",
+                    (low, high),
+                    self.window[axis]
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// The attributes the text form prints.
+    pub fn attributes(&self) -> Vec<(&'static str, Attr)> {
+        vec![
+            ("window", ints(&self.window)),
+            ("strides", ints(&self.strides)),
+            ("padding", pairs(&self.padding)),
+        ]
+    }
+}
+
+/// Which of the convolution ops: the convolution or one of its two transposes (its
+/// gradients, which are convolutions too).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum ConvKind {
+    /// `conv2d %x, %w`: `x` `[N, C, H, W]` with weights `[O, C/groups, KH, KW]` gives
+    /// `[N, O, H2, W2]`; cross-correlation on the padded input, as PyTorch's `conv2d`.
+    Forward,
+    /// `conv2d_input_grad %g, %w`: the gradient with respect to `x` of `⟨g, conv2d(x, w)⟩`,
+    /// `[N, C, H, W]` (a transposed convolution); the result type states `H` and `W`.
+    InputGrad {
+        /// The input's spatial size `(H, W)`.
+        input: [usize; 2],
+    },
+    /// `conv2d_filter_grad %x, %g`: the gradient with respect to `w` of `⟨g, conv2d(x, w)⟩`,
+    /// `[O, C/groups, KH, KW]`; the result type states `KH` and `KW`.
+    FilterGrad {
+        /// The kernel's spatial size `(KH, KW)`.
+        kernel: [usize; 2],
+    },
+}
+
+/// Which of the pooling ops.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum PoolKind {
+    /// `max_pool2d %x`: the largest element of each window (padding is −∞).
+    Max,
+    /// `avg_pool2d %x`: the mean of each window, padding counted as zeros.
+    Avg,
+    /// `max_pool2d_grad %x, %g`: each window's `g` added at the position of its (first)
+    /// largest element of `x`; the result has `x`'s type.
+    MaxGrad,
+    /// `avg_pool2d_grad %g`: each window's `g`, divided by the window's size, spread over the
+    /// window; the result type states the input's `H` and `W`.
+    AvgGrad {
+        /// The input's spatial size `(H, W)`.
+        input: [usize; 2],
+    },
+}
+
+/// Output positions along one axis; `None` when the window does not fit once.
+fn output_size(
+    size: usize,
+    (low, high): (usize, usize),
+    kernel: usize,
+    dilation: usize,
+    stride: usize,
+) -> Option<usize> {
+    let padded = size.checked_add(low)?.checked_add(high)?;
+    let span = dilation
+        .checked_mul(kernel.checked_sub(1)?)?
+        .checked_add(1)?;
+    Some(padded.checked_sub(span)? / stride.max(1) + 1)
+}
+
+fn check_positive(name: &str, values: &[usize; 2]) -> Result<(), String> {
+    if values.contains(&0) {
+        return Err(format!("{name} must be at least 1, found {values:?}"));
+    }
+    Ok(())
+}
+
+fn ints(values: &[usize; 2]) -> Attr {
+    Attr::Ints(values.iter().map(|&v| v as i64).collect())
+}
+
+fn pairs(values: &[(usize, usize); 2]) -> Attr {
+    Attr::Pairs(values.iter().map(|&(a, b)| (a as i64, b as i64)).collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn output_sizes_follow_the_usual_formula() {
+        let same = Conv2dAttrs {
+            padding: [(1, 1), (1, 1)],
+            ..Conv2dAttrs::default()
+        };
+        assert_eq!(same.output_size(0, 8, 3), Some(8));
+        let strided = Conv2dAttrs {
+            strides: [2, 2],
+            ..Conv2dAttrs::default()
+        };
+        assert_eq!(strided.output_size(0, 7, 3), Some(3));
+        let dilated = Conv2dAttrs {
+            dilation: [2, 2],
+            ..Conv2dAttrs::default()
+        };
+        assert_eq!(dilated.output_size(0, 5, 3), Some(1));
+        assert_eq!(dilated.output_size(0, 4, 3), None);
+        assert_eq!(Pool2dAttrs::new([2, 2], [2, 2]).output_size(1, 7), Some(3));
+        assert_eq!(Pool2dAttrs::new([9, 9], [1, 1]).output_size(1, 8), None);
+    }
+}
