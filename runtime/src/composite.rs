@@ -8,8 +8,8 @@
 //! the type, with the caller's line.
 
 use kiln_ir::{
-    ArgOp, BinaryOp, BuildError, BuildResult, CompareOp, DType, FunctionBuilder, Loc, ReduceOp,
-    Type, TypeError, Value,
+    ArgOp, BinaryOp, BuildError, BuildResult, CompareOp, Conv2dAttrs, DType, Dim, FunctionBuilder,
+    Loc, ReduceOp, Shape, Type, TypeError, Value,
 };
 
 /// An elementwise activation applied after a layer.
@@ -182,6 +182,50 @@ pub fn layer_norm(
     let xhat = b.mul(d, inv)?;
     let scaled = b.mul(xhat, gamma)?;
     b.add(scaled, beta)
+}
+
+/// `conv2d(x, w) + bias`, the bias `[O]` broadcast over the batch and spatial axes.
+#[track_caller]
+pub fn conv2d_bias(
+    b: &mut FunctionBuilder,
+    x: Value,
+    w: Value,
+    bias: Value,
+    attrs: Conv2dAttrs,
+) -> BuildResult<Value> {
+    let y = b.conv2d(x, w, attrs)?;
+    let ty = b.value_type(bias).clone();
+    let channels = fixed_last_dim("conv2d", "bias", &ty)?;
+    let bias = b.reshape(bias, Shape::fixed(&[1, channels, 1, 1]))?;
+    b.add(y, bias)
+}
+
+/// `[N, d1, d2, …]` → `[N, d1·d2·…]`: every axis but the first in one (fixed sizes).
+#[track_caller]
+pub fn flatten(b: &mut FunctionBuilder, x: Value) -> BuildResult<Value> {
+    let ty = b.value_type(x).clone();
+    let dims = ty.shape.dims();
+    let rest: Option<usize> = dims.iter().skip(1).map(Dim::as_fixed).product();
+    match (dims.first(), rest) {
+        (Some(n), Some(rest)) if dims.len() >= 2 => {
+            b.reshape(x, Shape(vec![n.clone(), Dim::Fixed(rest)]))
+        }
+        _ => Err(error(
+            "flatten",
+            format!("the input needs a batch axis and fixed sizes after it, found {ty}"),
+        )),
+    }
+}
+
+/// The mean over the spatial axes of NCHW `x`: `[N, C]`.
+#[track_caller]
+pub fn global_avg_pool(b: &mut FunctionBuilder, x: Value) -> BuildResult<Value> {
+    let ty = b.value_type(x);
+    if ty.rank() != 4 {
+        let message = format!("the input must be NCHW (rank 4), found {ty}");
+        return Err(error("global_avg_pool", message));
+    }
+    b.reduce(ReduceOp::Mean, x, vec![2, 3], false)
 }
 
 /// The index of `ty`'s last axis; an error naming `composite` for a scalar.

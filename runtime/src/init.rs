@@ -2,8 +2,10 @@
 
 use kiln_ir::Initializer;
 
-/// How to initialise a parameter. Fans follow the `[in, out]` layout of dense weights: the
-/// fan-in is the product of every dimension but the last, the fan-out the last dimension.
+/// How to initialise a parameter. Fans follow the `[in, out]` layout of dense weights (the
+/// fan-in is the product of every dimension but the last, the fan-out the last dimension), and
+/// for rank-4 convolution weights `[O, C/groups, KH, KW]` PyTorch's: fan-in `C/groups·KH·KW`,
+/// fan-out `O·KH·KW`.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Init {
     /// Zeros.
@@ -39,12 +41,7 @@ pub enum Init {
 impl Init {
     /// The IR initializer for a parameter of `shape`, drawing with `seed`.
     pub fn initializer(self, shape: &[usize], seed: u64) -> Initializer {
-        let fan_out = shape.last().copied().unwrap_or(1).max(1) as f64;
-        let fan_in = shape[..shape.len().saturating_sub(1)]
-            .iter()
-            .product::<usize>()
-            .max(1) as f64;
-        let fan_in = if shape.len() <= 1 { fan_out } else { fan_in };
+        let (fan_in, fan_out) = fans(shape);
         match self {
             Init::Zeros => Initializer::constant(0.0),
             Init::Ones => Initializer::constant(1.0),
@@ -62,6 +59,25 @@ impl Init {
             }
             Init::KaimingNormal => Initializer::normal(0.0, (2.0 / fan_in).sqrt(), seed),
         }
+    }
+}
+
+/// `(fan_in, fan_out)` of a parameter of `shape` (see [`Init`]).
+fn fans(shape: &[usize]) -> (f64, f64) {
+    let product = |dims: &[usize]| dims.iter().product::<usize>().max(1) as f64;
+    match shape {
+        [o, cg, kh, kw] => {
+            let receptive = (kh * kw).max(1) as f64;
+            (
+                (*cg).max(1) as f64 * receptive,
+                (*o).max(1) as f64 * receptive,
+            )
+        }
+        [] | [_] => {
+            let n = product(shape);
+            (n, n)
+        }
+        [rest @ .., last] => (product(rest), (*last).max(1) as f64),
     }
 }
 

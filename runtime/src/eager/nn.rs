@@ -8,7 +8,7 @@ use super::tensor::apply1;
 use super::{EagerError, EagerResult, Tensor, with};
 use crate::composite;
 use crate::init::Init;
-use kiln_ir::{DType, Loc, Shape, StateDecl, Type};
+use kiln_ir::{Conv2dAttrs, DType, Loc, Pool2dAttrs, Shape, StateDecl, Type};
 
 /// A named parameter in this thread's scope.
 #[derive(Clone, Debug, PartialEq)]
@@ -243,6 +243,94 @@ impl Layer for LayerNorm {
 
     fn parameters(&self) -> Vec<Parameter> {
         vec![self.gamma.clone(), self.beta.clone()]
+    }
+}
+
+/// A 2-D convolution `conv2d(x, w) + b` over NCHW tensors.
+pub struct Conv2d {
+    /// The weights, `[out, in/groups, KH, KW]` (Kaiming-uniform).
+    pub w: Parameter,
+    /// The bias, `[out]` (zeros).
+    pub b: Parameter,
+    /// Strides, padding, dilation, groups.
+    pub attrs: Conv2dAttrs,
+}
+
+impl Conv2d {
+    /// A convolution from `inputs` to `outputs` channels with a `kernel`, as parameters
+    /// `<name>.w` and `<name>.b`.
+    pub fn new(
+        name: &str,
+        [inputs, outputs]: [usize; 2],
+        kernel: [usize; 2],
+        attrs: Conv2dAttrs,
+    ) -> EagerResult<Conv2d> {
+        let shape = [outputs, inputs / attrs.groups.max(1), kernel[0], kernel[1]];
+        Ok(Conv2d {
+            w: Parameter::new(
+                &format!("{name}.w"),
+                DType::F32,
+                &shape,
+                Init::KaimingUniform,
+            )?,
+            b: Parameter::new(&format!("{name}.b"), DType::F32, &[outputs], Init::Zeros)?,
+            attrs,
+        })
+    }
+}
+
+impl Layer for Conv2d {
+    fn forward(&self, x: &Tensor) -> EagerResult<Tensor> {
+        let (w, b) = (self.w.tensor()?, self.b.tensor()?);
+        apply1(&[x, &w, &b], Loc::caller(), |bd, v| {
+            composite::conv2d_bias(bd, v[0], v[1], v[2], self.attrs)
+        })
+    }
+
+    fn parameters(&self) -> Vec<Parameter> {
+        vec![self.w.clone(), self.b.clone()]
+    }
+}
+
+/// Max pooling over NCHW tensors.
+#[derive(Clone, Copy, Debug)]
+pub struct MaxPool2d(pub Pool2dAttrs);
+
+impl Layer for MaxPool2d {
+    fn forward(&self, x: &Tensor) -> EagerResult<Tensor> {
+        x.max_pool2d(self.0)
+    }
+}
+
+/// Average pooling over NCHW tensors (padding counts as zeros).
+#[derive(Clone, Copy, Debug)]
+pub struct AvgPool2d(pub Pool2dAttrs);
+
+impl Layer for AvgPool2d {
+    fn forward(&self, x: &Tensor) -> EagerResult<Tensor> {
+        x.avg_pool2d(self.0)
+    }
+}
+
+/// The mean over the spatial axes: `[N, C, H, W]` → `[N, C]`.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct GlobalAvgPool;
+
+impl Layer for GlobalAvgPool {
+    fn forward(&self, x: &Tensor) -> EagerResult<Tensor> {
+        apply1(&[x], Loc::caller(), |b, v| {
+            composite::global_avg_pool(b, v[0])
+        })
+    }
+}
+
+/// Every axis but the first in one.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Flatten;
+
+impl Layer for Flatten {
+    fn forward(&self, x: &Tensor) -> EagerResult<Tensor> {
+        x.flatten()
     }
 }
 

@@ -7,8 +7,8 @@ use crate::composite;
 use kiln_backend::interp::kernels;
 use kiln_backend::{Array, Env};
 use kiln_ir::{
-    ArgOp, AxisSlice, BinaryOp, BuildError, BuildResult, CompareOp, DType, FunctionBuilder, Loc,
-    ReduceOp, Shape, Type, UnaryOp, Value,
+    ArgOp, AxisSlice, BinaryOp, BuildError, BuildResult, CompareOp, Conv2dAttrs, DType,
+    FunctionBuilder, Loc, Pool2dAttrs, ReduceOp, Shape, Type, UnaryOp, Value,
 };
 use std::fmt;
 use std::sync::Arc;
@@ -657,6 +657,32 @@ impl Tensor {
         apply1(&[self], Loc::caller(), |b, v| {
             composite::log_softmax(b, v[0], axis)
         })
+    }
+
+    /// `conv2d(self, w)`: NCHW input, OIHW weights.
+    #[track_caller]
+    pub fn conv2d(&self, w: &Tensor, attrs: Conv2dAttrs) -> EagerResult<Tensor> {
+        apply1(&[self, w], Loc::caller(), |b, v| {
+            b.conv2d(v[0], v[1], attrs)
+        })
+    }
+
+    /// The largest element of each window (NCHW).
+    #[track_caller]
+    pub fn max_pool2d(&self, attrs: Pool2dAttrs) -> EagerResult<Tensor> {
+        apply1(&[self], Loc::caller(), |b, v| b.max_pool2d(v[0], attrs))
+    }
+
+    /// The mean of each window (NCHW; padding counts as zeros).
+    #[track_caller]
+    pub fn avg_pool2d(&self, attrs: Pool2dAttrs) -> EagerResult<Tensor> {
+        apply1(&[self], Loc::caller(), |b, v| b.avg_pool2d(v[0], attrs))
+    }
+
+    /// Every axis but the first in one (see [`composite::flatten`]).
+    #[track_caller]
+    pub fn flatten(&self) -> EagerResult<Tensor> {
+        apply1(&[self], Loc::caller(), |b, v| composite::flatten(b, v[0]))
     }
 
     /// GELU with the exact normal CDF (see [`composite::gelu`]).
