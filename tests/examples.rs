@@ -144,3 +144,37 @@ fn digits_dygraph_trains_eagerly_compiles_and_serves() {
     );
     std::fs::remove_dir_all(&dir).ok();
 }
+
+#[test]
+fn digits_cnn_trains_and_serves_the_same_logits() {
+    use kiln::demos::digits_cnn;
+    use kiln::runtime::{Fetch, Session};
+    let config = digits_cnn::config();
+    let model = digits_cnn::build(&config).unwrap();
+    let (train, _) = kiln::runtime::data::digits().unwrap().split(0.2, 0);
+    let batch = train.select(&(0..24).collect::<Vec<_>>()).all();
+    let mut session = Session::new(&model.program).unwrap();
+    let feeds = [("x", batch.x.clone()), ("y", batch.y.clone())];
+    let mut losses = Vec::new();
+    for _ in 0..15 {
+        let out = session
+            .run(&[Fetch::Target(model.train), model.loss.into()], &feeds)
+            .unwrap();
+        losses.push(out[0].to_f64_vec()[0]);
+    }
+    assert!(
+        losses[7] < 0.5 * losses[0],
+        "the loss does not fall: {losses:?}"
+    );
+    // The exported prediction program, compiled on its own, gives the session's logits.
+    let module = (model.program)
+        .export_module(&[("predict", &[model.logits][..])])
+        .unwrap();
+    let state = session.scope().store().clone();
+    let mut predictor = kiln::serve::Predictor::compile(module, "predict", state).unwrap();
+    let served = predictor.predict(vec![batch.x.clone()]).unwrap().remove(0);
+    let direct = session
+        .run(&[model.logits.into()], &[("x", batch.x)])
+        .unwrap();
+    assert_eq!(served.to_f64_vec(), direct[0].to_f64_vec());
+}

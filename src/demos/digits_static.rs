@@ -76,8 +76,16 @@ pub struct Outcome {
 }
 
 /// Trains on 80 % of the digits and reports test accuracy on the rest after each epoch.
-pub fn train(config: &Config, mut on_epoch: impl FnMut(&Epoch)) -> RuntimeResult<Outcome> {
-    let model = build(config)?;
+pub fn train(config: &Config, on_epoch: impl FnMut(&Epoch)) -> RuntimeResult<Outcome> {
+    train_model(build(config)?, config, on_epoch)
+}
+
+/// Trains `model` (any classifier of `x: f32[N,64]`) as [`train`] does.
+pub fn train_model(
+    model: Model,
+    config: &Config,
+    mut on_epoch: impl FnMut(&Epoch),
+) -> RuntimeResult<Outcome> {
     let (train_set, test) = data::digits()
         .map_err(|e| kiln_runtime::RuntimeError::State {
             name: "digits".into(),

@@ -1,0 +1,60 @@
+//! A convolutional classifier on the handwritten digits (8×8 images), as a static program:
+//! conv → pool → conv → pool → dense, trained with Adam in a session.
+
+use super::digits_static;
+pub use super::digits_static::{Config, Epoch, Model, Outcome};
+use kiln_ir::{Conv2dAttrs, DType, Dim, Pool2dAttrs, Shape};
+use kiln_runtime::layers::{self, Activation};
+use kiln_runtime::{Adam, Optimizer, Program, RuntimeResult};
+
+/// The defaults the example trains with.
+pub fn config() -> Config {
+    Config {
+        epochs: 20,
+        batch_size: 32,
+        hidden: 128,
+        learning_rate: 0.002,
+        seed: 0,
+    }
+}
+
+/// `x: f32[N,64]` as `[N,1,8,8]` → conv 3×3 (32, ReLU) → max pool 2 → conv 3×3 (64, ReLU)
+/// → max pool 2 → flatten → dense (128, ReLU) → dense (10).
+pub fn build(config: &Config) -> RuntimeResult<Model> {
+    let mut p = Program::with_seed(config.seed);
+    let x = p.placeholder("x", DType::F32, vec![Dim::sym("N"), Dim::Fixed(64)])?;
+    let y = p.placeholder("y", DType::I64, vec![Dim::sym("N")])?;
+    let image = p.reshape(x, Shape(vec![Dim::sym("N"), 1.into(), 8.into(), 8.into()]))?;
+    let same = Conv2dAttrs {
+        padding: [(1, 1), (1, 1)],
+        ..Conv2dAttrs::default()
+    };
+    let halve = Pool2dAttrs::new([2, 2], [2, 2]);
+    let h = layers::conv2d(&mut p, "conv1", image, 32, [3, 3], same, Activation::Relu)?;
+    let h = layers::max_pool2d(&mut p, h, halve)?;
+    let h = layers::conv2d(&mut p, "conv2", h, 64, [3, 3], same, Activation::Relu)?;
+    let h = layers::max_pool2d(&mut p, h, halve)?;
+    let h = layers::flatten(&mut p, h)?;
+    let h = layers::dense(&mut p, "fc1", h, config.hidden, Activation::Relu)?;
+    let logits = layers::dense(&mut p, "fc2", h, 10, Activation::Identity)?;
+    p.set_name(logits, "logits");
+    let loss = layers::softmax_cross_entropy(&mut p, logits, y)?;
+    p.set_name(loss, "loss");
+    let accuracy = layers::accuracy(&mut p, logits, y)?;
+    p.set_name(accuracy, "accuracy");
+    let train = Adam::new(config.learning_rate).minimize(&mut p, loss)?;
+    Ok(Model {
+        program: p,
+        x,
+        y,
+        logits,
+        loss,
+        accuracy,
+        train,
+    })
+}
+
+/// Trains on 80 % of the digits and reports test accuracy on the rest after each epoch.
+pub fn train(config: &Config, on_epoch: impl FnMut(&Epoch)) -> RuntimeResult<Outcome> {
+    digits_static::train_model(build(config)?, config, on_epoch)
+}
