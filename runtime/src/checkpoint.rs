@@ -195,6 +195,24 @@ pub fn load(
     path: &Path,
     declared: &BTreeMap<String, Type>,
 ) -> Result<BTreeMap<String, Array>, CheckpointError> {
+    let (values, missing) = load_present(path, declared)?;
+    if !missing.is_empty() {
+        let names: Vec<String> = missing.iter().map(|name| format!("`{name}`")).collect();
+        return Err(CheckpointError::Missing {
+            path: path.display().to_string(),
+            names: names.join(", "),
+        });
+    }
+    Ok(values)
+}
+
+/// Like [`load`], but declared state the file lacks is skipped and listed (a parameters-only
+/// checkpoint loaded where an optimizer has declared its moments): the values present, and the
+/// names skipped. A value present but of the wrong type or checksum is still an error.
+pub fn load_present(
+    path: &Path,
+    declared: &BTreeMap<String, Type>,
+) -> Result<(BTreeMap<String, Array>, Vec<String>), CheckpointError> {
     let shown = path.display().to_string();
     let bytes = std::fs::read(path).map_err(|source| CheckpointError::Read {
         path: shown.clone(),
@@ -207,19 +225,12 @@ pub fn load(
     let (_, metadata) = SafeTensors::read_metadata(&bytes).map_err(|e| invalid(e.to_string()))?;
     let tensors = SafeTensors::deserialize(&bytes).map_err(|e| invalid(e.to_string()))?;
     let checksums = metadata.metadata().clone().unwrap_or_default();
-    let missing: Vec<String> = declared
-        .keys()
-        .filter(|name| tensors.tensor(name).is_err())
-        .map(|name| format!("`{name}`"))
-        .collect();
-    if !missing.is_empty() {
-        return Err(CheckpointError::Missing {
-            path: shown,
-            names: missing.join(", "),
-        });
-    }
+    let (present, missing): (Vec<_>, Vec<_>) = declared
+        .iter()
+        .partition(|(name, _)| tensors.tensor(name).is_ok());
+    let missing: Vec<String> = missing.into_iter().map(|(name, _)| name.clone()).collect();
     let mut out = BTreeMap::new();
-    for (name, expected) in declared {
+    for (name, expected) in present {
         let view = tensors.tensor(name).map_err(|e| invalid(e.to_string()))?;
         if let Some(sum) = checksums.get(&format!("{CHECKSUM_PREFIX}{name}"))
             && *sum != format!("{:08x}", crc32fast::hash(view.data()))
@@ -240,7 +251,7 @@ pub fn load(
         }
         out.insert(name.clone(), array);
     }
-    Ok(out)
+    Ok((out, missing))
 }
 
 /// Writes a module as text IR, atomically (a failed save leaves the previous file intact).

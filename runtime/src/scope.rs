@@ -104,4 +104,15 @@ impl Scope {
         }
         Ok(())
     }
+
+    /// Loads the declared values a checkpoint has, keeping the others (an optimizer's moments
+    /// when the file holds parameters only); returns the names it skipped. On any error
+    /// nothing changes.
+    pub fn load_present(&mut self, path: &Path) -> Result<Vec<String>, CheckpointError> {
+        let (values, skipped) = checkpoint::load_present(path, &self.declared)?;
+        for (name, value) in values {
+            self.store.insert(name, value);
+        }
+        Ok(skipped)
+    }
 }

@@ -372,3 +372,66 @@ fn tensors_convert_to_and_from_ndarray() {
     let err = t.to_ndarray::<i64>().unwrap_err().to_string();
     assert_eq!(err, "the tensor is f32[2,2], not i64");
 }
+
+#[test]
+fn parameters_are_set_from_arrays_with_their_types_checked() {
+    eager::reset();
+    let p = Parameter::new("set.w", DType::F32, &[2], Init::Zeros).unwrap();
+    p.set(Array::F32(ndarray::arr1(&[1.5f32, -2.0]).into_dyn()))
+        .unwrap();
+    assert_eq!(p.tensor().unwrap().to_f64_vec().unwrap(), [1.5, -2.0]);
+    let err = p
+        .set(Array::F32(ndarray::arr1(&[1.0f32, 2.0, 3.0]).into_dyn()))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("set.w") && err.contains("f32[2]") && err.contains("f32[3]"),
+        "{err}"
+    );
+    let err = p
+        .set(Array::F64(ndarray::arr1(&[1.0, 2.0]).into_dyn()))
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("f64[2]"), "{err}");
+    assert_eq!(
+        p.tensor().unwrap().to_f64_vec().unwrap(),
+        [1.5, -2.0],
+        "unchanged"
+    );
+}
+
+#[test]
+fn a_parameters_only_checkpoint_loads_after_an_optimizer_declared_its_moments() {
+    eager::reset();
+    let dir = std::env::temp_dir().join(format!("kiln-partial-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("params.safetensors");
+    let w = Parameter::new("fc.w", DType::F32, &[3], Init::Ones).unwrap();
+    eager::save_parameters(&file).unwrap();
+
+    let mut opt = EagerOptimizer::new(Adam::new(0.1), vec![w.clone()]).unwrap();
+    let loss = w
+        .tensor()
+        .unwrap()
+        .mul(&w.tensor().unwrap())
+        .unwrap()
+        .sum_all()
+        .unwrap();
+    loss.backward().unwrap();
+    opt.step().unwrap();
+    let trained = w.tensor().unwrap().to_f64_vec().unwrap();
+    assert!(trained.iter().all(|&v| v < 1.0));
+
+    // The strict load names what the file lacks and changes nothing.
+    let err = eager::load_parameters(&file).unwrap_err().to_string();
+    assert!(
+        err.contains("`adam.m.fc.w`, `adam.step`, `adam.v.fc.w`"),
+        "{err}"
+    );
+    assert_eq!(w.tensor().unwrap().to_f64_vec().unwrap(), trained);
+    // The non-strict load restores the parameter and lists the moments it skipped.
+    let skipped = eager::load_parameters_present(&file).unwrap();
+    assert_eq!(skipped, ["adam.m.fc.w", "adam.step", "adam.v.fc.w"]);
+    assert_eq!(w.tensor().unwrap().to_f64_vec().unwrap(), [1.0, 1.0, 1.0]);
+    std::fs::remove_dir_all(&dir).ok();
+}

@@ -180,6 +180,13 @@ pub fn load_parameters(path: &std::path::Path) -> EagerResult<()> {
     with(|cx| Ok(cx.scope.load(path).map_err(RuntimeError::from)?))
 }
 
+/// Loads the parameter values a checkpoint has and keeps the rest (say, an optimizer's moments
+/// when the file holds parameters only); returns the names it skipped. Nothing changes on
+/// error.
+pub fn load_parameters_present(path: &std::path::Path) -> EagerResult<Vec<String>> {
+    with(|cx| Ok(cx.scope.load_present(path).map_err(RuntimeError::from)?))
+}
+
 /// How many instructions the tape holds (0 once no recorded tensor is alive): for
 /// inspecting memory use.
 pub fn tape_len() -> usize {

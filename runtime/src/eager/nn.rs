@@ -8,6 +8,7 @@ use super::tensor::apply1;
 use super::{EagerError, EagerResult, Tensor, with};
 use crate::composite;
 use crate::init::Init;
+use kiln_backend::Array;
 use kiln_ir::{Conv2dAttrs, DType, Loc, Pool2dAttrs, Shape, StateDecl, Type};
 
 /// A named parameter in this thread's scope.
@@ -76,6 +77,20 @@ impl Parameter {
             })?;
             let leaf = cx.param_leaves[&self.decl.name];
             Ok(Tensor::leaf(data, leaf))
+        })
+    }
+
+    /// Replaces the parameter's value with `value`, which must have its dtype and shape.
+    /// Gradients already accumulated stay (as `torch.no_grad(): p.copy_(value)` keeps them).
+    pub fn set(&self, value: Array) -> EagerResult<()> {
+        with(|cx| {
+            if cx.trace.is_some() {
+                return Err(EagerError::Usage(format!(
+                    "parameter `{}` cannot be set while tracing",
+                    self.decl.name
+                )));
+            }
+            Ok(cx.scope.set(&self.decl.name, value)?)
         })
     }
 
