@@ -31,5 +31,5 @@ pub use dce::Dce;
 pub use fold::ConstantFold;
 pub use fusion::Fuse;
 pub use manager::{Pass, PassError, PassManager, PassReport, Stats};
-pub use prune::prune;
+pub use prune::{prune, prune_fed};
 pub use simplify::Simplify;

@@ -7,11 +7,26 @@
 //! locations as they were.
 
 use kiln_ir::{Function, Inst, Op, Value};
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 
 /// The slice of `graph` (top level) computing `outputs` and performing `stores`, as a new
 /// function `name` returning `outputs`. Arguments it does not need are removed.
 pub fn prune(graph: &Function, name: &str, outputs: &[Value], stores: &[Inst]) -> Function {
+    prune_fed(graph, name, outputs, stores, &[])
+}
+
+/// Like [`prune`], with `fed` values cut loose from what computes them: each fed value the
+/// slice needs becomes an argument of the function (named after its feed), and nothing upstream of it
+/// is kept unless something else needs it. An instruction is dropped only when every result
+/// the slice needs from it is fed.
+pub fn prune_fed(
+    graph: &Function,
+    name: &str,
+    outputs: &[Value],
+    stores: &[Inst],
+    fed: &[(Value, String)],
+) -> Function {
+    let is_fed = |v: &Value| fed.iter().any(|(f, _)| f == v);
     let mut needed: HashSet<Value> = outputs.iter().copied().collect();
     let keep_store: HashSet<Inst> = stores.iter().copied().collect();
     let body = graph.body();
@@ -20,7 +35,10 @@ pub fn prune(graph: &Function, name: &str, outputs: &[Value], stores: &[Inst]) -
         let data = graph.inst(inst);
         let wanted = match data.op {
             Op::Store { .. } => keep_store.contains(&inst),
-            _ => data.results.iter().any(|r| needed.contains(r)),
+            _ => data
+                .results
+                .iter()
+                .any(|r| needed.contains(r) && !is_fed(r)),
         };
         if wanted {
             kept.push(inst);
@@ -34,14 +52,21 @@ pub fn prune(graph: &Function, name: &str, outputs: &[Value], stores: &[Inst]) -
     let mut f = graph.clone();
     f.set_name(name);
     f.region_mut(body).insts = kept;
-    f.retain_region_args(body, |v| needed.contains(&v));
-    f.set_region_results(body, outputs.to_vec());
-    f.set_result_types(
-        outputs
-            .iter()
-            .map(|&v| graph.value_type(v).clone())
-            .collect(),
-    );
+    f.retain_region_args(body, |v| needed.contains(&v) && !is_fed(&v));
+    let mut replace = HashMap::new();
+    for (v, feed) in fed {
+        if needed.contains(v) && !graph.args().contains(v) {
+            let arg = f.append_region_arg(body, graph.value_type(*v).clone(), Some(feed.clone()));
+            replace.insert(*v, arg);
+        }
+    }
+    f.replace_uses_map(&replace);
+    let outputs: Vec<Value> = outputs
+        .iter()
+        .map(|v| *replace.get(v).unwrap_or(v))
+        .collect();
+    f.set_region_results(body, outputs.clone());
+    f.set_result_types(outputs.iter().map(|&v| f.value_type(v).clone()).collect());
     f
 }
 

@@ -16,13 +16,13 @@ pub enum RuntimeError {
         /// Its type.
         ty: Box<Type>,
     },
-    /// A fed array does not fit its placeholder.
-    #[error(
-        "feed `{name}`: the placeholder is {expected}, but the fed array is {found} ({reason})"
-    )]
+    /// A fed array does not fit the placeholder or value it feeds.
+    #[error("feed `{name}`: the {kind} is {expected}, but the fed array is {found} ({reason})")]
     FeedMismatch {
-        /// The placeholder.
+        /// The placeholder or value.
         name: String,
+        /// `placeholder` or `value`.
+        kind: &'static str,
         /// Its type.
         expected: Box<Type>,
         /// The array's type.
@@ -30,13 +30,29 @@ pub enum RuntimeError {
         /// What does not fit.
         reason: String,
     },
-    /// A feed names no placeholder.
-    #[error("feed `{name}`: no placeholder has that name; the placeholders are: {available}")]
+    /// A feed names no placeholder and no named value.
+    #[error(
+        "feed `{name}`: no placeholder or named value has that name; the placeholders are: {available}"
+    )]
     UnknownFeed {
         /// The name.
         name: String,
         /// What there is, listed.
         available: String,
+    },
+    /// A fed value lies between a state that a fetched target updates and the target's loss,
+    /// so feeding it would cut the gradient path of that update.
+    #[error(
+        "feed `{name}`: the value is computed from @{state}, which target `{target}` updates; \
+         feeding it would cut that update's gradient path (fetch the target without this feed)"
+    )]
+    FeedCutsUpdate {
+        /// The fed value.
+        name: String,
+        /// The state it depends on.
+        state: String,
+        /// The target that updates the state.
+        target: String,
     },
     /// A fetch names nothing in the program.
     #[error(

@@ -12,10 +12,10 @@
 use crate::error::{RuntimeError, RuntimeResult};
 use crate::init::Init;
 use kiln_ir::{
-    DType, Function, FunctionBuilder, Initializer, Inst, Module, Shape, StateDecl, Type, Value,
+    DType, Function, FunctionBuilder, Initializer, Inst, Module, Op, Shape, StateDecl, Type, Value,
     verify_module,
 };
-use std::collections::HashSet;
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::ops::{Deref, DerefMut};
 
 /// A trainable parameter: its state name and the value its `load` gives in the graph.
@@ -293,11 +293,65 @@ impl Program {
     /// The slice of the graph computing `outputs` and performing the stores of `targets`, as
     /// a function `name` whose arguments are the placeholders it needs.
     pub fn export(&self, name: &str, outputs: &[Value], targets: &[Target]) -> Function {
+        self.export_fed(name, outputs, targets, &[])
+    }
+
+    /// Like [`Program::export`], with `fed` values (and their feed names) made arguments:
+    /// nothing upstream of a fed value is computed.
+    pub fn export_fed(
+        &self,
+        name: &str,
+        outputs: &[Value],
+        targets: &[Target],
+        fed: &[(Value, String)],
+    ) -> Function {
         let stores: Vec<Inst> = targets
             .iter()
             .flat_map(|&t| self.target_stores(t).iter().copied())
             .collect();
-        kiln_passes::prune(self.graph(), name, outputs, &stores)
+        kiln_passes::prune_fed(self.graph(), name, outputs, &stores, fed)
+    }
+
+    /// The states the computation of `v` reads, transitively (through regions too).
+    pub fn states_upstream_of(&self, v: Value) -> BTreeSet<String> {
+        let graph = self.graph();
+        let defining: HashMap<Value, Inst> = graph
+            .walk_insts()
+            .into_iter()
+            .flat_map(|i| graph.inst(i).results.iter().map(move |&r| (r, i)))
+            .collect();
+        let (mut states, mut seen, mut stack) = (BTreeSet::new(), HashSet::new(), vec![v]);
+        while let Some(v) = stack.pop() {
+            let Some(&inst) = defining.get(&v) else {
+                continue;
+            };
+            if !seen.insert(inst) {
+                continue;
+            }
+            let data = graph.inst(inst);
+            if let Op::Load { state, .. } = &data.op {
+                states.insert(state.clone());
+            }
+            stack.extend(data.args.iter().copied());
+            for &r in &data.regions {
+                stack.extend(graph.free_values(r));
+                for &i in &graph.region(r).insts {
+                    stack.extend(graph.inst(i).results.iter().copied());
+                }
+            }
+        }
+        states
+    }
+
+    /// The states target `t` stores to.
+    pub fn target_states(&self, t: Target) -> Vec<String> {
+        let graph = self.graph();
+        (self.target_stores(t).iter())
+            .filter_map(|&i| match &graph.inst(i).op {
+                Op::Store { state } => Some(state.clone()),
+                _ => None,
+            })
+            .collect()
     }
 
     /// A verified module with this program's state and the exported functions, e.g.

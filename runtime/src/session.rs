@@ -71,8 +71,9 @@ struct Signature {
 struct Prepared {
     /// The slice (optimised, for the compiled backend).
     module: Module,
-    /// The placeholder behind each argument of the function.
-    arg_names: Vec<String>,
+    /// The feed behind each argument of the function, and whether it feeds a placeholder or
+    /// another value.
+    arg_names: Vec<(String, &'static str)>,
     executable: Option<Executable>,
 }
 
@@ -187,7 +188,7 @@ impl Runner {
             self.cache.insert(signature.clone(), prepared);
         }
         let prepared = &self.cache[&signature];
-        let args = arguments(program, prepared, feeds)?;
+        let args = arguments(prepared, feeds)?;
         let func = &prepared.module.functions[0];
         let counter = self.runs;
         self.runs += 1;
@@ -230,22 +231,31 @@ fn prepare(
     index: usize,
     backend: Backend,
 ) -> RuntimeResult<Prepared> {
-    let func = program.export(
+    let fed = fed_values(program, signature)?;
+    let func = program.export_fed(
         &format!("run{index}"),
         &signature.values,
         &signature.targets,
+        &fed,
     );
-    let graph = program.graph();
+    let is_placeholder = |name: &str| program.placeholders().iter().any(|(n, _)| n == name);
     let arg_names = func
         .args()
         .iter()
         .map(|&a| {
-            program
-                .placeholders()
-                .iter()
-                .find(|(_, v)| *v == a)
-                .map(|(n, _)| n.clone())
-                .unwrap_or_else(|| graph.value_name(a).unwrap_or_default().to_owned())
+            let placeholder = program.placeholders().iter().find(|(_, v)| *v == a);
+            match placeholder {
+                Some((name, _)) => (name.clone(), "placeholder"),
+                None => {
+                    let name = func.value_name(a).unwrap_or_default().to_owned();
+                    let kind = if is_placeholder(&name) {
+                        "placeholder"
+                    } else {
+                        "value"
+                    };
+                    (name, kind)
+                }
+            }
         })
         .collect();
     let mut module = Module {
@@ -269,29 +279,47 @@ fn prepare(
     })
 }
 
-/// The run's arguments from `feeds`, checked against the placeholders' types.
-fn arguments(
-    program: &Program,
-    prepared: &Prepared,
-    feeds: &[(&str, Arc<Array>)],
-) -> RuntimeResult<Vec<Arc<Array>>> {
-    for (name, _) in feeds {
-        if !program.placeholders().iter().any(|(n, _)| n == name) {
-            let names: Vec<&str> = program
-                .placeholders()
-                .iter()
+/// The values fed by name that are not placeholders: each a cut in the graph. Feeding a value
+/// computed from a state that a fetched target updates is an error (it would cut the
+/// gradient path of that update); so is a feed that names nothing.
+fn fed_values(program: &Program, signature: &Signature) -> RuntimeResult<Vec<(Value, String)>> {
+    let mut fed = Vec::new();
+    for (name, _) in &signature.feeds {
+        if program.placeholders().iter().any(|(n, _)| n == name) {
+            continue;
+        }
+        let Some(v) = program.value(name) else {
+            let names: Vec<&str> = (program.placeholders().iter())
                 .map(|(n, _)| n.as_str())
                 .collect();
             return Err(RuntimeError::UnknownFeed {
-                name: name.to_string(),
+                name: name.clone(),
                 available: names.join(", "),
             });
+        };
+        let upstream = program.states_upstream_of(v);
+        for &target in &signature.targets {
+            if let Some(state) =
+                (program.target_states(target).into_iter()).find(|s| upstream.contains(s))
+            {
+                return Err(RuntimeError::FeedCutsUpdate {
+                    name: name.clone(),
+                    state,
+                    target: program.target_name(target).to_owned(),
+                });
+            }
         }
+        fed.push((v, name.clone()));
     }
+    Ok(fed)
+}
+
+/// The run's arguments from `feeds`, checked against the types of what they feed.
+fn arguments(prepared: &Prepared, feeds: &[(&str, Arc<Array>)]) -> RuntimeResult<Vec<Arc<Array>>> {
     let func = &prepared.module.functions[0];
     let mut bindings = SymbolBindings::new();
     let mut args = Vec::with_capacity(func.args().len());
-    for (&v, name) in func.args().iter().zip(&prepared.arg_names) {
+    for (&v, (name, kind)) in func.args().iter().zip(&prepared.arg_names) {
         let ty = func.value_type(v);
         let Some((_, array)) = feeds.iter().find(|(n, _)| n == name) else {
             return Err(RuntimeError::MissingFeed {
@@ -301,6 +329,7 @@ fn arguments(
         };
         let mismatch = |reason: String| RuntimeError::FeedMismatch {
             name: name.clone(),
+            kind,
             expected: Box::new(ty.clone()),
             found: Box::new(array.ty()),
             reason,

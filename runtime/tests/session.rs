@@ -148,7 +148,7 @@ fn errors_name_the_placeholder_and_what_exists() {
         .to_string();
     assert_eq!(
         err,
-        "feed `z`: no placeholder has that name; the placeholders are: x, y"
+        "feed `z`: no placeholder or named value has that name; the placeholders are: x, y"
     );
     let mut p2 = Program::new();
     p2.placeholder("x", DType::F32, Shape::scalar()).unwrap();
@@ -462,4 +462,74 @@ fn scope_checks_types_and_declarations() {
         scope.set("nope", f32s(&[], &[1.0])),
         Err(RuntimeError::State { .. })
     ));
+}
+
+/// Two models in one program: `x → model 1 → z → model 2 → out`.
+fn two_models() -> (Program, kiln_ir::Value, kiln_ir::Value) {
+    let mut p = Program::with_seed(7);
+    let x = p
+        .placeholder("x", DType::F32, vec![Dim::sym("N"), Dim::Fixed(3)])
+        .unwrap();
+    let z = layers::dense(&mut p, "m1", x, 4, Activation::Tanh).unwrap();
+    p.set_name(z, "z");
+    let out = layers::dense(&mut p, "m2", z, 2, Activation::Identity).unwrap();
+    p.set_name(out, "out");
+    (p, z, out)
+}
+
+#[test]
+fn one_models_output_is_fed_by_name_into_the_next_run() {
+    let (p, z, out) = two_models();
+    let mut s = Session::new(&p).unwrap();
+    let x = f32s(&[2, 3], &[0.5, -1.0, 2.0, 0.0, 1.5, -0.5]);
+    let direct = s.run(&[out.into()], &[("x", x.clone())]).unwrap();
+    let fetched_z = s.run(&[z.into()], &[("x", x)]).unwrap().remove(0);
+    // No `x`: nothing upstream of `z` runs, so the placeholder is not needed.
+    let fed = s
+        .run(&[Fetch::Name("out".into())], &[("z", fetched_z.clone())])
+        .unwrap();
+    assert_eq!(fed[0].to_f64_vec(), direct[0].to_f64_vec());
+    // Fed a different value, the second model computes from it.
+    let zeros = f32s(&[1, 4], &[0.0; 4]);
+    let bias_only = s.run(&[out.into()], &[("z", zeros)]).unwrap();
+    assert_eq!(bias_only[0].to_f64_vec(), [0.0, 0.0], "m2.b starts at zero");
+    // The fed array is checked against the value's type.
+    let err = s
+        .run(&[out.into()], &[("z", f32s(&[2, 3], &[0.0; 6]))])
+        .unwrap_err()
+        .to_string();
+    assert_eq!(
+        err,
+        "feed `z`: the value is f32[N,4], but the fed array is f32[2,3] (dimension 1 is 3, expected 4)"
+    );
+}
+
+#[test]
+fn feeding_a_value_an_update_needs_upstream_of_its_loss_is_an_error_naming_it() {
+    let (mut p, _, out) = two_models();
+    let y = p
+        .placeholder("y", DType::F32, vec![Dim::sym("N"), Dim::Fixed(2)])
+        .unwrap();
+    let loss = layers::mse(&mut p, out, y).unwrap();
+    let train = Sgd::new(0.1).minimize(&mut p, loss).unwrap();
+    let mut s = Session::new(&p).unwrap();
+    let feeds = [
+        ("z", f32s(&[1, 4], &[0.1, 0.2, 0.3, 0.4])),
+        ("y", f32s(&[1, 2], &[1.0, 0.0])),
+    ];
+    let err = s
+        .run(&[Fetch::Target(train)], &feeds)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.starts_with("feed `z`: the value is computed from @m1."),
+        "{err}"
+    );
+    assert!(
+        err.contains(&format!("which target `{}` updates", p.target_name(train))),
+        "{err}"
+    );
+    // Without a target, feeding `z` to compute the loss is fine.
+    let l = s.run(&[loss.into()], &feeds).unwrap();
+    assert!(l[0].to_f64_vec()[0].is_finite());
 }
