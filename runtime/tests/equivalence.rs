@@ -3,7 +3,7 @@
 //! — of the inputs and of every parameter — must agree, and the traced IR is snapshotted.
 
 use kiln_backend::Array;
-use kiln_ir::{BinaryOp, CompareOp, DType, Dim, Shape, Type};
+use kiln_ir::{BinaryOp, CompareOp, Conv2dAttrs, DType, Dim, Pool2dAttrs, Shape, Type};
 use kiln_runtime::Init;
 use kiln_runtime::eager::CustomOpError;
 use kiln_runtime::eager::nn::{
@@ -484,6 +484,39 @@ fn broadcasting_and_dropout_in_eval_mode() {
                 .sub(&t[1])?
                 .div(&t[1].abs()?.binary_scalar(BinaryOp::Add, 1.0)?)?;
             drop.forward(&y)?.maximum(&t[1])
+        },
+    );
+}
+
+#[test]
+fn small_cnn() {
+    eager::reset();
+    let same = Conv2dAttrs {
+        padding: [(1, 1), (1, 1)],
+        ..Conv2dAttrs::default()
+    };
+    let conv1 = nn::Conv2d::new("cnn.conv1", [1, 3], [3, 3], same).unwrap();
+    let strided = Conv2dAttrs {
+        strides: [2, 2],
+        groups: 3,
+        ..Conv2dAttrs::default()
+    };
+    let conv2 = nn::Conv2d::new("cnn.conv2", [3, 6], [2, 2], strided).unwrap();
+    let fc = Linear::new("cnn.fc", 6, 2).unwrap();
+    let mut params = conv1.parameters();
+    params.extend(conv2.parameters());
+    params.extend(fc.parameters());
+    equivalent(
+        "small_cnn",
+        vec![batched("x", input(&[2, 1, 6, 6], 11))],
+        params,
+        |t| {
+            let h = conv1.forward(&t[0])?.relu()?;
+            let h = nn::MaxPool2d(Pool2dAttrs::new([2, 2], [1, 1])).forward(&h)?;
+            let h = nn::AvgPool2d(Pool2dAttrs::new([2, 2], [1, 1])).forward(&h)?;
+            let h = conv2.forward(&h)?.tanh()?;
+            let h = nn::GlobalAvgPool.forward(&h)?;
+            fc.forward(&nn::Flatten.forward(&h)?)
         },
     );
 }
