@@ -178,3 +178,16 @@ fn digits_cnn_trains_and_serves_the_same_logits() {
         .unwrap();
     assert_eq!(served.to_f64_vec(), direct[0].to_f64_vec());
 }
+
+#[test]
+fn digits_rnn_learns_from_rows_as_steps() {
+    use kiln::demos::digits_rnn;
+    let config = digits_rnn::Config {
+        epochs: 6,
+        ..digits_rnn::config()
+    };
+    let outcome = digits_rnn::train(&config, |_| {}).unwrap();
+    let last = outcome.history.last().unwrap();
+    assert!(last.test_accuracy > 0.8, "{:?}", outcome.history);
+    assert!(outcome.history[0].mean_loss > last.mean_loss);
+}

@@ -8,8 +8,8 @@
 //! the type, with the caller's line.
 
 use kiln_ir::{
-    ArgOp, BinaryOp, BuildError, BuildResult, CompareOp, Conv2dAttrs, DType, Dim, FunctionBuilder,
-    Loc, ReduceOp, Shape, Type, TypeError, Value,
+    ArgOp, AxisSlice, BinaryOp, BuildError, BuildResult, CompareOp, Conv2dAttrs, DType, Dim,
+    FunctionBuilder, Loc, ReduceOp, Shape, Type, TypeError, Value,
 };
 
 /// An elementwise activation applied after a layer.
@@ -226,6 +226,161 @@ pub fn global_avg_pool(b: &mut FunctionBuilder, x: Value) -> BuildResult<Value> 
         return Err(error("global_avg_pool", message));
     }
     b.reduce(ReduceOp::Mean, x, vec![2, 3], false)
+}
+
+/// The sizes of a recurrent layer's input `[N, T, D]`: `T` and `D` fixed.
+#[track_caller]
+fn sequence_dims(
+    b: &FunctionBuilder,
+    layer: &'static str,
+    x: Value,
+) -> BuildResult<(Dim, [usize; 2])> {
+    let ty = b.value_type(x);
+    match ty.shape.dims() {
+        [n, t, d] => match (t.as_fixed(), d.as_fixed()) {
+            (Some(t), Some(d)) if t > 0 => Ok((n.clone(), [t, d])),
+            _ => Err(error(
+                layer,
+                format!("the input needs fixed steps and features, found {ty}"),
+            )),
+        },
+        _ => Err(error(
+            layer,
+            format!("the input must be [N, T, D] (batch, steps, features), found {ty}"),
+        )),
+    }
+}
+
+/// Step `t` of a sequence `[N, T, D]`: `[N, D]`.
+#[track_caller]
+fn step_of(b: &mut FunctionBuilder, x: Value, t: usize, n: &Dim, d: usize) -> BuildResult<Value> {
+    let ranges = vec![
+        AxisSlice::Full,
+        AxisSlice::Range {
+            start: t,
+            end: t + 1,
+            step: 1,
+        },
+        AxisSlice::Full,
+    ];
+    let xt = b.slice(x, ranges)?;
+    b.reshape(xt, Shape(vec![n.clone(), Dim::Fixed(d)]))
+}
+
+/// Columns `k·h .. (k+1)·h` of `[N, G·h]` (one gate's pre-activation).
+#[track_caller]
+fn gate(b: &mut FunctionBuilder, z: Value, k: usize, h: usize) -> BuildResult<Value> {
+    let ranges = vec![
+        AxisSlice::Full,
+        AxisSlice::Range {
+            start: k * h,
+            end: (k + 1) * h,
+            step: 1,
+        },
+    ];
+    b.slice(z, ranges)
+}
+
+/// Zeros `[N, h]` for a batch of `n` (symbolic or not).
+#[track_caller]
+fn zero_state(b: &mut FunctionBuilder, n: &Dim, h: usize, dtype: DType) -> BuildResult<Value> {
+    let zero = b.scalar(dtype, 0.0)?;
+    b.broadcast_to(zero, &Shape(vec![n.clone(), Dim::Fixed(h)]))
+}
+
+/// Stacks `[N, h]` states into `[N, T, h]`.
+#[track_caller]
+fn stack_steps(b: &mut FunctionBuilder, states: &[Value], n: &Dim, h: usize) -> BuildResult<Value> {
+    let shape = Shape(vec![n.clone(), Dim::Fixed(1), Dim::Fixed(h)]);
+    let steps = states
+        .iter()
+        .map(|&s| b.reshape(s, shape.clone()))
+        .collect::<BuildResult<Vec<_>>>()?;
+    b.concat(&steps, 1)
+}
+
+/// An LSTM over `x` `[N, T, D]`, unrolled over its `T` steps (PyTorch's gate order i, f, g, o):
+/// `z = x_t·w_ih + h·w_hh + bias`, `c = σ(f)·c + σ(i)·tanh(g)`, `h = σ(o)·tanh(c)`, from zero
+/// states. Weights `w_ih` `[D, 4H]`, `w_hh` `[H, 4H]`, `bias` `[4H]`. Returns every step's
+/// `h` `[N, T, H]` and the last `h` `[N, H]`.
+#[track_caller]
+pub fn lstm(
+    b: &mut FunctionBuilder,
+    x: Value,
+    w_ih: Value,
+    w_hh: Value,
+    bias: Value,
+) -> BuildResult<(Value, Value)> {
+    let (n, [steps, d]) = sequence_dims(b, "lstm", x)?;
+    let hidden = fixed_last_dim("lstm", "recurrent weights", &b.value_type(w_hh).clone())? / 4;
+    let dtype = b.value_type(x).dtype;
+    let mut h = zero_state(b, &n, hidden, dtype)?;
+    let mut c = h;
+    let mut outputs = Vec::with_capacity(steps);
+    for t in 0..steps {
+        let xt = step_of(b, x, t, &n, d)?;
+        let zx = b.matmul(xt, w_ih)?;
+        let zh = b.matmul(h, w_hh)?;
+        let z = b.add(zx, zh)?;
+        let z = b.add(z, bias)?;
+        let i = gate(b, z, 0, hidden)?;
+        let i = b.sigmoid(i)?;
+        let f = gate(b, z, 1, hidden)?;
+        let f = b.sigmoid(f)?;
+        let g = gate(b, z, 2, hidden)?;
+        let g = b.tanh(g)?;
+        let o = gate(b, z, 3, hidden)?;
+        let o = b.sigmoid(o)?;
+        let fc = b.mul(f, c)?;
+        let ig = b.mul(i, g)?;
+        c = b.add(fc, ig)?;
+        let tc = b.tanh(c)?;
+        h = b.mul(o, tc)?;
+        outputs.push(h);
+    }
+    Ok((stack_steps(b, &outputs, &n, hidden)?, h))
+}
+
+/// A GRU over `x` `[N, T, D]`, unrolled (PyTorch's gates r, z, n): `r = σ(x·W_r + b_ir +
+/// h·U_r + b_hr)`, `z` likewise, `n = tanh(x·W_n + b_in + r·(h·U_n + b_hn))`,
+/// `h = (1 − z)·n + z·h`, from a zero state. Weights `w_ih` `[D, 3H]`, `w_hh` `[H, 3H]`,
+/// biases `b_ih`, `b_hh` `[3H]`. Returns every step's `h` `[N, T, H]` and the last `[N, H]`.
+#[track_caller]
+pub fn gru(
+    b: &mut FunctionBuilder,
+    x: Value,
+    [w_ih, w_hh]: [Value; 2],
+    [b_ih, b_hh]: [Value; 2],
+) -> BuildResult<(Value, Value)> {
+    let (n, [steps, d]) = sequence_dims(b, "gru", x)?;
+    let hidden = fixed_last_dim("gru", "recurrent weights", &b.value_type(w_hh).clone())? / 3;
+    let dtype = b.value_type(x).dtype;
+    let mut h = zero_state(b, &n, hidden, dtype)?;
+    let one = b.scalar(dtype, 1.0)?;
+    let mut outputs = Vec::with_capacity(steps);
+    for t in 0..steps {
+        let xt = step_of(b, x, t, &n, d)?;
+        let zx = b.matmul(xt, w_ih)?;
+        let zx = b.add(zx, b_ih)?;
+        let zh = b.matmul(h, w_hh)?;
+        let zh = b.add(zh, b_hh)?;
+        let (xr, hr) = (gate(b, zx, 0, hidden)?, gate(b, zh, 0, hidden)?);
+        let r = b.add(xr, hr)?;
+        let r = b.sigmoid(r)?;
+        let (xz, hz) = (gate(b, zx, 1, hidden)?, gate(b, zh, 1, hidden)?);
+        let z = b.add(xz, hz)?;
+        let z = b.sigmoid(z)?;
+        let (xn, hn) = (gate(b, zx, 2, hidden)?, gate(b, zh, 2, hidden)?);
+        let rn = b.mul(r, hn)?;
+        let nn = b.add(xn, rn)?;
+        let nn = b.tanh(nn)?;
+        let keep = b.sub(one, z)?;
+        let new = b.mul(keep, nn)?;
+        let old = b.mul(z, h)?;
+        h = b.add(new, old)?;
+        outputs.push(h);
+    }
+    Ok((stack_steps(b, &outputs, &n, hidden)?, h))
 }
 
 /// The index of `ty`'s last axis; an error naming `composite` for a scalar.

@@ -136,6 +136,98 @@ pub fn conv2d(
     Conv2d::new(p, name, [inputs, outputs], kernel, attrs, act)?.apply(p, x)
 }
 
+/// An LSTM layer over sequences `[N, T, D]` (see [`composite::lstm`]), with parameters
+/// `<name>.w_ih` `[D, 4H]`, `<name>.w_hh` `[H, 4H]` (both `U(−1/√H, 1/√H)`, as PyTorch) and
+/// `<name>.b` `[4H]` (zeros).
+#[derive(Clone, Copy, Debug)]
+pub struct Lstm {
+    /// Input weights.
+    pub w_ih: Value,
+    /// Recurrent weights.
+    pub w_hh: Value,
+    /// The bias.
+    pub b: Value,
+}
+
+impl Lstm {
+    /// Declares the layer's parameters for `inputs` features and `hidden` units.
+    pub fn new(p: &mut Program, name: &str, inputs: usize, hidden: usize) -> RuntimeResult<Lstm> {
+        let init = recurrent_init(hidden);
+        Ok(Lstm {
+            w_ih: p.parameter(
+                &format!("{name}.w_ih"),
+                DType::F32,
+                &[inputs, 4 * hidden],
+                init,
+            )?,
+            w_hh: p.parameter(
+                &format!("{name}.w_hh"),
+                DType::F32,
+                &[hidden, 4 * hidden],
+                init,
+            )?,
+            b: p.parameter(&format!("{name}.b"), DType::F32, &[4 * hidden], Init::Zeros)?,
+        })
+    }
+
+    /// Every step's hidden state `[N, T, H]` and the last one `[N, H]`.
+    #[track_caller]
+    pub fn apply(&self, p: &mut Program, x: Value) -> RuntimeResult<(Value, Value)> {
+        Ok(composite::lstm(p, x, self.w_ih, self.w_hh, self.b)?)
+    }
+}
+
+/// A GRU layer over sequences `[N, T, D]` (see [`composite::gru`]), with parameters
+/// `<name>.w_ih` `[D, 3H]`, `<name>.w_hh` `[H, 3H]` (`U(−1/√H, 1/√H)`) and biases
+/// `<name>.b_ih`, `<name>.b_hh` `[3H]` (zeros).
+#[derive(Clone, Copy, Debug)]
+pub struct Gru {
+    /// Input and recurrent weights.
+    pub weights: [Value; 2],
+    /// Input and recurrent biases.
+    pub biases: [Value; 2],
+}
+
+impl Gru {
+    /// Declares the layer's parameters for `inputs` features and `hidden` units.
+    pub fn new(p: &mut Program, name: &str, inputs: usize, hidden: usize) -> RuntimeResult<Gru> {
+        let init = recurrent_init(hidden);
+        let shape = |rows: usize| [rows, 3 * hidden];
+        Ok(Gru {
+            weights: [
+                p.parameter(&format!("{name}.w_ih"), DType::F32, &shape(inputs), init)?,
+                p.parameter(&format!("{name}.w_hh"), DType::F32, &shape(hidden), init)?,
+            ],
+            biases: [
+                p.parameter(
+                    &format!("{name}.b_ih"),
+                    DType::F32,
+                    &[3 * hidden],
+                    Init::Zeros,
+                )?,
+                p.parameter(
+                    &format!("{name}.b_hh"),
+                    DType::F32,
+                    &[3 * hidden],
+                    Init::Zeros,
+                )?,
+            ],
+        })
+    }
+
+    /// Every step's hidden state `[N, T, H]` and the last one `[N, H]`.
+    #[track_caller]
+    pub fn apply(&self, p: &mut Program, x: Value) -> RuntimeResult<(Value, Value)> {
+        Ok(composite::gru(p, x, self.weights, self.biases)?)
+    }
+}
+
+/// PyTorch's recurrent initialisation: `U(−1/√H, 1/√H)`.
+pub fn recurrent_init(hidden: usize) -> Init {
+    let k = 1.0 / (hidden.max(1) as f64).sqrt();
+    Init::Uniform { low: -k, high: k }
+}
+
 /// The largest element of each window of NCHW `x`.
 #[track_caller]
 pub fn max_pool2d(p: &mut Program, x: Value, attrs: Pool2dAttrs) -> RuntimeResult<Value> {

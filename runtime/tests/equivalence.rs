@@ -520,3 +520,27 @@ fn small_cnn() {
         },
     );
 }
+
+#[test]
+fn lstm_through_time() {
+    eager::reset();
+    let lstm = nn::Lstm::new("seq.lstm", 3, 4).unwrap();
+    equivalent(
+        "lstm_through_time",
+        vec![batched("x", input(&[2, 5, 3], 12))],
+        lstm.parameters(),
+        |t| lstm.last(&t[0]),
+    );
+}
+
+#[test]
+fn gru_sequence_outputs() {
+    eager::reset();
+    let gru = nn::Gru::new("seq.gru", 3, 4).unwrap();
+    equivalent(
+        "gru_sequence_outputs",
+        vec![batched("x", input(&[2, 4, 3], 13))],
+        gru.parameters(),
+        |t| gru.forward(&t[0]),
+    );
+}

@@ -4,7 +4,7 @@
 //! gradient `backward()` accumulates; traced it is a `load` of that state. So the same
 //! parameters train eagerly and serve compiled.
 
-use super::tensor::apply1;
+use super::tensor::{apply, apply1};
 use super::{EagerError, EagerResult, Tensor, with};
 use crate::composite;
 use crate::init::Init;
@@ -304,6 +304,122 @@ impl Layer for Conv2d {
 
     fn parameters(&self) -> Vec<Parameter> {
         vec![self.w.clone(), self.b.clone()]
+    }
+}
+
+/// An LSTM over sequences `[N, T, D]`: `forward` gives every step's hidden state
+/// `[N, T, H]`, [`Lstm::last`] the last one (see [`composite::lstm`]).
+pub struct Lstm {
+    /// Input weights `[D, 4H]`.
+    pub w_ih: Parameter,
+    /// Recurrent weights `[H, 4H]`.
+    pub w_hh: Parameter,
+    /// The bias `[4H]`.
+    pub b: Parameter,
+}
+
+impl Lstm {
+    /// An LSTM of `hidden` units over `inputs` features, as parameters `<name>.w_ih`,
+    /// `<name>.w_hh` and `<name>.b` (initialised as the static layer's).
+    pub fn new(name: &str, inputs: usize, hidden: usize) -> EagerResult<Lstm> {
+        let init = crate::layers::recurrent_init(hidden);
+        let param = |suffix: &str, shape: &[usize], init| {
+            Parameter::new(&format!("{name}.{suffix}"), DType::F32, shape, init)
+        };
+        Ok(Lstm {
+            w_ih: param("w_ih", &[inputs, 4 * hidden], init)?,
+            w_hh: param("w_hh", &[hidden, 4 * hidden], init)?,
+            b: param("b", &[4 * hidden], Init::Zeros)?,
+        })
+    }
+
+    /// Every step's hidden state and the last one.
+    #[track_caller]
+    pub fn run(&self, x: &Tensor) -> EagerResult<(Tensor, Tensor)> {
+        let (w_ih, w_hh, b) = (self.w_ih.tensor()?, self.w_hh.tensor()?, self.b.tensor()?);
+        let mut out = apply(&[x, &w_ih, &w_hh, &b], Loc::caller(), |bd, v| {
+            let (seq, last) = composite::lstm(bd, v[0], v[1], v[2], v[3])?;
+            Ok(vec![seq, last])
+        })?;
+        let last = out.pop().expect("two results");
+        Ok((out.pop().expect("two results"), last))
+    }
+
+    /// The last step's hidden state `[N, H]`.
+    #[track_caller]
+    pub fn last(&self, x: &Tensor) -> EagerResult<Tensor> {
+        Ok(self.run(x)?.1)
+    }
+}
+
+impl Layer for Lstm {
+    fn forward(&self, x: &Tensor) -> EagerResult<Tensor> {
+        Ok(self.run(x)?.0)
+    }
+
+    fn parameters(&self) -> Vec<Parameter> {
+        vec![self.w_ih.clone(), self.w_hh.clone(), self.b.clone()]
+    }
+}
+
+/// A GRU over sequences `[N, T, D]`: `forward` gives every step's hidden state, [`Gru::last`]
+/// the last one (see [`composite::gru`]).
+pub struct Gru {
+    /// Input and recurrent weights, `[D, 3H]` and `[H, 3H]`.
+    pub weights: [Parameter; 2],
+    /// Input and recurrent biases, `[3H]` each.
+    pub biases: [Parameter; 2],
+}
+
+impl Gru {
+    /// A GRU of `hidden` units over `inputs` features, as parameters `<name>.w_ih`,
+    /// `<name>.w_hh`, `<name>.b_ih` and `<name>.b_hh`.
+    pub fn new(name: &str, inputs: usize, hidden: usize) -> EagerResult<Gru> {
+        let init = crate::layers::recurrent_init(hidden);
+        let param = |suffix: &str, shape: &[usize], init| {
+            Parameter::new(&format!("{name}.{suffix}"), DType::F32, shape, init)
+        };
+        Ok(Gru {
+            weights: [
+                param("w_ih", &[inputs, 3 * hidden], init)?,
+                param("w_hh", &[hidden, 3 * hidden], init)?,
+            ],
+            biases: [
+                param("b_ih", &[3 * hidden], Init::Zeros)?,
+                param("b_hh", &[3 * hidden], Init::Zeros)?,
+            ],
+        })
+    }
+
+    /// Every step's hidden state and the last one.
+    #[track_caller]
+    pub fn run(&self, x: &Tensor) -> EagerResult<(Tensor, Tensor)> {
+        let [w_ih, w_hh] = [self.weights[0].tensor()?, self.weights[1].tensor()?];
+        let [b_ih, b_hh] = [self.biases[0].tensor()?, self.biases[1].tensor()?];
+        let mut out = apply(&[x, &w_ih, &w_hh, &b_ih, &b_hh], Loc::caller(), |bd, v| {
+            let (seq, last) = composite::gru(bd, v[0], [v[1], v[2]], [v[3], v[4]])?;
+            Ok(vec![seq, last])
+        })?;
+        let last = out.pop().expect("two results");
+        Ok((out.pop().expect("two results"), last))
+    }
+
+    /// The last step's hidden state `[N, H]`.
+    #[track_caller]
+    pub fn last(&self, x: &Tensor) -> EagerResult<Tensor> {
+        Ok(self.run(x)?.1)
+    }
+}
+
+impl Layer for Gru {
+    fn forward(&self, x: &Tensor) -> EagerResult<Tensor> {
+        Ok(self.run(x)?.0)
+    }
+
+    fn parameters(&self) -> Vec<Parameter> {
+        let mut params = self.weights.to_vec();
+        params.extend(self.biases.iter().cloned());
+        params
     }
 }
 
