@@ -228,6 +228,87 @@ pub fn global_avg_pool(b: &mut FunctionBuilder, x: Value) -> BuildResult<Value> 
     b.reduce(ReduceOp::Mean, x, vec![2, 3], false)
 }
 
+/// The axes batch normalisation reduces over: every axis but the channel axis (1).
+#[track_caller]
+fn batch_axes(b: &FunctionBuilder, x: Value) -> BuildResult<Vec<usize>> {
+    let ty = b.value_type(x);
+    if ty.rank() < 2 {
+        let message = format!("the input needs a batch and a channel axis, found {ty}");
+        return Err(error("batch_norm", message));
+    }
+    Ok((0..ty.rank()).filter(|&a| a != 1).collect())
+}
+
+/// `v` `[C]` shaped to broadcast against `x` `[N, C, …]`: `[1, C, 1, …]`.
+#[track_caller]
+fn per_channel(b: &mut FunctionBuilder, v: Value, x: Value) -> BuildResult<Value> {
+    let rank = b.value_type(x).rank();
+    let c = b.value_type(x).shape.dims()[1].clone();
+    let mut dims = vec![Dim::Fixed(1); rank];
+    dims[1] = c;
+    b.reshape(v, Shape(dims))
+}
+
+/// The batch statistics of `x` `[N, C, …]` per channel: the mean, the biased variance (what
+/// normalisation uses) and the unbiased one (what running averages keep, as PyTorch), `[C]`.
+#[track_caller]
+pub fn batch_moments(b: &mut FunctionBuilder, x: Value) -> BuildResult<[Value; 3]> {
+    let axes = batch_axes(b, x)?;
+    let mean = b.reduce(ReduceOp::Mean, x, axes.clone(), false)?;
+    let centred = per_channel(b, mean, x)?;
+    let d = b.sub(x, centred)?;
+    let d2 = b.mul(d, d)?;
+    let var = b.reduce(ReduceOp::Mean, d2, axes.clone(), false)?;
+    let dtype = b.value_type(x).dtype;
+    let one = b.scalar(dtype, 1.0)?;
+    let ones = b.broadcast_to(one, &b.value_type(x).shape.clone())?;
+    let count = b.reduce(ReduceOp::Sum, ones, axes, false)?;
+    let count_less_one = b.sub(count, one)?;
+    let scale = b.div(count, count_less_one)?;
+    let unbiased = b.mul(var, scale)?;
+    Ok([mean, var, unbiased])
+}
+
+/// `(x − mean) / √(var + eps) · gamma + beta` with per-channel `[C]` statistics and
+/// parameters over `x` `[N, C, …]`.
+#[track_caller]
+pub fn batch_norm(
+    b: &mut FunctionBuilder,
+    x: Value,
+    [mean, var]: [Value; 2],
+    [gamma, beta]: [Value; 2],
+    eps: f64,
+) -> BuildResult<Value> {
+    batch_axes(b, x)?;
+    let dtype = b.value_type(x).dtype;
+    let eps = b.scalar(dtype, eps)?;
+    let ve = b.add(var, eps)?;
+    let inv = b.rsqrt(ve)?;
+    let scale = b.mul(gamma, inv)?;
+    let scale = per_channel(b, scale, x)?;
+    let mean = per_channel(b, mean, x)?;
+    let beta = per_channel(b, beta, x)?;
+    let d = b.sub(x, mean)?;
+    let y = b.mul(d, scale)?;
+    b.add(y, beta)
+}
+
+/// A running average's next value: `(1 − momentum)·running + momentum·batch`.
+#[track_caller]
+pub fn running_average(
+    b: &mut FunctionBuilder,
+    running: Value,
+    batch: Value,
+    momentum: f64,
+) -> BuildResult<Value> {
+    let dtype = b.value_type(running).dtype;
+    let keep = b.scalar(dtype, 1.0 - momentum)?;
+    let take = b.scalar(dtype, momentum)?;
+    let old = b.mul(running, keep)?;
+    let new = b.mul(batch, take)?;
+    b.add(old, new)
+}
+
 /// The sizes of a recurrent layer's input `[N, T, D]`: `T` and `D` fixed.
 #[track_caller]
 fn sequence_dims(

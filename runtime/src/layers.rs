@@ -4,7 +4,7 @@ use crate::composite;
 pub use crate::composite::Activation;
 use crate::error::RuntimeResult;
 use crate::init::Init;
-use crate::program::Program;
+use crate::program::{Program, Target};
 use kiln_ir::{Conv2dAttrs, DType, Pool2dAttrs, Value};
 
 /// `act(x)` (see [`composite::activation`]).
@@ -134,6 +134,91 @@ pub fn conv2d(
         )
     })?;
     Conv2d::new(p, name, [inputs, outputs], kernel, attrs, act)?.apply(p, x)
+}
+
+/// Batch normalisation over the channel axis (1) of `[N, C]` or `[N, C, H, W]` (PyTorch's
+/// `BatchNorm1d`/`BatchNorm2d`), with parameters `<name>.gamma` (ones) and `<name>.beta`
+/// (zeros) and running statistics `<name>.running_mean` (zeros) and `<name>.running_var`
+/// (ones), which are state but not trained.
+///
+/// [`BatchNorm::train`] normalises with the batch's statistics and returns a target that
+/// stores the running averages (fetch it with the optimizer's); [`BatchNorm::eval`]
+/// normalises with the running statistics.
+#[derive(Clone, Debug)]
+pub struct BatchNorm {
+    /// The scale `[C]`.
+    pub gamma: Value,
+    /// The shift `[C]`.
+    pub beta: Value,
+    /// The running mean and its value in the program.
+    pub running_mean: (kiln_ir::StateDecl, Value),
+    /// The running (unbiased) variance and its value in the program.
+    pub running_var: (kiln_ir::StateDecl, Value),
+    /// The weight of a batch in the running averages (PyTorch's default: 0.1).
+    pub momentum: f64,
+    /// Added to the variance.
+    pub eps: f64,
+    name: String,
+}
+
+impl BatchNorm {
+    /// Declares the layer's parameters and running statistics for `channels`.
+    pub fn new(p: &mut Program, name: &str, channels: usize) -> RuntimeResult<BatchNorm> {
+        let gamma = p.parameter(
+            &format!("{name}.gamma"),
+            DType::F32,
+            &[channels],
+            Init::Ones,
+        )?;
+        let beta = p.parameter(
+            &format!("{name}.beta"),
+            DType::F32,
+            &[channels],
+            Init::Zeros,
+        )?;
+        let ty = kiln_ir::Type::new(DType::F32, kiln_ir::Shape::fixed(&[channels]));
+        let constant = kiln_ir::Initializer::constant;
+        let running_mean = p.state(&format!("{name}.running_mean"), ty.clone(), constant(0.0))?;
+        let running_var = p.state(&format!("{name}.running_var"), ty, constant(1.0))?;
+        Ok(BatchNorm {
+            gamma,
+            beta,
+            running_mean,
+            running_var,
+            momentum: 0.1,
+            eps: 1e-5,
+            name: name.to_owned(),
+        })
+    }
+
+    /// Training mode: `x` normalised with its batch statistics, and the target storing the
+    /// running averages of them.
+    #[track_caller]
+    pub fn train(&self, p: &mut Program, x: Value) -> RuntimeResult<(Value, Target)> {
+        let [mean, var, unbiased] = composite::batch_moments(p, x)?;
+        let y = composite::batch_norm(p, x, [mean, var], [self.gamma, self.beta], self.eps)?;
+        let mut stores = Vec::new();
+        for ((decl, running), batch) in [(&self.running_mean, mean), (&self.running_var, unbiased)]
+        {
+            let next = composite::running_average(p, *running, batch, self.momentum)?;
+            stores.push(p.store(decl, next)?);
+        }
+        let target = p.add_target(&format!("{}.stats", self.name), stores)?;
+        Ok((y, target))
+    }
+
+    /// Evaluation mode: `x` normalised with the running statistics.
+    #[track_caller]
+    pub fn eval(&self, p: &mut Program, x: Value) -> RuntimeResult<Value> {
+        let stats = [self.running_mean.1, self.running_var.1];
+        Ok(composite::batch_norm(
+            p,
+            x,
+            stats,
+            [self.gamma, self.beta],
+            self.eps,
+        )?)
+    }
 }
 
 /// An LSTM layer over sequences `[N, T, D]` (see [`composite::lstm`]), with parameters

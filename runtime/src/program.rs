@@ -45,6 +45,8 @@ pub struct Program {
     graph: FunctionBuilder,
     placeholders: Vec<(String, Value)>,
     params: Vec<Param>,
+    /// State adopted without being trained (see [`Program::adopt_state`]).
+    adopted: Vec<(String, Value)>,
     targets: Vec<TargetData>,
     seed: u64,
 }
@@ -90,6 +92,7 @@ impl Program {
             graph: FunctionBuilder::new("graph"),
             placeholders: Vec::new(),
             params: Vec::new(),
+            adopted: Vec::new(),
             targets: Vec::new(),
             seed,
         }
@@ -123,6 +126,19 @@ impl Program {
             name: name.to_owned(),
             value: v,
         });
+        Ok(v)
+    }
+
+    /// Makes already-declared state (the eager scope's running statistics, say) state of this
+    /// program that is not trained; returns its value. Adopting it twice gives the same value.
+    pub fn adopt_state(&mut self, decl: &StateDecl) -> RuntimeResult<Value> {
+        if let Some(&(_, v)) = self.adopted.iter().find(|(n, _)| *n == decl.name) {
+            return Ok(v);
+        }
+        self.module.declare_state(decl.clone())?;
+        let v = self.graph.load_at_top(decl)?;
+        self.graph.set_name(v, &decl.name);
+        self.adopted.push((decl.name.clone(), v));
         Ok(v)
     }
 

@@ -136,3 +136,82 @@ fn softplus_and_gelu_activations_match_their_formulas() {
         );
     }
 }
+
+/// A `[4, 2]` batch: channel 0 is 1, 2, 3, 4; channel 1 is 10, 10, 20, 20.
+fn bn_batch() -> Array {
+    f32s(&[4, 2], &[1.0, 10.0, 2.0, 10.0, 3.0, 20.0, 4.0, 20.0])
+}
+
+/// What batch normalisation and its running averages give for [`bn_batch`], in f64.
+fn bn_expected() -> (Vec<f64>, [f64; 2], [f64; 2]) {
+    let (m, v) = ([2.5, 15.0], [1.25, 25.0]); // means and biased variances
+    let unbiased = [v[0] * 4.0 / 3.0, v[1] * 4.0 / 3.0];
+    let data = [1.0, 10.0, 2.0, 10.0, 3.0, 20.0, 4.0, 20.0];
+    let y = (0..8)
+        .map(|i| (data[i] - m[i % 2]) / (v[i % 2] + 1e-5f64).sqrt())
+        .collect();
+    let mean = [0.1 * m[0], 0.1 * m[1]];
+    let var = [0.9 + 0.1 * unbiased[0], 0.9 + 0.1 * unbiased[1]];
+    (y, mean, var)
+}
+
+#[test]
+fn batch_norm_static_trains_its_running_statistics_and_evaluates_with_them() {
+    let mut p = Program::with_seed(0);
+    let x = p
+        .placeholder("x", DType::F32, vec![Dim::sym("N"), Dim::Fixed(2)])
+        .unwrap();
+    let bn = layers::BatchNorm::new(&mut p, "bn", 2).unwrap();
+    let (y, stats) = bn.train(&mut p, x).unwrap();
+    let y_eval = bn.eval(&mut p, x).unwrap();
+    let mut s = Session::new(&p).unwrap();
+    let out = s
+        .run(&[y.into(), Fetch::Target(stats)], &[("x", bn_batch())])
+        .unwrap();
+    let (want_y, want_mean, want_var) = bn_expected();
+    for (g, w) in out[0].to_f64_vec().iter().zip(&want_y) {
+        assert!((g - w).abs() < 1e-4, "{g} vs {w}");
+    }
+    let mean = s.scope().get("bn.running_mean").unwrap().to_f64_vec();
+    let var = s.scope().get("bn.running_var").unwrap().to_f64_vec();
+    assert!((mean[0] - want_mean[0]).abs() < 1e-6 && (mean[1] - want_mean[1]).abs() < 1e-5);
+    assert!((var[0] - want_var[0]).abs() < 1e-6 && (var[1] - want_var[1]).abs() < 1e-5);
+    // Evaluation uses the running statistics.
+    let e = s.run(&[y_eval.into()], &[("x", bn_batch())]).unwrap()[0].to_f64_vec();
+    let want = (1.0 - want_mean[0]) / (want_var[0] + 1e-5).sqrt();
+    assert!((e[0] - want).abs() < 1e-5, "{} vs {want}", e[0]);
+}
+
+#[test]
+fn batch_norm_eager_and_traced_update_the_running_statistics_alike() {
+    use kiln_runtime::eager::nn::Layer;
+    eager::reset();
+    let mut bn = nn::BatchNorm::new("ebn", 2).unwrap();
+    let x = Tensor::new(bn_batch());
+    let y = bn.forward(&x).unwrap().to_f64_vec().unwrap();
+    let (want_y, want_mean, want_var) = bn_expected();
+    for (g, w) in y.iter().zip(&want_y) {
+        assert!((g - w).abs() < 1e-4, "{g} vs {w}");
+    }
+    let mean = bn.running_mean.tensor().unwrap().to_f64_vec().unwrap();
+    assert!((mean[1] - want_mean[1]).abs() < 1e-5, "{mean:?}");
+    // Traced in training mode, every call stores the running averages.
+    let ty = kiln_ir::Type::new(
+        DType::F32,
+        kiln_ir::Shape(vec![Dim::sym("N"), Dim::Fixed(2)]),
+    );
+    let mut f = eager::to_static(&[("x", ty)], |t| Ok(vec![bn.forward(&t[0])?])).unwrap();
+    f.call(&[&x]).unwrap();
+    let var = bn.running_var.tensor().unwrap().to_f64_vec().unwrap();
+    let twice = 0.9 * want_var[1] + 0.1 * (25.0 * 4.0 / 3.0);
+    assert!((var[1] - twice).abs() < 1e-4, "{var:?} vs {twice}");
+    // Evaluation mode reads them and changes nothing.
+    bn.set_training(false);
+    let before = bn.running_var.tensor().unwrap().to_f64_vec().unwrap();
+    bn.forward(&x).unwrap();
+    assert_eq!(
+        bn.running_var.tensor().unwrap().to_f64_vec().unwrap(),
+        before
+    );
+    assert!(bn.running_mean.grad().is_none());
+}

@@ -544,3 +544,45 @@ fn gru_sequence_outputs() {
         |t| gru.forward(&t[0]),
     );
 }
+
+/// A CNN with batch normalisation after its convolution, in training or evaluation mode.
+fn cnn_with_batch_norm(name: &str, training: bool) {
+    eager::reset();
+    let same = Conv2dAttrs {
+        padding: [(1, 1), (1, 1)],
+        ..Conv2dAttrs::default()
+    };
+    let conv = nn::Conv2d::new(&format!("{name}.conv"), [2, 4], [3, 3], same).unwrap();
+    let mut bn = nn::BatchNorm::new(&format!("{name}.bn"), 4).unwrap();
+    let fc = Linear::new(&format!("{name}.fc"), 4, 3).unwrap();
+    if !training {
+        // Running statistics that are not the initial ones.
+        let stats = |v: [f32; 4]| Array::F32(ndarray::arr1(&v).into_dyn());
+        bn.running_mean.set(stats([0.1, -0.2, 0.3, 0.0])).unwrap();
+        bn.running_var.set(stats([0.5, 1.5, 2.0, 0.8])).unwrap();
+        bn.set_training(false);
+    }
+    let mut params = conv.parameters();
+    params.extend(bn.parameters());
+    params.extend(fc.parameters());
+    equivalent(
+        name,
+        vec![batched("x", input(&[3, 2, 4, 4], 14))],
+        params,
+        |t| {
+            let h = bn.forward(&conv.forward(&t[0])?)?.relu()?;
+            let h = nn::MaxPool2d(Pool2dAttrs::new([2, 2], [2, 2])).forward(&h)?;
+            fc.forward(&nn::GlobalAvgPool.forward(&h)?)
+        },
+    );
+}
+
+#[test]
+fn cnn_with_batch_norm_training() {
+    cnn_with_batch_norm("bn_train", true);
+}
+
+#[test]
+fn cnn_with_batch_norm_evaluation() {
+    cnn_with_batch_norm("bn_eval", false);
+}

@@ -15,6 +15,9 @@ use kiln_ir::{Conv2dAttrs, DType, Loc, Pool2dAttrs, Shape, StateDecl, Type};
 #[derive(Clone, Debug, PartialEq)]
 pub struct Parameter {
     decl: StateDecl,
+    /// False for buffers: state a layer keeps (running statistics) that no optimizer trains
+    /// and no gradient reaches.
+    trainable: bool,
 }
 
 /// FNV-1a, so a parameter's seed depends only on its name and the context seed.
@@ -28,6 +31,22 @@ impl Parameter {
     /// Declares a parameter `name` (made unique with a suffix if taken) initialised by `init`,
     /// seeded by the context seed and the name.
     pub fn new(name: &str, dtype: DType, shape: &[usize], init: Init) -> EagerResult<Parameter> {
+        Parameter::declare(name, dtype, shape, init, true)
+    }
+
+    /// A buffer: named state like a parameter, but not trained (a layer's running
+    /// statistics). It has no gradient; traced, it is state the program reads and may store.
+    pub fn buffer(name: &str, dtype: DType, shape: &[usize], init: Init) -> EagerResult<Parameter> {
+        Parameter::declare(name, dtype, shape, init, false)
+    }
+
+    fn declare(
+        name: &str,
+        dtype: DType,
+        shape: &[usize],
+        init: Init,
+        trainable: bool,
+    ) -> EagerResult<Parameter> {
         with(|cx| {
             let mut unique = name.to_owned();
             let mut n = 1;
@@ -50,7 +69,7 @@ impl Parameter {
                 functions: Vec::new(),
             };
             cx.scope.declare(&module)?;
-            Ok(Parameter { decl })
+            Ok(Parameter { decl, trainable })
         })
     }
 
@@ -69,12 +88,19 @@ impl Parameter {
     pub fn tensor(&self) -> EagerResult<Tensor> {
         with(|cx| {
             if let Some(trace) = cx.trace.as_mut() {
-                let v = trace.program.adopt_parameter(&self.decl)?;
+                let v = if self.trainable {
+                    trace.program.adopt_parameter(&self.decl)?
+                } else {
+                    trace.program.adopt_state(&self.decl)?
+                };
                 return Ok(trace.tensor(v));
             }
             let data = cx.scope.store().get_shared(&self.decl.name).cloned().ok_or_else(|| {
                 EagerError::Usage(format!("parameter `{}` has no value in this thread (was kiln::eager::reset called?)", self.decl.name))
             })?;
+            if !self.trainable {
+                return Ok(Tensor::from_shared(data));
+            }
             let leaf = cx.param_leaves[&self.decl.name];
             Ok(Tensor::leaf(data, leaf))
         })
@@ -92,6 +118,25 @@ impl Parameter {
             }
             Ok(cx.scope.set(&self.decl.name, value)?)
         })
+    }
+
+    /// Gives the state `value` (of its type): eagerly at once; while tracing, as a `store`
+    /// the compiled function performs at every call (a layer updating its running
+    /// statistics).
+    pub fn assign(&self, value: &Tensor) -> EagerResult<()> {
+        if value.is_traced() {
+            return with(|cx| {
+                let trace = cx.trace.as_mut().ok_or_else(|| {
+                    EagerError::Usage("a traced value assigned outside its trace".into())
+                })?;
+                let v = trace.value_of(value)?;
+                trace.program.adopt_state(&self.decl)?;
+                let store = trace.program.store(&self.decl, v)?;
+                trace.stores.push(store);
+                Ok(())
+            });
+        }
+        self.set(value.to_array()?)
     }
 
     /// The gradient accumulated by `backward()` since the last `zero_grad`.
@@ -420,6 +465,85 @@ impl Layer for Gru {
         let mut params = self.weights.to_vec();
         params.extend(self.biases.iter().cloned());
         params
+    }
+}
+
+/// Batch normalisation over the channel axis of `[N, C]` or `[N, C, H, W]` tensors: in
+/// training mode with the batch's statistics, updating the running averages; in evaluation
+/// mode with the running averages (see [`crate::layers::BatchNorm`]). Traced with
+/// `to_static` in training mode, the compiled function updates the running averages at every
+/// call, as the eager layer does.
+pub struct BatchNorm {
+    /// The scale `[C]` (ones).
+    pub gamma: Parameter,
+    /// The shift `[C]` (zeros).
+    pub beta: Parameter,
+    /// The running mean `[C]`: a buffer.
+    pub running_mean: Parameter,
+    /// The running (unbiased) variance `[C]`: a buffer.
+    pub running_var: Parameter,
+    /// The weight of a batch in the running averages (0.1).
+    pub momentum: f64,
+    /// Added to the variance (1e-5).
+    pub eps: f64,
+    /// Training mode (the default) or evaluation mode.
+    pub training: bool,
+}
+
+impl BatchNorm {
+    /// Batch normalisation of `channels`, as parameters `<name>.gamma`, `<name>.beta` and
+    /// buffers `<name>.running_mean`, `<name>.running_var`.
+    pub fn new(name: &str, channels: usize) -> EagerResult<BatchNorm> {
+        let state = |suffix: &str, init, trainable: bool| {
+            let name = format!("{name}.{suffix}");
+            match trainable {
+                true => Parameter::new(&name, DType::F32, &[channels], init),
+                false => Parameter::buffer(&name, DType::F32, &[channels], init),
+            }
+        };
+        Ok(BatchNorm {
+            gamma: state("gamma", Init::Ones, true)?,
+            beta: state("beta", Init::Zeros, true)?,
+            running_mean: state("running_mean", Init::Zeros, false)?,
+            running_var: state("running_var", Init::Ones, false)?,
+            momentum: 0.1,
+            eps: 1e-5,
+            training: true,
+        })
+    }
+}
+
+impl Layer for BatchNorm {
+    fn forward(&self, x: &Tensor) -> EagerResult<Tensor> {
+        let (gamma, beta) = (self.gamma.tensor()?, self.beta.tensor()?);
+        let (mean, var) = (self.running_mean.tensor()?, self.running_var.tensor()?);
+        let eps = self.eps;
+        if !self.training {
+            return apply1(&[x, &mean, &var, &gamma, &beta], Loc::caller(), |b, v| {
+                composite::batch_norm(b, v[0], [v[1], v[2]], [v[3], v[4]], eps)
+            });
+        }
+        let momentum = self.momentum;
+        let mut out = apply(&[x, &mean, &var, &gamma, &beta], Loc::caller(), |b, v| {
+            let [bm, bv, unbiased] = composite::batch_moments(b, v[0])?;
+            let y = composite::batch_norm(b, v[0], [bm, bv], [v[3], v[4]], eps)?;
+            let next_mean = composite::running_average(b, v[1], bm, momentum)?;
+            let next_var = composite::running_average(b, v[2], unbiased, momentum)?;
+            Ok(vec![y, next_mean, next_var])
+        })?;
+        let next_var = out.pop().expect("three results");
+        let next_mean = out.pop().expect("three results");
+        self.running_mean.assign(&next_mean)?;
+        self.running_var.assign(&next_var)?;
+        Ok(out.pop().expect("three results"))
+    }
+
+    fn parameters(&self) -> Vec<Parameter> {
+        vec![self.gamma.clone(), self.beta.clone()]
+    }
+
+    fn set_training(&mut self, training: bool) {
+        self.training = training;
     }
 }
 

@@ -12,7 +12,7 @@ use crate::optim::Optimizer;
 use crate::program::{Program, Target};
 use crate::session::{Fetch, Runner};
 use kiln_backend::Array;
-use kiln_ir::{BuildResult, Module, Type, Value};
+use kiln_ir::{BuildResult, Inst, Module, Type, Value};
 use std::collections::HashMap;
 use std::sync::Arc;
 
@@ -21,6 +21,8 @@ pub(crate) struct Trace {
     pub program: Program,
     /// Eager tensors embedded as constants, kept alive so their addresses stay theirs.
     constants: HashMap<usize, (Arc<Array>, Value)>,
+    /// State the traced code assigned (running statistics): stored at every call.
+    pub stores: Vec<Inst>,
 }
 
 impl Trace {
@@ -63,6 +65,7 @@ pub fn to_static(
             id: cx.new_trace_id(),
             program: Program::with_seed(cx.seed),
             constants: HashMap::new(),
+            stores: Vec::new(),
         };
         let mut args = Vec::new();
         for (name, ty) in inputs {
@@ -82,10 +85,15 @@ pub fn to_static(
         .iter()
         .map(|t| trace.value_of(t))
         .collect::<EagerResult<Vec<_>>>()?;
+    let updates = match trace.stores.is_empty() {
+        true => None,
+        false => Some(trace.program.add_target("state_updates", trace.stores)?),
+    };
     Ok(StaticFunction {
         program: trace.program,
         inputs: args.into_iter().map(|(name, v, _)| (name, v)).collect(),
         outputs,
+        updates,
         runner: Runner::new(),
         gradients: HashMap::new(),
     })
@@ -96,6 +104,8 @@ pub struct StaticFunction {
     program: Program,
     inputs: Vec<(String, Value)>,
     outputs: Vec<Value>,
+    /// The state the traced code assigned, stored at every call.
+    updates: Option<Target>,
     runner: Runner,
     /// The gradient values appended to the program for each output.
     gradients: HashMap<usize, GradientValues>,
@@ -238,7 +248,14 @@ impl StaticFunction {
         })
     }
 
+    /// Runs `fetches` and the traced state updates; returns the fetched values.
     fn run(&mut self, args: &[&Tensor], fetches: &[Fetch]) -> EagerResult<Vec<Tensor>> {
+        let mut fetches = fetches.to_vec();
+        fetches.extend(self.updates.map(Fetch::Target));
+        self.run_fetches(args, &fetches)
+    }
+
+    fn run_fetches(&mut self, args: &[&Tensor], fetches: &[Fetch]) -> EagerResult<Vec<Tensor>> {
         if args.len() != self.inputs.len() {
             return Err(EagerError::Usage(format!(
                 "the function takes {} inputs ({}), {} given",
