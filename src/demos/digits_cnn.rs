@@ -5,7 +5,7 @@ use super::digits_static;
 pub use super::digits_static::{Config, Epoch, Model, Outcome};
 use kiln_ir::{Conv2dAttrs, DType, Dim, Pool2dAttrs, Shape};
 use kiln_runtime::layers::{self, Activation};
-use kiln_runtime::{Adam, Optimizer, Program, RuntimeResult};
+use kiln_runtime::{Program, RuntimeResult};
 
 /// The defaults the example trains with.
 pub fn config() -> Config {
@@ -37,21 +37,7 @@ pub fn build(config: &Config) -> RuntimeResult<Model> {
     let h = layers::flatten(&mut p, h)?;
     let h = layers::dense(&mut p, "fc1", h, config.hidden, Activation::Relu)?;
     let logits = layers::dense(&mut p, "fc2", h, 10, Activation::Identity)?;
-    p.set_name(logits, "logits");
-    let loss = layers::softmax_cross_entropy(&mut p, logits, y)?;
-    p.set_name(loss, "loss");
-    let accuracy = layers::accuracy(&mut p, logits, y)?;
-    p.set_name(accuracy, "accuracy");
-    let train = Adam::new(config.learning_rate).minimize(&mut p, loss)?;
-    Ok(Model {
-        program: p,
-        x,
-        y,
-        logits,
-        loss,
-        accuracy,
-        train,
-    })
+    digits_static::classifier(p, [x, y], logits, config)
 }
 
 /// Trains on 80 % of the digits and reports test accuracy on the rest after each epoch.

@@ -5,7 +5,7 @@ use super::digits_static;
 pub use super::digits_static::{Config, Epoch, Model, Outcome};
 use kiln_ir::{DType, Dim, Shape};
 use kiln_runtime::layers::{self, Activation, Lstm};
-use kiln_runtime::{Adam, Optimizer, Program, RuntimeResult};
+use kiln_runtime::{Program, RuntimeResult};
 
 /// The defaults the example trains with.
 pub fn config() -> Config {
@@ -27,21 +27,7 @@ pub fn build(config: &Config) -> RuntimeResult<Model> {
     let lstm = Lstm::new(&mut p, "lstm", 8, config.hidden)?;
     let (_, last) = lstm.apply(&mut p, rows)?;
     let logits = layers::dense(&mut p, "fc", last, 10, Activation::Identity)?;
-    p.set_name(logits, "logits");
-    let loss = layers::softmax_cross_entropy(&mut p, logits, y)?;
-    p.set_name(loss, "loss");
-    let accuracy = layers::accuracy(&mut p, logits, y)?;
-    p.set_name(accuracy, "accuracy");
-    let train = Adam::new(config.learning_rate).minimize(&mut p, loss)?;
-    Ok(Model {
-        program: p,
-        x,
-        y,
-        logits,
-        loss,
-        accuracy,
-        train,
-    })
+    digits_static::classifier(p, [x, y], logits, config)
 }
 
 /// Trains on 80 % of the digits and reports test accuracy on the rest after each epoch.

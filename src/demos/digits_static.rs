@@ -43,6 +43,17 @@ pub fn build(config: &Config) -> RuntimeResult<Model> {
     let y = p.placeholder("y", DType::I64, vec![Dim::sym("N")])?;
     let h = layers::dense(&mut p, "fc1", x, config.hidden, Activation::Relu)?;
     let logits = layers::dense(&mut p, "fc2", h, 10, Activation::Identity)?;
+    classifier(p, [x, y], logits, config)
+}
+
+/// A digits classifier from its `logits` over placeholders `x` and `y`: the loss, accuracy
+/// and Adam step every digits model trains with (named `logits`, `loss`, `accuracy`).
+pub fn classifier(
+    mut p: Program,
+    [x, y]: [Value; 2],
+    logits: Value,
+    config: &Config,
+) -> RuntimeResult<Model> {
     p.set_name(logits, "logits");
     let loss = layers::softmax_cross_entropy(&mut p, logits, y)?;
     p.set_name(loss, "loss");
@@ -58,6 +69,52 @@ pub fn build(config: &Config) -> RuntimeResult<Model> {
         accuracy,
         train,
     })
+}
+
+/// The `main` of the digits examples: `--epochs N` and `--out DIR` over `config`, an epoch line
+/// per epoch, the prediction program and parameters saved as `DIR/<stem>.kir` and
+/// `.safetensors`, and `test accuracy NN.N %` last.
+pub fn example_main(
+    mut config: Config,
+    stem: &str,
+    train: impl FnOnce(&Config, &mut dyn FnMut(&Epoch)) -> RuntimeResult<Outcome>,
+) -> Result<(), Box<dyn std::error::Error>> {
+    let mut out = std::path::PathBuf::from(format!("target/{stem}"));
+    let mut args = std::env::args().skip(1);
+    while let Some(arg) = args.next() {
+        match arg.as_str() {
+            "--epochs" => config.epochs = args.next().ok_or("--epochs needs a number")?.parse()?,
+            "--out" => out = args.next().ok_or("--out needs a folder")?.into(),
+            other => return Err(format!("unknown argument {other}").into()),
+        }
+    }
+    let started = std::time::Instant::now();
+    let outcome = train(&config, &mut |e: &Epoch| {
+        println!(
+            "epoch {:>2}  loss {:.4}  test accuracy {:.2} %",
+            e.epoch,
+            e.mean_loss,
+            100.0 * e.test_accuracy
+        );
+    })?;
+    let seconds = started.elapsed().as_secs_f64();
+    std::fs::create_dir_all(&out)?;
+    let model = &outcome.model;
+    let module = model
+        .program
+        .export_module(&[("predict", &[model.logits][..])])?;
+    let ir = out.join(format!("{stem}.kir"));
+    kiln_runtime::checkpoint::save_module(&module, &ir)?;
+    let params = out.join(format!("{stem}.safetensors"));
+    outcome.session.scope().save(&params)?;
+    println!(
+        "wrote {} and {} ({seconds:.1} s of training)",
+        ir.display(),
+        params.display()
+    );
+    let last = outcome.history.last().map_or(0.0, |e| e.test_accuracy);
+    println!("test accuracy {:.1} %", 100.0 * last);
+    Ok(())
 }
 
 /// What training reports after each epoch.
