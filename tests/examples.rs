@@ -191,3 +191,16 @@ fn digits_rnn_learns_from_rows_as_steps() {
     assert!(last.test_accuracy > 0.8, "{:?}", outcome.history);
     assert!(outcome.history[0].mean_loss > last.mean_loss);
 }
+
+#[test]
+fn digits_transformer_learns_from_patches() {
+    use kiln::demos::digits_transformer;
+    let config = digits_transformer::Config {
+        epochs: 4,
+        ..digits_transformer::config()
+    };
+    let outcome = digits_transformer::train(&config, |_| {}).unwrap();
+    let last = outcome.history.last().unwrap();
+    assert!(last.test_accuracy > 0.85, "{:?}", outcome.history);
+    assert!(outcome.history[0].mean_loss > last.mean_loss);
+}

@@ -309,6 +309,31 @@ pub fn running_average(
     b.add(old, new)
 }
 
+/// Single-head self-attention over `x` `[N, T, D]`: `softmax(q·kᵀ/√d)·v·w_o` with
+/// `q, k, v = x·w_q, x·w_k, x·w_v` (`[D, d]` each) and `w_o` `[d, D]`.
+#[track_caller]
+pub fn self_attention(
+    b: &mut FunctionBuilder,
+    x: Value,
+    [wq, wk, wv, wo]: [Value; 4],
+) -> BuildResult<Value> {
+    let ty = b.value_type(x).clone();
+    if ty.rank() != 3 {
+        let message = format!("the input must be [N, T, D] (batch, tokens, features), found {ty}");
+        return Err(error("self_attention", message));
+    }
+    let d = fixed_last_dim("self_attention", "query weights", &b.value_type(wq).clone())?;
+    let q = b.matmul(x, wq)?;
+    let k = b.matmul(x, wk)?;
+    let v = b.matmul(x, wv)?;
+    let scores = b.matmul_t(q, k, false, true)?;
+    let scale = b.scalar(ty.dtype, 1.0 / (d as f64).sqrt())?;
+    let scores = b.mul(scores, scale)?;
+    let weights = softmax(b, scores, 2)?;
+    let context = b.matmul(weights, v)?;
+    b.matmul(context, wo)
+}
+
 /// The sizes of a recurrent layer's input `[N, T, D]`: `T` and `D` fixed.
 #[track_caller]
 fn sequence_dims(

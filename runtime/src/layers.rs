@@ -221,6 +221,48 @@ impl BatchNorm {
     }
 }
 
+/// Single-head self-attention over `[N, T, D]` (see [`composite::self_attention`]), with
+/// parameters `<name>.wq`, `<name>.wk`, `<name>.wv` `[D, d]` and `<name>.wo` `[d, D]`
+/// (Xavier-uniform).
+#[derive(Clone, Copy, Debug)]
+pub struct SelfAttention {
+    /// Query, key, value and output weights.
+    pub weights: [Value; 4],
+}
+
+impl SelfAttention {
+    /// Declares the layer's parameters for `features` in and out and `dim` inside.
+    pub fn new(
+        p: &mut Program,
+        name: &str,
+        features: usize,
+        dim: usize,
+    ) -> RuntimeResult<SelfAttention> {
+        let mut param = |suffix: &str, shape: [usize; 2]| {
+            p.parameter(
+                &format!("{name}.{suffix}"),
+                DType::F32,
+                &shape,
+                Init::XavierUniform,
+            )
+        };
+        Ok(SelfAttention {
+            weights: [
+                param("wq", [features, dim])?,
+                param("wk", [features, dim])?,
+                param("wv", [features, dim])?,
+                param("wo", [dim, features])?,
+            ],
+        })
+    }
+
+    /// The attention's output `[N, T, D]`.
+    #[track_caller]
+    pub fn apply(&self, p: &mut Program, x: Value) -> RuntimeResult<Value> {
+        Ok(composite::self_attention(p, x, self.weights)?)
+    }
+}
+
 /// An LSTM layer over sequences `[N, T, D]` (see [`composite::lstm`]), with parameters
 /// `<name>.w_ih` `[D, 4H]`, `<name>.w_hh` `[H, 4H]` (both `U(−1/√H, 1/√H)`, as PyTorch) and
 /// `<name>.b` `[4H]` (zeros).

@@ -586,3 +586,91 @@ fn cnn_with_batch_norm_training() {
 fn cnn_with_batch_norm_evaluation() {
     cnn_with_batch_norm("bn_eval", false);
 }
+
+#[test]
+fn transformer_encoder_block() {
+    eager::reset();
+    let attention = nn::SelfAttention::new("tf.attention", 6, 4).unwrap();
+    let norm1 = LayerNorm::new("tf.norm1", 6, 1e-5).unwrap();
+    let mlp1 = Linear::new("tf.mlp1", 6, 12).unwrap();
+    let mlp2 = Linear::new("tf.mlp2", 12, 6).unwrap();
+    let norm2 = LayerNorm::new("tf.norm2", 6, 1e-5).unwrap();
+    let mut params = attention.parameters();
+    for layer in [&norm1 as &dyn Layer, &mlp1, &mlp2, &norm2] {
+        params.extend(layer.parameters());
+    }
+    equivalent(
+        "transformer_encoder_block",
+        vec![batched("x", input(&[2, 3, 6], 15))],
+        params,
+        |t| {
+            let h = norm1.forward(&t[0].add(&attention.forward(&t[0])?)?)?;
+            let m = mlp2.forward(&mlp1.forward(&h)?.gelu()?)?;
+            norm2.forward(&h.add(&m)?)
+        },
+    );
+}
+
+#[test]
+fn mlp_with_batch_norm_1d() {
+    eager::reset();
+    let fc = Linear::new("bn1d.fc", 4, 3).unwrap();
+    let bn = nn::BatchNorm::new("bn1d.bn", 3).unwrap();
+    let mut params = fc.parameters();
+    params.extend(bn.parameters());
+    equivalent(
+        "mlp_with_batch_norm_1d",
+        vec![batched("x", input(&[5, 4], 16))],
+        params,
+        |t| bn.forward(&fc.forward(&t[0])?)?.sigmoid(),
+    );
+}
+
+#[test]
+fn dilated_convolution_and_padded_average_pooling() {
+    eager::reset();
+    let dilated = Conv2dAttrs {
+        padding: [(2, 1), (1, 2)],
+        dilation: [2, 2],
+        ..Conv2dAttrs::default()
+    };
+    let conv = nn::Conv2d::new("dil.conv", [2, 3], [3, 2], dilated).unwrap();
+    let pool = Pool2dAttrs {
+        window: [3, 3],
+        strides: [2, 2],
+        padding: [(1, 1), (1, 1)],
+    };
+    equivalent(
+        "dilated_convolution_and_padded_average_pooling",
+        vec![batched("x", input(&[2, 2, 5, 5], 17))],
+        conv.parameters(),
+        |t| conv.forward(&t[0])?.avg_pool2d(pool)?.tanh(),
+    );
+}
+
+#[test]
+fn gru_last_state() {
+    eager::reset();
+    let gru = nn::Gru::new("last.gru", 2, 3).unwrap();
+    let fc = Linear::new("last.fc", 3, 2).unwrap();
+    let mut params = gru.parameters();
+    params.extend(fc.parameters());
+    equivalent(
+        "gru_last_state",
+        vec![batched("x", input(&[3, 6, 2], 18))],
+        params,
+        |t| fc.forward(&gru.last(&t[0])?),
+    );
+}
+
+#[test]
+fn lstm_sequence_outputs() {
+    eager::reset();
+    let lstm = nn::Lstm::new("all.lstm", 2, 3).unwrap();
+    equivalent(
+        "lstm_sequence_outputs",
+        vec![batched("x", input(&[2, 4, 2], 19))],
+        lstm.parameters(),
+        |t| lstm.forward(&t[0]),
+    );
+}

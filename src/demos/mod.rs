@@ -5,5 +5,6 @@ pub mod digits_cnn;
 pub mod digits_dygraph;
 pub mod digits_rnn;
 pub mod digits_static;
+pub mod digits_transformer;
 pub mod gan_1d;
 pub mod tour;

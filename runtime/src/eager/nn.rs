@@ -352,6 +352,52 @@ impl Layer for Conv2d {
     }
 }
 
+/// Single-head self-attention over `[N, T, D]` tensors (see [`composite::self_attention`]).
+pub struct SelfAttention {
+    /// Query, key, value (`[D, d]`) and output (`[d, D]`) weights, Xavier-uniform.
+    pub weights: [Parameter; 4],
+}
+
+impl SelfAttention {
+    /// Attention over `features` with `dim` inside, as parameters `<name>.wq`, `.wk`, `.wv`,
+    /// `.wo`.
+    pub fn new(name: &str, features: usize, dim: usize) -> EagerResult<SelfAttention> {
+        let param = |suffix: &str, shape: [usize; 2]| {
+            Parameter::new(
+                &format!("{name}.{suffix}"),
+                DType::F32,
+                &shape,
+                Init::XavierUniform,
+            )
+        };
+        Ok(SelfAttention {
+            weights: [
+                param("wq", [features, dim])?,
+                param("wk", [features, dim])?,
+                param("wv", [features, dim])?,
+                param("wo", [dim, features])?,
+            ],
+        })
+    }
+}
+
+impl Layer for SelfAttention {
+    fn forward(&self, x: &Tensor) -> EagerResult<Tensor> {
+        let w = self
+            .weights
+            .iter()
+            .map(Parameter::tensor)
+            .collect::<EagerResult<Vec<_>>>()?;
+        apply1(&[x, &w[0], &w[1], &w[2], &w[3]], Loc::caller(), |b, v| {
+            composite::self_attention(b, v[0], [v[1], v[2], v[3], v[4]])
+        })
+    }
+
+    fn parameters(&self) -> Vec<Parameter> {
+        self.weights.to_vec()
+    }
+}
+
 /// An LSTM over sequences `[N, T, D]`: `forward` gives every step's hidden state
 /// `[N, T, H]`, [`Lstm::last`] the last one (see [`composite::lstm`]).
 pub struct Lstm {
