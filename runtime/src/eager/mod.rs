@@ -29,7 +29,7 @@ pub use custom::{CustomOp, register as register_custom_op};
 pub use kiln_backend::CustomOpError;
 pub use nn::Parameter;
 pub use optim::EagerOptimizer;
-pub use tensor::Tensor;
+pub use tensor::{Tensor, compose};
 pub use trace::{Gradients, StaticFunction, to_static};
 
 use crate::error::RuntimeError;

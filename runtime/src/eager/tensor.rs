@@ -110,6 +110,28 @@ fn direct(
         .map(|a| Tensor::from_shared(Arc::new(a)))
 }
 
+/// Applies builder code to eager tensors: `build` receives the builder and the inputs as IR
+/// values and returns the result. It runs at once, is recorded for `backward()`, or is traced
+/// into a `to_static` program, like every tensor method (which are all written this way).
+///
+/// ```
+/// use kiln_runtime::eager::{self, Tensor};
+/// let x = Tensor::from_f32(&[2], vec![1.0, 2.0])?;
+/// let y = eager::compose(&[&x], |b, v| {
+///     let e = b.exp(v[0])?;
+///     b.add(e, v[0])
+/// })?;
+/// assert!((y.to_f64_vec()?[0] - (1f64.exp() + 1.0)).abs() < 1e-6);
+/// # Ok::<(), kiln_runtime::eager::EagerError>(())
+/// ```
+#[track_caller]
+pub fn compose(
+    inputs: &[&Tensor],
+    build: impl FnOnce(&mut FunctionBuilder, &[Value]) -> BuildResult<Value>,
+) -> EagerResult<Tensor> {
+    apply1(inputs, Loc::caller(), build)
+}
+
 pub(crate) fn apply1(
     inputs: &[&Tensor],
     loc: Loc,
