@@ -57,6 +57,10 @@ fn positive(shape: &[usize], seed: u64) -> Array {
     Array::F32(a.mapv(|v| v.abs() + 0.25))
 }
 
+fn f64_of(a: Array) -> Array {
+    a.cast(DType::F64)
+}
+
 fn bools(shape: &[usize], seed: u64) -> Array {
     let Array::F32(a) = f(shape, seed) else {
         unreachable!()
@@ -213,6 +217,12 @@ fn cases() -> Vec<Case> {
         case("conv2d", vec![f(&x, 26), f(&w, 27)], true, move |b, v| {
             b.conv2d(v[0], v[1], conv)
         }),
+        case(
+            "conv2d (f64)",
+            vec![f64_of(f(&x, 26)), f64_of(f(&w, 27))],
+            true,
+            move |b, v| b.conv2d(v[0], v[1], conv),
+        ),
         case(
             "conv2d_input_grad",
             vec![f(&y, 28), f(&w, 27)],

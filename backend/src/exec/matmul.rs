@@ -11,7 +11,7 @@ use std::thread::LocalKey;
 
 /// Below this many multiply-adds a second thread costs more than it saves (measured on the
 /// 2-core machines: gemm's two-thread mode pays from about 256³).
-const PARALLEL_FLOPS: usize = 256 * 256 * 256;
+pub(crate) const PARALLEL_FLOPS: usize = 256 * 256 * 256;
 
 /// Computes `a @ b` (each operand's last two axes transposed first when asked) into `out`,
 /// which has the result's shape.

@@ -8,6 +8,7 @@
 //! written only when the whole run succeeds. The one exception is planned: a parameter or
 //! optimizer state updated in place is written by a step after which nothing can fail.
 
+mod conv;
 pub(crate) mod matmul;
 pub(crate) mod schedule;
 
@@ -15,7 +16,7 @@ use crate::interp::{Env, InterpError, Interpreter, kernels};
 use crate::{Array, StateStore, debug};
 use cranelift_entity::EntityRef;
 use kiln_ir::print::{ValueNames, inst_line};
-use kiln_ir::{DType, Function, Inst, SymbolBindings, Value};
+use kiln_ir::{Conv2dAttrs, ConvKind, DType, Function, Inst, SymbolBindings, Value};
 use schedule::{DimRecipe, Output, Schedule, ShapeRecipe, Step, StepKind};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -445,6 +446,7 @@ impl Executable {
                 transpose_a,
                 transpose_b,
             } => self.run_matmul(rt, step, *transpose_a, *transpose_b),
+            StepKind::Conv2d { kind, attrs } => self.run_conv(rt, step, *kind, attrs),
             StepKind::Reshape => self.run_reshape(rt, step),
             StepKind::Const(array) => rt.env[step.outputs[0].index()] = Some(array.clone()),
             StepKind::Load { state: name } => {
@@ -621,6 +623,22 @@ impl Executable {
         );
         let target = Arc::get_mut(&mut out).expect("a fresh or free buffer");
         matmul::matmul(a, b, target, transpose_a, transpose_b, self.threads);
+        rt.env[step.outputs[0].index()] = Some(out);
+    }
+
+    /// A convolution (or a transpose) through im2col and gemm into a slot's buffer.
+    fn run_conv(&self, rt: &mut Runtime, step: &Step, kind: ConvKind, attrs: &Conv2dAttrs) {
+        let Output::Slot(s) = step.out[0] else {
+            unreachable!("a convolution writes a slot")
+        };
+        let dtype = self.func.value_type(step.outputs[0]).dtype;
+        let mut out = self.acquire(rt, s, dtype, &step.shapes[0]);
+        let (a, b) = (
+            Self::value(rt, step.inputs[0]),
+            Self::value(rt, step.inputs[1]),
+        );
+        let target = Arc::get_mut(&mut out).expect("a fresh or free buffer");
+        conv::conv2d(kind, attrs, a, b, target, self.threads);
         rt.env[step.outputs[0].index()] = Some(out);
     }
 

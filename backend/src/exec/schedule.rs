@@ -5,7 +5,9 @@
 
 use crate::Array;
 use crate::jit::{self, Kernel};
-use kiln_ir::{DType, Dim, Function, FunctionBuilder, Inst, Op, Shape, Symbol, Value};
+use kiln_ir::{
+    Conv2dAttrs, ConvKind, DType, Dim, Function, FunctionBuilder, Inst, Op, Shape, Symbol, Value,
+};
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
@@ -20,6 +22,11 @@ pub(crate) enum StepKind {
     MatMul {
         transpose_a: bool,
         transpose_b: bool,
+    },
+    /// A float convolution (or a transpose) through im2col and gemm.
+    Conv2d {
+        kind: ConvKind,
+        attrs: Conv2dAttrs,
     },
     /// The same elements, another shape: moved when the input dies here, else copied.
     Reshape,
@@ -223,6 +230,7 @@ impl Schedule {
             step.kind,
             StepKind::Kernel { .. }
                 | StepKind::MatMul { .. }
+                | StepKind::Conv2d { .. }
                 | StepKind::Reshape
                 | StepKind::OneHot { .. }
         );
@@ -484,6 +492,12 @@ fn step_kind(
             transpose_a: *transpose_a,
             transpose_b: *transpose_b,
         },
+        Op::Conv2d { kind, attrs } if func.value_type(data.results[0]).dtype.is_float() => {
+            StepKind::Conv2d {
+                kind: *kind,
+                attrs: *attrs,
+            }
+        }
         Op::OneHot { depth, .. } => StepKind::OneHot { depth: *depth },
         Op::Load { state, .. } => StepKind::Load {
             state: state.clone(),
