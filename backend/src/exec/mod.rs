@@ -612,24 +612,27 @@ impl Executable {
 
     /// A matmul through gemm into a slot's buffer.
     fn run_matmul(&self, rt: &mut Runtime, step: &Step, transpose_a: bool, transpose_b: bool) {
-        let Output::Slot(s) = step.out[0] else {
-            unreachable!("a matmul writes a slot")
-        };
-        let dtype = self.func.value_type(step.outputs[0]).dtype;
-        let mut out = self.acquire(rt, s, dtype, &step.shapes[0]);
-        let (a, b) = (
-            Self::value(rt, step.inputs[0]),
-            Self::value(rt, step.inputs[1]),
-        );
-        let target = Arc::get_mut(&mut out).expect("a fresh or free buffer");
-        matmul::matmul(a, b, target, transpose_a, transpose_b, self.threads);
-        rt.env[step.outputs[0].index()] = Some(out);
+        self.two_operands_into_slot(rt, step, |a, b, out, threads| {
+            matmul::matmul(a, b, out, transpose_a, transpose_b, threads)
+        });
     }
 
     /// A convolution (or a transpose) through im2col and gemm into a slot's buffer.
     fn run_conv(&self, rt: &mut Runtime, step: &Step, kind: ConvKind, attrs: &Conv2dAttrs) {
+        self.two_operands_into_slot(rt, step, |a, b, out, threads| {
+            conv::conv2d(kind, attrs, a, b, out, threads)
+        });
+    }
+
+    /// Runs `compute(a, b, out, threads)` for a step of two operands and one output slot.
+    fn two_operands_into_slot(
+        &self,
+        rt: &mut Runtime,
+        step: &Step,
+        compute: impl FnOnce(&Array, &Array, &mut Array, bool),
+    ) {
         let Output::Slot(s) = step.out[0] else {
-            unreachable!("a convolution writes a slot")
+            unreachable!("the step writes a slot")
         };
         let dtype = self.func.value_type(step.outputs[0]).dtype;
         let mut out = self.acquire(rt, s, dtype, &step.shapes[0]);
@@ -638,7 +641,7 @@ impl Executable {
             Self::value(rt, step.inputs[1]),
         );
         let target = Arc::get_mut(&mut out).expect("a fresh or free buffer");
-        conv::conv2d(kind, attrs, a, b, target, self.threads);
+        compute(a, b, target, self.threads);
         rt.env[step.outputs[0].index()] = Some(out);
     }
 

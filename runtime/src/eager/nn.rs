@@ -428,12 +428,9 @@ impl Lstm {
     #[track_caller]
     pub fn run(&self, x: &Tensor) -> EagerResult<(Tensor, Tensor)> {
         let (w_ih, w_hh, b) = (self.w_ih.tensor()?, self.w_hh.tensor()?, self.b.tensor()?);
-        let mut out = apply(&[x, &w_ih, &w_hh, &b], Loc::caller(), |bd, v| {
-            let (seq, last) = composite::lstm(bd, v[0], v[1], v[2], v[3])?;
-            Ok(vec![seq, last])
-        })?;
-        let last = out.pop().expect("two results");
-        Ok((out.pop().expect("two results"), last))
+        run_recurrent(&[x, &w_ih, &w_hh, &b], |bd, v| {
+            composite::lstm(bd, v[0], v[1], v[2], v[3])
+        })
     }
 
     /// The last step's hidden state `[N, H]`.
@@ -451,6 +448,23 @@ impl Layer for Lstm {
     fn parameters(&self) -> Vec<Parameter> {
         vec![self.w_ih.clone(), self.w_hh.clone(), self.b.clone()]
     }
+}
+
+/// Runs a recurrent composite, which gives every step's state and the last one.
+#[track_caller]
+fn run_recurrent(
+    inputs: &[&Tensor],
+    build: impl FnOnce(
+        &mut kiln_ir::FunctionBuilder,
+        &[kiln_ir::Value],
+    ) -> kiln_ir::BuildResult<(kiln_ir::Value, kiln_ir::Value)>,
+) -> EagerResult<(Tensor, Tensor)> {
+    let mut out = apply(inputs, Loc::caller(), |b, v| {
+        let (sequence, last) = build(b, v)?;
+        Ok(vec![sequence, last])
+    })?;
+    let last = out.pop().expect("two results");
+    Ok((out.pop().expect("two results"), last))
 }
 
 /// A GRU over sequences `[N, T, D]`: `forward` gives every step's hidden state, [`Gru::last`]
@@ -487,12 +501,9 @@ impl Gru {
     pub fn run(&self, x: &Tensor) -> EagerResult<(Tensor, Tensor)> {
         let [w_ih, w_hh] = [self.weights[0].tensor()?, self.weights[1].tensor()?];
         let [b_ih, b_hh] = [self.biases[0].tensor()?, self.biases[1].tensor()?];
-        let mut out = apply(&[x, &w_ih, &w_hh, &b_ih, &b_hh], Loc::caller(), |bd, v| {
-            let (seq, last) = composite::gru(bd, v[0], [v[1], v[2]], [v[3], v[4]])?;
-            Ok(vec![seq, last])
-        })?;
-        let last = out.pop().expect("two results");
-        Ok((out.pop().expect("two results"), last))
+        run_recurrent(&[x, &w_ih, &w_hh, &b_ih, &b_hh], |bd, v| {
+            composite::gru(bd, v[0], [v[1], v[2]], [v[3], v[4]])
+        })
     }
 
     /// The last step's hidden state `[N, H]`.
