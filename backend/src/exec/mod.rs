@@ -10,13 +10,16 @@
 
 mod conv;
 pub(crate) mod matmul;
+mod pool;
 pub(crate) mod schedule;
 
 use crate::interp::{Env, InterpError, Interpreter, kernels};
 use crate::{Array, StateStore, debug};
 use cranelift_entity::EntityRef;
 use kiln_ir::print::{ValueNames, inst_line};
-use kiln_ir::{Conv2dAttrs, ConvKind, DType, Function, Inst, SymbolBindings, Value};
+use kiln_ir::{
+    Conv2dAttrs, ConvKind, DType, Function, Inst, Pool2dAttrs, PoolKind, SymbolBindings, Value,
+};
 use schedule::{DimRecipe, Output, Schedule, ShapeRecipe, Step, StepKind};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -447,6 +450,7 @@ impl Executable {
                 transpose_b,
             } => self.run_matmul(rt, step, *transpose_a, *transpose_b),
             StepKind::Conv2d { kind, attrs } => self.run_conv(rt, step, *kind, attrs),
+            StepKind::Pool2d { kind, attrs } => self.run_pool(rt, step, *kind, attrs),
             StepKind::Reshape => self.run_reshape(rt, step),
             StepKind::Const(array) => rt.env[step.outputs[0].index()] = Some(array.clone()),
             StepKind::Load { state: name } => {
@@ -622,6 +626,19 @@ impl Executable {
         self.two_operands_into_slot(rt, step, |a, b, out, threads| {
             conv::conv2d(kind, attrs, a, b, out, threads)
         });
+    }
+
+    /// A pooling op (or its gradient) by direct loops into a slot's buffer.
+    fn run_pool(&self, rt: &mut Runtime, step: &Step, kind: PoolKind, attrs: &Pool2dAttrs) {
+        let Output::Slot(s) = step.out[0] else {
+            unreachable!("pooling writes a slot")
+        };
+        let dtype = self.func.value_type(step.outputs[0]).dtype;
+        let mut out = self.acquire(rt, s, dtype, &step.shapes[0]);
+        let args: Vec<&Array> = step.inputs.iter().map(|&v| &**Self::value(rt, v)).collect();
+        let target = Arc::get_mut(&mut out).expect("a fresh or free buffer");
+        pool::pool2d(kind, attrs, &args, target);
+        rt.env[step.outputs[0].index()] = Some(out);
     }
 
     /// Runs `compute(a, b, out, threads)` for a step of two operands and one output slot.

@@ -6,7 +6,8 @@
 use crate::Array;
 use crate::jit::{self, Kernel};
 use kiln_ir::{
-    Conv2dAttrs, ConvKind, DType, Dim, Function, FunctionBuilder, Inst, Op, Shape, Symbol, Value,
+    Conv2dAttrs, ConvKind, DType, Dim, Function, FunctionBuilder, Inst, Op, Pool2dAttrs, PoolKind,
+    Shape, Symbol, Value,
 };
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -27,6 +28,11 @@ pub(crate) enum StepKind {
     Conv2d {
         kind: ConvKind,
         attrs: Conv2dAttrs,
+    },
+    /// Float pooling (or its gradient) by direct loops.
+    Pool2d {
+        kind: PoolKind,
+        attrs: Pool2dAttrs,
     },
     /// The same elements, another shape: moved when the input dies here, else copied.
     Reshape,
@@ -231,6 +237,7 @@ impl Schedule {
             StepKind::Kernel { .. }
                 | StepKind::MatMul { .. }
                 | StepKind::Conv2d { .. }
+                | StepKind::Pool2d { .. }
                 | StepKind::Reshape
                 | StepKind::OneHot { .. }
         );
@@ -494,6 +501,12 @@ fn step_kind(
         },
         Op::Conv2d { kind, attrs } if func.value_type(data.results[0]).dtype.is_float() => {
             StepKind::Conv2d {
+                kind: *kind,
+                attrs: *attrs,
+            }
+        }
+        Op::Pool2d { kind, attrs } if func.value_type(data.results[0]).dtype.is_float() => {
+            StepKind::Pool2d {
                 kind: *kind,
                 attrs: *attrs,
             }
