@@ -47,6 +47,16 @@ impl Conv2dAttrs {
         )
     }
 
+    /// The input index along spatial axis `axis` that output position `out` and kernel tap
+    /// `tap` read, or `None` where that falls in the padding (of an input of `size`). Inlined:
+    /// kernels call it per element from other crates.
+    #[inline]
+    pub fn input_index(&self, axis: usize, out: usize, tap: usize, size: usize) -> Option<usize> {
+        (out * self.strides[axis] + tap * self.dilation[axis])
+            .checked_sub(self.padding[axis].0)
+            .filter(|&i| i < size)
+    }
+
     /// What is wrong with the attributes themselves, if anything.
     pub fn check(&self) -> Result<(), String> {
         check_positive("strides", &self.strides)?;
@@ -99,6 +109,18 @@ impl Pool2dAttrs {
             1,
             self.strides[axis],
         )
+    }
+
+    /// The input indices along spatial axis `axis` that the window of output position `out`
+    /// covers, clipped to an input of `size` (padding covers no input).
+    #[inline]
+    pub fn input_range(&self, axis: usize, out: usize, size: usize) -> std::ops::Range<usize> {
+        let start = out * self.strides[axis];
+        let low = start.saturating_sub(self.padding[axis].0).min(size);
+        let high = (start + self.window[axis])
+            .saturating_sub(self.padding[axis].0)
+            .min(size);
+        low..high.max(low)
     }
 
     /// What is wrong with the attributes themselves, if anything.

@@ -57,7 +57,7 @@ fn a_symbolic_class_count_is_an_error_naming_the_loss() {
     assert!(err.contains("f32[N,C]"), "{err}");
     assert!(err.contains("fixed size"), "{err}");
     assert!(
-        err.contains("composite.rs"),
+        err.contains("runtime/tests/composite.rs"),
         "the error carries the caller's line: {err}"
     );
 }

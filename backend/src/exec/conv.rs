@@ -222,13 +222,6 @@ impl Gemm {
     }
 }
 
-/// The input row along `axis` that output position `out` and tap `t` read, if inside.
-fn tap(attrs: &Conv2dAttrs, axis: usize, out: usize, t: usize, size: usize) -> Option<usize> {
-    (out * attrs.strides[axis] + t * attrs.dilation[axis])
-        .checked_sub(attrs.padding[axis].0)
-        .filter(|&i| i < size)
-}
-
 /// Lays group `g`'s windows of one sample `x` (`[C, H, W]`) out as the `K × P` matrix `cols`.
 fn im2col<T: Copy + Zero>(x: &[T], d: &Dims, attrs: &Conv2dAttrs, g: usize, cols: &mut [T]) {
     let p = d.p();
@@ -238,9 +231,9 @@ fn im2col<T: Copy + Zero>(x: &[T], d: &Dims, attrs: &Conv2dAttrs, g: usize, cols
             for kw in 0..d.kw {
                 let row = &mut cols[((ci * d.kh + kh) * d.kw + kw) * p..][..p];
                 for oh in 0..d.oh {
-                    let ih = tap(attrs, 0, oh, kh, d.h);
+                    let ih = attrs.input_index(0, oh, kh, d.h);
                     for ow in 0..d.ow {
-                        let iw = tap(attrs, 1, ow, kw, d.w);
+                        let iw = attrs.input_index(1, ow, kw, d.w);
                         row[oh * d.ow + ow] = match (ih, iw) {
                             (Some(ih), Some(iw)) => plane[ih * d.w + iw],
                             _ => T::zero(),
@@ -267,11 +260,11 @@ fn col2im<T: Copy + Zero + std::ops::AddAssign>(
             for kw in 0..d.kw {
                 let row = &cols[((ci * d.kh + kh) * d.kw + kw) * p..][..p];
                 for oh in 0..d.oh {
-                    let Some(ih) = tap(attrs, 0, oh, kh, d.h) else {
+                    let Some(ih) = attrs.input_index(0, oh, kh, d.h) else {
                         continue;
                     };
                     for ow in 0..d.ow {
-                        if let Some(iw) = tap(attrs, 1, ow, kw, d.w) {
+                        if let Some(iw) = attrs.input_index(1, ow, kw, d.w) {
                             plane[ih * d.w + iw] += row[oh * d.ow + ow];
                         }
                     }

@@ -1,9 +1,10 @@
 //! Pooling for the executor: direct loops over each window's rows, with the bounds of the
-//! window clipped once per output position instead of per tap. The interpreter's kernels are
+//! window clipped once per output position (`Pool2dAttrs::input_range`) instead of per tap. The interpreter's kernels are
 //! the oracle these are tested against (`runtime/tests/op_info.rs`).
 
 use crate::Array;
-use crate::interp::kernels::FloatElem;
+use crate::interp::kernels::{FloatElem, nan_max};
+use crate::interp::window::first_max;
 use kiln_ir::{Pool2dAttrs, PoolKind};
 use ndarray::ArrayD;
 
@@ -16,28 +17,6 @@ pub(crate) fn pool2d(kind: PoolKind, attrs: &Pool2dAttrs, args: &[&Array], out: 
         ([Array::F32(x), Array::F32(g)], Array::F32(out)) => typed(kind, attrs, x, Some(g), out),
         ([Array::F64(x), Array::F64(g)], Array::F64(out)) => typed(kind, attrs, x, Some(g), out),
         _ => unreachable!("the executor runs only float pooling natively"),
-    }
-}
-
-/// One window: the input rows and columns it covers (clipped to the input).
-struct Window {
-    rows: std::ops::Range<usize>,
-    cols: std::ops::Range<usize>,
-}
-
-/// The window of output position `(y, x)` over an `h × w` plane.
-fn window(attrs: &Pool2dAttrs, y: usize, x: usize, h: usize, w: usize) -> Window {
-    let span = |axis: usize, o: usize, size: usize| {
-        let start = o * attrs.strides[axis];
-        let low = start.saturating_sub(attrs.padding[axis].0);
-        let high = (start + attrs.window[axis])
-            .saturating_sub(attrs.padding[axis].0)
-            .min(size);
-        low..high.max(low)
-    };
-    Window {
-        rows: span(0, y, h),
-        cols: span(1, x, w),
     }
 }
 
@@ -74,10 +53,9 @@ fn typed<T: FloatElem>(
         for y in 0..oh {
             for x in 0..ow {
                 let at = (plane * oh + y) * ow + x;
-                let win = window(attrs, y, x, h, w);
-                let taps = win
-                    .rows
-                    .flat_map(|r| win.cols.clone().map(move |c| base + r * w + c));
+                let cols = attrs.input_range(1, x, w);
+                let taps = (attrs.input_range(0, y, h))
+                    .flat_map(|r| cols.clone().map(move |c| base + r * w + c));
                 match kind {
                     PoolKind::Max => {
                         out[at] = taps.fold(T::neg_infinity(), |m, i| nan_max(m, a[i]));
@@ -102,28 +80,4 @@ fn typed<T: FloatElem>(
             }
         }
     }
-}
-
-fn nan_max<T: FloatElem>(a: T, b: T) -> T {
-    if a.is_nan() || b.is_nan() {
-        T::nan()
-    } else if b > a {
-        b
-    } else {
-        a
-    }
-}
-
-/// The first position holding the largest value (the first NaN, if any), as the
-/// interpreter picks it.
-fn first_max<T: FloatElem>(taps: impl Iterator<Item = usize>, a: &[T]) -> Option<usize> {
-    let mut best: Option<(usize, T)> = None;
-    for i in taps {
-        let v = a[i];
-        match best {
-            Some((_, b)) if b.is_nan() || !(v > b || v.is_nan()) => {}
-            _ => best = Some((i, v)),
-        }
-    }
-    best.map(|(i, _)| i)
 }

@@ -124,7 +124,8 @@ macro_rules! impl_int_elem {
 
 impl_int_elem!(i32, i64);
 
-fn nan_max<T: num_traits::Float>(a: T, b: T) -> T {
+/// The larger of `a` and `b`, NaN if either is (as `max` and `reduce_max` propagate it).
+pub(crate) fn nan_max<T: num_traits::Float>(a: T, b: T) -> T {
     if a.is_nan() || b.is_nan() {
         T::nan()
     } else if a >= b {

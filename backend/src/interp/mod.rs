@@ -8,7 +8,7 @@
 //! results and a loop's carried values are never copied.
 
 pub mod kernels;
-mod window;
+pub(crate) mod window;
 
 use crate::array::Array;
 use crate::interp::kernels::{KernelResult, OpError};

@@ -112,21 +112,11 @@ fn for_each_tap(d: &ConvDims, attrs: &Conv2dAttrs, mut f: impl FnMut(usize, usiz
                     for ci in 0..cg {
                         let c = g * cg + ci;
                         for kh in 0..d.kh {
-                            let Some(ih) =
-                                tap(oh, kh, 0, attrs.strides, attrs.padding, attrs.dilation, d.h)
-                            else {
+                            let Some(ih) = attrs.input_index(0, oh, kh, d.h) else {
                                 continue;
                             };
                             for kw in 0..d.kw {
-                                let Some(iw) = tap(
-                                    ow,
-                                    kw,
-                                    1,
-                                    attrs.strides,
-                                    attrs.padding,
-                                    attrs.dilation,
-                                    d.w,
-                                ) else {
+                                let Some(iw) = attrs.input_index(1, ow, kw, d.w) else {
                                     continue;
                                 };
                                 let xi = ((n * d.c + c) * d.h + ih) * d.w + iw;
@@ -139,21 +129,6 @@ fn for_each_tap(d: &ConvDims, attrs: &Conv2dAttrs, mut f: impl FnMut(usize, usiz
             }
         }
     }
-}
-
-/// The input index along `axis` that output position `out` and tap `k` read, if inside.
-fn tap(
-    out: usize,
-    k: usize,
-    axis: usize,
-    strides: [usize; 2],
-    padding: [(usize, usize); 2],
-    dilation: [usize; 2],
-    size: usize,
-) -> Option<usize> {
-    (out * strides[axis] + k * dilation[axis])
-        .checked_sub(padding[axis].0)
-        .filter(|&i| i < size)
 }
 
 /// Runs a pooling op (or its gradient) of `attrs` on `args`; `out_shape` is the result's.
@@ -216,7 +191,9 @@ fn pool_typed<T: FloatElem>(
                 let taps = window_taps(attrs, y, x, h, w).map(|(ih, iw)| (plane * h + ih) * w + iw);
                 match kind {
                     PoolKind::Max => {
-                        acc[out] = taps.map(|i| a[i].as_f64()).fold(f64::NEG_INFINITY, nan_max)
+                        acc[out] = taps
+                            .map(|i| a[i].as_f64())
+                            .fold(f64::NEG_INFINITY, super::kernels::nan_max)
                     }
                     PoolKind::Avg => acc[out] = taps.map(|i| a[i].as_f64()).sum::<f64>() / area,
                     PoolKind::MaxGrad => {
@@ -237,7 +214,8 @@ fn pool_typed<T: FloatElem>(
     finish(acc, out_shape)
 }
 
-/// The input positions of the window at output `(y, x)` that lie inside the input.
+/// The input positions of the window at output `(y, x)` that lie inside the input, rows
+/// outermost.
 fn window_taps(
     attrs: &Pool2dAttrs,
     y: usize,
@@ -245,18 +223,15 @@ fn window_taps(
     h: usize,
     w: usize,
 ) -> impl Iterator<Item = (usize, usize)> + use<> {
-    let (s, p, k) = (attrs.strides, attrs.padding, attrs.window);
-    let rows =
-        (0..k[0]).filter_map(move |kh| (y * s[0] + kh).checked_sub(p[0].0).filter(|&i| i < h));
-    rows.flat_map(move |ih| {
-        (0..k[1])
-            .filter_map(move |kw| (x * s[1] + kw).checked_sub(p[1].0).filter(|&i| i < w))
-            .map(move |iw| (ih, iw))
-    })
+    let cols = attrs.input_range(1, x, w);
+    attrs
+        .input_range(0, y, h)
+        .flat_map(move |ih| cols.clone().map(move |iw| (ih, iw)))
 }
 
-/// The first position holding the largest value (the first NaN, if any).
-fn first_max<T: FloatElem>(taps: impl Iterator<Item = usize>, a: &[T]) -> Option<usize> {
+/// The first position holding the largest value (the first NaN, if any): where a max
+/// pooling gradient goes. The executor's pooling shares it.
+pub(crate) fn first_max<T: FloatElem>(taps: impl Iterator<Item = usize>, a: &[T]) -> Option<usize> {
     let mut best: Option<(usize, f64)> = None;
     for i in taps {
         let v = a[i].as_f64();
@@ -266,14 +241,6 @@ fn first_max<T: FloatElem>(taps: impl Iterator<Item = usize>, a: &[T]) -> Option
         }
     }
     best.map(|(i, _)| i)
-}
-
-fn nan_max(a: f64, b: f64) -> f64 {
-    if a.is_nan() || b.is_nan() {
-        f64::NAN
-    } else {
-        a.max(b)
-    }
 }
 
 fn finish<T: FloatElem>(acc: Vec<f64>, shape: &[usize]) -> KernelResult<ArrayD<T>> {
