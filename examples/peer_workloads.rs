@@ -1,4 +1,5 @@
-//! Runs Kiln on the peers' workloads (W2–W8 of `../shared/baselines`) with the peers' timing
+//! Runs Kiln on the peers' workloads (W2–W8 of `../shared/baselines`, and W9, the digits CNN,
+//! whose peer script is Kiln's `scripts/peers/bench_w9_cnn.py`) with the peers' timing
 //! protocol — the same warm-up and repeat counts, median (min..max) — and appends the same
 //! JSON-lines records to `<out>/<workload>.jsonl`, so one table shows Kiln beside the peers.
 //!
@@ -6,7 +7,7 @@
 //!
 //! `scripts/compare_peers.sh` runs it after the peers' scripts and writes the comparison.
 //!
-//! `--data dir` holds the W5 batch and initial weights the peers use (`scripts/peer_data.py`
+//! `--data dir` holds the W5 and W9 batches and initial weights the peers use (`scripts/peer_data.py`
 //! writes them with numpy), so that the loss after 110 steps is comparable.
 
 use kiln::npy::read_npy;
@@ -235,41 +236,41 @@ fn w4(e: &Emitter) -> Result<(), Error> {
     Ok(())
 }
 
-/// Loads the peers' W5 batch and initial weights from `dir`.
-fn load_mlp_data(step: &mut workloads::MlpStep, dir: &Path) -> Result<(), Error> {
-    let x = read_npy(&dir.join("w5_x.npy"), DType::F32)?;
-    let y = read_npy(&dir.join("w5_y.npy"), DType::I64)?;
+/// Loads a training step's batch and initial weights from the `.npy` files `scripts/peer_data.py`
+/// wrote for workload `w` (`<w>_x`, `<w>_y`, `<w>_w<i>`, `<w>_b<i>`).
+fn load_peer_data(
+    step: &mut workloads::TrainStep,
+    dir: &Path,
+    w: &str,
+    parameters: &[(String, String)],
+) -> Result<(), Error> {
+    let file = |name: String| dir.join(format!("{w}_{name}.npy"));
+    let x = read_npy(&file("x".into()), DType::F32)?;
+    let y = read_npy(&file("y".into()), DType::I64)?;
     step.feeds = vec![
         ("x".into(), std::sync::Arc::new(x)),
         ("y".into(), std::sync::Arc::new(y)),
     ];
-    for (i, (w, b)) in workloads::mlp_parameter_names().iter().enumerate() {
-        let scope = step.session.scope_mut();
-        scope.set(
-            w,
-            read_npy(&dir.join(format!("w5_w{}.npy", i + 1)), DType::F32)?,
-        )?;
-        scope.set(
-            b,
-            read_npy(&dir.join(format!("w5_b{}.npy", i + 1)), DType::F32)?,
-        )?;
+    let scope = step.session.scope_mut();
+    for (i, (weight, bias)) in parameters.iter().enumerate() {
+        scope.set(weight, read_npy(&file(format!("w{}", i + 1)), DType::F32)?)?;
+        scope.set(bias, read_npy(&file(format!("b{}", i + 1)), DType::F32)?)?;
     }
     Ok(())
 }
 
-fn w5_w7(e: &Emitter, data: Option<&Path>) -> Result<(), Error> {
-    // W7: the first call, from nothing: build the program (autodiff and update ops), open the
-    // session, and run the first step (pruning, passes, JIT).
+/// The W5 protocol: 10 warm-up steps (the first is timed alone), then 100 timed steps; the
+/// loss after 110 steps.
+struct TrainRun {
+    first_step: f64,
+    summary: Summary,
+    loss: f64,
+}
+
+fn train_run(step: &mut workloads::TrainStep) -> Result<TrainRun, Error> {
     let t = Instant::now();
-    let mut step = workloads::mlp_step()?;
-    let build = t.elapsed().as_secs_f64();
-    if let Some(dir) = data {
-        load_mlp_data(&mut step, dir)?;
-    }
-    let t1 = Instant::now();
     step.step()?;
-    let first_step = t1.elapsed().as_secs_f64();
-    let first_call = t.elapsed().as_secs_f64();
+    let first_step = t.elapsed().as_secs_f64();
     for _ in 0..9 {
         step.step()?;
     }
@@ -279,29 +280,69 @@ fn w5_w7(e: &Emitter, data: Option<&Path>) -> Result<(), Error> {
         step.step()?;
         samples.push(t.elapsed().as_secs_f64());
     }
-    let summary = summarize(samples, 0);
-    let loss = step.loss()?;
-    let init = if data.is_some() {
-        "the peers' initial weights"
-    } else {
-        "Kiln's own seeded initial weights"
-    };
-    let case = format!("static Program + Sgd.minimize, Session.run (compiled); {init}");
+    Ok(TrainRun {
+        first_step,
+        summary: summarize(samples, 0),
+        loss: step.loss()?,
+    })
+}
+
+fn initial_weights(data: Option<&Path>) -> &'static str {
+    match data {
+        Some(_) => "the peers' initial weights",
+        None => "Kiln's own seeded initial weights",
+    }
+}
+
+fn w5_w7(e: &Emitter, data: Option<&Path>) -> Result<(), Error> {
+    // W7: the first call, from nothing: build the program (autodiff and update ops), open the
+    // session, and run the first step (pruning, passes, JIT).
+    let t = Instant::now();
+    let mut step = workloads::mlp_step()?;
+    let build = t.elapsed().as_secs_f64();
+    if let Some(dir) = data {
+        load_peer_data(&mut step, dir, "w5", &workloads::mlp_parameter_names())?;
+    }
+    let run = train_run(&mut step)?;
+    let first_call = build + run.first_step;
+    let case = format!(
+        "static Program + Sgd.minimize, Session.run (compiled); {}",
+        initial_weights(data)
+    );
     e.emit(
         "w5",
         &case,
-        Some(&summary),
+        Some(&run.summary),
         "ms",
-        json!({"first_step_s": first_step, "loss_after_110_steps": loss}),
+        json!({"first_step_s": run.first_step, "loss_after_110_steps": run.loss}),
     )?;
     e.emit(
         "w7",
         &case,
         None,
         "s",
-        json!({"first_call_s": first_call, "build_s": build, "median_step_ms": summary.median * 1e3}),
+        json!({"first_call_s": first_call, "build_s": build, "median_step_ms": run.summary.median * 1e3}),
     )?;
     Ok(())
+}
+
+fn w9(e: &Emitter, data: Option<&Path>) -> Result<(), Error> {
+    let mut step = workloads::cnn_step()?;
+    if let Some(dir) = data {
+        load_peer_data(&mut step, dir, "w9", &workloads::cnn_parameter_names())?;
+    }
+    let run = train_run(&mut step)?;
+    let case = format!(
+        "digits_cnn network + Sgd.minimize, Session.run (compiled); {}",
+        initial_weights(data)
+    );
+    e.emit(
+        "w9",
+        &case,
+        Some(&run.summary),
+        "ms",
+        json!({"first_step_s": run.first_step, "loss_after_110_steps": run.loss}),
+    )
 }
 
 fn w6(e: &Emitter) -> Result<(), Error> {
@@ -376,7 +417,7 @@ fn main() -> Result<(), Error> {
         }
     }
     if selected.is_empty() {
-        selected = ["w2", "w3", "w4", "w5", "w6", "w8"]
+        selected = ["w2", "w3", "w4", "w5", "w6", "w8", "w9"]
             .map(String::from)
             .to_vec();
     }
@@ -392,6 +433,7 @@ fn main() -> Result<(), Error> {
             "w5" | "w7" => w5_w7(&e, data.as_deref())?,
             "w6" => w6(&e)?,
             "w8" => w8(&e)?,
+            "w9" => w9(&e, data.as_deref())?,
             other => return Err(format!("unknown workload {other}").into()),
         }
     }

@@ -1,8 +1,9 @@
-"""Writes the W5 batch and initial weights of the peers' benchmark as .npy files, so Kiln's
-W5 step starts from the same point and its loss after 110 steps is comparable.
+"""Writes the W5 and W9 batches and initial weights of the peers' benchmarks as .npy files, so
+Kiln's training steps start from the same points and their losses after 110 steps are comparable.
 
 usage: python peer_data.py PEERS_DIR OUT_DIR
-  PEERS_DIR holds the peers' scripts (bench_w5_mlp.py); its init() is the one source of the data.
+  PEERS_DIR holds the peers' scripts (bench_w5_mlp.py, bench_w9_cnn.py); their init() is the one
+  source of the data.
 """
 import os
 import sys
@@ -15,14 +16,23 @@ def main():
     sys.path.insert(0, os.path.abspath(peers))
     import bench_w5_mlp
 
-    x, y, params = bench_w5_mlp.init()
+    import bench_w9_cnn
+
     os.makedirs(out, exist_ok=True)
-    np.save(os.path.join(out, "w5_x.npy"), x)
-    np.save(os.path.join(out, "w5_y.npy"), y)
+    x, y, params = bench_w5_mlp.init()
+    save(out, "w5", x, y, params)
+    x, y, convs, dense = bench_w9_cnn.init()
+    save(out, "w9", x, y, convs + dense)
+    print(f"W5 and W9 data -> {out}")
+
+
+def save(out, workload, x, y, params):
+    """`<workload>_x`, `_y`, then `_w<i>` and `_b<i>` for each layer, from 1."""
+    np.save(os.path.join(out, f"{workload}_x.npy"), x)
+    np.save(os.path.join(out, f"{workload}_y.npy"), y)
     for i, (w, b) in enumerate(params, start=1):
-        np.save(os.path.join(out, f"w5_w{i}.npy"), w)
-        np.save(os.path.join(out, f"w5_b{i}.npy"), b)
-    print(f"W5 data -> {out}")
+        np.save(os.path.join(out, f"{workload}_w{i}.npy"), w)
+        np.save(os.path.join(out, f"{workload}_b{i}.npy"), b)
 
 
 if __name__ == "__main__":

@@ -174,9 +174,11 @@ pub fn matmul(m: usize, k: usize, n: usize) -> RuntimeResult<Forward> {
 pub const MLP_SIZES: [usize; 4] = [784, 512, 512, 10];
 pub const MLP_BATCH: usize = 256;
 
-/// W5: one training step of an MLP (ReLU, softmax cross-entropy on integer labels, plain SGD
-/// with learning rate 0.01) on a fixed batch.
-pub struct MlpStep {
+/// W9's batch: the digits CNN of `examples/digits_cnn.rs` trained with batch 256.
+pub const CNN_BATCH: usize = 256;
+
+/// One training step on a fixed batch, run in a session: W5 and W9.
+pub struct TrainStep {
     pub session: Session,
     pub train: Target,
     pub loss: Value,
@@ -190,8 +192,17 @@ pub fn mlp_parameter_names() -> Vec<(String, String)> {
         .collect()
 }
 
-/// Builds the W5 program (seeded initial weights) and a session for it.
-pub fn mlp_step() -> RuntimeResult<MlpStep> {
+/// The parameter names of the CNN's layers in order (two convolutions, OIHW weights, then
+/// two dense layers, `[in, out]` weights), as `(weight, bias)`.
+pub fn cnn_parameter_names() -> Vec<(String, String)> {
+    ["conv1", "conv2", "fc1", "fc2"]
+        .map(|l| (format!("{l}.w"), format!("{l}.b")))
+        .to_vec()
+}
+
+/// W5: one training step of an MLP (ReLU, softmax cross-entropy on integer labels, plain SGD
+/// with learning rate 0.01) on a fixed batch of seeded normal inputs; seeded initial weights.
+pub fn mlp_step() -> RuntimeResult<TrainStep> {
     let [d_in, h1, h2, d_out] = MLP_SIZES;
     let mut p = Program::with_seed(0);
     let x = p.placeholder("x", DType::F32, Shape::fixed(&[MLP_BATCH, d_in]))?;
@@ -199,52 +210,75 @@ pub fn mlp_step() -> RuntimeResult<MlpStep> {
     let h = Dense::new(&mut p, "fc1", d_in, h1, Activation::Relu)?.apply(&mut p, x)?;
     let h = Dense::new(&mut p, "fc2", h1, h2, Activation::Relu)?.apply(&mut p, h)?;
     let logits = Dense::new(&mut p, "fc3", h2, d_out, Activation::Identity)?.apply(&mut p, h)?;
-    let loss = layers::softmax_cross_entropy(&mut p, logits, y)?;
-    let train = Sgd::new(0.01).minimize(&mut p, loss)?;
     let labels: Vec<i64> = (0..MLP_BATCH as u64)
         .map(|i| (Stream::new(8, 0).bits(i) % d_out as u64) as i64)
         .collect();
-    let feeds = vec![
-        ("x".to_owned(), Arc::new(normal(&[MLP_BATCH, d_in], 1.0, 7))),
-        (
-            "y".to_owned(),
-            Arc::new(Array::I64(
-                ArrayD::from_shape_vec(IxDyn(&[MLP_BATCH]), labels).expect("a batch"),
-            )),
-        ),
-    ];
-    Ok(MlpStep {
-        session: Session::new(&p)?,
-        train,
-        loss,
-        feeds,
-    })
+    let x_batch = normal(&[MLP_BATCH, d_in], 1.0, 7);
+    TrainStep::new(p, logits, y, 0.01, x_batch, labels)
 }
 
-impl MlpStep {
-    /// One training step; returns the loss before the update.
-    pub fn step(&mut self) -> RuntimeResult<f64> {
-        let feeds: Vec<(&str, Arc<Array>)> = self
-            .feeds
-            .iter()
+/// W9: one training step of the digits CNN ([`crate::demos::digits_cnn::network`], hidden
+/// 128; softmax cross-entropy, plain SGD with learning rate 0.05) on the first 256 digits;
+/// seeded initial weights.
+pub fn cnn_step() -> RuntimeResult<TrainStep> {
+    let mut p = Program::with_seed(0);
+    let x = p.placeholder("x", DType::F32, Shape::fixed(&[CNN_BATCH, 1, 8, 8]))?;
+    let y = p.placeholder("y", DType::I64, Shape::fixed(&[CNN_BATCH]))?;
+    let logits = crate::demos::digits_cnn::network(&mut p, x, 128)?;
+    let digits = kiln_runtime::data::digits()?;
+    let images = digits.features.slice(ndarray::s![..CNN_BATCH, ..]);
+    let x_batch = ArrayD::from_shape_vec(
+        IxDyn(&[CNN_BATCH, 1, 8, 8]),
+        images.iter().copied().collect(),
+    )
+    .expect("256 images of 64 pixels");
+    let labels = digits.labels[..CNN_BATCH].to_vec();
+    TrainStep::new(p, logits, y, 0.05, Array::F32(x_batch), labels)
+}
+
+impl TrainStep {
+    /// Adds the loss and the SGD update to `p`, which computes `logits` from placeholders
+    /// `x` and `labels`, and opens a session fed with `x_batch` and `labels_batch`.
+    fn new(
+        mut p: Program,
+        logits: Value,
+        labels: Value,
+        learning_rate: f64,
+        x_batch: Array,
+        labels_batch: Vec<i64>,
+    ) -> RuntimeResult<TrainStep> {
+        let loss = layers::softmax_cross_entropy(&mut p, logits, labels)?;
+        let train = Sgd::new(learning_rate).minimize(&mut p, loss)?;
+        let n = labels_batch.len();
+        let y_batch = ArrayD::from_shape_vec(IxDyn(&[n]), labels_batch).expect("a batch");
+        Ok(TrainStep {
+            session: Session::new(&p)?,
+            train,
+            loss,
+            feeds: vec![
+                ("x".to_owned(), Arc::new(x_batch)),
+                ("y".to_owned(), Arc::new(Array::I64(y_batch))),
+            ],
+        })
+    }
+
+    /// Runs `fetches` on the batch; returns the first fetched value (the loss).
+    fn run(&mut self, fetches: &[Fetch]) -> RuntimeResult<f64> {
+        let feeds: Vec<(&str, Arc<Array>)> = (self.feeds.iter())
             .map(|(n, a)| (n.as_str(), a.clone()))
             .collect();
-        let fetches = [Fetch::Target(self.train), Fetch::Value(self.loss)];
-        let out = self.session.run_shared(&fetches, &feeds)?;
+        let out = self.session.run_shared(fetches, &feeds)?;
         Ok(out[0].to_f64_vec()[0])
+    }
+
+    /// One training step; returns the loss before the update.
+    pub fn step(&mut self) -> RuntimeResult<f64> {
+        self.run(&[Fetch::Target(self.train), Fetch::Value(self.loss)])
     }
 
     /// The loss at the current parameters, without training.
     pub fn loss(&mut self) -> RuntimeResult<f64> {
-        let feeds: Vec<(&str, Arc<Array>)> = self
-            .feeds
-            .iter()
-            .map(|(n, a)| (n.as_str(), a.clone()))
-            .collect();
-        let out = self
-            .session
-            .run_shared(&[Fetch::Value(self.loss)], &feeds)?;
-        Ok(out[0].to_f64_vec()[0])
+        self.run(&[Fetch::Value(self.loss)])
     }
 }
 

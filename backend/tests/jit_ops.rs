@@ -476,6 +476,46 @@ fn fused_patterns() {
         let total = b.reduce(ReduceOp::Sum, s, vec![0], false)?;
         Ok(vec![s, r, total])
     });
+    // Channel-wise NCHW kernels, whose axes collapse (`[N,C,H,W]` walked as `[N,C,H·W]`): a
+    // bias and ReLU forward, and its gradient with the bias gradient (a sum over N, H, W).
+    let nchw = Type::new(
+        DType::F32,
+        Shape(vec![n.clone(), 6.into(), 3.into(), 5.into()]),
+    );
+    let channel = Type::new(DType::F32, fixed(&[1, 6, 1, 1]));
+    let x = g.array(DType::F32, &[4, 6, 3, 5], false, false);
+    let bias = g.array(DType::F32, &[1, 6, 1, 1], false, false);
+    let types = [nchw.clone(), channel];
+    check(
+        "bias relu (NCHW)",
+        &types,
+        vec![x.clone(), bias],
+        EXACT,
+        |b, a| {
+            let shape = b.value_type(a[0]).shape.clone();
+            let bias = b.broadcast_to(a[1], &shape)?;
+            let y = b.add(a[0], bias)?;
+            Ok(vec![b.unary(UnaryOp::Relu, y)?])
+        },
+    );
+    let grad = g.array(DType::F32, &[4, 6, 3, 5], false, false);
+    let types = [nchw.clone(), nchw];
+    check(
+        "bias gradient (NCHW)",
+        &types,
+        vec![x, grad],
+        SUMS,
+        |b, a| {
+            let zero = b.scalar(DType::F32, 0.0)?;
+            let shape = b.value_type(a[0]).shape.clone();
+            let zeros = b.broadcast_to(zero, &shape)?;
+            let on = b.compare(CompareOp::Gt, a[0], zeros)?;
+            let dx = b.select(on, a[1], zeros)?;
+            let db = b.reduce(ReduceOp::Sum, dx, vec![0, 2, 3], true)?;
+            let rows = b.reduce(ReduceOp::Max, dx, vec![3], true)?;
+            Ok(vec![dx, db, rows])
+        },
+    );
     // The same value yielded twice, and an input yielded as it is.
     let x = g.array(DType::F32, &[3, 4], false, false);
     check("repeated outputs", &[rows(4)], vec![x], EXACT, |b, a| {
@@ -490,6 +530,28 @@ fn fused_patterns() {
         )?;
         Ok(vec![b.unary(UnaryOp::Neg, c)?])
     });
+}
+
+/// The NCHW bias kernel of `fused_patterns` is planned over collapsed axes: `[N, 6, 15]`.
+#[test]
+fn channel_axes_collapse() {
+    let n = Dim::sym("N");
+    let mut b = FunctionBuilder::new("k");
+    let x = b.arg(
+        "x",
+        Type::new(
+            DType::F32,
+            Shape(vec![n.clone(), 6.into(), 3.into(), 5.into()]),
+        ),
+    );
+    let bias = b.arg("b", Type::new(DType::F32, fixed(&[1, 6, 1, 1])));
+    let shape = b.value_type(x).shape.clone();
+    let spread = b.broadcast_to(bias, &shape).unwrap();
+    let y = b.add(x, spread).unwrap();
+    let func = b.finish(&[y]).unwrap();
+    let kernel = jit::kernel(&func).unwrap();
+    let domain = &kernel.plan.stages[0].domain;
+    assert_eq!(*domain, Shape(vec![n, 6.into(), 15.into()]));
 }
 
 #[test]

@@ -57,6 +57,29 @@ impl Conv2dAttrs {
             .filter(|&i| i < size)
     }
 
+    /// The output positions `0..outputs` along spatial axis `axis` whose input index for
+    /// kernel tap `tap` falls inside an input of `size` (not in the padding), and the input
+    /// index of the first of them; the others follow `strides[axis]` apart. A kernel copies
+    /// that run and fills the rest with the padding value, instead of testing each position.
+    pub fn inside(
+        &self,
+        axis: usize,
+        tap: usize,
+        size: usize,
+        outputs: usize,
+    ) -> (std::ops::Range<usize>, usize) {
+        let stride = self.strides[axis];
+        let offset = tap * self.dilation[axis];
+        let low = self.padding[axis].0;
+        // Output `o` reads input `o·stride + offset − low`, inside when in `0..size`.
+        let first = low.saturating_sub(offset).div_ceil(stride).min(outputs);
+        let end = (size + low)
+            .saturating_sub(offset)
+            .div_ceil(stride)
+            .clamp(first, outputs);
+        (first..end, (first * stride + offset).saturating_sub(low))
+    }
+
     /// What is wrong with the attributes themselves, if anything.
     pub fn check(&self) -> Result<(), String> {
         check_positive("strides", &self.strides)?;
@@ -242,5 +265,31 @@ mod tests {
         assert_eq!(dilated.output_size(0, 4, 3), None);
         assert_eq!(Pool2dAttrs::new([2, 2], [2, 2]).output_size(1, 7), Some(3));
         assert_eq!(Pool2dAttrs::new([9, 9], [1, 1]).output_size(1, 8), None);
+    }
+
+    #[test]
+    fn inside_is_where_input_index_is_some() {
+        for stride in 1..4 {
+            for dilation in 1..3 {
+                for low in 0..4 {
+                    let attrs = Conv2dAttrs {
+                        strides: [stride, 1],
+                        padding: [(low, 1), (0, 0)],
+                        dilation: [dilation, 1],
+                        groups: 1,
+                    };
+                    for (size, tap, outputs) in [(5, 0, 4), (5, 2, 6), (1, 1, 3), (0, 0, 2)] {
+                        let (run, first) = attrs.inside(0, tap, size, outputs);
+                        for o in 0..outputs {
+                            let index = attrs.input_index(0, o, tap, size);
+                            assert_eq!(index.is_some(), run.contains(&o), "{attrs:?} {o}");
+                            if let Some(i) = index {
+                                assert_eq!(i, first + (o - run.start) * stride);
+                            }
+                        }
+                    }
+                }
+            }
+        }
     }
 }

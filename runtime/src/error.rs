@@ -107,6 +107,9 @@ pub enum RuntimeError {
     /// Saving or loading a checkpoint failed.
     #[error(transparent)]
     Checkpoint(#[from] CheckpointError),
+    /// The built-in data could not be read.
+    #[error(transparent)]
+    Data(#[from] crate::data::DataError),
 }
 
 /// The result of a static-program operation.

@@ -241,6 +241,13 @@ fn cases() -> Vec<Case> {
         case("avg_pool2d", vec![f(&px, 30)], true, move |b, v| {
             b.avg_pool2d(v[0], pool)
         }),
+        // Windows that tile the input: the executor's row-by-row path.
+        case(
+            "max_pool2d",
+            vec![f(&[2, 3, 4, 6], 32)],
+            true,
+            move |b, v| b.max_pool2d(v[0], Pool2dAttrs::new([2, 2], [2, 2])),
+        ),
         case(
             "max_pool2d_grad",
             vec![f(&px, 29), f(&py, 31)],

@@ -3,7 +3,7 @@
 
 use super::digits_static;
 pub use super::digits_static::{Config, Epoch, Model, Outcome};
-use kiln_ir::{Conv2dAttrs, DType, Dim, Pool2dAttrs, Shape};
+use kiln_ir::{Conv2dAttrs, DType, Dim, Pool2dAttrs, Shape, Value};
 use kiln_runtime::layers::{self, Activation};
 use kiln_runtime::{Program, RuntimeResult};
 
@@ -18,26 +18,32 @@ pub fn config() -> Config {
     }
 }
 
-/// `x: f32[N,64]` as `[N,1,8,8]` → conv 3×3 (32, ReLU) → max pool 2 → conv 3×3 (64, ReLU)
-/// → max pool 2 → flatten → dense (128, ReLU) → dense (10).
+/// `x: f32[N,64]` as `[N,1,8,8]` → [`network`], trained by [`digits_static::classifier`].
 pub fn build(config: &Config) -> RuntimeResult<Model> {
     let mut p = Program::with_seed(config.seed);
     let x = p.placeholder("x", DType::F32, vec![Dim::sym("N"), Dim::Fixed(64)])?;
     let y = p.placeholder("y", DType::I64, vec![Dim::sym("N")])?;
     let image = p.reshape(x, Shape(vec![Dim::sym("N"), 1.into(), 8.into(), 8.into()]))?;
+    let logits = network(&mut p, image, config.hidden)?;
+    digits_static::classifier(p, [x, y], logits, config)
+}
+
+/// The logits of `image: f32[N,1,8,8]`: conv 3×3 (32, ReLU) → max pool 2 → conv 3×3 (64,
+/// ReLU) → max pool 2 → flatten → dense (`hidden`, ReLU) → dense (10). Parameters `conv1.*`,
+/// `conv2.*`, `fc1.*`, `fc2.*` (`.w`, `.b`).
+pub fn network(p: &mut Program, image: Value, hidden: usize) -> RuntimeResult<Value> {
     let same = Conv2dAttrs {
         padding: [(1, 1), (1, 1)],
         ..Conv2dAttrs::default()
     };
     let halve = Pool2dAttrs::new([2, 2], [2, 2]);
-    let h = layers::conv2d(&mut p, "conv1", image, 32, [3, 3], same, Activation::Relu)?;
-    let h = layers::max_pool2d(&mut p, h, halve)?;
-    let h = layers::conv2d(&mut p, "conv2", h, 64, [3, 3], same, Activation::Relu)?;
-    let h = layers::max_pool2d(&mut p, h, halve)?;
-    let h = layers::flatten(&mut p, h)?;
-    let h = layers::dense(&mut p, "fc1", h, config.hidden, Activation::Relu)?;
-    let logits = layers::dense(&mut p, "fc2", h, 10, Activation::Identity)?;
-    digits_static::classifier(p, [x, y], logits, config)
+    let h = layers::conv2d(p, "conv1", image, 32, [3, 3], same, Activation::Relu)?;
+    let h = layers::max_pool2d(p, h, halve)?;
+    let h = layers::conv2d(p, "conv2", h, 64, [3, 3], same, Activation::Relu)?;
+    let h = layers::max_pool2d(p, h, halve)?;
+    let h = layers::flatten(p, h)?;
+    let h = layers::dense(p, "fc1", h, hidden, Activation::Relu)?;
+    layers::dense(p, "fc2", h, 10, Activation::Identity)
 }
 
 /// Trains on 80 % of the digits and reports test accuracy on the rest after each epoch.

@@ -2,10 +2,10 @@
 //! with `to_static`, which shares the trained parameters.
 
 use kiln_ir::{DType, Dim, Shape, Type};
-use kiln_runtime::Adam;
 use kiln_runtime::data::{self, Dataset};
 use kiln_runtime::eager::nn::{self, Layer, Linear, Relu, Sequential};
 use kiln_runtime::eager::{self, EagerError, EagerOptimizer, EagerResult, StaticFunction, Tensor};
+use kiln_runtime::{Adam, RuntimeError};
 
 #[derive(Clone, Debug)]
 pub struct Config {
@@ -64,7 +64,7 @@ pub fn setup(config: &Config) -> EagerResult<(Sequential, EagerOptimizer, Datase
         .push(Relu)
         .push(Linear::new("fc2", config.hidden, 10)?);
     let opt = EagerOptimizer::new(Adam::new(config.learning_rate), model.parameters())?;
-    let digits = data::digits().map_err(|e| EagerError::Usage(e.to_string()))?;
+    let digits = data::digits().map_err(RuntimeError::from)?;
     let (train_set, test) = digits.split(0.2, config.seed);
     Ok((model, opt, train_set, test))
 }

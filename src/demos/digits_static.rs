@@ -143,12 +143,7 @@ pub fn train_model(
     config: &Config,
     mut on_epoch: impl FnMut(&Epoch),
 ) -> RuntimeResult<Outcome> {
-    let (train_set, test) = data::digits()
-        .map_err(|e| kiln_runtime::RuntimeError::State {
-            name: "digits".into(),
-            message: e.to_string(),
-        })?
-        .split(0.2, config.seed);
+    let (train_set, test) = data::digits()?.split(0.2, config.seed);
     let mut session = Session::new(&model.program)?;
     let test_batch = test.all();
     let mut history = Vec::new();

@@ -637,7 +637,7 @@ impl Executable {
         let mut out = self.acquire(rt, s, dtype, &step.shapes[0]);
         let args: Vec<&Array> = step.inputs.iter().map(|&v| &**Self::value(rt, v)).collect();
         let target = Arc::get_mut(&mut out).expect("a fresh or free buffer");
-        pool::pool2d(kind, attrs, &args, target);
+        pool::pool2d(kind, attrs, &args, target, self.threads);
         rt.env[step.outputs[0].index()] = Some(out);
     }
 

@@ -1,83 +1,242 @@
 //! Pooling for the executor: direct loops over each window's rows, with the bounds of the
-//! window clipped once per output position (`Pool2dAttrs::input_range`) instead of per tap. The interpreter's kernels are
-//! the oracle these are tested against (`runtime/tests/op_info.rs`).
+//! window clipped once per output position (`Pool2dAttrs::input_range`) instead of per tap,
+//! and the planes (sample × channel) split across threads. The interpreter's kernels are the
+//! oracle these are tested against (`runtime/tests/op_info.rs`).
 
 use crate::Array;
-use crate::interp::kernels::{FloatElem, nan_max};
-use crate::interp::window::first_max;
+use crate::interp::kernels::FloatElem;
 use kiln_ir::{Pool2dAttrs, PoolKind};
-use ndarray::ArrayD;
+use ndarray::{ArrayD, CowArray, IxDyn};
+use rayon::prelude::*;
+use std::ops::Range;
 
 /// Runs a pooling op (or its gradient, by `kind`) on `args` into `out`, which has the
-/// result's shape. Float arrays of one dtype (the schedule sends no others).
-pub(crate) fn pool2d(kind: PoolKind, attrs: &Pool2dAttrs, args: &[&Array], out: &mut Array) {
+/// result's shape, one plane (sample and channel) per task, on rayon's threads when `threads`
+/// allows. Float arrays of one dtype (the schedule sends no others).
+pub(crate) fn pool2d(
+    kind: PoolKind,
+    attrs: &Pool2dAttrs,
+    args: &[&Array],
+    out: &mut Array,
+    threads: bool,
+) {
     match (args, out) {
-        ([Array::F32(x)], Array::F32(out)) => typed(kind, attrs, x, None, out),
-        ([Array::F64(x)], Array::F64(out)) => typed(kind, attrs, x, None, out),
-        ([Array::F32(x), Array::F32(g)], Array::F32(out)) => typed(kind, attrs, x, Some(g), out),
-        ([Array::F64(x), Array::F64(g)], Array::F64(out)) => typed(kind, attrs, x, Some(g), out),
+        ([Array::F32(x)], Array::F32(out)) => Planes::new(kind, attrs, x, None, threads).into(out),
+        ([Array::F64(x)], Array::F64(out)) => Planes::new(kind, attrs, x, None, threads).into(out),
+        ([Array::F32(x), Array::F32(g)], Array::F32(out)) => {
+            Planes::new(kind, attrs, x, Some(g), threads).into(out)
+        }
+        ([Array::F64(x), Array::F64(g)], Array::F64(out)) => {
+            Planes::new(kind, attrs, x, Some(g), threads).into(out)
+        }
         _ => unreachable!("the executor runs only float pooling natively"),
     }
 }
 
-fn typed<T: FloatElem>(
+/// Below this many input elements, pooling stays on the calling thread; and the input
+/// elements one task takes.
+const PARALLEL_ELEMENTS: usize = 1 << 14;
+
+/// One pooling call: the operands as row-major slices and the sizes of one plane.
+struct Planes<'a, T: FloatElem> {
     kind: PoolKind,
-    attrs: &Pool2dAttrs,
-    a: &ArrayD<T>,
-    g: Option<&ArrayD<T>>,
-    out: &mut ArrayD<T>,
-) {
-    // The plane the windows run over, and the pooled plane.
-    let (input, pooled) = match kind {
-        PoolKind::Max | PoolKind::Avg => (a.shape().to_vec(), out.shape().to_vec()),
-        PoolKind::MaxGrad => (
-            a.shape().to_vec(),
-            g.map_or(vec![0; 4], |g| g.shape().to_vec()),
-        ),
-        PoolKind::AvgGrad { .. } => (out.shape().to_vec(), a.shape().to_vec()),
-    };
-    let (planes, h, w) = (input[0] * input[1], input[2], input[3]);
-    let (oh, ow) = (pooled[2], pooled[3]);
-    let a = a.as_standard_layout();
-    let a = a.as_slice().expect("standard");
-    let g = g.map(|g| g.as_standard_layout().into_owned());
-    let g = g.as_ref().map(|g| g.as_slice().expect("standard"));
-    let out = out.as_slice_mut().expect("executor buffers are contiguous");
-    let area_f64 = (attrs.window[0] * attrs.window[1]) as f64;
-    let area = T::from_f64(area_f64);
-    if matches!(kind, PoolKind::MaxGrad | PoolKind::AvgGrad { .. }) {
-        out.fill(T::zero());
+    attrs: &'a Pool2dAttrs,
+    a: CowArray<'a, T, IxDyn>,
+    g: Option<CowArray<'a, T, IxDyn>>,
+    /// The input plane's and the pooled plane's sizes.
+    h: usize,
+    w: usize,
+    oh: usize,
+    ow: usize,
+    threads: bool,
+}
+
+impl<'a, T: FloatElem + Send + Sync> Planes<'a, T> {
+    fn new(
+        kind: PoolKind,
+        attrs: &'a Pool2dAttrs,
+        a: &'a ArrayD<T>,
+        g: Option<&'a ArrayD<T>>,
+        threads: bool,
+    ) -> Self {
+        Planes {
+            kind,
+            attrs,
+            a: a.as_standard_layout(),
+            g: g.map(|g| g.as_standard_layout()),
+            h: 0,
+            w: 0,
+            oh: 0,
+            ow: 0,
+            threads,
+        }
     }
-    for plane in 0..planes {
-        let base = plane * h * w;
-        for y in 0..oh {
-            for x in 0..ow {
-                let at = (plane * oh + y) * ow + x;
-                let cols = attrs.input_range(1, x, w);
-                let taps = (attrs.input_range(0, y, h))
-                    .flat_map(|r| cols.clone().map(move |c| base + r * w + c));
-                match kind {
-                    PoolKind::Max => {
-                        out[at] = taps.fold(T::neg_infinity(), |m, i| nan_max(m, a[i]));
-                    }
-                    PoolKind::Avg => {
-                        let sum: f64 = taps.map(|i| a[i].as_f64()).sum();
-                        out[at] = T::from_f64(sum / area_f64);
-                    }
-                    PoolKind::MaxGrad => {
-                        let grad = g.expect("max_pool2d_grad has a gradient")[at];
-                        if let Some(i) = first_max(taps, a) {
-                            out[i] = out[i] + grad;
+
+    /// Computes into `out`, plane by plane.
+    fn into(mut self, out: &mut ArrayD<T>) {
+        // The plane the windows run over, and the pooled plane.
+        let (input, pooled) = match (self.kind, &self.g) {
+            (PoolKind::Max | PoolKind::Avg, _) => (self.a.shape(), out.shape()),
+            (PoolKind::MaxGrad, Some(g)) => (self.a.shape(), g.shape()),
+            (PoolKind::AvgGrad { .. }, _) => (out.shape(), self.a.shape()),
+            (PoolKind::MaxGrad, None) => unreachable!("max_pool2d_grad has a gradient"),
+        };
+        (self.h, self.w, self.oh, self.ow) = (input[2], input[3], pooled[2], pooled[3]);
+        let out_plane = out.shape()[2] * out.shape()[3];
+        let parallel = self.threads && input.iter().product::<usize>() >= PARALLEL_ELEMENTS;
+        let out = out.as_slice_mut().expect("executor buffers are contiguous");
+        if out_plane == 0 {
+            return;
+        }
+        let a = self.a.as_slice().expect("standard");
+        let g = (self.g.as_ref()).map(|g| g.as_slice().expect("standard"));
+        let columns: Vec<_> = (0..self.ow)
+            .map(|x| self.attrs.input_range(1, x, self.w))
+            .collect();
+        // Planes of small images are tiny: a task takes enough of them to outweigh its own
+        // cost.
+        let per_task = PARALLEL_ELEMENTS.div_ceil(self.h * self.w).max(1);
+        let this = &self;
+        let task = |(t, planes): (usize, &mut [T])| {
+            for (i, o) in planes.chunks_mut(out_plane).enumerate() {
+                this.plane(t * per_task + i, a, g, &columns, o);
+            }
+        };
+        if parallel {
+            out.par_chunks_mut(out_plane * per_task)
+                .enumerate()
+                .for_each(task);
+        } else {
+            task((0, out));
+        }
+    }
+
+    /// Plane `index` of the result: one pass over the pooled positions, each reading its
+    /// window's clipped rows and columns.
+    /// Whether the windows tile the input exactly: no padding, strides equal to the window,
+    /// and no input left over.
+    fn tiles(&self) -> bool {
+        let Pool2dAttrs {
+            window, strides, ..
+        } = *self.attrs;
+        let unpadded = self.attrs.padding == [(0, 0), (0, 0)];
+        unpadded
+            && window == strides
+            && self.oh * window[0] == self.h
+            && self.ow * window[1] == self.w
+    }
+
+    /// `a` and `g` are the operands' elements, `columns` each pooled column's input columns.
+    fn plane(
+        &self,
+        index: usize,
+        a: &[T],
+        g: Option<&[T]>,
+        columns: &[Range<usize>],
+        out: &mut [T],
+    ) {
+        let (h, w, oh, ow) = (self.h, self.w, self.oh, self.ow);
+        let area = T::from_f64((self.attrs.window[0] * self.attrs.window[1]) as f64);
+        let windows = (0..oh).flat_map(|y| {
+            let rows = self.attrs.input_range(0, y, h);
+            (columns.iter()).map(move |cols| (rows.clone(), cols.clone()))
+        });
+        match self.kind {
+            PoolKind::Max if self.tiles() => {
+                // Windows that tile the plane: each input row adds its maxima to one output
+                // row, chunk by chunk, with no per-window bookkeeping.
+                let [kh, kw] = self.attrs.window;
+                let plane = &a[index * h * w..][..h * w];
+                out.fill(T::neg_infinity());
+                for (y, out_row) in out.chunks_exact_mut(ow).enumerate() {
+                    for line in plane[y * kh * w..].chunks(w).take(kh) {
+                        for (m, chunk) in out_row.iter_mut().zip(line.chunks_exact(kw)) {
+                            for &v in chunk {
+                                *m = nan_max(*m, v);
+                            }
                         }
                     }
-                    PoolKind::AvgGrad { .. } => {
-                        let share = a[at] / area;
-                        for i in taps {
-                            out[i] = out[i] + share;
+                }
+            }
+            PoolKind::Max => {
+                let plane = &a[index * h * w..][..h * w];
+                for (at, (rows, cols)) in windows.enumerate() {
+                    let mut m = T::neg_infinity();
+                    for r in rows {
+                        for &v in &plane[r * w..][cols.clone()] {
+                            m = nan_max(m, v);
+                        }
+                    }
+                    out[at] = m;
+                }
+            }
+            PoolKind::Avg => {
+                let plane = &a[index * h * w..][..h * w];
+                for (at, (rows, cols)) in windows.enumerate() {
+                    let mut sum = 0.0;
+                    for r in rows {
+                        sum += (plane[r * w..][cols.clone()].iter())
+                            .map(|v| v.as_f64())
+                            .sum::<f64>();
+                    }
+                    out[at] = T::from_f64(sum) / area;
+                }
+            }
+            PoolKind::MaxGrad => {
+                let plane = &a[index * h * w..][..h * w];
+                let g = &g.expect("max_pool2d_grad has a gradient")[index * oh * ow..][..oh * ow];
+                out.fill(T::zero());
+                for ((rows, cols), &grad) in windows.zip(g) {
+                    if let Some(i) = first_max(plane, w, rows, cols) {
+                        out[i] = out[i] + grad;
+                    }
+                }
+            }
+            PoolKind::AvgGrad { .. } => {
+                let g = &a[index * oh * ow..][..oh * ow];
+                out.fill(T::zero());
+                for ((rows, cols), &grad) in windows.zip(g) {
+                    let share = grad / area;
+                    for r in rows {
+                        for v in &mut out[r * w..][cols.clone()] {
+                            *v = *v + share;
                         }
                     }
                 }
             }
         }
     }
+}
+
+/// The larger of `m` and `v`, NaN once either is: a select, not a branch, since which is
+/// larger is data (a mispredicted branch per tap costs more than the comparison).
+#[inline]
+fn nan_max<T: FloatElem>(m: T, v: T) -> T {
+    if v > m || v.is_nan() { v } else { m }
+}
+
+/// The index in `plane` (rows `w` long) of the first largest element of the window `rows` ×
+/// `cols`, or of its first NaN: the interpreter's `first_max`, as loops over the window.
+#[inline]
+fn first_max<T: FloatElem>(
+    plane: &[T],
+    w: usize,
+    rows: Range<usize>,
+    cols: Range<usize>,
+) -> Option<usize> {
+    let mut best: Option<(usize, T)> = None;
+    for r in rows {
+        for (i, &v) in (cols.clone()).zip(&plane[r * w..][cols.clone()]) {
+            let i = r * w + i;
+            match best {
+                None => best = Some((i, v)),
+                Some((_, b)) if b.is_nan() => {}
+                Some((at, b)) => {
+                    let take = v > b || v.is_nan();
+                    best = Some(if take { (i, v) } else { (at, b) });
+                }
+            }
+        }
+    }
+    best.map(|(i, _)| i)
 }

@@ -230,7 +230,7 @@ fn window_taps(
 }
 
 /// The first position holding the largest value (the first NaN, if any): where a max
-/// pooling gradient goes. The executor's pooling shares it.
+/// pooling gradient goes.
 pub(crate) fn first_max<T: FloatElem>(taps: impl Iterator<Item = usize>, a: &[T]) -> Option<usize> {
     let mut best: Option<(usize, f64)> = None;
     for i in taps {

@@ -18,6 +18,7 @@
 //! `2` also prints its Cranelift IR, `3` its machine code.
 
 pub(crate) mod codegen;
+mod collapse;
 mod math;
 pub(crate) mod plan;
 
@@ -91,7 +92,9 @@ pub type StageFn = unsafe extern "C" fn(*const *mut u8, *const i64, i64, i64) ->
 
 /// A compiled kernel: its plan and one native function per stage.
 pub struct Kernel {
-    /// The plan the kernel was generated from.
+    /// The kernel function as given: the types of the arrays it takes and returns.
+    pub func: Function,
+    /// The plan the kernel was generated from (over the function's collapsed axes).
     pub plan: KernelPlan,
     /// The generated function of each stage.
     pub stages: Vec<StageFn>,
@@ -115,7 +118,7 @@ const PARALLEL_WORK: i64 = 1 << 22;
 impl Kernel {
     /// Runs the kernel on host arrays, allocating its outputs.
     pub fn call(&self, inputs: &[&Array]) -> Result<Vec<Array>, KernelError> {
-        let func = &self.plan.func;
+        let func = &self.func;
         if inputs.len() != func.args().len() {
             return Err(KernelError::Shape(format!(
                 "the kernel takes {} inputs, {} given",
@@ -328,7 +331,7 @@ pub fn kernel(func: &Function) -> Result<Arc<Kernel>, JitError> {
     if let Some(k) = cached() {
         return Ok(k);
     }
-    let plan = KernelPlan::new(func.clone())?;
+    let plan = KernelPlan::new(collapse::collapse_axes(func))?;
     let mut jit = jit().lock().unwrap_or_else(PoisonError::into_inner);
     // Another thread may have compiled it while this one waited for the JIT.
     if let Some(k) = cached() {
@@ -347,6 +350,7 @@ pub fn kernel(func: &Function) -> Result<Arc<Kernel>, JitError> {
         .map(|s| plan.cost_per_element(s))
         .collect();
     let kernel = Arc::new(Kernel {
+        func: func.clone(),
         plan,
         stages,
         cost,
