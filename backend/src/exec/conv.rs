@@ -1,10 +1,19 @@
-//! Convolutions for the executor: im2col and gemm. Each chunk of samples and channel group
-//! becomes one matrix product: the chunk's windows are laid out as columns
-//! (`[C/g·KH·KW, samples·OH·OW]`), so the convolution is `w_g · cols`, its input gradient
-//! `w_gᵀ · g` scattered back (col2im), and its filter gradient `g · colsᵀ`. A whole batch of
-//! small images is one chunk: one gemm per layer, large enough to use every core, where a
-//! gemm per sample (`[64, 16, 288]` for the digits CNN) was too small to. The interpreter's direct loops are the oracle these
-//! are tested against (`runtime/tests/op_info.rs`).
+//! Convolutions for the executor: im2col and gemm, channels last.
+//!
+//! Each chunk of samples and channel group becomes one matrix product. The chunk's input is
+//! first laid out channels last (`[n, h, w, c/g]`), so that its **patch matrix** — one row per
+//! output position, one column per weight (`(kh, kw, c)`, channel fastest) — is built by copying
+//! runs of `C/g` contiguous channels rather than single elements. Then, with `W'` the weights
+//! in the same `(kh, kw, c)` order:
+//! - the convolution is `patches · W'ᵀ` (`[positions, O/g]`), moved back to NCHW;
+//! - its input gradient is `g · W'` (`[positions, K]`), each row added back to the input
+//!   elements it came from (col2im);
+//! - its filter gradient is `gᵀ · patches` (`[O/g, K]`), summed over the chunks.
+//!
+//! A whole batch of small images is one chunk: one gemm per layer, large enough to use every
+//! core (a gemm per sample — `[16, 64, 288]` for the digits CNN — is too small to). The
+//! interpreter's direct loops are the oracle these are tested against
+//! (`runtime/tests/op_info.rs`, and the chunking test below).
 
 use super::matmul::PARALLEL_FLOPS;
 use crate::Array;
@@ -16,7 +25,7 @@ use rayon::prelude::*;
 use std::cell::RefCell;
 
 /// Sizes of one convolution: input `[n, c, h, w]`, weights `[o, c/groups, kh, kw]`, output
-/// `[n, o, oh, ow]`; `k` and `p` are the rows and columns of the column matrix.
+/// `[n, o, oh, ow]`.
 #[derive(Clone, Copy)]
 struct Dims {
     n: usize,
@@ -54,29 +63,21 @@ impl Dims {
     fn og(&self) -> usize {
         self.o / self.groups
     }
-    /// Rows of the column matrix: `C/g · KH · KW`.
-    fn k(&self) -> usize {
-        self.cg() * self.kh * self.kw
+    /// Kernel taps: `KH · KW`.
+    fn taps(&self) -> usize {
+        self.kh * self.kw
     }
-    /// Columns of the column matrix per sample: output positions.
+    /// Weights per output channel, the columns of the patch matrix: `C/g · KH · KW`.
+    fn k(&self) -> usize {
+        self.cg() * self.taps()
+    }
+    /// Output positions per sample, the rows of the patch matrix per sample.
     fn p(&self) -> usize {
         self.oh * self.ow
     }
-    /// The input channel (within its group) and kernel tap of column-matrix row `row`.
-    fn tap(&self, row: usize) -> (usize, usize, usize) {
-        (
-            row / (self.kh * self.kw),
-            row / self.kw % self.kh,
-            row % self.kw,
-        )
-    }
-    /// Where input channel `ci` of group `g` of sample `n` starts.
-    fn plane(&self, n: usize, g: usize, ci: usize) -> usize {
-        ((n * self.c) + g * self.cg() + ci) * self.h * self.w
-    }
-    /// Where output channel `o` of group `g` of sample `n` starts.
-    fn output_row(&self, n: usize, g: usize, o: usize) -> usize {
-        ((n * self.o) + g * self.og() + o) * self.p()
+    /// Elements of one sample's group of input channels.
+    fn image(&self) -> usize {
+        self.cg() * self.h * self.w
     }
 }
 
@@ -85,24 +86,27 @@ thread_local! {
     static SCRATCH_F64: RefCell<Scratch<f64>> = RefCell::new(Scratch::default());
 }
 
-/// The column matrix and a gradient or output matrix, kept between calls.
+/// Buffers kept between calls: the channels-last input (or input gradient), the patch matrix,
+/// and the output (or output gradient) as `[positions, O/g]`.
 struct Scratch<T> {
-    cols: Vec<T>,
-    mat: Vec<T>,
+    image: Vec<T>,
+    patches: Vec<T>,
+    rows: Vec<T>,
 }
 
 impl<T> Default for Scratch<T> {
     fn default() -> Self {
         Scratch {
-            cols: Vec::new(),
-            mat: Vec::new(),
+            image: Vec::new(),
+            patches: Vec::new(),
+            rows: Vec::new(),
         }
     }
 }
 
-/// The most column-matrix elements one chunk of samples may take (16 MiB of f32): a batch of
-/// small images is one matrix, so each gemm is large enough to run well on every core.
-const COLUMN_BUDGET: usize = 1 << 22;
+/// The most patch-matrix elements one chunk of samples may take (16 MiB of f32): a batch of
+/// small images is one matrix.
+const PATCH_BUDGET: usize = 1 << 22;
 
 /// Runs `conv2d` (or a transpose, by `kind`) of `a` and `b` into `out`, which has the
 /// result's shape. Float arrays of one dtype (the schedule sends no others).
@@ -116,9 +120,9 @@ pub(crate) fn conv2d(
 ) {
     match (a, b, out) {
         (Array::F32(a), Array::F32(b), Array::F32(out)) => SCRATCH_F32
-            .with_borrow_mut(|s| typed(kind, attrs, [a, b], out, threads, COLUMN_BUDGET, s)),
+            .with_borrow_mut(|s| typed(kind, attrs, [a, b], out, threads, PATCH_BUDGET, s)),
         (Array::F64(a), Array::F64(b), Array::F64(out)) => SCRATCH_F64
-            .with_borrow_mut(|s| typed(kind, attrs, [a, b], out, threads, COLUMN_BUDGET, s)),
+            .with_borrow_mut(|s| typed(kind, attrs, [a, b], out, threads, PATCH_BUDGET, s)),
         _ => unreachable!("the executor runs only float convolutions through gemm"),
     }
 }
@@ -127,8 +131,8 @@ pub(crate) fn conv2d(
 trait Elem: Copy + Zero + One + std::ops::AddAssign + Send + Sync + 'static {}
 impl<T: Copy + Zero + One + std::ops::AddAssign + Send + Sync + 'static> Elem for T {}
 
-/// A run of whole samples `n0..n0 + count` and one channel group: the unit the column matrix
-/// (`[K, count·P]`, column `(n − n0)·P + position`) is built for.
+/// A run of whole samples `n0..n0 + count` and one channel group: the unit a patch matrix
+/// (`[count·P, K]`, row `(n − n0)·P + position`) is built for.
 #[derive(Clone, Copy)]
 struct Chunk {
     n0: usize,
@@ -136,7 +140,7 @@ struct Chunk {
     group: usize,
 }
 
-/// The convolution with column matrices of at most `budget` elements (but one sample).
+/// The convolution with patch matrices of at most `budget` elements (but one sample).
 fn typed<T: Elem>(
     kind: ConvKind,
     attrs: &Conv2dAttrs,
@@ -158,11 +162,18 @@ fn typed<T: Elem>(
         b.as_slice().expect("standard"),
     );
     let out = out.as_slice_mut().expect("executor buffers are contiguous");
-    let per_chunk = (budget / (d.k() * d.p()).max(1)).clamp(1, d.n.max(1));
-    if !matches!(kind, ConvKind::Forward) {
+    if [d.n, d.k(), d.p(), d.h * d.w].contains(&0) {
+        // No sample, no weight, no output position or no input element: every sum is empty.
         out.fill(T::zero());
+        return;
     }
+    let per_chunk = (budget / (d.k() * d.p()).max(1)).clamp(1, d.n.max(1));
     let run = Run::new(d, attrs, threads);
+    // The weights (or their gradient) in patch order, `[O, K]`.
+    let mut weights = match kind {
+        ConvKind::FilterGrad { .. } => vec![T::zero(); d.o * d.k()],
+        _ => run.weights_to_patch_order(b),
+    };
     for n0 in (0..d.n).step_by(per_chunk) {
         for group in 0..d.groups {
             let chunk = Chunk {
@@ -171,11 +182,14 @@ fn typed<T: Elem>(
                 group,
             };
             match kind {
-                ConvKind::Forward => run.forward(chunk, a, b, out, scratch),
-                ConvKind::InputGrad { .. } => run.input_grad(chunk, a, b, out, scratch),
-                ConvKind::FilterGrad { .. } => run.filter_grad(chunk, a, b, out, scratch),
+                ConvKind::Forward => run.forward(chunk, a, &weights, out, scratch),
+                ConvKind::InputGrad { .. } => run.input_grad(chunk, a, &weights, out, scratch),
+                ConvKind::FilterGrad { .. } => run.filter_grad(chunk, a, b, &mut weights, scratch),
             }
         }
+    }
+    if let ConvKind::FilterGrad { .. } = kind {
+        run.weights_from_patch_order(&weights, out);
     }
 }
 
@@ -183,28 +197,29 @@ fn typed<T: Elem>(
 struct Run {
     d: Dims,
     threads: bool,
-    /// For each column-matrix row and output position, the input element it reads, counted
-    /// from the start of its group's channels in one sample (`PADDING` where it reads
-    /// padding): the window geometry worked out once per call, not per sample.
+    /// For each output position and kernel tap, where the tap's channels start in a sample's
+    /// channels-last image (`PADDING` where it reads padding): the window geometry worked out
+    /// once per call, not per sample.
     offsets: Vec<u32>,
 }
 
-/// The offset of a column-matrix entry that reads padding.
+/// The offset of a tap that reads padding.
 const PADDING: u32 = u32::MAX;
 
 impl Run {
     fn new(d: Dims, attrs: &Conv2dAttrs, threads: bool) -> Run {
-        let mut offsets = Vec::with_capacity(d.k() * d.p());
-        for row in 0..d.k() {
-            let (ci, kh, kw) = d.tap(row);
-            for oh in 0..d.oh {
-                let ih = attrs.input_index(0, oh, kh, d.h);
-                for ow in 0..d.ow {
-                    let iw = attrs.input_index(1, ow, kw, d.w);
-                    offsets.push(match (ih, iw) {
-                        (Some(ih), Some(iw)) => ((ci * d.h + ih) * d.w + iw) as u32,
-                        _ => PADDING,
-                    });
+        let mut offsets = Vec::with_capacity(d.p() * d.taps());
+        for oh in 0..d.oh {
+            for ow in 0..d.ow {
+                for kh in 0..d.kh {
+                    let ih = attrs.input_index(0, oh, kh, d.h);
+                    for kw in 0..d.kw {
+                        let iw = attrs.input_index(1, ow, kw, d.w);
+                        offsets.push(match (ih, iw) {
+                            (Some(ih), Some(iw)) => ((ih * d.w + iw) * d.cg()) as u32,
+                            _ => PADDING,
+                        });
+                    }
                 }
             }
         }
@@ -225,121 +240,241 @@ impl Run {
         }
     }
 
-    /// `y = w_g · cols`, then each sample's rows moved to its place in `y` (`[N, O, P]`).
+    /// `rows = patches · W'_gᵀ`, then moved to NCHW.
     fn forward<T: Elem>(&self, c: Chunk, x: &[T], w: &[T], y: &mut [T], s: &mut Scratch<T>) {
-        let (k, og, cols) = (self.d.k(), self.d.og(), c.count * self.d.p());
-        let columns = prefix(&mut s.cols, k * cols);
-        self.im2col(c, x, columns);
-        let product = prefix(&mut s.mat, og * cols);
-        self.gemm(og * k * cols).run(
-            product,
+        let (k, og, positions) = (self.d.k(), self.d.og(), c.count * self.d.p());
+        let image = prefix(&mut s.image, c.count * self.d.image());
+        self.to_channels_last(c, x, image);
+        let patches = prefix(&mut s.patches, positions * k);
+        self.im2col(image, patches);
+        let rows = prefix(&mut s.rows, positions * og);
+        self.gemm(og * k * positions).run(
+            rows,
             false,
-            [og, cols, k],
-            (&w[c.group * og * k..], 1, k),
-            (columns, 1, cols),
-        );
-        self.scatter(c, product, y);
-    }
-
-    /// `cols = w_gᵀ · g`, then each column added back to the input element it came from.
-    fn input_grad<T: Elem>(&self, c: Chunk, g: &[T], w: &[T], dx: &mut [T], s: &mut Scratch<T>) {
-        let (k, og, cols) = (self.d.k(), self.d.og(), c.count * self.d.p());
-        let grad = prefix(&mut s.mat, og * cols);
-        self.gather(c, g, grad);
-        let columns = prefix(&mut s.cols, k * cols);
-        self.gemm(og * k * cols).run(
-            columns,
-            false,
-            [k, cols, og],
+            [positions, og, k],
+            (patches, 1, k),
             (&w[c.group * og * k..], k, 1),
-            (grad, 1, cols),
         );
-        self.col2im(c, columns, dx);
+        self.rows_to_nchw(c, rows, y);
     }
 
-    /// `dw_g += g · colsᵀ`.
+    /// `patches = g · W'_g`, then each patch added back to the input elements it came from.
+    fn input_grad<T: Elem>(&self, c: Chunk, g: &[T], w: &[T], dx: &mut [T], s: &mut Scratch<T>) {
+        let (k, og, positions) = (self.d.k(), self.d.og(), c.count * self.d.p());
+        let rows = prefix(&mut s.rows, positions * og);
+        self.nchw_to_rows(c, g, rows);
+        let patches = prefix(&mut s.patches, positions * k);
+        self.gemm(og * k * positions).run(
+            patches,
+            false,
+            [positions, k, og],
+            (rows, 1, og),
+            (&w[c.group * og * k..], 1, k),
+        );
+        let image = prefix(&mut s.image, c.count * self.d.image());
+        self.col2im(patches, image);
+        self.from_channels_last(c, image, dx);
+    }
+
+    /// `dW'_g += g · patches`, with `g` as `[O/g, count·P]`. The product is long and narrow
+    /// (`[64, 288]` from 4,096 positions in the digits CNN), so rather than leave gemm to
+    /// split its few output blocks, each thread sums the products of its share of the
+    /// positions, and the partial sums are added.
     fn filter_grad<T: Elem>(&self, c: Chunk, x: &[T], g: &[T], dw: &mut [T], s: &mut Scratch<T>) {
-        let (k, og, cols) = (self.d.k(), self.d.og(), c.count * self.d.p());
-        let columns = prefix(&mut s.cols, k * cols);
-        self.im2col(c, x, columns);
-        let grad = prefix(&mut s.mat, og * cols);
+        let (k, og, positions) = (self.d.k(), self.d.og(), c.count * self.d.p());
+        let image = prefix(&mut s.image, c.count * self.d.image());
+        self.to_channels_last(c, x, image);
+        let patches = prefix(&mut s.patches, positions * k);
+        self.im2col(image, patches);
+        let grad = prefix(&mut s.rows, positions * og);
         self.gather(c, g, grad);
-        let dst = &mut dw[c.group * og * k..(c.group + 1) * og * k];
-        self.gemm(og * k * cols).run(
-            dst,
-            c.n0 > 0,
-            [og, k, cols],
-            (grad, 1, cols),
-            (columns, cols, 1),
-        );
+        let dw = &mut dw[c.group * og * k..(c.group + 1) * og * k];
+        let parallel = self.threads && og * k * positions >= PARALLEL_FLOPS;
+        let parts = if parallel {
+            rayon::current_num_threads().min(positions)
+        } else {
+            1
+        };
+        let per_part = positions.div_ceil(parts);
+        let part = |lo: usize, dst: &mut [T]| {
+            let hi = (lo + per_part).min(positions);
+            let single = Gemm {
+                parallelism: Parallelism::None,
+            };
+            let (grad, patches) = (&grad[lo..], &patches[lo * k..]);
+            single.run(
+                dst,
+                true,
+                [og, k, hi - lo],
+                (grad, 1, positions),
+                (patches, 1, k),
+            );
+        };
+        if parts <= 1 {
+            return part(0, dw);
+        }
+        let partials: Vec<Vec<T>> = (0..parts)
+            .into_par_iter()
+            .map(|i| {
+                let mut sum = vec![T::zero(); og * k];
+                part(i * per_part, &mut sum);
+                sum
+            })
+            .collect();
+        for sum in partials {
+            for (to, v) in dw.iter_mut().zip(sum) {
+                *to += v;
+            }
+        }
     }
 
-    /// Lays the chunk's windows out as the `K × count·P` matrix `cols`.
-    fn im2col<T: Elem>(&self, c: Chunk, x: &[T], cols: &mut [T]) {
+    /// The chunk's group of `g` (`[N, O, P]`) as `[O/g, count·P]`: runs of `P` copied.
+    fn gather<T: Elem>(&self, c: Chunk, g: &[T], grad: &mut [T]) {
         let d = &self.d;
         let (p, row_len) = (d.p(), c.count * d.p());
-        let group = d.cg() * d.h * d.w;
-        for_each_chunk(cols, row_len, self.threads, |row_index, row| {
-            let offsets = &self.offsets[row_index * p..][..p];
-            for n in 0..c.count {
-                let base = d.plane(c.n0 + n, c.group, 0);
-                let group = &x[base..base + group];
-                for (to, &at) in row[n * p..(n + 1) * p].iter_mut().zip(offsets) {
-                    *to = if at == PADDING {
-                        T::zero()
-                    } else {
-                        group[at as usize]
-                    };
+        for_each_chunk(grad, row_len, self.threads, |o, row| {
+            for (n, to) in row.chunks_exact_mut(p).enumerate() {
+                let from = ((c.n0 + n) * d.o + c.group * d.og() + o) * p;
+                to.copy_from_slice(&g[from..from + p]);
+            }
+        });
+    }
+
+    /// The chunk's group of input channels, `[count, h, w, C/g]`.
+    fn to_channels_last<T: Elem>(&self, c: Chunk, x: &[T], image: &mut [T]) {
+        let d = &self.d;
+        let plane = d.h * d.w;
+        for_each_chunk(image, d.image(), self.threads, |n, image| {
+            let from = &x[((c.n0 + n) * d.c + c.group * d.cg()) * plane..][..d.image()];
+            for (ci, channel) in from.chunks_exact(plane).enumerate() {
+                for (at, &v) in channel.iter().enumerate() {
+                    image[at * d.cg() + ci] = v;
                 }
             }
         });
     }
 
-    /// The adjoint of [`Run::im2col`]: adds each column entry to the input element it came
-    /// from, sample by sample (each sample's plane is written by one thread).
-    fn col2im<T: Elem>(&self, c: Chunk, cols: &[T], dx: &mut [T]) {
+    /// The inverse of [`Run::to_channels_last`], into the chunk's group of `dx`.
+    fn from_channels_last<T: Elem>(&self, c: Chunk, image: &[T], dx: &mut [T]) {
         let d = &self.d;
-        let (p, row_len, sample) = (d.p(), c.count * d.p(), d.c * d.h * d.w);
-        let group = d.cg() * d.h * d.w;
+        let (plane, sample) = (d.h * d.w, d.c * d.h * d.w);
         let samples = &mut dx[c.n0 * sample..(c.n0 + c.count) * sample];
         for_each_chunk(samples, sample, self.threads, |n, dx| {
-            let base = d.plane(0, c.group, 0);
-            let dx = &mut dx[base..base + group];
-            for row_index in 0..d.k() {
-                let offsets = &self.offsets[row_index * p..][..p];
-                let row = &cols[row_index * row_len + n * p..][..p];
-                for (&v, &at) in row.iter().zip(offsets) {
-                    if at != PADDING {
-                        dx[at as usize] += v;
+            let image = &image[n * d.image()..][..d.image()];
+            let to = &mut dx[c.group * d.image()..][..d.image()];
+            for (ci, channel) in to.chunks_exact_mut(plane).enumerate() {
+                for (at, v) in channel.iter_mut().enumerate() {
+                    *v = image[at * d.cg() + ci];
+                }
+            }
+        });
+    }
+
+    /// Lays the chunk's windows out as the patch matrix `[count·P, K]`: for each output
+    /// position, each tap's `C/g` channels (zeros for padding).
+    fn im2col<T: Elem>(&self, image: &[T], patches: &mut [T]) {
+        let d = &self.d;
+        let (cg, per_sample) = (d.cg(), d.p() * d.k());
+        for_each_chunk(patches, per_sample, self.threads, |n, patches| {
+            let image = &image[n * d.image()..][..d.image()];
+            if cg == 1 {
+                // One channel: a gather (a copy call per element would cost more).
+                for (to, &at) in patches.iter_mut().zip(&self.offsets) {
+                    *to = if at == PADDING {
+                        T::zero()
+                    } else {
+                        image[at as usize]
+                    };
+                }
+                return;
+            }
+            for (to, &at) in patches.chunks_exact_mut(cg).zip(&self.offsets) {
+                if at == PADDING {
+                    to.fill(T::zero());
+                } else {
+                    to.copy_from_slice(&image[at as usize..][..cg]);
+                }
+            }
+        });
+    }
+
+    /// The adjoint of [`Run::im2col`]: the chunk's input gradient, channels last, as the sum
+    /// of each patch entry into the element it came from (each sample by one thread).
+    fn col2im<T: Elem>(&self, patches: &[T], image: &mut [T]) {
+        let d = &self.d;
+        let (cg, per_sample) = (d.cg(), d.p() * d.k());
+        for_each_chunk(image, d.image(), self.threads, |n, image| {
+            image.fill(T::zero());
+            let patches = &patches[n * per_sample..][..per_sample];
+            for (from, &at) in patches.chunks_exact(cg).zip(&self.offsets) {
+                if at != PADDING {
+                    let to = &mut image[at as usize..][..cg];
+                    for (t, &v) in to.iter_mut().zip(from) {
+                        *t += v;
                     }
                 }
             }
         });
     }
 
-    /// Copies the chunk's group of `g` (`[N, O, P]`) into `mat` as `[O/g, count·P]`.
-    fn gather<T: Elem>(&self, c: Chunk, g: &[T], mat: &mut [T]) {
+    /// The chunk's group of `g` (`[N, O, P]`) as rows `[count·P, O/g]`.
+    fn nchw_to_rows<T: Elem>(&self, c: Chunk, g: &[T], rows: &mut [T]) {
         let d = &self.d;
-        let (p, row_len) = (d.p(), c.count * d.p());
-        for_each_chunk(mat, row_len, self.threads, |o, row| {
-            for n in 0..c.count {
-                let from = d.output_row(c.n0 + n, c.group, o);
-                row[n * p..(n + 1) * p].copy_from_slice(&g[from..from + p]);
+        let (p, og) = (d.p(), d.og());
+        for_each_chunk(rows, p * og, self.threads, |n, rows| {
+            let from = &g[((c.n0 + n) * d.o + c.group * og) * p..][..og * p];
+            for (o, channel) in from.chunks_exact(p).enumerate() {
+                for (q, &v) in channel.iter().enumerate() {
+                    rows[q * og + o] = v;
+                }
             }
         });
     }
 
-    /// The inverse of [`Run::gather`]: `mat` (`[O/g, count·P]`) into the chunk's group of `y`.
-    fn scatter<T: Elem>(&self, c: Chunk, mat: &[T], y: &mut [T]) {
+    /// The inverse of [`Run::nchw_to_rows`], into the chunk's group of `y`.
+    fn rows_to_nchw<T: Elem>(&self, c: Chunk, rows: &[T], y: &mut [T]) {
         let d = &self.d;
-        let (p, row_len, sample) = (d.p(), c.count * d.p(), d.o * d.p());
+        let (p, og, sample) = (d.p(), d.og(), d.o * d.p());
         let samples = &mut y[c.n0 * sample..(c.n0 + c.count) * sample];
         for_each_chunk(samples, sample, self.threads, |n, y| {
-            for o in 0..d.og() {
-                let to = d.output_row(0, c.group, o);
-                y[to..to + p].copy_from_slice(&mat[o * row_len + n * p..][..p]);
+            let rows = &rows[n * p * og..][..p * og];
+            let to = &mut y[c.group * og * p..][..og * p];
+            for (o, channel) in to.chunks_exact_mut(p).enumerate() {
+                for (q, v) in channel.iter_mut().enumerate() {
+                    *v = rows[q * og + o];
+                }
             }
         });
+    }
+
+    /// `w` (`[O, C/g, KH, KW]`) as `[O, KH, KW, C/g]`, the patch matrix's column order.
+    fn weights_to_patch_order<T: Elem>(&self, w: &[T]) -> Vec<T> {
+        let (cg, taps) = (self.d.cg(), self.d.taps());
+        let mut out = vec![T::zero(); w.len()];
+        for (from, to) in w
+            .chunks_exact(self.d.k())
+            .zip(out.chunks_exact_mut(self.d.k()))
+        {
+            for ci in 0..cg {
+                for t in 0..taps {
+                    to[t * cg + ci] = from[ci * taps + t];
+                }
+            }
+        }
+        out
+    }
+
+    /// The inverse of [`Run::weights_to_patch_order`], into `w`.
+    fn weights_from_patch_order<T: Elem>(&self, patch_order: &[T], w: &mut [T]) {
+        let (cg, taps) = (self.d.cg(), self.d.taps());
+        let rows = patch_order.chunks_exact(self.d.k());
+        for (from, to) in rows.zip(w.chunks_exact_mut(self.d.k())) {
+            for ci in 0..cg {
+                for t in 0..taps {
+                    to[ci * taps + t] = from[t * cg + ci];
+                }
+            }
+        }
     }
 }
 
@@ -474,9 +609,9 @@ mod tests {
                 );
                 result
             };
-            // One sample's column matrix has 2·3·2 × 16 = 192 elements: a budget of 400
-            // makes chunks of two samples (and a last one of one).
-            assert_eq!(run(400), run(COLUMN_BUDGET), "{kind:?}");
+            // One sample's patch matrix has 16 positions × 2·3·2 weights = 192 elements: a
+            // budget of 400 makes chunks of two samples (and a last one of one).
+            assert_eq!(run(400), run(PATCH_BUDGET), "{kind:?}");
         }
     }
 }
