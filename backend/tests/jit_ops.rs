@@ -551,7 +551,32 @@ fn channel_axes_collapse() {
     let func = b.finish(&[y]).unwrap();
     let kernel = jit::kernel(&func).unwrap();
     let domain = &kernel.plan.stages[0].domain;
-    assert_eq!(*domain, Shape(vec![n, 6.into(), 15.into()]));
+    assert_eq!(*domain, Shape(vec![n.clone(), 6.into(), 15.into()]));
+}
+
+/// A bias gradient (a sum over N, H and W) is a row sum along `H·W` in the rows stage, then a
+/// one-thread sum over N of the `[N, 6, 1]` row sums only.
+#[test]
+fn reductions_split_off_their_last_axis() {
+    let n = Dim::sym("N");
+    let mut b = FunctionBuilder::new("k");
+    let g = b.arg(
+        "g",
+        Type::new(
+            DType::F32,
+            Shape(vec![n.clone(), 6.into(), 3.into(), 5.into()]),
+        ),
+    );
+    let relu = b.unary(UnaryOp::Relu, g).unwrap();
+    let db = b.reduce(ReduceOp::Sum, relu, vec![0, 2, 3], true).unwrap();
+    let func = b.finish(&[relu, db]).unwrap();
+    let kernel = jit::kernel(&func).unwrap();
+    let domains: Vec<(Shape, bool)> = (kernel.plan.stages.iter())
+        .map(|s| (s.domain.clone(), s.accumulate))
+        .collect();
+    let rows = Shape(vec![n.clone(), 6.into(), 15.into()]);
+    let row_sums = Shape(vec![n, 6.into(), 1.into()]);
+    assert_eq!(domains, vec![(rows, false), (row_sums, true)]);
 }
 
 #[test]

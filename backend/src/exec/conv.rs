@@ -244,7 +244,7 @@ impl Run {
     fn forward<T: Elem>(&self, c: Chunk, x: &[T], w: &[T], y: &mut [T], s: &mut Scratch<T>) {
         let (k, og, positions) = (self.d.k(), self.d.og(), c.count * self.d.p());
         let image = prefix(&mut s.image, c.count * self.d.image());
-        self.to_channels_last(c, x, image);
+        self.nchw_to_channels_last(c, x, image);
         let patches = prefix(&mut s.patches, positions * k);
         self.im2col(image, patches);
         let rows = prefix(&mut s.rows, positions * og);
@@ -273,7 +273,7 @@ impl Run {
         );
         let image = prefix(&mut s.image, c.count * self.d.image());
         self.col2im(patches, image);
-        self.from_channels_last(c, image, dx);
+        self.channels_last_to_nchw(c, image, dx);
     }
 
     /// `dW'_g += g · patches`, with `g` as `[O/g, count·P]`. The product is long and narrow
@@ -283,7 +283,7 @@ impl Run {
     fn filter_grad<T: Elem>(&self, c: Chunk, x: &[T], g: &[T], dw: &mut [T], s: &mut Scratch<T>) {
         let (k, og, positions) = (self.d.k(), self.d.og(), c.count * self.d.p());
         let image = prefix(&mut s.image, c.count * self.d.image());
-        self.to_channels_last(c, x, image);
+        self.nchw_to_channels_last(c, x, image);
         let patches = prefix(&mut s.patches, positions * k);
         self.im2col(image, patches);
         let grad = prefix(&mut s.rows, positions * og);
@@ -341,7 +341,7 @@ impl Run {
     }
 
     /// The chunk's group of input channels, `[count, h, w, C/g]`.
-    fn to_channels_last<T: Elem>(&self, c: Chunk, x: &[T], image: &mut [T]) {
+    fn nchw_to_channels_last<T: Elem>(&self, c: Chunk, x: &[T], image: &mut [T]) {
         let d = &self.d;
         let plane = d.h * d.w;
         for_each_chunk(image, d.image(), self.threads, |n, image| {
@@ -354,8 +354,8 @@ impl Run {
         });
     }
 
-    /// The inverse of [`Run::to_channels_last`], into the chunk's group of `dx`.
-    fn from_channels_last<T: Elem>(&self, c: Chunk, image: &[T], dx: &mut [T]) {
+    /// The inverse of [`Run::nchw_to_channels_last`], into the chunk's group of `dx`.
+    fn channels_last_to_nchw<T: Elem>(&self, c: Chunk, image: &[T], dx: &mut [T]) {
         let d = &self.d;
         let (plane, sample) = (d.h * d.w, d.c * d.h * d.w);
         let samples = &mut dx[c.n0 * sample..(c.n0 + c.count) * sample];

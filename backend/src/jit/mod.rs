@@ -18,9 +18,9 @@
 //! `2` also prints its Cranelift IR, `3` its machine code.
 
 pub(crate) mod codegen;
-mod collapse;
 mod math;
 pub(crate) mod plan;
+mod shape;
 
 use crate::Array;
 use crate::debug;
@@ -94,7 +94,7 @@ pub type StageFn = unsafe extern "C" fn(*const *mut u8, *const i64, i64, i64) ->
 pub struct Kernel {
     /// The kernel function as given: the types of the arrays it takes and returns.
     pub func: Function,
-    /// The plan the kernel was generated from (over the function's collapsed axes).
+    /// The plan the kernel was generated from (for the function as [`shape`] reshapes it).
     pub plan: KernelPlan,
     /// The generated function of each stage.
     pub stages: Vec<StageFn>,
@@ -144,7 +144,8 @@ impl Kernel {
             .iter()
             .map(|a| (*a).clone().into_standard_layout())
             .collect();
-        let allocate = |v: Value| -> Result<Array, KernelError> {
+        // Outputs take the given function's shapes; scratch exists only in the plan's.
+        let allocate = |func: &Function, v: Value| -> Result<Array, KernelError> {
             let ty = func.value_type(v);
             let shape = ty
                 .shape
@@ -156,13 +157,13 @@ impl Kernel {
             .plan
             .outputs
             .iter()
-            .map(|&v| allocate(v))
+            .map(|&v| allocate(func, v))
             .collect::<Result<Vec<_>, _>>()?;
         let mut scratch = self
             .plan
             .scratch
             .iter()
-            .map(|&v| allocate(v))
+            .map(|&v| allocate(&self.plan.func, v))
             .collect::<Result<Vec<_>, _>>()?;
         let mut buffers: Vec<*mut u8> = standard.iter().map(|a| a.data_ptr().cast_mut()).collect();
         buffers.extend(outputs.iter_mut().map(Array::data_mut_ptr));
@@ -331,7 +332,7 @@ pub fn kernel(func: &Function) -> Result<Arc<Kernel>, JitError> {
     if let Some(k) = cached() {
         return Ok(k);
     }
-    let plan = KernelPlan::new(collapse::collapse_axes(func))?;
+    let plan = KernelPlan::new(shape::for_plan(func))?;
     let mut jit = jit().lock().unwrap_or_else(PoisonError::into_inner);
     // Another thread may have compiled it while this one waited for the JIT.
     if let Some(k) = cached() {

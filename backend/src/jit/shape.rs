@@ -1,4 +1,7 @@
-//! Collapsing a kernel's axes: adjacent axes that every value of the kernel treats alike
+//! Shaping a kernel function for its plan, without changing what it computes or the layout
+//! of its buffers.
+//!
+//! **Collapsing axes**: adjacent axes that every value of the kernel treats alike
 //! (both stretched over the domain, or both of size 1) are one axis for the kernel, since its
 //! buffers are row-major. `x + b` over `[N,64,4,4]` with `b: [1,64,1,1]` becomes a walk over
 //! `[N,64,16]`: rows of 16 elements instead of 4, so the vector loop does the work rather than
@@ -7,12 +10,22 @@
 //! Only fixed sizes merge (a symbolic size times a fixed one has no `Dim`), and only kernels
 //! whose values all have the domain's rank or are scalars: a kernel that reshapes, drops
 //! reduced axes or numbers an axis (iota) keeps its axes.
+//!
+//! **Splitting reductions**: a reduction over the last axis and others (a bias gradient,
+//! `[N,C,H·W]` summed over `N` and `H·W`) becomes a reduction of the last axis — computed row
+//! by row, along contiguous memory, in a rows stage — and a reduction of the rest over the
+//! much smaller result, so the one-thread accumulate stage walks `N·C` values, not `N·C·H·W`.
 
-use kiln_ir::{Dim, Function, Op, Shape, Type, Value};
+use kiln_ir::{Dim, Function, Loc, Op, Shape, Type, Value};
+
+/// `func` shaped for its plan: axes collapsed, then reductions split.
+pub(crate) fn for_plan(func: &Function) -> Function {
+    split_reductions(collapse_axes(func))
+}
 
 /// `func` with its mergeable axes merged; the same function when none are. The arguments and
 /// results keep their order and element counts, so the kernel's buffers are unchanged.
-pub(crate) fn collapse_axes(func: &Function) -> Function {
+fn collapse_axes(func: &Function) -> Function {
     let mut func = func.clone();
     let Some(mut domain) = domain(&func) else {
         return func;
@@ -133,4 +146,67 @@ fn merge(func: &mut Function, pair: usize) {
     }
     let results = func.result_types().iter().map(retype).collect();
     func.set_result_types(results);
+}
+
+/// Splits each reduction (keeping its axes) over the last axis and others into a reduction of
+/// the last axis and one of the others. Sums, means, maxima and minima all compose so (a mean
+/// of equal-sized means is the mean).
+fn split_reductions(mut func: Function) -> Function {
+    let body = func.body();
+    let insts = func.region(body).insts.clone();
+    let mut order = Vec::with_capacity(insts.len());
+    for inst in insts {
+        let data = func.inst(inst);
+        let input = data.args.first().copied();
+        let split = match (&data.op, input) {
+            (
+                Op::Reduce {
+                    axes,
+                    keep_dims,
+                    op,
+                },
+                Some(input),
+            ) => {
+                let shape = &func.value_type(input).shape;
+                let last = shape.rank().checked_sub(1);
+                let spans = |a: usize| !shape.0[a].is_one();
+                match last {
+                    Some(last)
+                        if *keep_dims
+                            && axes.contains(&last)
+                            && spans(last)
+                            && axes.iter().any(|&a| a != last && spans(a)) =>
+                    {
+                        Some((*op, axes.clone(), last, input))
+                    }
+                    _ => None,
+                }
+            }
+            _ => None,
+        };
+        if let Some((op, axes, last, input)) = split {
+            let ty = func.value_type(input);
+            let mut rows = ty.shape.0.clone();
+            rows[last] = Dim::Fixed(1);
+            let row_type = Type::new(ty.dtype, Shape(rows));
+            let row_op = Op::Reduce {
+                op,
+                axes: vec![last],
+                keep_dims: true,
+            };
+            let row = func.create_inst(row_op, vec![input], vec![row_type], vec![], Loc::Unknown);
+            let row_value = func.inst(row).results[0];
+            let data = func.inst_mut(inst);
+            data.args[0] = row_value;
+            data.op = Op::Reduce {
+                op,
+                axes: axes.into_iter().filter(|&a| a != last).collect(),
+                keep_dims: true,
+            };
+            order.push(row);
+        }
+        order.push(inst);
+    }
+    func.region_mut(body).insts = order;
+    func
 }
