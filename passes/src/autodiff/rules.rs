@@ -332,10 +332,11 @@ fn unary(
         }
         // Piecewise constant: zero almost everywhere.
         UnaryOp::Sign | UnaryOp::Floor | UnaryOp::Ceil | UnaryOp::Round => zeros_like(b, x)?,
-        // d relu = [x > 0]
+        // d relu = [x > 0] = [y > 0]: reading the output, which the next layer keeps anyway,
+        // lets the input die after the forward pass (one activation fewer kept and written).
         UnaryOp::Relu => {
-            let zero = scalar(b, x, 0.0)?;
-            let positive = b.compare(CompareOp::Gt, x, zero)?;
+            let zero = scalar(b, y, 0.0)?;
+            let positive = b.compare(CompareOp::Gt, y, zero)?;
             let zeros_g = zeros_like(b, g)?;
             b.select(positive, g, zeros_g)?
         }
