@@ -223,6 +223,20 @@ fn cases() -> Vec<Case> {
             true,
             move |b, v| b.conv2d(v[0], v[1], conv),
         ),
+        // One input channel (a first layer on grey images): NCHW is channels last already,
+        // which the executor uses as it is; the gradients run both transposes on it.
+        case(
+            "conv2d (one channel)",
+            vec![f(&[2, 1, 5, 6], 34), f(&[3, 1, 3, 3], 35)],
+            true,
+            move |b, v| {
+                let same = Conv2dAttrs {
+                    padding: [(1, 1), (1, 1)],
+                    ..Conv2dAttrs::default()
+                };
+                b.conv2d(v[0], v[1], same)
+            },
+        ),
         case(
             "conv2d_input_grad",
             vec![f(&y, 28), f(&w, 27)],

@@ -243,8 +243,7 @@ impl Run {
     /// `rows = patches · W'_gᵀ`, then moved to NCHW.
     fn forward<T: Elem>(&self, c: Chunk, x: &[T], w: &[T], y: &mut [T], s: &mut Scratch<T>) {
         let (k, og, positions) = (self.d.k(), self.d.og(), c.count * self.d.p());
-        let image = prefix(&mut s.image, c.count * self.d.image());
-        self.nchw_to_channels_last(c, x, image);
+        let image = self.channels_last(c, x, &mut s.image);
         let patches = prefix(&mut s.patches, positions * k);
         self.im2col(image, patches);
         let rows = prefix(&mut s.rows, positions * og);
@@ -271,6 +270,11 @@ impl Run {
             (rows, 1, og),
             (&w[c.group * og * k..], 1, k),
         );
+        if self.d.c == 1 {
+            // One channel: NCHW is channels last already.
+            let image = self.d.image();
+            return self.col2im(patches, &mut dx[c.n0 * image..(c.n0 + c.count) * image]);
+        }
         let image = prefix(&mut s.image, c.count * self.d.image());
         self.col2im(patches, image);
         self.channels_last_to_nchw(c, image, dx);
@@ -282,8 +286,7 @@ impl Run {
     /// positions, and the partial sums are added.
     fn filter_grad<T: Elem>(&self, c: Chunk, x: &[T], g: &[T], dw: &mut [T], s: &mut Scratch<T>) {
         let (k, og, positions) = (self.d.k(), self.d.og(), c.count * self.d.p());
-        let image = prefix(&mut s.image, c.count * self.d.image());
-        self.nchw_to_channels_last(c, x, image);
+        let image = self.channels_last(c, x, &mut s.image);
         let patches = prefix(&mut s.patches, positions * k);
         self.im2col(image, patches);
         let grad = prefix(&mut s.rows, positions * og);
@@ -338,6 +341,18 @@ impl Run {
                 to.copy_from_slice(&g[from..from + p]);
             }
         });
+    }
+
+    /// The chunk's group of input channels, `[count, h, w, C/g]`: `x` itself when it has one
+    /// channel, else laid out in `scratch`.
+    fn channels_last<'a, T: Elem>(&self, c: Chunk, x: &'a [T], scratch: &'a mut Vec<T>) -> &'a [T] {
+        let image = self.d.image();
+        if self.d.c == 1 {
+            return &x[c.n0 * image..(c.n0 + c.count) * image];
+        }
+        let to = prefix(scratch, c.count * image);
+        self.nchw_to_channels_last(c, x, to);
+        to
     }
 
     /// The chunk's group of input channels, `[count, h, w, C/g]`.
