@@ -112,8 +112,10 @@ struct SharedBuffers<'a>(&'a [*mut u8]);
 unsafe impl Sync for SharedBuffers<'_> {}
 
 /// A stage splits across threads when it has at least this much work (elements, weighted by
-/// the cost of their ops): below it, waking a second thread costs more than it saves.
-const PARALLEL_WORK: i64 = 1 << 22;
+/// the cost of their ops): below it, waking a second thread costs more than it saves. (2¹⁹,
+/// down from 2²²: the CNN's and the MLP's half-megabyte activations now split, and their
+/// training steps measured 3–10 % faster in alternating runs.)
+const PARALLEL_WORK: i64 = 1 << 19;
 
 impl Kernel {
     /// Runs the kernel on host arrays, allocating its outputs.
