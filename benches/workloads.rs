@@ -1,7 +1,8 @@
-//! The peers' workloads (W2–W8 of `../shared/baselines/README.md`) run by Kiln's compiled
-//! backend, under criterion. The side-by-side comparison with the peers' own scripts is
-//! `scripts/compare_peers.sh`, which uses `examples/peer_workloads.rs` and the peers' timing
-//! protocol; these benches are for watching Kiln's own figures move.
+//! The peers' workloads (W2–W8 of `../shared/baselines/README.md`, and W9, the digits CNN
+//! training step) run by Kiln's compiled backend, under criterion. The side-by-side comparison
+//! with the peers' own scripts is `scripts/compare_peers.sh`, which uses
+//! `examples/peer_workloads.rs` and the peers' timing protocol; these benches are for watching
+//! Kiln's own figures move.
 //!
 //!     cargo bench --bench workloads [-- w5]
 
@@ -73,6 +74,14 @@ fn training(c: &mut Criterion) {
     c.bench_function("w8_gan_iteration", |b| {
         b.iter(|| black_box(gan.iteration().unwrap()))
     });
+
+    let mut cnn = workloads::cnn_step().unwrap();
+    let mut group = c.benchmark_group("w9_cnn");
+    group.sample_size(30);
+    group.bench_function("digits_cnn_train_step_batch_256", |b| {
+        b.iter(|| black_box(cnn.step().unwrap()))
+    });
+    group.finish();
 }
 
 fn eager(c: &mut Criterion) {

@@ -123,8 +123,9 @@ def rows(results):
 
 def w9_records(results):
     """W9 is Kiln's own workload, which the peers' make_tables.py does not know: its records."""
+    bare = lambda v: fmt(v, "").strip()  # noqa: E731
     rows = [[r["framework"], r["case"],
-             f"{fmt(r['median'], 'ms')} ({fmt(r['min'], '')}..{fmt(r['max'], '')})".replace(" )", ")")
+             f"{bare(r['median'])} ({bare(r['min'])}..{bare(r['max'])})"
              + (" [contended]" if r.get("contended") else ""),
              fmt(r.get("first_step_s"), "s"), f"{r['loss_after_110_steps']:.6f}"]
             for r in ok(load(results, "w9"))]

@@ -1,7 +1,8 @@
-//! The workloads the peer frameworks are measured on (`../shared/baselines`, W2–W8), written
-//! with Kiln's public API. The criterion benches (`benches/workloads.rs`) and the comparison
-//! runner (`examples/peer_workloads.rs`, which writes the peers' JSON-lines records) both
-//! run these, so the figures they report are of the same code.
+//! The workloads the peer frameworks are measured on (`../shared/baselines`, W2–W8, and W9, the
+//! digits CNN, whose peer scripts are in `scripts/peers/`), written with Kiln's public API. The
+//! criterion benches (`benches/workloads.rs`) and the comparison runner
+//! (`examples/peer_workloads.rs`, which writes the peers' JSON-lines records) both run these,
+//! so the figures they report are of the same code.
 
 use kiln_backend::Array;
 use kiln_backend::random::Stream;

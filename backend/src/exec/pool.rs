@@ -252,7 +252,8 @@ fn tiled_max<T: FloatElem, const KH: usize, const KW: usize>(plane: &[T], w: usi
 }
 
 /// The gradient of [`tiled_max`]: each window's gradient at its first largest element (or
-/// first NaN), zeros elsewhere; every element written once, in order.
+/// first NaN), zeros elsewhere; every element written once, window by window (no zero fill
+/// first: this op moves more memory than it computes).
 fn tiled_max_grad<T: FloatElem, const KH: usize, const KW: usize>(
     plane: &[T],
     w: usize,
@@ -262,7 +263,6 @@ fn tiled_max_grad<T: FloatElem, const KH: usize, const KW: usize>(
     let ow = w / KW;
     for (y, out_lines) in out.chunks_exact_mut(KH * w).enumerate() {
         let lines = &plane[y * KH * w..][..KH * w];
-        out_lines.fill(T::zero());
         for x in 0..ow {
             let mut best = x * KW;
             for r in 0..KH {
@@ -272,7 +272,12 @@ fn tiled_max_grad<T: FloatElem, const KH: usize, const KW: usize>(
                     best = if take { i } else { best };
                 }
             }
-            out_lines[best] = g[y * ow + x];
+            let grad = g[y * ow + x];
+            for r in 0..KH {
+                for i in r * w + x * KW..r * w + x * KW + KW {
+                    out_lines[i] = if i == best { grad } else { T::zero() };
+                }
+            }
         }
     }
 }
