@@ -92,6 +92,12 @@ struct Emitter {
 }
 
 impl Emitter {
+    /// A training workload's record: ms per step, the first step, the loss after 110 steps.
+    fn emit_train_run(&self, workload: &str, case: &str, run: &TrainRun) -> Result<(), Error> {
+        let extra = json!({"first_step_s": run.first_step, "loss_after_110_steps": run.loss});
+        self.emit(workload, case, Some(&run.summary), "ms", extra)
+    }
+
     /// Appends one record, with the summary scaled to `unit`.
     fn emit(
         &self,
@@ -309,13 +315,7 @@ fn w5_w7(e: &Emitter, data: Option<&Path>) -> Result<(), Error> {
         "static Program + Sgd.minimize, Session.run (compiled); {}",
         initial_weights(data)
     );
-    e.emit(
-        "w5",
-        &case,
-        Some(&run.summary),
-        "ms",
-        json!({"first_step_s": run.first_step, "loss_after_110_steps": run.loss}),
-    )?;
+    e.emit_train_run("w5", &case, &run)?;
     e.emit(
         "w7",
         &case,
@@ -336,13 +336,7 @@ fn w9(e: &Emitter, data: Option<&Path>) -> Result<(), Error> {
         "digits_cnn network + Sgd.minimize, Session.run (compiled); {}",
         initial_weights(data)
     );
-    e.emit(
-        "w9",
-        &case,
-        Some(&run.summary),
-        "ms",
-        json!({"first_step_s": run.first_step, "loss_after_110_steps": run.loss}),
-    )
+    e.emit_train_run("w9", &case, &run)
 }
 
 fn w6(e: &Emitter) -> Result<(), Error> {

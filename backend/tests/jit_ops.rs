@@ -532,18 +532,20 @@ fn fused_patterns() {
     });
 }
 
+/// `f32[N, 6, 3, 5]`: activations of 6 channels.
+fn nchw_type(n: &Dim) -> Type {
+    Type::new(
+        DType::F32,
+        Shape(vec![n.clone(), 6.into(), 3.into(), 5.into()]),
+    )
+}
+
 /// The NCHW bias kernel of `fused_patterns` is planned over collapsed axes: `[N, 6, 15]`.
 #[test]
 fn channel_axes_collapse() {
     let n = Dim::sym("N");
     let mut b = FunctionBuilder::new("k");
-    let x = b.arg(
-        "x",
-        Type::new(
-            DType::F32,
-            Shape(vec![n.clone(), 6.into(), 3.into(), 5.into()]),
-        ),
-    );
+    let x = b.arg("x", nchw_type(&n));
     let bias = b.arg("b", Type::new(DType::F32, fixed(&[1, 6, 1, 1])));
     let shape = b.value_type(x).shape.clone();
     let spread = b.broadcast_to(bias, &shape).unwrap();
@@ -560,13 +562,7 @@ fn channel_axes_collapse() {
 fn reductions_split_off_their_last_axis() {
     let n = Dim::sym("N");
     let mut b = FunctionBuilder::new("k");
-    let g = b.arg(
-        "g",
-        Type::new(
-            DType::F32,
-            Shape(vec![n.clone(), 6.into(), 3.into(), 5.into()]),
-        ),
-    );
+    let g = b.arg("g", nchw_type(&n));
     let relu = b.unary(UnaryOp::Relu, g).unwrap();
     let db = b.reduce(ReduceOp::Sum, relu, vec![0, 2, 3], true).unwrap();
     let func = b.finish(&[relu, db]).unwrap();

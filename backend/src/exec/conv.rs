@@ -243,9 +243,7 @@ impl Run {
     /// `rows = patches · W'_gᵀ`, then moved to NCHW.
     fn forward<T: Elem>(&self, c: Chunk, x: &[T], w: &[T], y: &mut [T], s: &mut Scratch<T>) {
         let (k, og, positions) = (self.d.k(), self.d.og(), c.count * self.d.p());
-        let image = self.channels_last(c, x, &mut s.image);
-        let patches = prefix(&mut s.patches, positions * k);
-        self.im2col(image, patches);
+        let patches = self.patch_matrix(c, x, &mut s.image, &mut s.patches);
         let rows = prefix(&mut s.rows, positions * og);
         self.gemm(og * k * positions).run(
             rows,
@@ -286,9 +284,7 @@ impl Run {
     /// positions, and the partial sums are added.
     fn filter_grad<T: Elem>(&self, c: Chunk, x: &[T], g: &[T], dw: &mut [T], s: &mut Scratch<T>) {
         let (k, og, positions) = (self.d.k(), self.d.og(), c.count * self.d.p());
-        let image = self.channels_last(c, x, &mut s.image);
-        let patches = prefix(&mut s.patches, positions * k);
-        self.im2col(image, patches);
+        let patches = self.patch_matrix(c, x, &mut s.image, &mut s.patches);
         let grad = prefix(&mut s.rows, positions * og);
         self.gather(c, g, grad);
         let dw = &mut dw[c.group * og * k..(c.group + 1) * og * k];
@@ -341,6 +337,20 @@ impl Run {
                 to.copy_from_slice(&g[from..from + p]);
             }
         });
+    }
+
+    /// The chunk's patch matrix `[count·P, K]`, built in `patches` through `image`.
+    fn patch_matrix<'s, T: Elem>(
+        &self,
+        c: Chunk,
+        x: &'s [T],
+        image: &'s mut Vec<T>,
+        patches: &'s mut Vec<T>,
+    ) -> &'s [T] {
+        let image = self.channels_last(c, x, image);
+        let patches = prefix(patches, c.count * self.d.p() * self.d.k());
+        self.im2col(image, patches);
+        patches
     }
 
     /// The chunk's group of input channels, `[count, h, w, C/g]`: `x` itself when it has one
