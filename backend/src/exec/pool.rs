@@ -274,8 +274,9 @@ fn tiled_max_grad<T: FloatElem, const KH: usize, const KW: usize>(
             }
             let grad = g[y * ow + x];
             for r in 0..KH {
-                for i in r * w + x * KW..r * w + x * KW + KW {
-                    out_lines[i] = if i == best { grad } else { T::zero() };
+                let start = r * w + x * KW;
+                for (i, to) in (start..).zip(&mut out_lines[start..start + KW]) {
+                    *to = if i == best { grad } else { T::zero() };
                 }
             }
         }
