@@ -22,6 +22,7 @@ if [ ! -x "$PEERS/.venv/bin/python" ]; then
   "$PEERS/install.sh"
 fi
 PY="$PEERS/.venv/bin/python"
+command -v clang > /dev/null || echo "== note: tinygrad compiles its CPU kernels with clang, which is missing (apt-get install clang): its runs will fail"
 # Kiln's own peer scripts (W9) and the digits they train on, beside the peers' harness.
 cp "$ROOT"/scripts/peers/*.py "$ROOT/data/digits.csv.gz" "$PEERS/"
 
