@@ -147,8 +147,8 @@ impl<'a, T: FloatElem + Send + Sync> Planes<'a, T> {
                 // the compiler (it unrolls the taps): 4× faster than the general loops.
                 let plane = &a[index * h * w..][..h * w];
                 match g {
-                    None => tiled_max::<T, 2, 2>(plane, w, out),
-                    Some(g) => tiled_max_grad::<T, 2, 2>(plane, w, &g[index * oh * ow..], out),
+                    None => max_2x2(plane, w, out),
+                    Some(g) => max_2x2_grad(plane, w, &g[index * oh * ow..][..oh * ow], out),
                 }
             }
             PoolKind::Max => {
@@ -234,51 +234,42 @@ fn first_max<T: FloatElem>(
     best.map(|(i, _)| i)
 }
 
-/// Max pooling of one plane (rows `w` long) by `KH × KW` windows that tile it.
-fn tiled_max<T: FloatElem, const KH: usize, const KW: usize>(plane: &[T], w: usize, out: &mut [T]) {
-    let ow = w / KW;
-    for (y, out_row) in out.chunks_exact_mut(ow).enumerate() {
-        let lines = &plane[y * KH * w..][..KH * w];
-        for (x, m) in out_row.iter_mut().enumerate() {
-            let mut best = T::neg_infinity();
-            for r in 0..KH {
-                for &v in &lines[r * w + x * KW..][..KW] {
-                    best = nan_max(best, v);
-                }
-            }
-            *m = best;
+/// Max pooling of one plane (rows `w` long) by 2×2 windows that tile it: each pair of input
+/// rows walked in steps of two, so the loop carries no index arithmetic or bounds checks.
+fn max_2x2<T: FloatElem>(plane: &[T], w: usize, out: &mut [T]) {
+    for (lines, out_row) in plane.chunks_exact(2 * w).zip(out.chunks_exact_mut(w / 2)) {
+        let (top, bottom) = lines.split_at(w);
+        let pairs = top.chunks_exact(2).zip(bottom.chunks_exact(2));
+        for (m, (t, b)) in out_row.iter_mut().zip(pairs) {
+            *m = nan_max(nan_max(t[0], t[1]), nan_max(b[0], b[1]));
         }
     }
 }
 
-/// The gradient of [`tiled_max`]: each window's gradient at its first largest element (or
-/// first NaN), zeros elsewhere; every element written once, window by window (no zero fill
-/// first: this op moves more memory than it computes).
-fn tiled_max_grad<T: FloatElem, const KH: usize, const KW: usize>(
-    plane: &[T],
-    w: usize,
-    g: &[T],
-    out: &mut [T],
-) {
-    let ow = w / KW;
-    for (y, out_lines) in out.chunks_exact_mut(KH * w).enumerate() {
-        let lines = &plane[y * KH * w..][..KH * w];
-        for x in 0..ow {
-            let mut best = x * KW;
-            for r in 0..KH {
-                for i in r * w + x * KW..r * w + x * KW + KW {
-                    let (v, b) = (lines[i], lines[best]);
-                    let take = !b.is_nan() && (v > b || v.is_nan());
-                    best = if take { i } else { best };
-                }
+/// The gradient of [`max_2x2`]: each window's gradient at its first largest element (or first
+/// NaN), zeros elsewhere, every element written once.
+fn max_2x2_grad<T: FloatElem>(plane: &[T], w: usize, g: &[T], out: &mut [T]) {
+    let rows = plane.chunks_exact(2 * w).zip(out.chunks_exact_mut(2 * w));
+    for ((lines, out_lines), g_row) in rows.zip(g.chunks_exact(w / 2)) {
+        let (top, bottom) = lines.split_at(w);
+        let (out_top, out_bottom) = out_lines.split_at_mut(w);
+        let windows = (top.chunks_exact(2).zip(bottom.chunks_exact(2))).zip(
+            out_top
+                .chunks_exact_mut(2)
+                .zip(out_bottom.chunks_exact_mut(2)),
+        );
+        for (((t, b), (ot, ob)), &grad) in windows.zip(g_row) {
+            // Taps in row-major order; a tap wins when it is larger than the best so far or the
+            // first NaN.
+            let taps = [t[0], t[1], b[0], b[1]];
+            let mut best = 0;
+            for (i, &v) in taps.iter().enumerate().skip(1) {
+                let current = taps[best];
+                let take = !current.is_nan() && (v > current || v.is_nan());
+                best = if take { i } else { best };
             }
-            let grad = g[y * ow + x];
-            for r in 0..KH {
-                let start = r * w + x * KW;
-                for (i, to) in (start..).zip(&mut out_lines[start..start + KW]) {
-                    *to = if i == best { grad } else { T::zero() };
-                }
-            }
+            let at = |i: usize| if best == i { grad } else { T::zero() };
+            (ot[0], ot[1], ob[0], ob[1]) = (at(0), at(1), at(2), at(3));
         }
     }
 }
