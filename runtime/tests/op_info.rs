@@ -211,6 +211,7 @@ fn cases() -> Vec<Case> {
         padding: [(1, 0), (1, 1)],
     };
     let (x, w, y) = ([2, 4, 5, 6], [6, 2, 3, 2], [2, 6, 3, 5]);
+    let halves = Pool2dAttrs::new([2, 2], [2, 2]);
     let px = [2, 2, 4, 5];
     let py = [2, 2, 2, 5];
     cases.extend([
@@ -255,12 +256,31 @@ fn cases() -> Vec<Case> {
         case("avg_pool2d", vec![f(&px, 30)], true, move |b, v| {
             b.avg_pool2d(v[0], pool)
         }),
-        // Windows that tile the input: the executor's row-by-row path.
+        // 2×2 windows that tile the input: the executor's row-pair loops, on one thread and
+        // (32,768 elements) split across threads in tasks of several planes.
         case(
             "max_pool2d",
             vec![f(&[2, 3, 4, 6], 32)],
             true,
-            move |b, v| b.max_pool2d(v[0], Pool2dAttrs::new([2, 2], [2, 2])),
+            move |b, v| b.max_pool2d(v[0], halves),
+        ),
+        case(
+            "max_pool2d_grad",
+            vec![f(&[2, 3, 4, 6], 32), f(&[2, 3, 2, 3], 33)],
+            false,
+            move |b, v| b.pool(PoolKind::MaxGrad, halves, &[v[0], v[1]]),
+        ),
+        case(
+            "max_pool2d",
+            vec![f(&[4, 8, 32, 32], 36)],
+            true,
+            move |b, v| b.max_pool2d(v[0], halves),
+        ),
+        case(
+            "max_pool2d_grad",
+            vec![f(&[4, 8, 32, 32], 36), f(&[4, 8, 16, 16], 37)],
+            false,
+            move |b, v| b.pool(PoolKind::MaxGrad, halves, &[v[0], v[1]]),
         ),
         case(
             "max_pool2d_grad",

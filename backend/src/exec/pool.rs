@@ -97,9 +97,25 @@ impl<'a, T: FloatElem + Send + Sync> Planes<'a, T> {
         // cost.
         let per_task = PARALLEL_ELEMENTS.div_ceil(self.h * self.w).max(1);
         let this = &self;
+        // 2×2 windows that tile the planes tile a task's run of planes too (its rows pair up
+        // within each plane): one call per task, not per plane.
+        let tiled_2x2 = matches!(self.kind, PoolKind::Max | PoolKind::MaxGrad)
+            && self.attrs.window == [2, 2]
+            && self.tiles();
+        let (image, pooled) = (self.h * self.w, self.oh * self.ow);
         let task = |(t, planes): (usize, &mut [T])| {
+            let (first, count) = (t * per_task, planes.len() / out_plane);
+            if tiled_2x2 {
+                let a = &a[first * image..(first + count) * image];
+                return match g {
+                    None => max_2x2(a, this.w, planes),
+                    Some(g) => {
+                        max_2x2_grad(a, this.w, &g[first * pooled..][..count * pooled], planes)
+                    }
+                };
+            }
             for (i, o) in planes.chunks_mut(out_plane).enumerate() {
-                this.plane(t * per_task + i, a, g, &columns, o);
+                this.plane(first + i, a, g, &columns, o);
             }
         };
         if parallel {
@@ -111,8 +127,6 @@ impl<'a, T: FloatElem + Send + Sync> Planes<'a, T> {
         }
     }
 
-    /// Plane `index` of the result: one pass over the pooled positions, each reading its
-    /// window's clipped rows and columns.
     /// Whether the windows tile the input exactly: no padding, strides equal to the window,
     /// and no input left over.
     fn tiles(&self) -> bool {
@@ -126,7 +140,8 @@ impl<'a, T: FloatElem + Send + Sync> Planes<'a, T> {
             && self.ow * window[1] == self.w
     }
 
-    /// `a` and `g` are the operands' elements, `columns` each pooled column's input columns.
+    /// Plane `index` of the result: one pass over the pooled positions, each reading its
+    /// window's clipped rows and columns. `a` and `g` are the operands' elements, `columns` each pooled column's input columns.
     fn plane(
         &self,
         index: usize,
@@ -142,15 +157,6 @@ impl<'a, T: FloatElem + Send + Sync> Planes<'a, T> {
             (columns.iter()).map(move |cols| (rows.clone(), cols.clone()))
         });
         match self.kind {
-            PoolKind::Max | PoolKind::MaxGrad if self.attrs.window == [2, 2] && self.tiles() => {
-                // The common 2×2 windows that tile the plane, with the window's size known to
-                // the compiler (it unrolls the taps): 4× faster than the general loops.
-                let plane = &a[index * h * w..][..h * w];
-                match g {
-                    None => max_2x2(plane, w, out),
-                    Some(g) => max_2x2_grad(plane, w, &g[index * oh * ow..][..oh * ow], out),
-                }
-            }
             PoolKind::Max => {
                 let plane = &a[index * h * w..][..h * w];
                 for (at, (rows, cols)) in windows.enumerate() {
