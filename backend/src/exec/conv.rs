@@ -108,6 +108,52 @@ impl<T> Default for Scratch<T> {
 /// small images is one matrix.
 const PATCH_BUDGET: usize = 1 << 22;
 
+/// A patch matrix kept from a convolution for a later filter gradient of the same input and
+/// geometry in the same run, which reads exactly the same windows (the executor pairs them).
+#[derive(Default)]
+pub(crate) struct KeptPatches {
+    f32: Vec<f32>,
+    f64: Vec<f64>,
+    /// Whether this run's convolution filled it.
+    pub(crate) valid: bool,
+}
+
+/// What a convolution does with a kept patch matrix.
+pub(crate) enum Kept<'a> {
+    /// Nothing: it builds its own.
+    No,
+    /// A convolution keeps its patch matrix here.
+    Keep(&'a mut KeptPatches),
+    /// A filter gradient reads its patch matrix from here, if the convolution kept one.
+    Reuse(&'a KeptPatches),
+}
+
+/// [`Kept`] for one element type.
+enum KeptAs<'a, T> {
+    No,
+    Keep(&'a mut Vec<T>, &'a mut bool),
+    Reuse(&'a [T]),
+}
+
+impl<'a> Kept<'a> {
+    fn typed<T>(
+        self,
+        field: impl FnOnce(&'a mut KeptPatches) -> (&'a mut Vec<T>, &'a mut bool),
+        read: impl FnOnce(&'a KeptPatches) -> &'a [T],
+    ) -> KeptAs<'a, T> {
+        match self {
+            Kept::No => KeptAs::No,
+            Kept::Keep(kept) => {
+                let (patches, valid) = field(kept);
+                *valid = false;
+                KeptAs::Keep(patches, valid)
+            }
+            Kept::Reuse(kept) if kept.valid => KeptAs::Reuse(read(kept)),
+            Kept::Reuse(_) => KeptAs::No,
+        }
+    }
+}
+
 /// Runs `conv2d` (or a transpose, by `kind`) of `a` and `b` into `out`, which has the
 /// result's shape. Float arrays of one dtype (the schedule sends no others).
 pub(crate) fn conv2d(
@@ -117,12 +163,19 @@ pub(crate) fn conv2d(
     b: &Array,
     out: &mut Array,
     threads: bool,
+    kept: Kept<'_>,
 ) {
     match (a, b, out) {
-        (Array::F32(a), Array::F32(b), Array::F32(out)) => SCRATCH_F32
-            .with_borrow_mut(|s| typed(kind, attrs, [a, b], out, threads, PATCH_BUDGET, s)),
-        (Array::F64(a), Array::F64(b), Array::F64(out)) => SCRATCH_F64
-            .with_borrow_mut(|s| typed(kind, attrs, [a, b], out, threads, PATCH_BUDGET, s)),
+        (Array::F32(a), Array::F32(b), Array::F32(out)) => {
+            let kept = kept.typed(|k| (&mut k.f32, &mut k.valid), |k| &k.f32);
+            let args = (kind, attrs, [a, b], threads, PATCH_BUDGET);
+            SCRATCH_F32.with_borrow_mut(|s| typed(args, out, kept, s))
+        }
+        (Array::F64(a), Array::F64(b), Array::F64(out)) => {
+            let kept = kept.typed(|k| (&mut k.f64, &mut k.valid), |k| &k.f64);
+            let args = (kind, attrs, [a, b], threads, PATCH_BUDGET);
+            SCRATCH_F64.with_borrow_mut(|s| typed(args, out, kept, s))
+        }
         _ => unreachable!("the executor runs only float convolutions through gemm"),
     }
 }
@@ -140,16 +193,13 @@ struct Chunk {
     group: usize,
 }
 
-/// The convolution with patch matrices of at most `budget` elements (but one sample).
-fn typed<T: Elem>(
-    kind: ConvKind,
-    attrs: &Conv2dAttrs,
-    [a, b]: [&ArrayD<T>; 2],
-    out: &mut ArrayD<T>,
-    threads: bool,
-    budget: usize,
-    scratch: &mut Scratch<T>,
-) {
+/// What a convolution computes: its kind, geometry, operands, whether it may use threads, and
+/// the most elements a patch matrix may take (but one sample's).
+type Call<'a, T> = (ConvKind, &'a Conv2dAttrs, [&'a ArrayD<T>; 2], bool, usize);
+
+/// The convolution of `call` into `out`.
+fn typed<T: Elem>(call: Call<'_, T>, out: &mut ArrayD<T>, kept: KeptAs<'_, T>, s: &mut Scratch<T>) {
+    let (kind, attrs, [a, b], threads, budget) = call;
     let (x, w, y) = match kind {
         ConvKind::Forward => (a.shape(), b.shape(), out.shape()),
         ConvKind::InputGrad { .. } => (out.shape(), b.shape(), a.shape()),
@@ -169,6 +219,29 @@ fn typed<T: Elem>(
     }
     let per_chunk = (budget / (d.k() * d.p()).max(1)).clamp(1, d.n.max(1));
     let run = Run::new(d, attrs, threads);
+    // A patch matrix is kept whole: one chunk of all the samples, one group.
+    let whole = Chunk {
+        n0: 0,
+        count: d.n,
+        group: 0,
+    };
+    if per_chunk == d.n && d.groups == 1 {
+        match (kind, kept) {
+            (ConvKind::Forward, KeptAs::Keep(patches, valid)) => {
+                let patches = run.patch_matrix(whole, a, &mut s.image, patches);
+                let weights = run.weights_to_patch_order(b);
+                run.forward(whole, patches, &weights, out, &mut s.rows);
+                *valid = true;
+                return;
+            }
+            (ConvKind::FilterGrad { .. }, KeptAs::Reuse(patches)) => {
+                let mut dw = vec![T::zero(); d.o * d.k()];
+                run.filter_grad(whole, patches, b, &mut dw, &mut s.rows);
+                return run.weights_from_patch_order(&dw, out);
+            }
+            _ => {}
+        }
+    }
     // The weights (or their gradient) in patch order, `[O, K]`.
     let mut weights = match kind {
         ConvKind::FilterGrad { .. } => vec![T::zero(); d.o * d.k()],
@@ -176,15 +249,21 @@ fn typed<T: Elem>(
     };
     for n0 in (0..d.n).step_by(per_chunk) {
         for group in 0..d.groups {
-            let chunk = Chunk {
+            let c = Chunk {
                 n0,
                 count: per_chunk.min(d.n - n0),
                 group,
             };
             match kind {
-                ConvKind::Forward => run.forward(chunk, a, &weights, out, scratch),
-                ConvKind::InputGrad { .. } => run.input_grad(chunk, a, &weights, out, scratch),
-                ConvKind::FilterGrad { .. } => run.filter_grad(chunk, a, b, &mut weights, scratch),
+                ConvKind::Forward => {
+                    let patches = run.patch_matrix(c, a, &mut s.image, &mut s.patches);
+                    run.forward(c, patches, &weights, out, &mut s.rows)
+                }
+                ConvKind::InputGrad { .. } => run.input_grad(c, a, &weights, out, s),
+                ConvKind::FilterGrad { .. } => {
+                    let patches = run.patch_matrix(c, a, &mut s.image, &mut s.patches);
+                    run.filter_grad(c, patches, b, &mut weights, &mut s.rows)
+                }
             }
         }
     }
@@ -240,11 +319,10 @@ impl Run {
         }
     }
 
-    /// `rows = patches · W'_gᵀ`, then moved to NCHW.
-    fn forward<T: Elem>(&self, c: Chunk, x: &[T], w: &[T], y: &mut [T], s: &mut Scratch<T>) {
+    /// `rows = patches · W'_gᵀ`, then moved to NCHW (`rows` is scratch).
+    fn forward<T: Elem>(&self, c: Chunk, patches: &[T], w: &[T], y: &mut [T], rows: &mut Vec<T>) {
         let (k, og, positions) = (self.d.k(), self.d.og(), c.count * self.d.p());
-        let patches = self.patch_matrix(c, x, &mut s.image, &mut s.patches);
-        let rows = prefix(&mut s.rows, positions * og);
+        let rows = prefix(rows, positions * og);
         self.gemm(og * k * positions).run(
             rows,
             false,
@@ -282,10 +360,16 @@ impl Run {
     /// (`[64, 288]` from 4,096 positions in the digits CNN), so rather than leave gemm to
     /// split its few output blocks, each thread sums the products of its share of the
     /// positions, and the partial sums are added.
-    fn filter_grad<T: Elem>(&self, c: Chunk, x: &[T], g: &[T], dw: &mut [T], s: &mut Scratch<T>) {
+    fn filter_grad<T: Elem>(
+        &self,
+        c: Chunk,
+        patches: &[T],
+        g: &[T],
+        dw: &mut [T],
+        grad: &mut Vec<T>,
+    ) {
         let (k, og, positions) = (self.d.k(), self.d.og(), c.count * self.d.p());
-        let patches = self.patch_matrix(c, x, &mut s.image, &mut s.patches);
-        let grad = prefix(&mut s.rows, positions * og);
+        let grad = prefix(grad, positions * og);
         self.gather(c, g, grad);
         let dw = &mut dw[c.group * og * k..(c.group + 1) * og * k];
         let parallel = self.threads && og * k * positions >= PARALLEL_FLOPS;
@@ -621,22 +705,55 @@ mod tests {
         for (kind, a, b, out) in kinds {
             let (a, b) = (ramp(&a, 0.5), ramp(&b, 0.25));
             let run = |budget| {
-                let mut result = ArrayD::zeros(IxDyn(&out));
-                let mut scratch = Scratch::default();
-                typed(
-                    kind,
-                    &attrs,
-                    [&a, &b],
-                    &mut result,
-                    false,
-                    budget,
-                    &mut scratch,
-                );
-                result
+                let call = (kind, &attrs, [&a, &b], false, budget);
+                conv(call, &out, KeptAs::No)
             };
             // One sample's patch matrix has 16 positions × 2·3·2 weights = 192 elements: a
             // budget of 400 makes chunks of two samples (and a last one of one).
             assert_eq!(run(400), run(PATCH_BUDGET), "{kind:?}");
         }
+    }
+
+    /// `call` into a new array of shape `out`.
+    fn conv(call: Call<'_, f64>, out: &[usize], kept: KeptAs<'_, f64>) -> ArrayD<f64> {
+        let mut result = ArrayD::zeros(IxDyn(out));
+        typed(call, &mut result, kept, &mut Scratch::default());
+        result
+    }
+
+    /// A filter gradient reading the patch matrix its convolution kept gives what it gives
+    /// building its own, and a kept matrix is used only after a convolution filled it.
+    #[test]
+    fn kept_patches_match_built_ones() {
+        let attrs = Conv2dAttrs {
+            strides: [2, 1],
+            padding: [(1, 1), (0, 1)],
+            dilation: [1, 2],
+            groups: 1,
+        };
+        let (x, w, y) = (
+            ramp(&[3, 4, 5, 6], 0.5),
+            ramp(&[2, 4, 3, 2], 0.25),
+            [3, 2, 3, 5],
+        );
+        let g = ramp(&y, 0.125);
+        let grad = (
+            ConvKind::FilterGrad { kernel: [3, 2] },
+            &attrs,
+            [&x, &g],
+            false,
+            PATCH_BUDGET,
+        );
+        let forward = (ConvKind::Forward, &attrs, [&x, &w], false, PATCH_BUDGET);
+        let built = conv(grad, w.shape(), KeptAs::No);
+        let (mut kept, mut valid) = (Vec::new(), false);
+        let y_kept = conv(forward, &y, KeptAs::Keep(&mut kept, &mut valid));
+        assert!(valid && !kept.is_empty());
+        assert_eq!(y_kept, conv(forward, &y, KeptAs::No));
+        assert_eq!(conv(grad, w.shape(), KeptAs::Reuse(&kept)), built);
+        // An unfilled kept matrix is not read.
+        let unfilled = KeptPatches::default();
+        let kept = Kept::Reuse(&unfilled).typed(|k| (&mut k.f64, &mut k.valid), |k| &k.f64);
+        assert!(matches!(kept, KeptAs::No));
     }
 }

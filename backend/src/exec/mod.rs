@@ -84,6 +84,8 @@ struct Runtime {
     held: Vec<Arc<Array>>,
     /// Pending stores: state, value, and the slot the state's old buffer may refill.
     stores: Vec<(String, Arc<Array>, Option<usize>)>,
+    /// Patch matrices convolutions keep for their filter gradients (`StepKind::Conv2d`).
+    kept_patches: Vec<conv::KeptPatches>,
 }
 
 // SAFETY: `pointers` only holds addresses during one kernel call and is cleared after it; the
@@ -225,6 +227,10 @@ impl Executable {
         let mut rt = taken.unwrap_or_default();
         rt.arena.resize(self.schedule.slots.len(), None);
         rt.env.resize(self.func.num_values(), None);
+        rt.kept_patches
+            .resize_with(self.schedule.kept_patches, Default::default);
+        // A kept patch matrix is this run's or none.
+        rt.kept_patches.iter_mut().for_each(|k| k.valid = false);
         let result = self.run_in(&mut rt, args, state, interp, retain_results);
         rt.env.iter_mut().for_each(|v| *v = None);
         rt.stores.clear();
@@ -449,7 +455,11 @@ impl Executable {
                 transpose_a,
                 transpose_b,
             } => self.run_matmul(rt, step, *transpose_a, *transpose_b),
-            StepKind::Conv2d { kind, attrs } => self.run_conv(rt, step, *kind, attrs),
+            StepKind::Conv2d {
+                kind,
+                attrs,
+                patches,
+            } => self.run_conv(rt, step, *kind, attrs, *patches),
             StepKind::Pool2d { kind, attrs } => self.run_pool(rt, step, *kind, attrs),
             StepKind::Reshape => self.run_reshape(rt, step),
             StepKind::Const(array) => rt.env[step.outputs[0].index()] = Some(array.clone()),
@@ -622,10 +632,25 @@ impl Executable {
     }
 
     /// A convolution (or a transpose) through im2col and gemm into a slot's buffer.
-    fn run_conv(&self, rt: &mut Runtime, step: &Step, kind: ConvKind, attrs: &Conv2dAttrs) {
+    /// A convolution (or a transpose), keeping or reusing the patch matrix `patches` names.
+    fn run_conv(
+        &self,
+        rt: &mut Runtime,
+        step: &Step,
+        kind: ConvKind,
+        attrs: &Conv2dAttrs,
+        patches: Option<usize>,
+    ) {
+        let mut kept = std::mem::take(&mut rt.kept_patches);
         self.two_operands_into_slot(rt, step, |a, b, out, threads| {
-            conv::conv2d(kind, attrs, a, b, out, threads)
+            let kept = match (kind, patches) {
+                (ConvKind::Forward, Some(i)) => conv::Kept::Keep(&mut kept[i]),
+                (ConvKind::FilterGrad { .. }, Some(i)) => conv::Kept::Reuse(&kept[i]),
+                _ => conv::Kept::No,
+            };
+            conv::conv2d(kind, attrs, a, b, out, threads, kept)
         });
+        rt.kept_patches = kept;
     }
 
     /// A pooling op (or its gradient) by direct loops into a slot's buffer.

@@ -24,10 +24,13 @@ pub(crate) enum StepKind {
         transpose_a: bool,
         transpose_b: bool,
     },
-    /// A float convolution (or a transpose) through im2col and gemm.
+    /// A float convolution (or a transpose) through im2col and gemm. `patches` pairs a
+    /// convolution with a later filter gradient of the same input and geometry: the index of
+    /// the kept patch matrix the first fills and the second reads.
     Conv2d {
         kind: ConvKind,
         attrs: Conv2dAttrs,
+        patches: Option<usize>,
     },
     /// Float pooling (or its gradient) by direct loops.
     Pool2d {
@@ -121,6 +124,8 @@ pub(crate) struct Schedule {
     pub infallible_from: usize,
     /// Kernels that fell back to the interpreter, and why (for `KILN_DEBUG`).
     pub fallbacks: Vec<String>,
+    /// How many patch matrices convolutions keep for their filter gradients.
+    pub kept_patches: usize,
 }
 
 impl Schedule {
@@ -189,12 +194,14 @@ impl Schedule {
             })
             .collect();
         let infallible_from = steps.iter().rposition(|s| s.fallible).map_or(0, |i| i + 1);
+        let kept_patches = pair_patch_matrices(func, &mut steps);
         let mut schedule = Schedule {
             steps: Vec::new(),
             slots: Vec::new(),
             symbols: symbols.clone(),
             infallible_from,
             fallbacks,
+            kept_patches,
         };
         schedule.plan_memory(func, &mut steps, &recipe);
         schedule.steps = steps;
@@ -449,6 +456,42 @@ impl Slots {
     }
 }
 
+/// Pairs each filter gradient with an earlier convolution of the same input, geometry and
+/// kernel size, whose patch matrix (the input's windows) is the one it would build; returns
+/// how many pairs there are. (The gradient's `dy` depends on the convolution's output, so in
+/// a training step the convolution always runs first.)
+fn pair_patch_matrices(func: &Function, steps: &mut [Step]) -> usize {
+    let mut pairs = 0;
+    for g in 0..steps.len() {
+        let StepKind::Conv2d {
+            kind: ConvKind::FilterGrad { kernel },
+            attrs,
+            patches: None,
+        } = steps[g].kind
+        else {
+            continue;
+        };
+        let kernel = [Dim::Fixed(kernel[0]), Dim::Fixed(kernel[1])];
+        let x = steps[g].inputs[0];
+        let pairs_with = |step: &Step| {
+            let forward = matches!(
+                step.kind,
+                StepKind::Conv2d { kind: ConvKind::Forward, attrs: a, patches: None } if a == attrs
+            );
+            forward && step.inputs[0] == x && func.value_type(step.inputs[1]).shape.0[2..] == kernel
+        };
+        if let Some(f) = steps[..g].iter().position(pairs_with) {
+            for step in [f, g] {
+                if let StepKind::Conv2d { patches, .. } = &mut steps[step].kind {
+                    *patches = Some(pairs);
+                }
+            }
+            pairs += 1;
+        }
+    }
+    pairs
+}
+
 /// How the executor runs instruction `inst`.
 fn step_kind(
     func: &Function,
@@ -503,6 +546,7 @@ fn step_kind(
             StepKind::Conv2d {
                 kind: *kind,
                 attrs: *attrs,
+                patches: None,
             }
         }
         Op::Pool2d { kind, attrs } if func.value_type(data.results[0]).dtype.is_float() => {
