@@ -220,56 +220,10 @@ fn typed<T: Elem>(call: Call<'_, T>, out: &mut ArrayD<T>, kept: KeptAs<'_, T>, s
     let per_chunk = (budget / (d.k() * d.p()).max(1)).clamp(1, d.n.max(1));
     let run = Run::new(d, attrs, threads);
     // A patch matrix is kept whole: one chunk of all the samples, one group.
-    let whole = Chunk {
-        n0: 0,
-        count: d.n,
-        group: 0,
-    };
-    if per_chunk == d.n && d.groups == 1 {
-        match (kind, kept) {
-            (ConvKind::Forward, KeptAs::Keep(patches, valid)) => {
-                let patches = run.patch_matrix(whole, a, &mut s.image, patches);
-                let weights = run.weights_to_patch_order(b);
-                run.forward(whole, patches, &weights, out, &mut s.rows);
-                *valid = true;
-                return;
-            }
-            (ConvKind::FilterGrad { .. }, KeptAs::Reuse(patches)) => {
-                let mut dw = vec![T::zero(); d.o * d.k()];
-                run.filter_grad(whole, patches, b, &mut dw, &mut s.rows);
-                return run.weights_from_patch_order(&dw, out);
-            }
-            _ => {}
-        }
+    if per_chunk == d.n && d.groups == 1 && run.with_kept_patches(kind, kept, [a, b], out, s) {
+        return;
     }
-    // The weights (or their gradient) in patch order, `[O, K]`.
-    let mut weights = match kind {
-        ConvKind::FilterGrad { .. } => vec![T::zero(); d.o * d.k()],
-        _ => run.weights_to_patch_order(b),
-    };
-    for n0 in (0..d.n).step_by(per_chunk) {
-        for group in 0..d.groups {
-            let c = Chunk {
-                n0,
-                count: per_chunk.min(d.n - n0),
-                group,
-            };
-            match kind {
-                ConvKind::Forward => {
-                    let patches = run.patch_matrix(c, a, &mut s.image, &mut s.patches);
-                    run.forward(c, patches, &weights, out, &mut s.rows)
-                }
-                ConvKind::InputGrad { .. } => run.input_grad(c, a, &weights, out, s),
-                ConvKind::FilterGrad { .. } => {
-                    let patches = run.patch_matrix(c, a, &mut s.image, &mut s.patches);
-                    run.filter_grad(c, patches, b, &mut weights, &mut s.rows)
-                }
-            }
-        }
-    }
-    if let ConvKind::FilterGrad { .. } = kind {
-        run.weights_from_patch_order(&weights, out);
-    }
+    run.in_chunks(kind, per_chunk, [a, b], out, s);
 }
 
 /// One convolution call's sizes and settings.
@@ -316,6 +270,78 @@ impl Run {
             } else {
                 Parallelism::None
             },
+        }
+    }
+
+    /// A convolution that keeps its patch matrix, or a filter gradient that reuses one, over
+    /// the whole batch; `false` (nothing done) for anything else.
+    fn with_kept_patches<T: Elem>(
+        &self,
+        kind: ConvKind,
+        kept: KeptAs<'_, T>,
+        [a, b]: [&[T]; 2],
+        out: &mut [T],
+        s: &mut Scratch<T>,
+    ) -> bool {
+        let whole = Chunk {
+            n0: 0,
+            count: self.d.n,
+            group: 0,
+        };
+        match (kind, kept) {
+            (ConvKind::Forward, KeptAs::Keep(patches, valid)) => {
+                let patches = self.patch_matrix(whole, a, &mut s.image, patches);
+                let weights = self.weights_to_patch_order(b);
+                self.forward(whole, patches, &weights, out, &mut s.rows);
+                *valid = true;
+            }
+            (ConvKind::FilterGrad { .. }, KeptAs::Reuse(patches)) => {
+                let mut dw = vec![T::zero(); self.d.o * self.d.k()];
+                self.filter_grad(whole, patches, b, &mut dw, &mut s.rows);
+                self.weights_from_patch_order(&dw, out);
+            }
+            _ => return false,
+        }
+        true
+    }
+
+    /// The convolution (or a transpose) chunk by chunk of `per_chunk` samples, group by group.
+    fn in_chunks<T: Elem>(
+        &self,
+        kind: ConvKind,
+        per_chunk: usize,
+        [a, b]: [&[T]; 2],
+        out: &mut [T],
+        s: &mut Scratch<T>,
+    ) {
+        let d = &self.d;
+        // The weights (or their gradient) in patch order, `[O, K]`.
+        let mut weights = match kind {
+            ConvKind::FilterGrad { .. } => vec![T::zero(); d.o * d.k()],
+            _ => self.weights_to_patch_order(b),
+        };
+        for n0 in (0..d.n).step_by(per_chunk) {
+            for group in 0..d.groups {
+                let c = Chunk {
+                    n0,
+                    count: per_chunk.min(d.n - n0),
+                    group,
+                };
+                match kind {
+                    ConvKind::Forward => {
+                        let patches = self.patch_matrix(c, a, &mut s.image, &mut s.patches);
+                        self.forward(c, patches, &weights, out, &mut s.rows)
+                    }
+                    ConvKind::InputGrad { .. } => self.input_grad(c, a, &weights, out, s),
+                    ConvKind::FilterGrad { .. } => {
+                        let patches = self.patch_matrix(c, a, &mut s.image, &mut s.patches);
+                        self.filter_grad(c, patches, b, &mut weights, &mut s.rows)
+                    }
+                }
+            }
+        }
+        if let ConvKind::FilterGrad { .. } = kind {
+            self.weights_from_patch_order(&weights, out);
         }
     }
 
