@@ -4,27 +4,14 @@
 //!     cargo run --release --example digits_dygraph [-- --epochs 20 --out target/digits_dygraph]
 
 use kiln::demos::digits_dygraph::{Config, save, train};
+use kiln::demos::digits_static::{example_args, print_epoch};
 use std::path::PathBuf;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut config = Config::default();
     let mut out = PathBuf::from("target/digits_dygraph");
-    let mut args = std::env::args().skip(1);
-    while let Some(arg) = args.next() {
-        match arg.as_str() {
-            "--epochs" => config.epochs = args.next().ok_or("--epochs needs a number")?.parse()?,
-            "--out" => out = args.next().ok_or("--out needs a folder")?.into(),
-            other => return Err(format!("unknown argument {other}").into()),
-        }
-    }
-    let outcome = train(&config, |e| {
-        println!(
-            "epoch {:>2}  loss {:.4}  test accuracy {:.2} %",
-            e.epoch,
-            e.mean_loss,
-            100.0 * e.test_accuracy
-        );
-    })?;
+    example_args(&mut config.epochs, &mut out)?;
+    let outcome = train(&config, print_epoch)?;
     println!(
         "to_static: compiled and eager logits differ by at most {:.2e}; predictions agree on {:.1} % of the test set",
         outcome.max_logit_difference,

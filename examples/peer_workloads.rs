@@ -146,7 +146,6 @@ fn elementwise(
     bytes: f64,
     label: &str,
 ) -> Result<(), Error> {
-    let rows = 64;
     for fresh in [true, false] {
         let mut f = build()?;
         let t = Instant::now();
@@ -165,7 +164,6 @@ fn elementwise(
         } else {
             format!("{label}, output buffer reused")
         };
-        let _ = rows;
         e.emit(
             workload,
             &case,

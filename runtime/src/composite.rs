@@ -309,6 +309,20 @@ pub fn running_average(
     b.add(old, new)
 }
 
+/// The parameters of a self-attention layer `name` of `features` in and out and `dim`
+/// inside: `<name>.wq`, `.wk`, `.wv` `[features, dim]` and `.wo` `[dim, features]`, in the
+/// order [`self_attention`] takes them. The static and eager layers both declare these.
+pub fn attention_weights(name: &str, features: usize, dim: usize) -> [(String, [usize; 2]); 4] {
+    let inward = [features, dim];
+    [
+        ("wq", inward),
+        ("wk", inward),
+        ("wv", inward),
+        ("wo", [dim, features]),
+    ]
+    .map(|(suffix, shape)| (format!("{name}.{suffix}"), shape))
+}
+
 /// Single-head self-attention over `x` `[N, T, D]`: `softmax(q·kᵀ/√d)·v·w_o` with
 /// `q, k, v = x·w_q, x·w_k, x·w_v` (`[D, d]` each) and `w_o` `[d, D]`.
 #[track_caller]

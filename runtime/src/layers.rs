@@ -238,21 +238,10 @@ impl SelfAttention {
         features: usize,
         dim: usize,
     ) -> RuntimeResult<SelfAttention> {
-        let mut param = |suffix: &str, shape: [usize; 2]| {
-            p.parameter(
-                &format!("{name}.{suffix}"),
-                DType::F32,
-                &shape,
-                Init::XavierUniform,
-            )
-        };
+        let [wq, wk, wv, wo] = composite::attention_weights(name, features, dim)
+            .map(|(name, shape)| p.parameter(&name, DType::F32, &shape, Init::XavierUniform));
         Ok(SelfAttention {
-            weights: [
-                param("wq", [features, dim])?,
-                param("wk", [features, dim])?,
-                param("wv", [features, dim])?,
-                param("wo", [dim, features])?,
-            ],
+            weights: [wq?, wk?, wv?, wo?],
         })
     }
 

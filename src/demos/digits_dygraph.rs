@@ -28,12 +28,7 @@ impl Default for Config {
     }
 }
 
-#[derive(Clone, Debug)]
-pub struct Epoch {
-    pub epoch: usize,
-    pub mean_loss: f64,
-    pub test_accuracy: f64,
-}
+pub use super::digits_static::Epoch;
 
 pub struct Outcome {
     pub model: Sequential,

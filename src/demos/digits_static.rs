@@ -80,23 +80,9 @@ pub fn example_main(
     train: impl FnOnce(&Config, &mut dyn FnMut(&Epoch)) -> RuntimeResult<Outcome>,
 ) -> Result<(), Box<dyn std::error::Error>> {
     let mut out = std::path::PathBuf::from(format!("target/{stem}"));
-    let mut args = std::env::args().skip(1);
-    while let Some(arg) = args.next() {
-        match arg.as_str() {
-            "--epochs" => config.epochs = args.next().ok_or("--epochs needs a number")?.parse()?,
-            "--out" => out = args.next().ok_or("--out needs a folder")?.into(),
-            other => return Err(format!("unknown argument {other}").into()),
-        }
-    }
+    example_args(&mut config.epochs, &mut out)?;
     let started = std::time::Instant::now();
-    let outcome = train(&config, &mut |e: &Epoch| {
-        println!(
-            "epoch {:>2}  loss {:.4}  test accuracy {:.2} %",
-            e.epoch,
-            e.mean_loss,
-            100.0 * e.test_accuracy
-        );
-    })?;
+    let outcome = train(&config, &mut print_epoch)?;
     let seconds = started.elapsed().as_secs_f64();
     std::fs::create_dir_all(&out)?;
     let model = &outcome.model;
@@ -115,6 +101,32 @@ pub fn example_main(
     let last = outcome.history.last().map_or(0.0, |e| e.test_accuracy);
     println!("test accuracy {:.1} %", 100.0 * last);
     Ok(())
+}
+
+/// The digits examples' arguments: `--epochs N` and `--out DIR`, over the defaults given.
+pub fn example_args(
+    epochs: &mut usize,
+    out: &mut std::path::PathBuf,
+) -> Result<(), Box<dyn std::error::Error>> {
+    let mut args = std::env::args().skip(1);
+    while let Some(arg) = args.next() {
+        match arg.as_str() {
+            "--epochs" => *epochs = args.next().ok_or("--epochs needs a number")?.parse()?,
+            "--out" => *out = args.next().ok_or("--out needs a folder")?.into(),
+            other => return Err(format!("unknown argument {other}").into()),
+        }
+    }
+    Ok(())
+}
+
+/// The digits examples' line per epoch.
+pub fn print_epoch(e: &Epoch) {
+    println!(
+        "epoch {:>2}  loss {:.4}  test accuracy {:.2} %",
+        e.epoch,
+        e.mean_loss,
+        100.0 * e.test_accuracy
+    );
 }
 
 /// What training reports after each epoch.

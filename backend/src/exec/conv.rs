@@ -17,69 +17,13 @@
 
 use super::matmul::PARALLEL_FLOPS;
 use crate::Array;
+use crate::interp::window::ConvDims;
 use gemm::Parallelism;
 use kiln_ir::{Conv2dAttrs, ConvKind};
 use ndarray::ArrayD;
 use num_traits::{One, Zero};
 use rayon::prelude::*;
 use std::cell::RefCell;
-
-/// Sizes of one convolution: input `[n, c, h, w]`, weights `[o, c/groups, kh, kw]`, output
-/// `[n, o, oh, ow]`.
-#[derive(Clone, Copy)]
-struct Dims {
-    n: usize,
-    c: usize,
-    h: usize,
-    w: usize,
-    o: usize,
-    kh: usize,
-    kw: usize,
-    oh: usize,
-    ow: usize,
-    groups: usize,
-}
-
-impl Dims {
-    fn of(x: &[usize], w: &[usize], y: &[usize], groups: usize) -> Dims {
-        Dims {
-            n: x[0],
-            c: x[1],
-            h: x[2],
-            w: x[3],
-            o: w[0],
-            kh: w[2],
-            kw: w[3],
-            oh: y[2],
-            ow: y[3],
-            groups,
-        }
-    }
-    /// Input channels per group.
-    fn cg(&self) -> usize {
-        self.c / self.groups
-    }
-    /// Output channels per group.
-    fn og(&self) -> usize {
-        self.o / self.groups
-    }
-    /// Kernel taps: `KH · KW`.
-    fn taps(&self) -> usize {
-        self.kh * self.kw
-    }
-    /// Weights per output channel, the columns of the patch matrix: `C/g · KH · KW`.
-    fn k(&self) -> usize {
-        self.cg() * self.taps()
-    }
-    /// Output positions per sample, the rows of the patch matrix per sample.
-    fn p(&self) -> usize {
-        self.oh * self.ow
-    }
-    /// Elements of one sample's group of input channels.
-    fn image(&self) -> usize {
-        self.cg() * self.h * self.w
-    }
-}
 
 thread_local! {
     static SCRATCH_F32: RefCell<Scratch<f32>> = RefCell::new(Scratch::default());
@@ -205,7 +149,7 @@ fn typed<T: Elem>(call: Call<'_, T>, out: &mut ArrayD<T>, kept: KeptAs<'_, T>, s
         ConvKind::InputGrad { .. } => (out.shape(), b.shape(), a.shape()),
         ConvKind::FilterGrad { .. } => (a.shape(), out.shape(), b.shape()),
     };
-    let d = Dims::of(x, w, y, attrs.groups);
+    let d = ConvDims::of(x, w, y, attrs.groups).expect("the verifier checked the shapes");
     let (a, b) = (a.as_standard_layout(), b.as_standard_layout());
     let (a, b) = (
         a.as_slice().expect("standard"),
@@ -228,7 +172,7 @@ fn typed<T: Elem>(call: Call<'_, T>, out: &mut ArrayD<T>, kept: KeptAs<'_, T>, s
 
 /// One convolution call's sizes and settings.
 struct Run {
-    d: Dims,
+    d: ConvDims,
     threads: bool,
     /// For each output position and kernel tap, where the tap's channels start in a sample's
     /// channels-last image (`PADDING` where it reads padding): the window geometry worked out
@@ -240,7 +184,7 @@ struct Run {
 const PADDING: u32 = u32::MAX;
 
 impl Run {
-    fn new(d: Dims, attrs: &Conv2dAttrs, threads: bool) -> Run {
+    fn new(d: ConvDims, attrs: &Conv2dAttrs, threads: bool) -> Run {
         let mut offsets = Vec::with_capacity(d.p() * d.taps());
         for oh in 0..d.oh {
             for ow in 0..d.ow {

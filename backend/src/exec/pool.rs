@@ -4,7 +4,8 @@
 //! oracle these are tested against (`runtime/tests/op_info.rs`).
 
 use crate::Array;
-use crate::interp::kernels::FloatElem;
+use crate::interp::kernels::{FloatElem, nan_max};
+use crate::interp::window::first_max;
 use kiln_ir::{Pool2dAttrs, PoolKind};
 use ndarray::{ArrayD, CowArray, IxDyn};
 use rayon::prelude::*;
@@ -186,7 +187,8 @@ impl<'a, T: FloatElem + Send + Sync> Planes<'a, T> {
                 let g = &g.expect("max_pool2d_grad has a gradient")[index * oh * ow..][..oh * ow];
                 out.fill(T::zero());
                 for ((rows, cols), &grad) in windows.zip(g) {
-                    if let Some(i) = first_max(plane, w, rows, cols) {
+                    let taps = rows.flat_map(|r| cols.clone().map(move |c| r * w + c));
+                    if let Some(i) = first_max(taps, plane) {
                         out[i] = out[i] + grad;
                     }
                 }
@@ -205,39 +207,6 @@ impl<'a, T: FloatElem + Send + Sync> Planes<'a, T> {
             }
         }
     }
-}
-
-/// The larger of `m` and `v`, NaN once either is: a select, not a branch, since which is
-/// larger is data (a mispredicted branch per tap costs more than the comparison).
-#[inline]
-fn nan_max<T: FloatElem>(m: T, v: T) -> T {
-    if v > m || v.is_nan() { v } else { m }
-}
-
-/// The index in `plane` (rows `w` long) of the first largest element of the window `rows` ×
-/// `cols`, or of its first NaN: the interpreter's `first_max`, as loops over the window.
-#[inline]
-fn first_max<T: FloatElem>(
-    plane: &[T],
-    w: usize,
-    rows: Range<usize>,
-    cols: Range<usize>,
-) -> Option<usize> {
-    let mut best: Option<(usize, T)> = None;
-    for r in rows {
-        for (i, &v) in (cols.clone()).zip(&plane[r * w..][cols.clone()]) {
-            let i = r * w + i;
-            match best {
-                None => best = Some((i, v)),
-                Some((_, b)) if b.is_nan() => {}
-                Some((at, b)) => {
-                    let take = v > b || v.is_nan();
-                    best = Some(if take { (i, v) } else { (at, b) });
-                }
-            }
-        }
-    }
-    best.map(|(i, _)| i)
 }
 
 /// Max pooling of one plane (rows `w` long) by 2×2 windows that tile it: each pair of input

@@ -124,14 +124,16 @@ macro_rules! impl_int_elem {
 
 impl_int_elem!(i32, i64);
 
-/// The larger of `a` and `b`, NaN if either is (as `max` and `reduce_max` propagate it).
+/// The larger of `a` and `b` (`a` when equal), NaN if either is (as `max` and `reduce_max`
+/// propagate it). Written as selects: which operand is larger is data, and the executor's
+/// pooling calls this per tap, where a mispredicted branch costs more than the comparison.
+#[inline]
 pub(crate) fn nan_max<T: num_traits::Float>(a: T, b: T) -> T {
+    let larger = if b > a { b } else { a };
     if a.is_nan() || b.is_nan() {
         T::nan()
-    } else if a >= b {
-        a
     } else {
-        b
+        larger
     }
 }
 

@@ -13,18 +13,66 @@ use kiln_ir::{Conv2dAttrs, ConvKind, Pool2dAttrs, PoolKind};
 use ndarray::{ArrayD, IxDyn};
 
 /// Sizes of one convolution: input `[n, c, h, w]`, weights `[o, c / groups, kh, kw]`,
-/// output `[n, o, oh, ow]`.
+/// output `[n, o, oh, ow]`, and the channel groups. The executor's convolutions share it.
 #[derive(Clone, Copy)]
-struct ConvDims {
-    n: usize,
-    c: usize,
-    h: usize,
-    w: usize,
-    o: usize,
-    kh: usize,
-    kw: usize,
-    oh: usize,
-    ow: usize,
+pub(crate) struct ConvDims {
+    pub(crate) n: usize,
+    pub(crate) c: usize,
+    pub(crate) h: usize,
+    pub(crate) w: usize,
+    pub(crate) o: usize,
+    pub(crate) kh: usize,
+    pub(crate) kw: usize,
+    pub(crate) oh: usize,
+    pub(crate) ow: usize,
+    pub(crate) groups: usize,
+}
+
+impl ConvDims {
+    /// The sizes of input `x`, weights `w` and output `y` (shapes), or what is wrong.
+    pub(crate) fn of(x: &[usize], w: &[usize], y: &[usize], groups: usize) -> KernelResult<Self> {
+        match (x, w, y) {
+            (&[n, c, h, wd], &[o, _, kh, kw], &[_, _, oh, ow]) => Ok(ConvDims {
+                n,
+                c,
+                h,
+                w: wd,
+                o,
+                kh,
+                kw,
+                oh,
+                ow,
+                groups,
+            }),
+            _ => Err(OpError(format!(
+                "`conv2d` needs NCHW input, OIHW weights and NCHW output, found {x:?}, {w:?}, {y:?}"
+            ))),
+        }
+    }
+    /// Input channels per group.
+    pub(crate) fn cg(&self) -> usize {
+        self.c / self.groups
+    }
+    /// Output channels per group.
+    pub(crate) fn og(&self) -> usize {
+        self.o / self.groups
+    }
+    /// Kernel taps: `KH · KW`.
+    pub(crate) fn taps(&self) -> usize {
+        self.kh * self.kw
+    }
+    /// Weights per output channel (the executor's patch-matrix columns): `C/g · KH · KW`.
+    pub(crate) fn k(&self) -> usize {
+        self.cg() * self.taps()
+    }
+    /// Output positions per sample.
+    pub(crate) fn p(&self) -> usize {
+        self.oh * self.ow
+    }
+    /// Elements of one sample's group of input channels.
+    pub(crate) fn image(&self) -> usize {
+        self.cg() * self.h * self.w
+    }
 }
 
 /// Runs `conv2d` (or a transpose) of `attrs` on `a` and `b`; `out_shape` is the result's.
@@ -58,7 +106,7 @@ fn conv_typed<T: FloatElem>(
         ConvKind::InputGrad { .. } => (out_shape, b.shape(), a.shape()),
         ConvKind::FilterGrad { .. } => (a.shape(), out_shape, b.shape()),
     };
-    let d = conv_dims(x_shape, w_shape, y_shape)?;
+    let d = ConvDims::of(x_shape, w_shape, y_shape, attrs.groups)?;
     let (a, b) = (a.as_standard_layout(), b.as_standard_layout());
     let (a, b) = (
         a.as_slice().expect("standard"),
@@ -79,30 +127,10 @@ fn conv_typed<T: FloatElem>(
     finish(acc, out_shape)
 }
 
-fn conv_dims(x: &[usize], w: &[usize], y: &[usize]) -> KernelResult<ConvDims> {
-    match (x, w, y) {
-        (&[n, c, h, wd], &[o, _, kh, kw], &[_, _, oh, ow]) => Ok(ConvDims {
-            n,
-            c,
-            h,
-            w: wd,
-            o,
-            kh,
-            kw,
-            oh,
-            ow,
-        }),
-        _ => Err(OpError(format!(
-            "`conv2d` needs NCHW input, OIHW weights and NCHW output, found {x:?}, {w:?}, {y:?}"
-        ))),
-    }
-}
-
 /// Calls `f(input index, weight index, output index)` for every tap that lands inside the
 /// input (flat row-major indices).
 fn for_each_tap(d: &ConvDims, attrs: &Conv2dAttrs, mut f: impl FnMut(usize, usize, usize)) {
-    let groups = attrs.groups;
-    let (cg, og) = (d.c / groups, d.o / groups);
+    let (cg, og) = (d.cg(), d.og());
     for n in 0..d.n {
         for o in 0..d.o {
             let g = o / og;

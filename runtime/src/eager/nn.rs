@@ -362,21 +362,10 @@ impl SelfAttention {
     /// Attention over `features` with `dim` inside, as parameters `<name>.wq`, `.wk`, `.wv`,
     /// `.wo`.
     pub fn new(name: &str, features: usize, dim: usize) -> EagerResult<SelfAttention> {
-        let param = |suffix: &str, shape: [usize; 2]| {
-            Parameter::new(
-                &format!("{name}.{suffix}"),
-                DType::F32,
-                &shape,
-                Init::XavierUniform,
-            )
-        };
+        let [wq, wk, wv, wo] = composite::attention_weights(name, features, dim)
+            .map(|(name, shape)| Parameter::new(&name, DType::F32, &shape, Init::XavierUniform));
         Ok(SelfAttention {
-            weights: [
-                param("wq", [features, dim])?,
-                param("wk", [features, dim])?,
-                param("wv", [features, dim])?,
-                param("wo", [dim, features])?,
-            ],
+            weights: [wq?, wk?, wv?, wo?],
         })
     }
 }
