@@ -6,6 +6,8 @@
 //! - [`jit`]: Cranelift kernels for `fused` regions (plan, code generation, f32 math).
 //! - [`exec`]: the compiled executor — a schedule of kernels, gemm matmuls and interpreter
 //!   steps over planned, reused buffers.
+//! - [`comm`]: communicators between ranks (threads of one process, or MPI processes) that
+//!   collective and point-to-point ops run on.
 //! - [`limits`]: the memory a run may ask for and the trips a loop may make.
 //! - [`debug`]: `KILN_DEBUG` levels.
 //!
@@ -14,6 +16,7 @@
 //! tolerances for floats).
 
 pub mod array;
+pub mod comm;
 pub mod debug;
 pub mod exec;
 pub mod interp;

@@ -12,7 +12,7 @@ use crate::literal::Literal;
 use crate::loc::Loc;
 use crate::module::StateDecl;
 use crate::op::{
-    ArgOp, AxisSlice, BinaryOp, CompareOp, Distribution, F64Attr, Op, ReduceOp, UnaryOp,
+    AllReduceOp, ArgOp, AxisSlice, BinaryOp, CompareOp, Distribution, F64Attr, Op, ReduceOp, UnaryOp,
 };
 use crate::types::{DType, Shape, Type};
 use crate::window::{Conv2dAttrs, ConvKind, Pool2dAttrs, PoolKind};
@@ -671,6 +671,35 @@ impl FunctionBuilder {
             results: result_types,
         };
         self.insert(op, args)
+    }
+
+    // ----- communication -----
+
+    /// The sum or mean of `values` over the ranks, as one message (a gradient bucket).
+    #[track_caller]
+    pub fn all_reduce(&mut self, op: AllReduceOp, values: &[Value]) -> BuildResult<Vec<Value>> {
+        self.insert(Op::AllReduce { op }, values)
+    }
+
+    /// Rank `root`'s `values`, on every rank.
+    #[track_caller]
+    pub fn collective_broadcast(&mut self, values: &[Value], root: usize) -> BuildResult<Vec<Value>> {
+        self.insert(Op::CollectiveBroadcast { root }, values)
+    }
+
+    /// Sends `values` to rank `peer`; returns the instruction (it has no results, so a target
+    /// keeps it alive the way it keeps a store).
+    #[track_caller]
+    pub fn send(&mut self, values: &[Value], peer: usize, tag: u64) -> BuildResult<Inst> {
+        self.insert_at(Op::Send { peer, tag }, values, Vec::new(), Loc::caller())?;
+        let region = *self.open.last().expect("body is open");
+        Ok(*self.func.region(region).insts.last().expect("just appended"))
+    }
+
+    /// Receives values of `types` from rank `peer`'s send of `tag`.
+    #[track_caller]
+    pub fn recv(&mut self, types: Vec<Type>, peer: usize, tag: u64) -> BuildResult<Vec<Value>> {
+        self.insert(Op::Recv { peer, tag, results: types }, &[])
     }
 
     /// Builds a region with arguments of `arg_types`, filled by `fill`, which returns the values

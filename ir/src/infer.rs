@@ -4,7 +4,7 @@
 //! verifier calls it to check every instruction's stored result types. Errors name the op and
 //! the types involved; the caller adds where the op was built.
 
-use crate::op::{AxisSlice, Distribution, Op};
+use crate::op::{AllReduceOp, AxisSlice, DTypeClass, Distribution, Op};
 use crate::types::{DType, Dim, Shape, Type};
 use crate::window::{Conv2dAttrs, ConvKind, Pool2dAttrs, PoolKind};
 use std::fmt;
@@ -64,7 +64,14 @@ fn check_counts(op: &Op, args: &[&Type], regions: &[RegionTypes<'_>]) -> Result<
             PoolKind::Max | PoolKind::Avg | PoolKind::AvgGrad { .. } => 1,
         }),
         Op::Select => Some(3),
-        Op::Concat { .. } | Op::While | Op::Fused | Op::Call { .. } => None,
+        Op::Concat { .. }
+        | Op::While
+        | Op::Fused
+        | Op::Call { .. }
+        | Op::AllReduce { .. }
+        | Op::CollectiveBroadcast { .. }
+        | Op::Send { .. } => None,
+        Op::Recv { .. } => Some(0),
     };
     if let Some(n) = arity
         && args.len() != n
@@ -489,7 +496,42 @@ fn rule(op: &Op, args: &[&Type], regions: &[RegionTypes<'_>]) -> Result<Vec<Type
             Ok(body.results.iter().map(|&t| t.clone()).collect())
         }
         Op::Call { results, .. } => Ok(results.clone()),
+        Op::AllReduce { op } => {
+            let class = match op {
+                AllReduceOp::Sum => DTypeClass::Numeric,
+                AllReduceOp::Mean => DTypeClass::Float,
+            };
+            communicated(args, class)
+        }
+        Op::CollectiveBroadcast { .. } => communicated(args, DTypeClass::Any),
+        Op::Send { .. } => communicated(args, DTypeClass::Any).map(|_| Vec::new()),
+        Op::Recv { results, .. } if results.is_empty() => {
+            Err("receives at least one value; state its type after the colon".into())
+        }
+        Op::Recv { results, .. } => communicated(&results.iter().collect::<Vec<_>>(), DTypeClass::Any),
     }
+}
+
+/// The types of a communication op's operands, which it also returns: at least one, of
+/// fixed shapes (every rank must agree on the message's size before it is sent), of `class`.
+fn communicated(args: &[&Type], class: DTypeClass) -> Result<Vec<Type>, String> {
+    if args.is_empty() {
+        return Err("takes at least one operand".into());
+    }
+    for (i, ty) in args.iter().enumerate() {
+        if !class.admits(ty.dtype) {
+            return Err(format!(
+                "operand {i} is {ty}; it must be {}",
+                class.describe()
+            ));
+        }
+        if ty.shape.as_fixed().is_none() {
+            return Err(format!(
+                "operand {i} is {ty}; communicated values need fixed shapes"
+            ));
+        }
+    }
+    Ok(args.iter().map(|&t| t.clone()).collect())
 }
 
 /// The shape after reducing the axes marked in `reduced`.

@@ -39,7 +39,7 @@ pub use literal::Literal;
 pub use loc::Loc;
 pub use module::{Initializer, Module, StateConflict, StateDecl};
 pub use op::{
-    ArgOp, AxisSlice, BinaryOp, CompareOp, Cost, DTypeClass, Distribution, Helper, Op, OpClass,
+    AllReduceOp, ArgOp, AxisSlice, BinaryOp, CompareOp, Cost, DTypeClass, Distribution, Helper, Op, OpClass,
     ReduceOp, UnaryOp, VectorForm,
 };
 pub use parse::{ParseError, parse_module};

@@ -326,6 +326,15 @@ pub enum Distribution {
     },
 }
 
+/// How an `all_reduce` combines the ranks' operands.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum AllReduceOp {
+    /// `all_reduce_sum`: the sum over ranks.
+    Sum,
+    /// `all_reduce_mean`: the sum over ranks divided by their number (floats only).
+    Mean,
+}
+
 /// The range a `slice` takes along one axis: `start..end` by `step`, or the whole axis.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum AxisSlice {
@@ -531,6 +540,36 @@ pub enum Op {
         /// Its result types.
         results: Vec<Type>,
     },
+    /// Every rank's operands combined elementwise; each rank gets the same results, one per
+    /// operand. Several operands make one message (a gradient bucket). Without peers (one
+    /// rank) the results are the operands.
+    AllReduce {
+        /// Sum or mean.
+        op: AllReduceOp,
+    },
+    /// The `root` rank's operands, on every rank (XLA's `collective-broadcast`; `broadcast`
+    /// is the shape op).
+    CollectiveBroadcast {
+        /// The rank whose values every rank gets.
+        root: usize,
+    },
+    /// Sends the operands to rank `peer`; no results. Matched by the peer's `recv` of the
+    /// same `tag`, in order.
+    Send {
+        /// The receiving rank.
+        peer: usize,
+        /// Pairs the send with its `recv`.
+        tag: u64,
+    },
+    /// Receives values of the stated types from rank `peer`'s `send` of the same `tag`.
+    Recv {
+        /// The sending rank.
+        peer: usize,
+        /// Pairs the receive with its `send`.
+        tag: u64,
+        /// The received values' types.
+        results: Vec<Type>,
+    },
 }
 
 /// The broad class of an op: what fusion, scheduling and cost models care about.
@@ -554,6 +593,9 @@ pub enum OpClass {
     Control,
     /// Custom-op calls.
     Call,
+    /// Collectives and point-to-point messages between ranks: never fused, reordered
+    /// against each other, or removed.
+    Communication,
 }
 
 /// An attribute value in the text form: `{axes=[0,1], keep_dims=true}`.
@@ -665,6 +707,13 @@ impl Op {
             Op::While => "while",
             Op::Fused => "fused",
             Op::Call { .. } => "call",
+            Op::AllReduce { op } => match op {
+                AllReduceOp::Sum => "all_reduce_sum",
+                AllReduceOp::Mean => "all_reduce_mean",
+            },
+            Op::CollectiveBroadcast { .. } => "collective_broadcast",
+            Op::Send { .. } => "send",
+            Op::Recv { .. } => "recv",
         }
     }
 
@@ -690,6 +739,10 @@ impl Op {
             Op::Store { .. } => OpClass::Effect,
             Op::Cond | Op::While | Op::Fused => OpClass::Control,
             Op::Call { .. } => OpClass::Call,
+            Op::AllReduce { .. }
+            | Op::CollectiveBroadcast { .. }
+            | Op::Send { .. }
+            | Op::Recv { .. } => OpClass::Communication,
         }
     }
 
@@ -718,7 +771,11 @@ impl Op {
             | Op::Cond
             | Op::While
             | Op::Fused
-            | Op::Call { .. } => Cost::Opaque,
+            | Op::Call { .. }
+            | Op::AllReduce { .. }
+            | Op::CollectiveBroadcast { .. }
+            | Op::Send { .. }
+            | Op::Recv { .. } => Cost::Opaque,
         }
     }
 
@@ -746,9 +803,11 @@ impl Op {
         }
     }
 
-    /// Whether the op has effects beyond its results, so it is never dead.
+    /// Whether the op has effects beyond its results, so it is never dead, merged or
+    /// evaluated ahead of time. Communication counts: every rank must take part in the same
+    /// collectives in the same order, whatever one rank's passes would make of them.
     pub fn has_side_effects(&self) -> bool {
-        matches!(self, Op::Store { .. } | Op::Call { .. })
+        matches!(self, Op::Store { .. } | Op::Call { .. }) || self.class() == OpClass::Communication
     }
 
     /// The attributes the text form prints in braces. Attributes that the result type already
@@ -799,6 +858,11 @@ impl Op {
             }
             Op::Conv2d { attrs, .. } => attrs.attributes(),
             Op::Pool2d { attrs, .. } => attrs.attributes(),
+            Op::CollectiveBroadcast { root } => vec![("root", Attr::Int(*root as i128))],
+            Op::Send { peer, tag } | Op::Recv { peer, tag, .. } => vec![
+                ("peer", Attr::Int(*peer as i128)),
+                ("tag", Attr::Int(*tag as i128)),
+            ],
             Op::Random { dist, seed, .. } => {
                 let (a, b) = match dist {
                     Distribution::Uniform { low, high } => (("low", low), ("high", high)),
@@ -824,7 +888,8 @@ impl Op {
             | Op::Cond
             | Op::While
             | Op::Fused
-            | Op::Call { .. } => Vec::new(),
+            | Op::Call { .. }
+            | Op::AllReduce { .. } => Vec::new(),
         }
     }
 
@@ -972,6 +1037,24 @@ impl Op {
                     callee: symbol()?,
                     results: parts.result_types.to_vec(),
                 },
+                "all_reduce_sum" => Op::AllReduce {
+                    op: AllReduceOp::Sum,
+                },
+                "all_reduce_mean" => Op::AllReduce {
+                    op: AllReduceOp::Mean,
+                },
+                "collective_broadcast" => Op::CollectiveBroadcast {
+                    root: attrs.usize("root")?,
+                },
+                "send" => Op::Send {
+                    peer: attrs.usize("peer")?,
+                    tag: attrs.u64("tag")?,
+                },
+                "recv" => Op::Recv {
+                    peer: attrs.usize("peer")?,
+                    tag: attrs.u64("tag")?,
+                    results: parts.result_types.to_vec(),
+                },
                 "const" => return Err("`const` takes a literal value: `const 1.0 : f32[]`".into()),
                 other => {
                     let hint = closest(other, &Op::all_names())
@@ -1026,6 +1109,11 @@ impl Op {
             "while",
             "fused",
             "call",
+            "all_reduce_sum",
+            "all_reduce_mean",
+            "collective_broadcast",
+            "send",
+            "recv",
         ]);
         names
     }

@@ -72,7 +72,11 @@ pub(crate) fn fusible(op: &Op) -> bool {
         | Op::Cond
         | Op::While
         | Op::Fused
-        | Op::Call { .. } => false,
+        | Op::Call { .. }
+        | Op::AllReduce { .. }
+        | Op::CollectiveBroadcast { .. }
+        | Op::Send { .. }
+        | Op::Recv { .. } => false,
     }
 }
 

@@ -506,6 +506,10 @@ impl<'a> Interpreter<'a> {
                     .map(|rs| rs.into_iter().map(Array::into_standard_layout).collect())
                     .map_err(|e| OpError(format!("custom op @{callee}: {e}")))
             }
+            Op::AllReduce { .. }
+            | Op::CollectiveBroadcast { .. }
+            | Op::Send { .. }
+            | Op::Recv { .. } => crate::comm::eval(op, args, result_shapes).map_err(OpError),
             Op::Load { .. } | Op::Store { .. } | Op::Cond | Op::While | Op::Fused => Err(format!(
                 "`{}` needs state or regions; run it in a function",
                 op.name()

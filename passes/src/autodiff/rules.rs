@@ -5,7 +5,7 @@
 
 use super::{AutodiffError, Sweep, zeros};
 use kiln_ir::{
-    AxisSlice, BinaryOp, BuildError, CompareOp, ConvKind, Dim, FunctionBuilder, Inst, Op, PoolKind,
+    AllReduceOp, AxisSlice, BinaryOp, BuildError, CompareOp, ConvKind, Dim, FunctionBuilder, Inst, Op, PoolKind,
     ReduceOp, Shape, Type, UnaryOp, Value,
 };
 
@@ -28,6 +28,9 @@ pub(super) fn vjp(
     };
     if let Op::Call { callee, .. } = &data.op {
         return call(s, b, inst, callee, grads);
+    }
+    if let Op::AllReduce { op } = &data.op {
+        return all_reduce(s, b, inst, *op, grads);
     }
     // Every op with a rule below has one result; `grads` has at least one adjoint.
     let g = grads.first().copied().flatten();
@@ -263,7 +266,15 @@ pub(super) fn vjp(
         | Op::Store { .. } => {}
         // `cond` and `while` are handled by the sweep (their gradients have regions of their
         // own); `call` above.
-        Op::Cond | Op::While | Op::Fused | Op::Call { .. } => return Err(no_rule()),
+        // A broadcast's or a message's adjoint flows back to another rank: no local rule.
+        Op::Cond
+        | Op::While
+        | Op::Fused
+        | Op::Call { .. }
+        | Op::AllReduce { .. }
+        | Op::CollectiveBroadcast { .. }
+        | Op::Send { .. }
+        | Op::Recv { .. } => return Err(no_rule()),
     }
     Ok(out)
 }
@@ -303,6 +314,28 @@ fn call(
         .filter(|(a, _)| s.is_active(**a) && s.ty(**a).dtype.is_float())
         .map(|(&a, g)| (a, g))
         .collect())
+}
+
+/// `y_r = Σ_q x_q` on every rank r, so `∂L/∂x_q = Σ_r g_r`: the adjoints all-reduced the same
+/// way (a mean's `1/n` applies to both). One op for every adjoint, as every rank must agree.
+fn all_reduce(
+    s: &Sweep<'_>,
+    b: &mut FunctionBuilder,
+    inst: Inst,
+    op: AllReduceOp,
+    grads: &[Option<Value>],
+) -> Result<Contributions, AutodiffError> {
+    let data = s.src.inst(inst);
+    let flowing: Vec<(Value, Value)> = (data.args.iter().zip(grads))
+        .filter_map(|(&a, g)| Some((a, (*g)?)))
+        .filter(|(a, _)| s.is_active(*a))
+        .collect();
+    if flowing.is_empty() {
+        return Ok(Vec::new());
+    }
+    let adjoints: Vec<Value> = flowing.iter().map(|&(_, g)| g).collect();
+    let reduced = b.all_reduce(op, &adjoints)?;
+    Ok(flowing.iter().map(|&(a, _)| a).zip(reduced).collect())
 }
 
 fn zeros_like(b: &mut FunctionBuilder, v: Value) -> Result<Value, BuildError> {

@@ -69,7 +69,15 @@ pub fn node_cost(egraph: &Graph, node: &Node) -> Option<f64> {
         Op::Gather { .. } | Op::ScatterAdd { .. } | Op::OneHot { .. } => 2.0 * out_bytes,
         Op::Random { .. } => out_bytes,
         Op::Load { .. } => 0.0,
-        Op::Store { .. } | Op::Cond | Op::While | Op::Fused | Op::Call { .. } => return None,
+        Op::Store { .. }
+        | Op::Cond
+        | Op::While
+        | Op::Fused
+        | Op::Call { .. }
+        | Op::AllReduce { .. }
+        | Op::CollectiveBroadcast { .. }
+        | Op::Send { .. }
+        | Op::Recv { .. } => return None,
     };
     Some(cost.max(MIN_COST))
 }

@@ -1,0 +1,282 @@
+//! The in-process transport: ranks are threads of one process (several devices of one
+//! machine). A collective is a rendezvous: each rank deposits its message, the last to arrive
+//! combines them in rank order (so every rank, and every run, gets the same bits), and all
+//! take the result. Messages between two ranks queue in a mailbox per (from, to, tag).
+
+use super::{CommError, Communicator, Transport};
+use crate::Array;
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, Instant};
+
+/// `size` communicators over one in-process group, rank 0 first.
+pub fn group(size: usize) -> Vec<Communicator> {
+    let group = Arc::new(Group {
+        size,
+        state: Mutex::new(State {
+            deposits: (0..size).map(|_| None).collect(),
+            ..State::default()
+        }),
+        changed: Condvar::new(),
+    });
+    (0..size)
+        .map(|rank| {
+            Communicator::new(Local {
+                rank,
+                group: group.clone(),
+                timeout: super::timeout_from_env(),
+            })
+        })
+        .collect()
+}
+
+/// Runs `f` on `size` threads, each with its rank's communicator installed, and returns their
+/// results in rank order. A rank that returns an error or panics aborts the group, so the
+/// others fail instead of waiting.
+pub fn run<R: Send, E: std::fmt::Display + Send>(
+    size: usize,
+    f: impl Fn(&Communicator) -> Result<R, E> + Sync,
+) -> Vec<Result<R, E>> {
+    let comms = group(size);
+    std::thread::scope(|scope| {
+        let handles: Vec<_> = comms
+            .into_iter()
+            .map(|comm| {
+                let f = &f;
+                scope.spawn(move || {
+                    let _installed = comm.install();
+                    let result = f(&comm);
+                    if let Err(e) = &result {
+                        comm.abort(&e.to_string());
+                    }
+                    result
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
+            .collect()
+    })
+}
+
+struct Group {
+    size: usize,
+    state: Mutex<State>,
+    changed: Condvar,
+}
+
+#[derive(Default)]
+struct State {
+    /// Completed collectives so far.
+    generation: u64,
+    /// This collective's messages, by rank, with what each rank asked for.
+    deposits: Vec<Option<(Array, Kind)>>,
+    arrived: usize,
+    /// The last completed collective's result.
+    result: Option<Arc<Array>>,
+    mail: HashMap<(usize, usize, u64), VecDeque<Array>>,
+    /// The first failure: (rank, message).
+    failed: Option<(usize, String)>,
+    /// Ranks whose transport is gone.
+    left: Vec<usize>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Kind {
+    Sum,
+    Broadcast(usize),
+}
+
+struct Local {
+    rank: usize,
+    group: Arc<Group>,
+    timeout: Duration,
+}
+
+impl Local {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.group
+            .state
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Why waiting must stop, if it must.
+    fn check(&self, state: &State) -> Result<(), CommError> {
+        if let Some((rank, message)) = &state.failed {
+            return Err(CommError::PeerFailed {
+                rank: *rank,
+                message: message.clone(),
+            });
+        }
+        Ok(())
+    }
+
+    /// Waits on the group until `done` holds, failing on a failure or after the timeout.
+    fn wait_until<'a>(
+        &self,
+        mut state: MutexGuard<'a, State>,
+        op: &'static str,
+        mut done: impl FnMut(&mut State) -> bool,
+    ) -> Result<MutexGuard<'a, State>, CommError> {
+        let deadline = Instant::now() + self.timeout;
+        loop {
+            if done(&mut state) {
+                return Ok(state);
+            }
+            self.check(&state)?;
+            if let Some(&rank) = state.left.first() {
+                return Err(CommError::PeerFailed {
+                    rank,
+                    message: format!("it stopped before `{op}` completed"),
+                });
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return Err(CommError::Timeout {
+                    rank: self.rank,
+                    op,
+                    timeout: self.timeout,
+                });
+            }
+            state = (self.group.changed)
+                .wait_timeout(state, deadline - now)
+                .unwrap_or_else(PoisonError::into_inner)
+                .0;
+        }
+    }
+
+    fn collective(&mut self, data: &mut Array, kind: Kind) -> Result<(), CommError> {
+        let op = match kind {
+            Kind::Sum => "all_reduce",
+            Kind::Broadcast(_) => "collective_broadcast",
+        };
+        let mut state = self.lock();
+        self.check(&state)?;
+        if let Some((first, (message, first_kind))) = (state.deposits.iter().enumerate())
+            .find_map(|(r, d)| d.as_ref().map(|d| (r, d)))
+            && (*first_kind != kind || message.ty() != data.ty())
+        {
+            let mismatch = format!(
+                "rank {first} entered {first_kind:?} of {}, rank {} {kind:?} of {}: the ranks \
+                 run different programs or shapes",
+                message.ty(),
+                self.rank,
+                data.ty()
+            );
+            state.failed = Some((self.rank, mismatch.clone()));
+            self.group.changed.notify_all();
+            return Err(CommError::Mismatch {
+                rank: self.rank,
+                message: mismatch,
+            });
+        }
+        let generation = state.generation;
+        let message = std::mem::replace(data, Array::zeros(data.dtype(), &[0]));
+        state.deposits[self.rank] = Some((message, kind));
+        state.arrived += 1;
+        if state.arrived == self.group.size {
+            let deposits: Vec<Array> = (state.deposits.iter_mut())
+                .map(|d| d.take().expect("every rank deposited").0)
+                .collect();
+            state.result = Some(Arc::new(combine(deposits, kind)));
+            state.arrived = 0;
+            state.generation += 1;
+            self.group.changed.notify_all();
+        }
+        let state = self.wait_until(state, op, |s| s.generation > generation)?;
+        *data = (**state.result.as_ref().expect("a completed collective")).clone();
+        Ok(())
+    }
+}
+
+/// The ranks' messages combined in rank order.
+fn combine(mut deposits: Vec<Array>, kind: Kind) -> Array {
+    match kind {
+        Kind::Broadcast(root) => deposits.swap_remove(root),
+        Kind::Sum => {
+            let mut rest = deposits.into_iter();
+            let mut sum = rest.next().expect("at least one rank");
+            for d in rest {
+                add_into(&mut sum, &d);
+            }
+            sum
+        }
+    }
+}
+
+fn add_into(sum: &mut Array, d: &Array) {
+    match (sum, d) {
+        (Array::F32(s), Array::F32(d)) => *s += d,
+        (Array::F64(s), Array::F64(d)) => *s += d,
+        (Array::I32(s), Array::I32(d)) => s.zip_mut_with(d, |a, &b| *a = a.wrapping_add(b)),
+        (Array::I64(s), Array::I64(d)) => s.zip_mut_with(d, |a, &b| *a = a.wrapping_add(b)),
+        (Array::Bool(s), Array::Bool(d)) => s.zip_mut_with(d, |a, &b| *a |= b),
+        _ => unreachable!("deposits of one collective share a type (checked on arrival)"),
+    }
+}
+
+impl Transport for Local {
+    fn rank(&self) -> usize {
+        self.rank
+    }
+
+    fn size(&self) -> usize {
+        self.group.size
+    }
+
+    fn all_reduce_sum(&mut self, data: &mut Array) -> Result<(), CommError> {
+        self.collective(data, Kind::Sum)
+    }
+
+    fn broadcast(&mut self, data: &mut Array, root: usize) -> Result<(), CommError> {
+        self.collective(data, Kind::Broadcast(root))
+    }
+
+    fn send(&mut self, data: &Array, peer: usize, tag: u64) -> Result<(), CommError> {
+        let mut state = self.lock();
+        self.check(&state)?;
+        let mailbox = state.mail.entry((self.rank, peer, tag)).or_default();
+        mailbox.push_back(data.clone());
+        self.group.changed.notify_all();
+        Ok(())
+    }
+
+    fn recv(&mut self, data: &mut Array, peer: usize, tag: u64) -> Result<(), CommError> {
+        let key = (peer, self.rank, tag);
+        let state = self.lock();
+        let mut received = None;
+        let _state = self.wait_until(state, "recv", |s| {
+            received = s.mail.get_mut(&key).and_then(VecDeque::pop_front);
+            received.is_some()
+        })?;
+        let message = received.expect("the wait ends with a message");
+        if message.ty() != data.ty() {
+            return Err(CommError::Mismatch {
+                rank: self.rank,
+                message: format!(
+                    "received {} from rank {peer} (tag {tag}) where {} was expected",
+                    message.ty(),
+                    data.ty()
+                ),
+            });
+        }
+        *data = message;
+        Ok(())
+    }
+
+    fn abort(&mut self, message: &str) {
+        let mut state = self.lock();
+        state.failed.get_or_insert((self.rank, message.to_owned()));
+        self.group.changed.notify_all();
+    }
+}
+
+impl Drop for Local {
+    fn drop(&mut self) {
+        let mut state = self.lock();
+        state.left.push(self.rank);
+        self.group.changed.notify_all();
+    }
+}

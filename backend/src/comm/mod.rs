@@ -1,0 +1,556 @@
+//! Communication between ranks: the [`Communicator`] that `all_reduce_*`,
+//! `collective_broadcast`, `send` and `recv` run on, and its transports — [`local`] (ranks
+//! are threads of one process: several devices of one machine) and, with the `mpi` feature,
+//! `mpi` (ranks are processes started by `mpirun`).
+//!
+//! A communicator hands each operation to a worker thread that owns the transport, in the
+//! order the operations were submitted, and returns a [`Pending`] result. So the executor
+//! can start a gradient bucket's all-reduce and go on with the backward pass; it waits only
+//! where the result is first used. Every rank must submit the same collectives in the same
+//! order, which is why the passes never reorder, merge or remove communication ops.
+//!
+//! A run installs its communicator for the current thread ([`Communicator::install`]), the
+//! way a process group is set up once in other frameworks; the interpreter and the executor
+//! find it there. Without one, a program runs as the only rank: an all-reduce returns its
+//! operands.
+//!
+//! Faults do not hang: every wait has a timeout ([`Communicator::with_timeout`], default
+//! [`DEFAULT_TIMEOUT`], `KILN_COMM_TIMEOUT` in seconds), a rank that fails or stops tells
+//! the others ([`Communicator::abort`], also on a panic), and their pending operations fail
+//! with an error that names the rank.
+
+pub mod local;
+#[cfg(feature = "mpi")]
+pub mod mpi;
+
+use crate::Array;
+use kiln_ir::DType;
+use std::cell::RefCell;
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+/// How long an operation may wait for the other ranks before it fails.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// Why a communication failed.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum CommError {
+    /// Another rank failed or stopped; its message.
+    #[error("rank {rank} failed: {message}")]
+    PeerFailed {
+        /// The rank that failed.
+        rank: usize,
+        /// What it reported.
+        message: String,
+    },
+    /// The other ranks did not take part within the timeout.
+    #[error(
+        "rank {rank}: `{op}` did not complete within {timeout:?}; another rank may have died \
+         or be running a different program (set KILN_COMM_TIMEOUT to wait longer)"
+    )]
+    Timeout {
+        /// The rank that waited.
+        rank: usize,
+        /// The operation.
+        op: &'static str,
+        /// How long it waited.
+        timeout: Duration,
+    },
+    /// The ranks disagree about the operation (different programs, or different shapes).
+    #[error("rank {rank}: {message}")]
+    Mismatch {
+        /// The rank that noticed.
+        rank: usize,
+        /// What differs.
+        message: String,
+    },
+    /// The transport itself failed (MPI, say), or the operation is invalid.
+    #[error("rank {rank}: {message}")]
+    Transport {
+        /// The rank that noticed.
+        rank: usize,
+        /// What failed.
+        message: String,
+    },
+}
+
+/// The blocking operations of one rank's end of a transport. A communicator's worker thread
+/// is the only caller, so a transport need not be thread-safe. Messages are one-dimensional
+/// arrays of one dtype.
+pub trait Transport: Send + 'static {
+    /// This rank, from 0.
+    fn rank(&self) -> usize;
+    /// The number of ranks.
+    fn size(&self) -> usize;
+    /// Replaces `data` with the elementwise sum of every rank's `data`, the same on every rank.
+    fn all_reduce_sum(&mut self, data: &mut Array) -> Result<(), CommError>;
+    /// Replaces `data` with rank `root`'s.
+    fn broadcast(&mut self, data: &mut Array, root: usize) -> Result<(), CommError>;
+    /// Sends `data` to `peer`, matched by its `recv` of `tag`.
+    fn send(&mut self, data: &Array, peer: usize, tag: u64) -> Result<(), CommError>;
+    /// Fills `data` (whose dtype and length say what to expect) from `peer`'s send of `tag`.
+    fn recv(&mut self, data: &mut Array, peer: usize, tag: u64) -> Result<(), CommError>;
+    /// Tells the other ranks that this one failed, so that they stop waiting.
+    fn abort(&mut self, message: &str);
+}
+
+enum Job {
+    AllReduce(Array),
+    Broadcast(Array, usize),
+    Send(Array, usize, u64),
+    Recv(Array, usize, u64),
+    Abort(String),
+}
+
+type Reply = mpsc::Sender<Result<Array, CommError>>;
+
+/// One rank's handle on a group of ranks. Clones share the worker.
+#[derive(Clone)]
+pub struct Communicator {
+    shared: Arc<Shared>,
+    timeout: Duration,
+}
+
+struct Shared {
+    rank: usize,
+    size: usize,
+    jobs: Mutex<Option<mpsc::Sender<(Job, Reply)>>>,
+    worker: Mutex<Option<JoinHandle<()>>>,
+    /// Set when a wait timed out: the worker may be stuck in the transport, so it is not
+    /// joined.
+    stuck: std::sync::atomic::AtomicBool,
+}
+
+impl Communicator {
+    /// A communicator over `transport`, whose calls run on a new worker thread.
+    pub fn new(transport: impl Transport) -> Communicator {
+        let (rank, size) = (transport.rank(), transport.size());
+        Communicator::spawn(rank, size, move || Ok(transport))
+    }
+
+    /// A communicator whose transport is made on the worker thread by `open` (MPI must be
+    /// initialised on the thread that calls it). `rank` and `size` are known beforehand.
+    pub(crate) fn spawn<T: Transport>(
+        rank: usize,
+        size: usize,
+        open: impl FnOnce() -> Result<T, CommError> + Send + 'static,
+    ) -> Communicator {
+        let (jobs, queue) = mpsc::channel::<(Job, Reply)>();
+        let worker = std::thread::Builder::new()
+            .name(format!("kiln-comm-{rank}"))
+            .spawn(move || serve(open, queue))
+            .expect("a thread for the communicator");
+        Communicator {
+            shared: Arc::new(Shared {
+                rank,
+                size,
+                jobs: Mutex::new(Some(jobs)),
+                worker: Mutex::new(Some(worker)),
+                stuck: Default::default(),
+            }),
+            timeout: timeout_from_env(),
+        }
+    }
+
+    /// The same communicator, waiting at most `timeout` for the other ranks.
+    pub fn with_timeout(mut self, timeout: Duration) -> Communicator {
+        self.timeout = timeout;
+        self
+    }
+
+    /// This rank, from 0.
+    pub fn rank(&self) -> usize {
+        self.shared.rank
+    }
+
+    /// The number of ranks.
+    pub fn size(&self) -> usize {
+        self.shared.size
+    }
+
+    /// Starts summing (or averaging) `arrays` over the ranks. The arrays go as one message per
+    /// dtype (a gradient bucket is one message).
+    pub fn all_reduce(&self, arrays: &[&Array], mean: bool) -> Result<Pending, CommError> {
+        let layout = Packed::of(arrays);
+        let messages = layout.pack(arrays);
+        let replies = messages
+            .into_iter()
+            .map(|m| self.submit(Job::AllReduce(m)))
+            .collect::<Result<_, _>>()?;
+        let scale = mean.then_some(self.size());
+        Ok(Pending::new(self, layout, replies, scale, "all_reduce"))
+    }
+
+    /// Starts sending every rank `root`'s `arrays`.
+    pub fn broadcast(&self, arrays: &[&Array], root: usize) -> Result<Pending, CommError> {
+        self.check_peer(root, "collective_broadcast")?;
+        let layout = Packed::of(arrays);
+        let replies = (layout.pack(arrays).into_iter())
+            .map(|m| self.submit(Job::Broadcast(m, root)))
+            .collect::<Result<_, _>>()?;
+        Ok(Pending::new(
+            self,
+            layout,
+            replies,
+            None,
+            "collective_broadcast",
+        ))
+    }
+
+    /// Sends `arrays` to `peer` (waited for like any operation: it completes when the transport
+    /// has taken the message).
+    pub fn send(&self, arrays: &[&Array], peer: usize, tag: u64) -> Result<Pending, CommError> {
+        self.check_peer(peer, "send")?;
+        let layout = Packed::of(arrays);
+        let replies = (layout.pack(arrays).into_iter())
+            .map(|m| self.submit(Job::Send(m, peer, tag)))
+            .collect::<Result<_, _>>()?;
+        Ok(Pending::new(self, layout, replies, None, "send"))
+    }
+
+    /// Starts receiving arrays shaped like `like` from `peer`'s send of `tag`.
+    pub fn recv(&self, like: &[&Array], peer: usize, tag: u64) -> Result<Pending, CommError> {
+        self.check_peer(peer, "recv")?;
+        let layout = Packed::of(like);
+        let replies = (layout.pack(like).into_iter())
+            .map(|m| self.submit(Job::Recv(m, peer, tag)))
+            .collect::<Result<_, _>>()?;
+        Ok(Pending::new(self, layout, replies, None, "recv"))
+    }
+
+    /// Tells the other ranks that this one failed with `message`: their waits end with
+    /// [`CommError::PeerFailed`].
+    pub fn abort(&self, message: &str) {
+        if let Ok(reply) = self.submit(Job::Abort(message.to_owned())) {
+            drop(reply);
+        }
+    }
+
+    /// Makes this the current thread's communicator until the guard is dropped.
+    pub fn install(&self) -> Installed {
+        let previous = CURRENT.with(|c| c.borrow_mut().replace(self.clone()));
+        Installed { previous }
+    }
+
+    /// The current thread's communicator, if one is installed.
+    pub fn current() -> Option<Communicator> {
+        CURRENT.with(|c| c.borrow().clone())
+    }
+
+    fn check_peer(&self, peer: usize, op: &str) -> Result<(), CommError> {
+        if peer < self.size() {
+            return Ok(());
+        }
+        Err(CommError::Transport {
+            rank: self.rank(),
+            message: format!(
+                "`{op}` names rank {peer}, but there are {} rank(s)",
+                self.size()
+            ),
+        })
+    }
+
+    fn submit(&self, job: Job) -> Result<mpsc::Receiver<Result<Array, CommError>>, CommError> {
+        let (reply, receiver) = mpsc::channel();
+        let jobs = self.shared.jobs.lock().unwrap_or_else(PoisonError::into_inner);
+        let stopped = || CommError::Transport {
+            rank: self.rank(),
+            message: "the communicator's worker has stopped".into(),
+        };
+        let jobs = jobs.as_ref().ok_or_else(stopped)?;
+        jobs.send((job, reply)).map_err(|_| stopped())?;
+        Ok(receiver)
+    }
+}
+
+impl Drop for Shared {
+    fn drop(&mut self) {
+        let jobs = self.jobs.get_mut().unwrap_or_else(PoisonError::into_inner);
+        if std::thread::panicking()
+            && let Some(jobs) = jobs.as_ref()
+        {
+            let (reply, _) = mpsc::channel();
+            let message = format!("rank {} panicked", self.rank);
+            let _ = jobs.send((Job::Abort(message), reply));
+        }
+        // Closing the queue ends the worker once it has done what was submitted.
+        jobs.take();
+        let worker = self.worker.get_mut().unwrap_or_else(PoisonError::into_inner);
+        if let Some(worker) = worker.take()
+            && !self.stuck.load(std::sync::atomic::Ordering::Relaxed)
+        {
+            let _ = worker.join();
+        }
+    }
+}
+
+thread_local! {
+    static CURRENT: RefCell<Option<Communicator>> = const { RefCell::new(None) };
+}
+
+/// Keeps a communicator installed for the current thread; restores the previous one on drop.
+pub struct Installed {
+    previous: Option<Communicator>,
+}
+
+impl Drop for Installed {
+    fn drop(&mut self) {
+        let previous = self.previous.take();
+        CURRENT.with(|c| *c.borrow_mut() = previous);
+    }
+}
+
+fn timeout_from_env() -> Duration {
+    std::env::var("KILN_COMM_TIMEOUT")
+        .ok()
+        .and_then(|s| s.parse::<f64>().ok())
+        .filter(|s| s.is_finite() && *s > 0.0)
+        .map_or(DEFAULT_TIMEOUT, Duration::from_secs_f64)
+}
+
+/// The worker: opens the transport, then runs jobs in order until the queue closes. After a
+/// failure every later job fails with the same error.
+fn serve<T: Transport>(
+    open: impl FnOnce() -> Result<T, CommError>,
+    queue: mpsc::Receiver<(Job, Reply)>,
+) {
+    let mut transport = match open() {
+        Ok(t) => t,
+        Err(e) => {
+            for (_, reply) in queue {
+                let _ = reply.send(Err(e.clone()));
+            }
+            return;
+        }
+    };
+    let mut failed: Option<CommError> = None;
+    for (job, reply) in queue {
+        if let Some(e) = &failed {
+            let _ = reply.send(Err(e.clone()));
+            continue;
+        }
+        let result = match job {
+            Job::AllReduce(mut data) => transport.all_reduce_sum(&mut data).map(|()| data),
+            Job::Broadcast(mut data, root) => transport.broadcast(&mut data, root).map(|()| data),
+            Job::Send(data, peer, tag) => transport.send(&data, peer, tag).map(|()| data),
+            Job::Recv(mut data, peer, tag) => transport.recv(&mut data, peer, tag).map(|()| data),
+            Job::Abort(message) => {
+                transport.abort(&message);
+                Err(CommError::Transport {
+                    rank: transport.rank(),
+                    message: format!("this rank aborted: {message}"),
+                })
+            }
+        };
+        if let Err(e) = &result {
+            failed = Some(e.clone());
+        }
+        let _ = reply.send(result);
+    }
+}
+
+/// An operation under way; [`Pending::wait`] gives its arrays.
+pub struct Pending {
+    shared: Arc<Shared>,
+    layout: Packed,
+    replies: Vec<mpsc::Receiver<Result<Array, CommError>>>,
+    /// Divide by this (a mean).
+    scale: Option<usize>,
+    op: &'static str,
+    timeout: Duration,
+}
+
+impl Pending {
+    fn new(
+        comm: &Communicator,
+        layout: Packed,
+        replies: Vec<mpsc::Receiver<Result<Array, CommError>>>,
+        scale: Option<usize>,
+        op: &'static str,
+    ) -> Pending {
+        Pending {
+            shared: comm.shared.clone(),
+            layout,
+            replies,
+            scale,
+            op,
+            timeout: comm.timeout,
+        }
+    }
+
+    /// Waits for the operation (at most the communicator's timeout) and returns its arrays,
+    /// shaped as the ones given.
+    pub fn wait(self) -> Result<Vec<Array>, CommError> {
+        let mut messages = Vec::with_capacity(self.replies.len());
+        for reply in &self.replies {
+            let message = match reply.recv_timeout(self.timeout) {
+                Ok(result) => result?,
+                Err(mpsc::RecvTimeoutError::Timeout) => {
+                    self.shared
+                        .stuck
+                        .store(true, std::sync::atomic::Ordering::Relaxed);
+                    return Err(CommError::Timeout {
+                        rank: self.shared.rank,
+                        op: self.op,
+                        timeout: self.timeout,
+                    });
+                }
+                Err(mpsc::RecvTimeoutError::Disconnected) => {
+                    return Err(CommError::Transport {
+                        rank: self.shared.rank,
+                        message: "the communicator's worker stopped".into(),
+                    });
+                }
+            };
+            messages.push(match self.scale {
+                Some(n) => divide(message, n),
+                None => message,
+            });
+        }
+        Ok(self.layout.unpack(messages))
+    }
+}
+
+/// `a / n` elementwise, for floats (a mean; integer means are refused by the type rules).
+fn divide(a: Array, n: usize) -> Array {
+    match a {
+        Array::F32(a) => Array::F32(a / n as f32),
+        Array::F64(a) => Array::F64(a / n as f64),
+        other => other,
+    }
+}
+
+/// How arrays pack into messages: one flat message per dtype, in first-appearance order.
+struct Packed {
+    /// Each array's dtype index into `dtypes`, offset in its message and shape.
+    parts: Vec<(usize, usize, Vec<usize>)>,
+    dtypes: Vec<DType>,
+    lengths: Vec<usize>,
+}
+
+impl Packed {
+    fn of(arrays: &[&Array]) -> Packed {
+        let mut dtypes: Vec<DType> = Vec::new();
+        let mut lengths: Vec<usize> = Vec::new();
+        let mut parts = Vec::with_capacity(arrays.len());
+        for a in arrays {
+            let d = match dtypes.iter().position(|&d| d == a.dtype()) {
+                Some(d) => d,
+                None => {
+                    dtypes.push(a.dtype());
+                    lengths.push(0);
+                    dtypes.len() - 1
+                }
+            };
+            parts.push((d, lengths[d], a.shape().to_vec()));
+            lengths[d] += a.len();
+        }
+        Packed {
+            parts,
+            dtypes,
+            lengths,
+        }
+    }
+
+    fn pack(&self, arrays: &[&Array]) -> Vec<Array> {
+        (0..self.dtypes.len())
+            .map(|d| {
+                let mine: Vec<&Array> = (arrays.iter().zip(&self.parts))
+                    .filter(|(_, p)| p.0 == d)
+                    .map(|(a, _)| *a)
+                    .collect();
+                if let [one] = mine[..] {
+                    return flat(one);
+                }
+                let mut message = Array::zeros(self.dtypes[d], &[self.lengths[d]]);
+                let mut at = 0;
+                for a in mine {
+                    write_part(&mut message, at, a);
+                    at += a.len();
+                }
+                message
+            })
+            .collect()
+    }
+
+    fn unpack(&self, messages: Vec<Array>) -> Vec<Array> {
+        if let ([(_, _, shape)], [message]) = (&self.parts[..], &messages[..]) {
+            let mut out = message.clone();
+            out.reshape_in_place(shape);
+            return vec![out];
+        }
+        (self.parts.iter())
+            .map(|(d, offset, shape)| {
+                let len: usize = shape.iter().product();
+                crate::map_array!(&messages[*d], m => {
+                    let flat = m.as_slice().expect("a message is contiguous");
+                    ndarray::ArrayD::from_shape_vec(shape.clone(), flat[*offset..offset + len].to_vec())
+                        .expect("the part's length fits its shape")
+                })
+            })
+            .collect()
+    }
+}
+
+/// `a` as one flat, contiguous array.
+fn flat(a: &Array) -> Array {
+    let mut out = a.clone().into_standard_layout();
+    out.reshape_in_place(&[a.len()]);
+    out
+}
+
+/// Writes `a`'s elements, row-major, into `message` from element `at` (same dtype).
+fn write_part(message: &mut Array, at: usize, a: &Array) {
+    fn put<T: Clone>(m: &mut ndarray::ArrayD<T>, at: usize, a: &ndarray::ArrayD<T>) {
+        let flat = m.as_slice_mut().expect("a new array is contiguous");
+        for (slot, v) in flat[at..at + a.len()].iter_mut().zip(a.iter()) {
+            *slot = v.clone();
+        }
+    }
+    match (message, a) {
+        (Array::F32(m), Array::F32(a)) => put(m, at, a),
+        (Array::F64(m), Array::F64(a)) => put(m, at, a),
+        (Array::I32(m), Array::I32(a)) => put(m, at, a),
+        (Array::I64(m), Array::I64(a)) => put(m, at, a),
+        (Array::Bool(m), Array::Bool(a)) => put(m, at, a),
+        _ => unreachable!("a message holds its arrays' dtype"),
+    }
+}
+
+/// Runs a communication op on the current thread's communicator: the interpreter's and the
+/// executor's semantics of `all_reduce_*`, `collective_broadcast`, `send` and `recv`. Without
+/// a communicator the program is the only rank.
+pub fn eval(op: &kiln_ir::Op, args: &[&Array], result_shapes: &[Vec<usize>]) -> Result<Vec<Array>, String> {
+    use kiln_ir::{AllReduceOp, Op};
+    let comm = Communicator::current();
+    let pending = match (op, &comm) {
+        (Op::AllReduce { .. }, None) => return Ok(args.iter().map(|&a| a.clone()).collect()),
+        (Op::CollectiveBroadcast { root: 0 }, None) => {
+            return Ok(args.iter().map(|&a| a.clone()).collect());
+        }
+        (_, None) => {
+            return Err(format!(
+                "`{}` needs other ranks, but no communicator is installed (run it under \
+                 `kiln_backend::comm::local::run` or mpirun)",
+                op.name()
+            ));
+        }
+        (Op::AllReduce { op }, Some(c)) => c.all_reduce(args, *op == AllReduceOp::Mean),
+        (Op::CollectiveBroadcast { root }, Some(c)) => c.broadcast(args, *root),
+        (Op::Send { peer, tag }, Some(c)) => c.send(args, *peer, *tag),
+        (Op::Recv { peer, tag, results }, Some(c)) => {
+            let like: Vec<Array> = (results.iter().zip(result_shapes))
+                .map(|(t, s)| Array::zeros(t.dtype, s))
+                .collect();
+            c.recv(&like.iter().collect::<Vec<_>>(), *peer, *tag)
+        }
+        (other, Some(_)) => return Err(format!("`{}` is not a communication op", other.name())),
+    };
+    let arrays = pending.and_then(Pending::wait).map_err(|e| e.to_string())?;
+    Ok(match op {
+        Op::Send { .. } => Vec::new(),
+        _ => arrays,
+    })
+}
