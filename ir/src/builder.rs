@@ -702,6 +702,28 @@ impl FunctionBuilder {
         self.insert(Op::Recv { peer, tag, results: types }, &[])
     }
 
+    /// Moves `inst`, an instruction of the function body, to just after the last definition of
+    /// its operands (and after `after`, when given), so that it starts as early as its
+    /// operands allow: a gradient bucket's all-reduce right after the bucket's last gradient.
+    /// Whether other side effects may be passed is the caller's to judge.
+    pub fn hoist(&mut self, inst: Inst, after: Option<Inst>) {
+        let body = self.func.body();
+        let insts = &self.func.region(body).insts;
+        let Some(from) = insts.iter().position(|&i| i == inst) else {
+            return;
+        };
+        let args = &self.func.inst(inst).args;
+        let to = insts[..from]
+            .iter()
+            .rposition(|&i| {
+                Some(i) == after || self.func.inst(i).results.iter().any(|r| args.contains(r))
+            })
+            .map_or(0, |at| at + 1);
+        let insts = &mut self.func.region_mut(body).insts;
+        let moved = insts.remove(from);
+        insts.insert(to, moved);
+    }
+
     /// Builds a region with arguments of `arg_types`, filled by `fill`, which returns the values
     /// the region yields.
     fn region<E: From<BuildError>>(

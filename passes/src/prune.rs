@@ -33,8 +33,9 @@ pub fn prune_fed(
     let mut kept: Vec<Inst> = Vec::new();
     for &inst in graph.region(body).insts.iter().rev() {
         let data = graph.inst(inst);
+        // Stores and sends have no results: they are kept when chosen.
         let wanted = match data.op {
-            Op::Store { .. } => keep_store.contains(&inst),
+            Op::Store { .. } | Op::Send { .. } => keep_store.contains(&inst),
             _ => data
                 .results
                 .iter()

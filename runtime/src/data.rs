@@ -22,6 +22,17 @@ pub enum DataError {
         /// What is wrong.
         message: String,
     },
+    /// A global batch that the ranks cannot share equally.
+    #[error(
+        "a global batch of {global} rows does not split evenly over {ranks} ranks; \
+         choose a multiple of {ranks}"
+    )]
+    UnevenShards {
+        /// The global batch size.
+        global: usize,
+        /// The number of ranks.
+        ranks: usize,
+    },
 }
 
 /// Features `[n, d]` (f32) with integer class labels `[n]`.
@@ -152,6 +163,33 @@ impl Dataset {
             .chunks(size.max(1))
             .map(|rows| self.batch(rows))
             .collect()
+    }
+
+    /// Rank `rank`'s shares of global batches of `global` rows, for data-parallel training
+    /// over `ranks` ranks: each global batch (shuffled with `seed` when given, as
+    /// [`Dataset::batches`]) split into `ranks` equal, consecutive shares. The mean of the
+    /// ranks' mean gradients is then the global batch's mean gradient. A last global batch
+    /// with fewer than `global` rows is dropped (its shares could not be equal), and a
+    /// `global` that is not a multiple of `ranks` is an error.
+    pub fn shards(
+        &self,
+        global: usize,
+        rank: usize,
+        ranks: usize,
+        seed: Option<u64>,
+    ) -> Result<Vec<Batch>, DataError> {
+        if ranks == 0 || global == 0 || global % ranks != 0 || rank >= ranks {
+            return Err(DataError::UnevenShards { global, ranks });
+        }
+        let order = match seed {
+            Some(s) => permutation(self.len(), s),
+            None => (0..self.len()).collect(),
+        };
+        let share = global / ranks;
+        Ok(order
+            .chunks_exact(global)
+            .map(|rows| self.batch(&rows[rank * share..(rank + 1) * share]))
+            .collect())
     }
 }
 

@@ -110,6 +110,12 @@ pub enum RuntimeError {
     /// The built-in data could not be read.
     #[error(transparent)]
     Data(#[from] crate::data::DataError),
+    /// Communication with the other ranks failed.
+    #[error(transparent)]
+    Comm(#[from] kiln_backend::comm::CommError),
+    /// A request that cannot be met as asked.
+    #[error("{0}")]
+    Usage(String),
 }
 
 /// The result of a static-program operation.

@@ -7,6 +7,7 @@
 //! - [`session`]: runs any part of a program with feeds and fetches, over one [`scope`].
 //! - [`eager`]: dygraph — eager tensors with a tape, layers, custom ops, control flow, and
 //!   `to_static` tracing into static programs.
+//! - [`distributed`]: data parallelism and parameter servers over a communicator's ranks.
 //! - [`checkpoint`]: state as safetensors files; [`data`]: the built-in datasets.
 //!
 //! Architecture invariant: a `Session` runs only verified slices of its program, and every
@@ -18,6 +19,7 @@
 pub mod checkpoint;
 pub mod composite;
 pub mod data;
+pub mod distributed;
 pub mod eager;
 pub mod error;
 pub mod init;

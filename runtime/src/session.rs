@@ -365,8 +365,12 @@ impl Session {
 
     /// A session over `program` that uses (and initialises what is missing in) `scope`: how
     /// parameters trained elsewhere are run by another program.
+    /// With a communicator of several ranks installed (data-parallel training), the
+    /// parameters are broadcast from rank 0, so that every rank starts from the same values.
     pub fn with_scope(program: &Program, mut scope: Scope) -> RuntimeResult<Session> {
         scope.declare(program.module())?;
+        let params: Vec<String> = program.params().iter().map(|q| q.name.clone()).collect();
+        crate::distributed::broadcast_scope(&mut scope, &params, 0)?;
         Ok(Session {
             program: program.clone(),
             scope,
@@ -392,6 +396,18 @@ impl Session {
     /// The session's state, keeping it after the session.
     pub fn into_scope(self) -> Scope {
         self.scope
+    }
+
+    /// Saves the session's state as a checkpoint at `path` (atomically). Under a communicator
+    /// of several ranks only rank 0 writes, since every rank holds the same state; the others
+    /// return `Ok(false)`.
+    pub fn save(&self, path: &std::path::Path) -> RuntimeResult<bool> {
+        let rank = kiln_backend::comm::Communicator::current().map_or(0, |c| c.rank());
+        if rank != 0 {
+            return Ok(false);
+        }
+        self.scope.save(path)?;
+        Ok(true)
     }
 
     /// How many times a run had to prune and verify a new slice of the program.

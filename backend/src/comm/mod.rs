@@ -126,23 +126,30 @@ struct Shared {
 impl Communicator {
     /// A communicator over `transport`, whose calls run on a new worker thread.
     pub fn new(transport: impl Transport) -> Communicator {
-        let (rank, size) = (transport.rank(), transport.size());
-        Communicator::spawn(rank, size, move || Ok(transport))
+        Communicator::spawn(move || Ok(transport))
+            .expect("a transport that exists opens without fail")
     }
 
     /// A communicator whose transport is made on the worker thread by `open` (MPI must be
-    /// initialised on the thread that calls it). `rank` and `size` are known beforehand.
+    /// initialised on the thread that makes its calls).
+    #[cfg_attr(not(feature = "mpi"), allow(dead_code))]
     pub(crate) fn spawn<T: Transport>(
-        rank: usize,
-        size: usize,
         open: impl FnOnce() -> Result<T, CommError> + Send + 'static,
-    ) -> Communicator {
+    ) -> Result<Communicator, CommError> {
         let (jobs, queue) = mpsc::channel::<(Job, Reply)>();
+        let (opened, ranks) = mpsc::channel();
         let worker = std::thread::Builder::new()
-            .name(format!("kiln-comm-{rank}"))
-            .spawn(move || serve(open, queue))
+            .name("kiln-comm".into())
+            .spawn(move || serve(open, queue, opened))
             .expect("a thread for the communicator");
-        Communicator {
+        let stopped = |message: &str| CommError::Transport {
+            rank: 0,
+            message: message.into(),
+        };
+        let (rank, size) = ranks
+            .recv()
+            .map_err(|_| stopped("the communicator's worker stopped while opening"))??;
+        Ok(Communicator {
             shared: Arc::new(Shared {
                 rank,
                 size,
@@ -151,7 +158,7 @@ impl Communicator {
                 stuck: Default::default(),
             }),
             timeout: timeout_from_env(),
-        }
+        })
     }
 
     /// The same communicator, waiting at most `timeout` for the other ranks.
@@ -315,16 +322,16 @@ fn timeout_from_env() -> Duration {
 fn serve<T: Transport>(
     open: impl FnOnce() -> Result<T, CommError>,
     queue: mpsc::Receiver<(Job, Reply)>,
+    opened: mpsc::Sender<Result<(usize, usize), CommError>>,
 ) {
     let mut transport = match open() {
         Ok(t) => t,
         Err(e) => {
-            for (_, reply) in queue {
-                let _ = reply.send(Err(e.clone()));
-            }
+            let _ = opened.send(Err(e));
             return;
         }
     };
+    let _ = opened.send(Ok((transport.rank(), transport.size())));
     let mut failed: Option<CommError> = None;
     for (job, reply) in queue {
         if let Some(e) = &failed {
@@ -519,38 +526,64 @@ fn write_part(message: &mut Array, at: usize, a: &Array) {
     }
 }
 
-/// Runs a communication op on the current thread's communicator: the interpreter's and the
-/// executor's semantics of `all_reduce_*`, `collective_broadcast`, `send` and `recv`. Without
-/// a communicator the program is the only rank.
-pub fn eval(op: &kiln_ir::Op, args: &[&Array], result_shapes: &[Vec<usize>]) -> Result<Vec<Array>, String> {
-    use kiln_ir::{AllReduceOp, Op};
-    let comm = Communicator::current();
-    let pending = match (op, &comm) {
-        (Op::AllReduce { .. }, None) => return Ok(args.iter().map(|&a| a.clone()).collect()),
-        (Op::CollectiveBroadcast { root: 0 }, None) => {
-            return Ok(args.iter().map(|&a| a.clone()).collect());
+/// A communication op started on the current thread's communicator.
+pub enum Started {
+    /// Already done (no communicator: the program is the only rank).
+    Done(Vec<Array>),
+    /// Under way; a `send`'s wait yields no arrays.
+    Pending {
+        /// The operation.
+        pending: Pending,
+        /// Whether it is a `send` (no results).
+        send: bool,
+    },
+}
+
+impl Started {
+    /// The op's results, once it has completed.
+    pub fn wait(self) -> Result<Vec<Array>, String> {
+        match self {
+            Started::Done(arrays) => Ok(arrays),
+            Started::Pending { pending, send } => {
+                let arrays = pending.wait().map_err(|e| e.to_string())?;
+                Ok(if send { Vec::new() } else { arrays })
+            }
         }
-        (_, None) => {
-            return Err(format!(
+    }
+}
+
+/// Starts a communication op (`all_reduce_*`, `collective_broadcast`, `send`, `recv`) on the
+/// current thread's communicator: the semantics the interpreter and the executor share.
+/// Without a communicator the program is the only rank.
+pub fn start(op: &kiln_ir::Op, args: &[&Array], result_shapes: &[Vec<usize>]) -> Result<Started, String> {
+    use kiln_ir::{AllReduceOp, Op};
+    let Some(comm) = Communicator::current() else {
+        return match op {
+            Op::AllReduce { .. } | Op::CollectiveBroadcast { root: 0 } => {
+                Ok(Started::Done(args.iter().map(|&a| a.clone()).collect()))
+            }
+            _ => Err(format!(
                 "`{}` needs other ranks, but no communicator is installed (run it under \
                  `kiln_backend::comm::local::run` or mpirun)",
                 op.name()
-            ));
-        }
-        (Op::AllReduce { op }, Some(c)) => c.all_reduce(args, *op == AllReduceOp::Mean),
-        (Op::CollectiveBroadcast { root }, Some(c)) => c.broadcast(args, *root),
-        (Op::Send { peer, tag }, Some(c)) => c.send(args, *peer, *tag),
-        (Op::Recv { peer, tag, results }, Some(c)) => {
+            )),
+        };
+    };
+    let pending = match op {
+        Op::AllReduce { op } => comm.all_reduce(args, *op == AllReduceOp::Mean),
+        Op::CollectiveBroadcast { root } => comm.broadcast(args, *root),
+        Op::Send { peer, tag } => comm.send(args, *peer, *tag),
+        Op::Recv { peer, tag, results } => {
             let like: Vec<Array> = (results.iter().zip(result_shapes))
                 .map(|(t, s)| Array::zeros(t.dtype, s))
                 .collect();
-            c.recv(&like.iter().collect::<Vec<_>>(), *peer, *tag)
+            comm.recv(&like.iter().collect::<Vec<_>>(), *peer, *tag)
         }
-        (other, Some(_)) => return Err(format!("`{}` is not a communication op", other.name())),
+        other => return Err(format!("`{}` is not a communication op", other.name())),
     };
-    let arrays = pending.and_then(Pending::wait).map_err(|e| e.to_string())?;
-    Ok(match op {
-        Op::Send { .. } => Vec::new(),
-        _ => arrays,
+    let send = matches!(op, Op::Send { .. });
+    Ok(Started::Pending {
+        pending: pending.map_err(|e| e.to_string())?,
+        send,
     })
 }

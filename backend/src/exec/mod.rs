@@ -86,6 +86,8 @@ struct Runtime {
     stores: Vec<(String, Arc<Array>, Option<usize>)>,
     /// Patch matrices convolutions keep for their filter gradients (`StepKind::Conv2d`).
     kept_patches: Vec<conv::KeptPatches>,
+    /// Communication under way, by step index.
+    communicating: Vec<Option<crate::comm::Started>>,
 }
 
 // SAFETY: `pointers` only holds addresses during one kernel call and is cleared after it; the
@@ -231,8 +233,11 @@ impl Executable {
             .resize_with(self.schedule.kept_patches, Default::default);
         // A kept patch matrix is this run's or none.
         rt.kept_patches.iter_mut().for_each(|k| k.valid = false);
+        rt.communicating.clear();
+        rt.communicating.resize_with(self.schedule.steps.len(), || None);
         let result = self.run_in(&mut rt, args, state, interp, retain_results);
         rt.env.iter_mut().for_each(|v| *v = None);
+        rt.communicating.clear();
         rt.stores.clear();
         rt.held.clear();
         rt.outputs.clear();
@@ -258,7 +263,12 @@ impl Executable {
         let mut bindings: Option<SymbolBindings> = None;
         for (index, step) in self.schedule.steps.iter().enumerate() {
             let started = self.profile.as_ref().map(|_| std::time::Instant::now());
-            self.step(rt, step, state, interp, &mut bindings)?;
+            let awaits_itself = step.awaits.contains(&index);
+            self.finish_communication(rt, step.awaits.iter().filter(|&&k| k != index))?;
+            self.step(rt, index, state, interp, &mut bindings)?;
+            if awaits_itself {
+                self.finish_communication(rt, [&index].into_iter())?;
+            }
             if let (Some(profile), Some(started)) = (&self.profile, started) {
                 let mut p = profile.lock().unwrap_or_else(PoisonError::into_inner);
                 p[index].0 += started.elapsed();
@@ -442,11 +452,12 @@ impl Executable {
     fn step(
         &self,
         rt: &mut Runtime,
-        step: &Step,
+        index: usize,
         state: &mut StateStore,
         interp: &Interpreter<'_>,
         bindings: &mut Option<SymbolBindings>,
     ) -> Result<(), InterpError> {
+        let step = &self.schedule.steps[index];
         match &step.kind {
             StepKind::Kernel { kernel, symbols } => {
                 self.run_kernel(rt, step, state, kernel, symbols)?
@@ -476,6 +487,7 @@ impl Executable {
             }
             StepKind::OneHot { depth } => self.run_one_hot(rt, step, *depth)?,
             StepKind::Direct => self.run_direct(rt, step, interp)?,
+            StepKind::Communicate => self.start_communication(rt, step, index)?,
             StepKind::Interpret => self.run_interpreted(rt, step, state, interp, bindings)?,
         }
         Ok(())
@@ -763,6 +775,44 @@ impl Executable {
             rt.env[v.index()] = Some(Arc::new(array));
         }
         add(&self.counters.interpreted, 1);
+        Ok(())
+    }
+
+    /// Starts a communication op with this step's operands.
+    fn start_communication(
+        &self,
+        rt: &mut Runtime,
+        step: &Step,
+        index: usize,
+    ) -> Result<(), InterpError> {
+        let args: Vec<&Array> = step.inputs.iter().map(|&v| &**Self::value(rt, v)).collect();
+        let shapes: Vec<Vec<usize>> = (step.shapes.iter())
+            .map(|r| {
+                let mut shape = Vec::new();
+                r.resolve_into(&rt.sizes, &mut shape);
+                shape
+            })
+            .collect();
+        let op = &self.func.inst(step.inst).op;
+        let started = crate::comm::start(op, &args, &shapes).map_err(|m| self.fail(step.inst, m))?;
+        rt.communicating[index] = Some(started);
+        Ok(())
+    }
+
+    /// Waits for the communication steps `awaits` started and binds their results.
+    fn finish_communication<'a>(
+        &self,
+        rt: &mut Runtime,
+        awaits: impl Iterator<Item = &'a usize>,
+    ) -> Result<(), InterpError> {
+        for &k in awaits {
+            let comm_step = &self.schedule.steps[k];
+            let started = rt.communicating[k].take().expect("a started communication");
+            let results = started.wait().map_err(|m| self.fail(comm_step.inst, m))?;
+            for (&v, array) in comm_step.outputs.iter().zip(results) {
+                rt.env[v.index()] = Some(Arc::new(array));
+            }
+        }
         Ok(())
     }
 

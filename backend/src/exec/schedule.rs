@@ -56,6 +56,9 @@ pub(crate) enum StepKind {
     },
     /// An op without regions or state, by the interpreter's kernel for it (no frame).
     Direct,
+    /// A collective or a message, started on the run's communicator; its results are waited
+    /// for by the first step that reads one (`Step::awaits`), so it overlaps the steps between.
+    Communicate,
     /// Anything else (control flow, custom calls), by the reference interpreter.
     Interpret,
 }
@@ -92,6 +95,9 @@ pub(crate) struct Step {
     /// Values whose last use this is, with the slot their buffer returns to.
     pub release: Vec<(Value, Option<usize>)>,
     pub fallible: bool,
+    /// Communication steps whose results must arrive before this step runs (itself, for one
+    /// whose results no step reads).
+    pub awaits: Vec<usize>,
 }
 
 /// A shape in terms of the schedule's symbols.
@@ -172,7 +178,10 @@ impl Schedule {
                     }
                 }
                 let fallible = match &kind {
-                    StepKind::Interpret | StepKind::Direct | StepKind::OneHot { .. } => true,
+                    StepKind::Interpret
+                    | StepKind::Direct
+                    | StepKind::OneHot { .. }
+                    | StepKind::Communicate => true,
                     StepKind::Kernel { kernel, .. } => kernel.plan.can_fail(),
                     _ => false,
                 };
@@ -189,10 +198,12 @@ impl Schedule {
                     scratch: Vec::new(),
                     release: Vec::new(),
                     fallible,
+                    awaits: Vec::new(),
                     kind,
                 }
             })
             .collect();
+        place_waits(&mut steps);
         let infallible_from = steps.iter().rposition(|s| s.fallible).map_or(0, |i| i + 1);
         let kept_patches = pair_patch_matrices(func, &mut steps);
         let mut schedule = Schedule {
@@ -564,7 +575,26 @@ fn step_kind(
             recycle: None,
         },
         Op::Cond | Op::While | Op::Call { .. } => StepKind::Interpret,
+        Op::AllReduce { .. } | Op::CollectiveBroadcast { .. } | Op::Send { .. } | Op::Recv { .. } => {
+            StepKind::Communicate
+        }
         _ => StepKind::Direct,
+    }
+}
+
+/// Where each communication step's results are waited for: at the first step that reads
+/// one, which becomes fallible (a wait can fail), or at once when no step does.
+fn place_waits(steps: &mut [Step]) {
+    for i in 0..steps.len() {
+        if !matches!(steps[i].kind, StepKind::Communicate) {
+            continue;
+        }
+        let outputs = steps[i].outputs.clone();
+        let first_use = (i + 1..steps.len())
+            .find(|&j| steps[j].inputs.iter().any(|v| outputs.contains(v)));
+        let at = first_use.unwrap_or(i);
+        steps[at].awaits.push(i);
+        steps[at].fallible = true;
     }
 }
 

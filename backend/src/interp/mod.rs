@@ -509,7 +509,9 @@ impl<'a> Interpreter<'a> {
             Op::AllReduce { .. }
             | Op::CollectiveBroadcast { .. }
             | Op::Send { .. }
-            | Op::Recv { .. } => crate::comm::eval(op, args, result_shapes).map_err(OpError),
+            | Op::Recv { .. } => crate::comm::start(op, args, result_shapes)
+                .and_then(crate::comm::Started::wait)
+                .map_err(OpError),
             Op::Load { .. } | Op::Store { .. } | Op::Cond | Op::While | Op::Fused => Err(format!(
                 "`{}` needs state or regions; run it in a function",
                 op.name()

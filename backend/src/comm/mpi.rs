@@ -1,0 +1,125 @@
+//! The MPI transport (feature `mpi`): ranks are processes started by `mpirun`, over rsmpi.
+//! MPI is initialised on the communicator's worker thread, which makes every MPI call
+//! (`MPI_THREAD_FUNNELED`), and finalised there when the last handle is dropped.
+//!
+//! A rank that fails calls `MPI_Abort`, and `mpirun` stops the others; a rank that exits
+//! with an error makes `mpirun` stop the job the same way.
+
+use super::{CommError, Communicator, Transport};
+use crate::Array;
+use mpi::collective::SystemOperation;
+use mpi::environment::Universe;
+use mpi::topology::SimpleCommunicator;
+use mpi::traits::{Communicator as _, Destination, Root, Source};
+use mpi::Threading;
+
+/// Whether this process was started by `mpirun` (OpenMPI, MPICH or PMIx variables are set).
+pub fn launched_by_mpirun() -> bool {
+    ["OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK"]
+        .iter()
+        .any(|v| std::env::var_os(v).is_some())
+}
+
+/// This process's communicator over `MPI_COMM_WORLD`. MPI may be initialised once per process.
+pub fn world() -> Result<Communicator, CommError> {
+    Communicator::spawn(|| {
+        let failed = |message: String| CommError::Transport { rank: 0, message };
+        let (universe, provided) = mpi::initialize_with_threading(Threading::Funneled)
+            .ok_or_else(|| failed("MPI is already initialised in this process".into()))?;
+        if provided < Threading::Funneled {
+            return Err(failed(format!(
+                "MPI provides thread level {provided:?}; Kiln needs Funneled (every call from one thread)"
+            )));
+        }
+        let world = universe.world();
+        Ok(Mpi {
+            rank: world.rank() as usize,
+            size: world.size() as usize,
+            world,
+            _universe: universe,
+        })
+    })
+}
+
+struct Mpi {
+    rank: usize,
+    size: usize,
+    world: SimpleCommunicator,
+    /// Finalises MPI when dropped, on the worker thread.
+    _universe: Universe,
+}
+
+/// `$f` applied to the array's elements as a mutable slice, whatever its dtype.
+macro_rules! with_slice_mut {
+    ($array:expr, $s:ident => $body:expr) => {
+        crate::with_array!($array, a => {
+            let $s = a.as_slice_mut().expect("messages are contiguous");
+            $body
+        })
+    };
+}
+
+impl Mpi {
+    fn tag(&self, tag: u64) -> Result<i32, CommError> {
+        // MPI guarantees tags up to 32767.
+        i32::try_from(tag)
+            .ok()
+            .filter(|&t| t <= 32767)
+            .ok_or_else(|| CommError::Transport {
+                rank: self.rank,
+                message: format!("tag {tag} is above MPI's guaranteed limit of 32767"),
+            })
+    }
+}
+
+impl Transport for Mpi {
+    fn rank(&self) -> usize {
+        self.rank
+    }
+
+    fn size(&self) -> usize {
+        self.size
+    }
+
+    fn all_reduce_sum(&mut self, data: &mut Array) -> Result<(), CommError> {
+        let world = &self.world;
+        match data {
+            Array::Bool(a) => {
+                let send = a.as_slice().expect("contiguous").to_vec();
+                let recv = a.as_slice_mut().expect("contiguous");
+                world.all_reduce_into(&send[..], recv, SystemOperation::logical_or());
+            }
+            other => with_slice_mut!(other, recv => {
+                let send = recv.to_vec();
+                world.all_reduce_into(&send[..], recv, SystemOperation::sum());
+            }),
+        }
+        Ok(())
+    }
+
+    fn broadcast(&mut self, data: &mut Array, root: usize) -> Result<(), CommError> {
+        let root = self.world.process_at_rank(root as i32);
+        with_slice_mut!(data, s => root.broadcast_into(s));
+        Ok(())
+    }
+
+    fn send(&mut self, data: &Array, peer: usize, tag: u64) -> Result<(), CommError> {
+        let tag = self.tag(tag)?;
+        let peer = self.world.process_at_rank(peer as i32);
+        crate::with_array!(data, a => peer.send_with_tag(a.as_slice().expect("contiguous"), tag));
+        Ok(())
+    }
+
+    fn recv(&mut self, data: &mut Array, peer: usize, tag: u64) -> Result<(), CommError> {
+        let tag = self.tag(tag)?;
+        let peer = self.world.process_at_rank(peer as i32);
+        let status = with_slice_mut!(data, s => peer.receive_into_with_tag(s, tag));
+        let _ = status;
+        Ok(())
+    }
+
+    fn abort(&mut self, message: &str) {
+        eprintln!("kiln: rank {} failed, stopping every rank: {message}", self.rank);
+        self.world.abort(1);
+    }
+}

@@ -1,0 +1,278 @@
+//! Training on several ranks: the optimizer adds the communication ops.
+//!
+//! - [`DataParallel`] wraps any [`Optimizer`]: every rank computes gradients on its own part
+//!   of the global batch, and `minimize` inserts a mean all-reduce of the gradients between
+//!   the backward ops and the updates. Gradients travel in buckets of about
+//!   [`DataParallel::with_bucket_bytes`] (PyTorch DDP's buckets, Horovod's tensor fusion), and
+//!   each bucket's `all_reduce_mean` sits right after its last gradient, so the executor
+//!   starts it while the rest of the backward pass runs.
+//! - [`ParameterServer`] splits training into a trainer program (forward, backward, `send`
+//!   the gradients, `recv` the new parameters) and a server program (`recv` every trainer's
+//!   gradients, average, apply the optimizer's update, `send` the parameters back), over
+//!   one or more server ranks holding disjoint shards of the parameters.
+//!
+//! The ranks are those of the current thread's [`Communicator`]: threads of one process
+//! ([`local::run`]) or MPI processes. Sessions broadcast the parameters from rank 0 when they
+//! start ([`Session::new`](crate::Session::new)), so every rank begins from the same values;
+//! optimizer state then stays equal because every rank applies the same averaged gradients.
+
+use crate::error::{RuntimeError, RuntimeResult};
+use crate::optim::Optimizer;
+use crate::program::{Program, Target};
+use crate::scope::Scope;
+use kiln_backend::Array;
+pub use kiln_backend::comm::{CommError, Communicator, local};
+use kiln_ir::{AllReduceOp, BinaryOp, Inst, Op, StateDecl, Value};
+
+/// PyTorch DDP's default bucket size.
+pub const DEFAULT_BUCKET_BYTES: usize = 25 << 20;
+
+/// An optimizer whose gradients are averaged over the ranks before its updates.
+pub struct DataParallel<O> {
+    inner: O,
+    bucket_bytes: usize,
+}
+
+impl<O: Optimizer> DataParallel<O> {
+    /// Data parallelism around `inner`, with buckets of [`DEFAULT_BUCKET_BYTES`].
+    pub fn new(inner: O) -> DataParallel<O> {
+        DataParallel {
+            inner,
+            bucket_bytes: DEFAULT_BUCKET_BYTES,
+        }
+    }
+
+    /// Buckets of about `bytes` (a gradient larger than that travels alone; 0 sends each
+    /// gradient on its own).
+    pub fn with_bucket_bytes(mut self, bytes: usize) -> DataParallel<O> {
+        self.bucket_bytes = bytes;
+        self
+    }
+}
+
+impl<O: Optimizer> Optimizer for DataParallel<O> {
+    fn name(&self) -> &str {
+        self.inner.name()
+    }
+
+    fn step(&mut self, p: &mut Program, update: &crate::optim::Update<'_>) -> RuntimeResult<crate::optim::Step> {
+        self.inner.step(p, update)
+    }
+
+    fn finish(&mut self, p: &mut Program) -> RuntimeResult<Vec<(StateDecl, Value)>> {
+        self.inner.finish(p)
+    }
+
+    fn apply_gradients(
+        &mut self,
+        p: &mut Program,
+        updates: &[(StateDecl, Value, Value)],
+        suffix: &str,
+    ) -> RuntimeResult<Target> {
+        let grads: Vec<Value> = updates.iter().map(|u| u.2).collect();
+        let averaged = all_reduce_mean_buckets(p, &grads, self.bucket_bytes)?;
+        let updates: Vec<(StateDecl, Value, Value)> = (updates.iter().zip(averaged))
+            .map(|((decl, value, _), grad)| (decl.clone(), *value, grad))
+            .collect();
+        self.inner.apply_gradients(p, &updates, suffix)
+    }
+}
+
+/// Groups `grads` into buckets of about `bucket_bytes`, in the order the backward pass
+/// produces them: indices into `grads`.
+pub fn buckets(p: &Program, grads: &[Value], bucket_bytes: usize) -> Vec<Vec<usize>> {
+    let graph = p.graph();
+    let position = |v: Value| {
+        let insts = &graph.region(graph.body()).insts;
+        insts
+            .iter()
+            .position(|&i| graph.inst(i).results.contains(&v))
+    };
+    let mut order: Vec<usize> = (0..grads.len()).collect();
+    order.sort_by_key(|&i| position(grads[i]));
+    let mut buckets: Vec<Vec<usize>> = Vec::new();
+    let mut filled = usize::MAX;
+    for i in order {
+        let ty = graph.value_type(grads[i]);
+        let bytes = ty.shape.as_fixed().map_or(0, |s| s.iter().product::<usize>()) * ty.dtype.size_bytes();
+        if filled >= bucket_bytes || filled + bytes > bucket_bytes {
+            buckets.push(Vec::new());
+            filled = 0;
+        }
+        buckets.last_mut().expect("a bucket is open").push(i);
+        filled += bytes;
+    }
+    buckets
+}
+
+/// The mean over the ranks of each of `grads`, one `all_reduce_mean` per bucket, each placed
+/// right after the last gradient it carries.
+fn all_reduce_mean_buckets(
+    p: &mut Program,
+    grads: &[Value],
+    bucket_bytes: usize,
+) -> RuntimeResult<Vec<Value>> {
+    let mut averaged = grads.to_vec();
+    let mut previous: Option<Inst> = None;
+    for bucket in buckets(p, grads, bucket_bytes) {
+        let values: Vec<Value> = bucket.iter().map(|&i| grads[i]).collect();
+        let reduced = p.all_reduce(AllReduceOp::Mean, &values)?;
+        let inst = last_inst(p);
+        p.hoist(inst, previous);
+        previous = Some(inst);
+        for (&i, r) in bucket.iter().zip(reduced) {
+            averaged[i] = r;
+        }
+    }
+    Ok(averaged)
+}
+
+/// The instruction added last to the program's graph.
+fn last_inst(p: &Program) -> Inst {
+    let graph = p.graph();
+    *graph
+        .region(graph.body())
+        .insts
+        .last()
+        .expect("an instruction was just added")
+}
+
+/// Sends every value of `scope` from rank `root` to the other ranks, in name order (the same
+/// on every rank of the same program). Nothing happens without a communicator.
+pub fn broadcast_scope(scope: &mut Scope, names: &[String], root: usize) -> RuntimeResult<()> {
+    let Some(comm) = Communicator::current() else {
+        return Ok(());
+    };
+    if comm.size() == 1 || names.is_empty() {
+        return Ok(());
+    }
+    let mut names = names.to_vec();
+    names.sort();
+    let values: Vec<Array> = (names.iter())
+        .map(|n| {
+            scope.get(n).cloned().ok_or_else(|| RuntimeError::State {
+                name: n.clone(),
+                message: "has no value to broadcast".into(),
+            })
+        })
+        .collect::<RuntimeResult<_>>()?;
+    let received = comm
+        .broadcast(&values.iter().collect::<Vec<_>>(), root)
+        .and_then(kiln_backend::comm::Pending::wait)
+        ?;
+    for (name, value) in names.iter().zip(received) {
+        scope.set(name, value)?;
+    }
+    Ok(())
+}
+
+/// The parameter-server split of one training step. Ranks `0..servers` are servers, the rest
+/// trainers; parameter `i` (in the program's order) lives on server `i % servers`.
+#[derive(Clone, Debug)]
+pub struct ParameterServer {
+    servers: usize,
+    ranks: usize,
+}
+
+impl ParameterServer {
+    /// `servers` server ranks among `ranks` in all (at least one trainer).
+    pub fn new(servers: usize, ranks: usize) -> RuntimeResult<ParameterServer> {
+        if servers == 0 || servers >= ranks {
+            return Err(RuntimeError::Usage(format!(
+                "a parameter server needs at least one server and one trainer rank; \
+                 asked for {servers} server(s) among {ranks} rank(s)"
+            )));
+        }
+        Ok(ParameterServer { servers, ranks })
+    }
+
+    /// The trainer ranks.
+    pub fn trainers(&self) -> std::ops::Range<usize> {
+        self.servers..self.ranks
+    }
+
+    /// Whether `rank` serves parameters.
+    pub fn is_server(&self, rank: usize) -> bool {
+        rank < self.servers
+    }
+
+    /// The server holding parameter `index`.
+    pub fn server_of(&self, index: usize) -> usize {
+        index % self.servers
+    }
+
+    /// The trainer's step, added to `p`: the gradients of `loss` sent to their servers, the
+    /// new parameter values received and stored. Returns the target `ps.train`.
+    pub fn trainer_step(&self, p: &mut Program, loss: Value) -> RuntimeResult<Target> {
+        let params: Vec<(StateDecl, Value)> = parameters(p);
+        let values: Vec<Value> = params.iter().map(|(_, v)| *v).collect();
+        let grads = p.gradients(loss, &values)?;
+        let mut effects = Vec::new();
+        for (i, &g) in grads.iter().enumerate() {
+            effects.push(p.send(&[g], self.server_of(i), i as u64)?);
+        }
+        for (i, (decl, _)) in params.iter().enumerate() {
+            let new = p.recv(vec![decl.ty.clone()], self.server_of(i), i as u64)?[0];
+            effects.push(p.store(decl, new)?);
+        }
+        p.add_target("ps.train", effects)
+    }
+
+    /// Server `rank`'s step, added to `p` (the same model program as the trainers', so the
+    /// parameters are declared alike): each of its parameters' gradients received from every
+    /// trainer and averaged, `rule`'s update applied, the new values sent back. Returns the
+    /// target `ps.serve`.
+    pub fn server_step(
+        &self,
+        p: &mut Program,
+        rule: &mut dyn Optimizer,
+        rank: usize,
+    ) -> RuntimeResult<Target> {
+        let params: Vec<(usize, StateDecl, Value)> = (parameters(p).into_iter().enumerate())
+            .filter(|(i, _)| self.server_of(*i) == rank)
+            .map(|(i, (decl, v))| (i, decl, v))
+            .collect();
+        let trainers = self.ranks - self.servers;
+        let mut updates = Vec::new();
+        for (i, decl, value) in &params {
+            let mut sum: Option<Value> = None;
+            for t in self.trainers() {
+                let g = p.recv(vec![decl.ty.clone()], t, *i as u64)?[0];
+                sum = Some(match sum {
+                    Some(s) => p.binary(BinaryOp::Add, s, g)?,
+                    None => g,
+                });
+            }
+            let n = p.scalar(decl.ty.dtype, trainers as f64)?;
+            let mean = p.div(sum.expect("at least one trainer"), n)?;
+            updates.push((decl.clone(), *value, mean));
+        }
+        let applied = rule.apply_gradients(p, &updates, "ps")?;
+        let mut effects = p.target_stores(applied).to_vec();
+        let graph = p.graph();
+        let new_values: Vec<(usize, Value)> = (params.iter())
+            .map(|(i, decl, _)| {
+                let store = effects.iter().find(|&&s| {
+                    matches!(&graph.inst(s).op, Op::Store { state } if *state == decl.name)
+                });
+                (*i, graph.inst(*store.expect("every parameter is stored")).args[0])
+            })
+            .collect();
+        for (i, new) in new_values {
+            for t in self.trainers() {
+                effects.push(p.send(&[new], t, i as u64)?);
+            }
+        }
+        p.add_target("ps.serve", effects)
+    }
+}
+
+/// The program's trainable parameters, in declaration order, with their values.
+fn parameters(p: &Program) -> Vec<(StateDecl, Value)> {
+    (p.params().iter())
+        .map(|q| {
+            let decl = p.module().state(&q.name).expect("parameters are declared");
+            (decl.clone(), q.value)
+        })
+        .collect()
+}

@@ -1,0 +1,218 @@
+//! The digits MLP trained on several ranks: data parallel (gradients averaged by all-reduce)
+//! or with a parameter server. Each rank runs [`train_rank`] on the current thread's
+//! communicator; one rank alone is plain training on the whole global batch.
+
+use kiln_backend::Array;
+use kiln_backend::comm::Communicator;
+use kiln_ir::{DType, Dim, Value};
+use kiln_runtime::data;
+use kiln_runtime::distributed::{DataParallel, ParameterServer};
+use kiln_runtime::layers::{self, Activation};
+use kiln_runtime::{Adam, Fetch, Optimizer, Program, RuntimeError, RuntimeResult, Session};
+
+/// How the ranks share the work.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    /// Every rank trains on its share of the batch; gradients are averaged by all-reduce.
+    AllReduce,
+    /// Ranks `0..servers` hold the parameters and apply the updates; the others train.
+    ParameterServer {
+        /// How many server ranks.
+        servers: usize,
+    },
+}
+
+/// What to train.
+#[derive(Clone, Debug)]
+pub struct Config {
+    pub steps: usize,
+    /// The global batch: every step's rows over all (training) ranks.
+    pub global_batch: usize,
+    pub hidden: usize,
+    pub learning_rate: f64,
+    pub seed: u64,
+    pub mode: Mode,
+    pub bucket_bytes: usize,
+}
+
+impl Default for Config {
+    fn default() -> Config {
+        Config {
+            steps: 50,
+            global_batch: 256,
+            hidden: 64,
+            learning_rate: 0.003,
+            seed: 0,
+            mode: Mode::AllReduce,
+            bucket_bytes: kiln_runtime::distributed::DEFAULT_BUCKET_BYTES,
+        }
+    }
+}
+
+/// What one rank did.
+#[derive(Clone, Debug)]
+pub struct RankReport {
+    pub rank: usize,
+    /// Rows this rank trained on per second (0 for a server).
+    pub examples_per_second: f64,
+    /// The last step's loss over the whole global batch (the mean of the trainers' losses).
+    pub final_loss: f64,
+    pub steps: usize,
+}
+
+/// The digits MLP: `x: f32[N,64]`, `y: i64[N]` → the mean cross-entropy `loss`.
+fn model(config: &Config) -> RuntimeResult<(Program, Value)> {
+    let mut p = Program::with_seed(config.seed);
+    let x = p.placeholder("x", DType::F32, vec![Dim::sym("N"), Dim::Fixed(64)])?;
+    let y = p.placeholder("y", DType::I64, vec![Dim::sym("N")])?;
+    let h = layers::dense(&mut p, "fc1", x, config.hidden, Activation::Relu)?;
+    let logits = layers::dense(&mut p, "fc2", h, 10, Activation::Identity)?;
+    let loss = layers::softmax_cross_entropy(&mut p, logits, y)?;
+    p.set_name(loss, "loss");
+    Ok((p, loss))
+}
+
+/// One rank's training, on the current thread's communicator (alone without one).
+pub fn train_rank(config: &Config) -> RuntimeResult<RankReport> {
+    let comm = Communicator::current();
+    let (rank, ranks) = comm.as_ref().map_or((0, 1), |c| (c.rank(), c.size()));
+    let (mut p, loss) = model(config)?;
+    let adam = Adam::new(config.learning_rate);
+    let (target, trainer, trainers) = match config.mode {
+        Mode::AllReduce => {
+            let mut rule = DataParallel::new(adam).with_bucket_bytes(config.bucket_bytes);
+            (rule.minimize(&mut p, loss)?, Some(rank), ranks)
+        }
+        Mode::ParameterServer { servers } => {
+            let ps = ParameterServer::new(servers, ranks)?;
+            if ps.is_server(rank) {
+                (ps.server_step(&mut p, &mut { adam }, rank)?, None, ranks - servers)
+            } else {
+                (ps.trainer_step(&mut p, loss)?, Some(rank - servers), ranks - servers)
+            }
+        }
+    };
+    let mut session = Session::new(&p)?;
+    let dataset = data::digits()?;
+    let mut batches = Vec::new();
+    let mut last_loss = 0.0;
+    let started = std::time::Instant::now();
+    for step in 0..config.steps {
+        let Some(share) = trainer else {
+            session.run(&[Fetch::Target(target)], &[])?;
+            continue;
+        };
+        if batches.is_empty() {
+            let epoch = (step as u64).wrapping_mul(7919);
+            batches = dataset.shards(config.global_batch, share, trainers, Some(config.seed ^ epoch))?;
+            batches.reverse();
+        }
+        let batch = batches.pop().expect("a global batch has rows for every rank");
+        let out = session.run(
+            &[Fetch::Value(loss), Fetch::Target(target)],
+            &[("x", batch.x), ("y", batch.y)],
+        )?;
+        last_loss = out[0].to_f64_vec()[0];
+    }
+    let seconds = started.elapsed().as_secs_f64();
+    let rows = (config.global_batch / trainers) * config.steps;
+    Ok(RankReport {
+        rank,
+        examples_per_second: if trainer.is_some() { rows as f64 / seconds } else { 0.0 },
+        final_loss: mean_over_trainers(comm.as_ref(), last_loss, trainer.is_some(), trainers)?,
+        steps: config.steps,
+    })
+}
+
+/// The mean of the trainers' `loss` (servers add nothing), known to every rank.
+fn mean_over_trainers(
+    comm: Option<&Communicator>,
+    loss: f64,
+    is_trainer: bool,
+    trainers: usize,
+) -> RuntimeResult<f64> {
+    let Some(comm) = comm else { return Ok(loss) };
+    let mine = Array::F64(ndarray::arr1(&[if is_trainer { loss } else { 0.0 }]).into_dyn());
+    let sum = comm.all_reduce(&[&mine], false)?.wait()?;
+    Ok(sum[0].to_f64_vec()[0] / trainers as f64)
+}
+
+/// Parses the example's arguments: `--threads N`, `--steps S`, `--mode allreduce|ps`,
+/// `--servers K`, `--batch B`, `--bucket-kib K`.
+pub fn parse_args(args: impl Iterator<Item = String>) -> Result<(Config, usize), String> {
+    let mut config = Config::default();
+    let mut threads = 1;
+    let mut servers = 1;
+    let mut ps = false;
+    let mut args = args;
+    while let Some(arg) = args.next() {
+        let mut value = |name: &str| args.next().ok_or(format!("{name} needs a value"));
+        let number = |s: String, name: &str| {
+            s.parse::<usize>()
+                .map_err(|_| format!("{name} takes a number, found `{s}`"))
+        };
+        match arg.as_str() {
+            "--threads" => threads = number(value("--threads")?, "--threads")?,
+            "--steps" => config.steps = number(value("--steps")?, "--steps")?,
+            "--batch" => config.global_batch = number(value("--batch")?, "--batch")?,
+            "--servers" => servers = number(value("--servers")?, "--servers")?,
+            "--bucket-kib" => config.bucket_bytes = 1024 * number(value("--bucket-kib")?, "--bucket-kib")?,
+            "--mode" => match value("--mode")?.as_str() {
+                "allreduce" => ps = false,
+                "ps" => ps = true,
+                other => return Err(format!("--mode is `allreduce` or `ps`, not `{other}`")),
+            },
+            other => return Err(format!("unknown argument `{other}`")),
+        }
+    }
+    if ps {
+        config.mode = Mode::ParameterServer { servers };
+    }
+    if threads == 0 {
+        return Err("--threads must be at least 1".into());
+    }
+    Ok((config, threads))
+}
+
+/// Prints the ranks' reports: a throughput line per rank, then `final loss X` last.
+pub fn print_reports(reports: &[RankReport]) {
+    for r in reports {
+        if r.examples_per_second > 0.0 {
+            println!(
+                "rank {}: {} steps, {:.0} examples/s",
+                r.rank, r.steps, r.examples_per_second
+            );
+        } else {
+            println!("rank {}: {} steps (parameter server)", r.rank, r.steps);
+        }
+    }
+    if let Some(r) = reports.first() {
+        println!("final loss {:.6}", r.final_loss);
+    }
+}
+
+/// Runs `config` on `threads` in-process ranks (one: no communicator at all).
+pub fn run_threads(config: &Config, threads: usize) -> Result<Vec<RankReport>, RuntimeError> {
+    if threads == 1 {
+        return Ok(vec![train_rank(config)?]);
+    }
+    kiln_backend::comm::local::run(threads, |_| train_rank(config))
+        .into_iter()
+        .collect()
+}
+
+/// Every rank's report, in rank order, on every rank (MPI ranks report this way; each rank's
+/// throughput travels in its slot of one summed vector).
+pub fn gather_reports(comm: &Communicator, mine: RankReport) -> RuntimeResult<Vec<RankReport>> {
+    let mut slots = vec![0.0; comm.size()];
+    slots[mine.rank] = mine.examples_per_second;
+    let slots = Array::F64(ndarray::arr1(&slots).into_dyn());
+    let all = comm.all_reduce(&[&slots], false)?.wait()?;
+    Ok((all[0].to_f64_vec().into_iter().enumerate())
+        .map(|(rank, examples_per_second)| RankReport {
+            rank,
+            examples_per_second,
+            ..mine.clone()
+        })
+        .collect())
+}
