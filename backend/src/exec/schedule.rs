@@ -136,9 +136,15 @@ pub(crate) struct Schedule {
 
 impl Schedule {
     pub(crate) fn new(func: &Function) -> Schedule {
+        // The symbols of the values the function defines (a pruned slice keeps the whole
+        // graph's arena, whose other values may name symbols no argument binds).
         let mut symbols: Vec<Symbol> = Vec::new();
-        for (_, v) in func.all_values() {
-            for s in v.ty.shape.symbols() {
+        let insts = func.walk_insts();
+        let defined = (func.args().iter())
+            .chain(insts.iter().flat_map(|&i| &func.inst(i).results))
+            .chain((insts.iter().flat_map(|&i| &func.inst(i).regions)).flat_map(|&r| &func.region(r).args));
+        for &v in defined {
+            for s in func.value_type(v).shape.symbols() {
                 if !symbols.contains(s) {
                     symbols.push(s.clone());
                 }
