@@ -77,9 +77,9 @@ pub enum CommError {
 }
 
 /// The blocking operations of one rank's end of a transport. A communicator's worker thread
-/// is the only caller, so a transport need not be thread-safe. Messages are one-dimensional
+/// is the only caller (it is even made there), so a transport need not be thread-safe. Messages are one-dimensional
 /// arrays of one dtype.
-pub trait Transport: Send + 'static {
+pub trait Transport: 'static {
     /// This rank, from 0.
     fn rank(&self) -> usize;
     /// The number of ranks.
@@ -125,7 +125,7 @@ struct Shared {
 
 impl Communicator {
     /// A communicator over `transport`, whose calls run on a new worker thread.
-    pub fn new(transport: impl Transport) -> Communicator {
+    pub fn new(transport: impl Transport + Send) -> Communicator {
         Communicator::spawn(move || Ok(transport))
             .expect("a transport that exists opens without fail")
     }

@@ -10,7 +10,7 @@ use crate::Array;
 use mpi::collective::SystemOperation;
 use mpi::environment::Universe;
 use mpi::topology::SimpleCommunicator;
-use mpi::traits::{Communicator as _, Destination, Root, Source};
+use mpi::traits::{Communicator as _, CommunicatorCollectives, Destination, Root, Source};
 use mpi::Threading;
 
 /// Whether this process was started by `mpirun` (OpenMPI, MPICH or PMIx variables are set).
