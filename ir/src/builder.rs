@@ -12,7 +12,8 @@ use crate::literal::Literal;
 use crate::loc::Loc;
 use crate::module::StateDecl;
 use crate::op::{
-    AllReduceOp, ArgOp, AxisSlice, BinaryOp, CompareOp, Distribution, F64Attr, Op, ReduceOp, UnaryOp,
+    AllReduceOp, ArgOp, AxisSlice, BinaryOp, CompareOp, Distribution, F64Attr, Op, ReduceOp,
+    UnaryOp,
 };
 use crate::types::{DType, Shape, Type};
 use crate::window::{Conv2dAttrs, ConvKind, Pool2dAttrs, PoolKind};
@@ -683,7 +684,11 @@ impl FunctionBuilder {
 
     /// Rank `root`'s `values`, on every rank.
     #[track_caller]
-    pub fn collective_broadcast(&mut self, values: &[Value], root: usize) -> BuildResult<Vec<Value>> {
+    pub fn collective_broadcast(
+        &mut self,
+        values: &[Value],
+        root: usize,
+    ) -> BuildResult<Vec<Value>> {
         self.insert(Op::CollectiveBroadcast { root }, values)
     }
 
@@ -693,13 +698,25 @@ impl FunctionBuilder {
     pub fn send(&mut self, values: &[Value], peer: usize, tag: u64) -> BuildResult<Inst> {
         self.insert_at(Op::Send { peer, tag }, values, Vec::new(), Loc::caller())?;
         let region = *self.open.last().expect("body is open");
-        Ok(*self.func.region(region).insts.last().expect("just appended"))
+        Ok(*self
+            .func
+            .region(region)
+            .insts
+            .last()
+            .expect("just appended"))
     }
 
     /// Receives values of `types` from rank `peer`'s send of `tag`.
     #[track_caller]
     pub fn recv(&mut self, types: Vec<Type>, peer: usize, tag: u64) -> BuildResult<Vec<Value>> {
-        self.insert(Op::Recv { peer, tag, results: types }, &[])
+        self.insert(
+            Op::Recv {
+                peer,
+                tag,
+                results: types,
+            },
+            &[],
+        )
     }
 
     /// Moves `inst`, an instruction of the function body, to just after the last definition of

@@ -508,7 +508,9 @@ fn rule(op: &Op, args: &[&Type], regions: &[RegionTypes<'_>]) -> Result<Vec<Type
         Op::Recv { results, .. } if results.is_empty() => {
             Err("receives at least one value; state its type after the colon".into())
         }
-        Op::Recv { results, .. } => communicated(&results.iter().collect::<Vec<_>>(), DTypeClass::Any),
+        Op::Recv { results, .. } => {
+            communicated(&results.iter().collect::<Vec<_>>(), DTypeClass::Any)
+        }
     }
 }
 

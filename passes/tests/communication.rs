@@ -80,7 +80,10 @@ fn check_after(passes: &[&str]) {
         .filter(|&i| {
             matches!(
                 m.functions[0].inst(i).op,
-                Op::AllReduce { .. } | Op::CollectiveBroadcast { .. } | Op::Send { .. } | Op::Recv { .. }
+                Op::AllReduce { .. }
+                    | Op::CollectiveBroadcast { .. }
+                    | Op::Send { .. }
+                    | Op::Recv { .. }
             )
         })
         .count();
@@ -110,6 +113,9 @@ keeps_communication! {
 fn the_tests_cover_every_pass() {
     let tested = ["canonicalize", "fold", "cse", "simplify", "dce", "fuse"];
     for (name, _) in kiln_passes::manager::PASSES {
-        assert!(tested.contains(name), "pass `{name}` has no communication test");
+        assert!(
+            tested.contains(name),
+            "pass `{name}` has no communication test"
+        );
     }
 }

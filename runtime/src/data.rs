@@ -178,7 +178,7 @@ impl Dataset {
         ranks: usize,
         seed: Option<u64>,
     ) -> Result<Vec<Batch>, DataError> {
-        if ranks == 0 || global == 0 || global % ranks != 0 || rank >= ranks {
+        if ranks == 0 || global == 0 || !global.is_multiple_of(ranks) || rank >= ranks {
             return Err(DataError::UnevenShards { global, ranks });
         }
         let order = match seed {

@@ -55,7 +55,11 @@ impl<O: Optimizer> Optimizer for DataParallel<O> {
         self.inner.name()
     }
 
-    fn step(&mut self, p: &mut Program, update: &crate::optim::Update<'_>) -> RuntimeResult<crate::optim::Step> {
+    fn step(
+        &mut self,
+        p: &mut Program,
+        update: &crate::optim::Update<'_>,
+    ) -> RuntimeResult<crate::optim::Step> {
         self.inner.step(p, update)
     }
 
@@ -94,7 +98,11 @@ pub fn buckets(p: &Program, grads: &[Value], bucket_bytes: usize) -> Vec<Vec<usi
     let mut filled = usize::MAX;
     for i in order {
         let ty = graph.value_type(grads[i]);
-        let bytes = ty.shape.as_fixed().map_or(0, |s| s.iter().product::<usize>()) * ty.dtype.size_bytes();
+        let bytes = ty
+            .shape
+            .as_fixed()
+            .map_or(0, |s| s.iter().product::<usize>())
+            * ty.dtype.size_bytes();
         if filled >= bucket_bytes || filled + bytes > bucket_bytes {
             buckets.push(Vec::new());
             filled = 0;
@@ -158,8 +166,7 @@ pub fn broadcast_scope(scope: &mut Scope, names: &[String], root: usize) -> Runt
         .collect::<RuntimeResult<_>>()?;
     let received = comm
         .broadcast(&values.iter().collect::<Vec<_>>(), root)
-        .and_then(kiln_backend::comm::Pending::wait)
-        ?;
+        .and_then(kiln_backend::comm::Pending::wait)?;
     for (name, value) in names.iter().zip(received) {
         scope.set(name, value)?;
     }
@@ -252,10 +259,13 @@ impl ParameterServer {
         let graph = p.graph();
         let new_values: Vec<(usize, Value)> = (params.iter())
             .map(|(i, decl, _)| {
-                let store = effects.iter().find(|&&s| {
-                    matches!(&graph.inst(s).op, Op::Store { state } if *state == decl.name)
-                });
-                (*i, graph.inst(*store.expect("every parameter is stored")).args[0])
+                let store = effects.iter().find(
+                    |&&s| matches!(&graph.inst(s).op, Op::Store { state } if *state == decl.name),
+                );
+                (
+                    *i,
+                    graph.inst(*store.expect("every parameter is stored")).args[0],
+                )
             })
             .collect();
         for (i, new) in new_values {

@@ -86,9 +86,17 @@ pub fn train_rank(config: &Config) -> RuntimeResult<RankReport> {
         Mode::ParameterServer { servers } => {
             let ps = ParameterServer::new(servers, ranks)?;
             if ps.is_server(rank) {
-                (ps.server_step(&mut p, &mut { adam }, rank)?, None, ranks - servers)
+                (
+                    ps.server_step(&mut p, &mut { adam }, rank)?,
+                    None,
+                    ranks - servers,
+                )
             } else {
-                (ps.trainer_step(&mut p, loss)?, Some(rank - servers), ranks - servers)
+                (
+                    ps.trainer_step(&mut p, loss)?,
+                    Some(rank - servers),
+                    ranks - servers,
+                )
             }
         }
     };
@@ -104,10 +112,17 @@ pub fn train_rank(config: &Config) -> RuntimeResult<RankReport> {
         };
         if batches.is_empty() {
             let epoch = (step as u64).wrapping_mul(7919);
-            batches = dataset.shards(config.global_batch, share, trainers, Some(config.seed ^ epoch))?;
+            batches = dataset.shards(
+                config.global_batch,
+                share,
+                trainers,
+                Some(config.seed ^ epoch),
+            )?;
             batches.reverse();
         }
-        let batch = batches.pop().expect("a global batch has rows for every rank");
+        let batch = batches
+            .pop()
+            .expect("a global batch has rows for every rank");
         let out = session.run(
             &[Fetch::Value(loss), Fetch::Target(target)],
             &[("x", batch.x), ("y", batch.y)],
@@ -118,7 +133,11 @@ pub fn train_rank(config: &Config) -> RuntimeResult<RankReport> {
     let rows = (config.global_batch / trainers) * config.steps;
     Ok(RankReport {
         rank,
-        examples_per_second: if trainer.is_some() { rows as f64 / seconds } else { 0.0 },
+        examples_per_second: if trainer.is_some() {
+            rows as f64 / seconds
+        } else {
+            0.0
+        },
         final_loss: mean_over_trainers(comm.as_ref(), last_loss, trainer.is_some(), trainers)?,
         steps: config.steps,
     })
@@ -156,7 +175,9 @@ pub fn parse_args(args: impl Iterator<Item = String>) -> Result<(Config, usize),
             "--steps" => config.steps = number(value("--steps")?, "--steps")?,
             "--batch" => config.global_batch = number(value("--batch")?, "--batch")?,
             "--servers" => servers = number(value("--servers")?, "--servers")?,
-            "--bucket-kib" => config.bucket_bytes = 1024 * number(value("--bucket-kib")?, "--bucket-kib")?,
+            "--bucket-kib" => {
+                config.bucket_bytes = 1024 * number(value("--bucket-kib")?, "--bucket-kib")?
+            }
             "--mode" => match value("--mode")?.as_str() {
                 "allreduce" => ps = false,
                 "ps" => ps = true,

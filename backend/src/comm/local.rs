@@ -154,8 +154,8 @@ impl Local {
         };
         let mut state = self.lock();
         self.check(&state)?;
-        if let Some((first, (message, first_kind))) = (state.deposits.iter().enumerate())
-            .find_map(|(r, d)| d.as_ref().map(|d| (r, d)))
+        if let Some((first, (message, first_kind))) =
+            (state.deposits.iter().enumerate()).find_map(|(r, d)| d.as_ref().map(|d| (r, d)))
             && (*first_kind != kind || message.ty() != data.ty())
         {
             let mismatch = format!(

@@ -132,7 +132,6 @@ impl Communicator {
 
     /// A communicator whose transport is made on the worker thread by `open` (MPI must be
     /// initialised on the thread that makes its calls).
-    #[cfg_attr(not(feature = "mpi"), allow(dead_code))]
     pub(crate) fn spawn<T: Transport>(
         open: impl FnOnce() -> Result<T, CommError> + Send + 'static,
     ) -> Result<Communicator, CommError> {
@@ -261,7 +260,11 @@ impl Communicator {
 
     fn submit(&self, job: Job) -> Result<mpsc::Receiver<Result<Array, CommError>>, CommError> {
         let (reply, receiver) = mpsc::channel();
-        let jobs = self.shared.jobs.lock().unwrap_or_else(PoisonError::into_inner);
+        let jobs = self
+            .shared
+            .jobs
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
         let stopped = || CommError::Transport {
             rank: self.rank(),
             message: "the communicator's worker has stopped".into(),
@@ -284,7 +287,10 @@ impl Drop for Shared {
         }
         // Closing the queue ends the worker once it has done what was submitted.
         jobs.take();
-        let worker = self.worker.get_mut().unwrap_or_else(PoisonError::into_inner);
+        let worker = self
+            .worker
+            .get_mut()
+            .unwrap_or_else(PoisonError::into_inner);
         if let Some(worker) = worker.take()
             && !self.stuck.load(std::sync::atomic::Ordering::Relaxed)
         {
@@ -555,7 +561,11 @@ impl Started {
 /// Starts a communication op (`all_reduce_*`, `collective_broadcast`, `send`, `recv`) on the
 /// current thread's communicator: the semantics the interpreter and the executor share.
 /// Without a communicator the program is the only rank.
-pub fn start(op: &kiln_ir::Op, args: &[&Array], result_shapes: &[Vec<usize>]) -> Result<Started, String> {
+pub fn start(
+    op: &kiln_ir::Op,
+    args: &[&Array],
+    result_shapes: &[Vec<usize>],
+) -> Result<Started, String> {
     use kiln_ir::{AllReduceOp, Op};
     let Some(comm) = Communicator::current() else {
         return match op {

@@ -7,11 +7,11 @@
 
 use super::{CommError, Communicator, Transport};
 use crate::Array;
+use mpi::Threading;
 use mpi::collective::SystemOperation;
 use mpi::environment::Universe;
 use mpi::topology::SimpleCommunicator;
 use mpi::traits::{Communicator as _, CommunicatorCollectives, Destination, Root, Source};
-use mpi::Threading;
 
 /// Whether this process was started by `mpirun` (OpenMPI, MPICH or PMIx variables are set).
 pub fn launched_by_mpirun() -> bool {
@@ -119,7 +119,10 @@ impl Transport for Mpi {
     }
 
     fn abort(&mut self, message: &str) {
-        eprintln!("kiln: rank {} failed, stopping every rank: {message}", self.rank);
+        eprintln!(
+            "kiln: rank {} failed, stopping every rank: {message}",
+            self.rank
+        );
         self.world.abort(1);
     }
 }

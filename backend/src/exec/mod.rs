@@ -234,7 +234,8 @@ impl Executable {
         // A kept patch matrix is this run's or none.
         rt.kept_patches.iter_mut().for_each(|k| k.valid = false);
         rt.communicating.clear();
-        rt.communicating.resize_with(self.schedule.steps.len(), || None);
+        rt.communicating
+            .resize_with(self.schedule.steps.len(), || None);
         let result = self.run_in(&mut rt, args, state, interp, retain_results);
         rt.env.iter_mut().for_each(|v| *v = None);
         rt.communicating.clear();
@@ -794,7 +795,8 @@ impl Executable {
             })
             .collect();
         let op = &self.func.inst(step.inst).op;
-        let started = crate::comm::start(op, &args, &shapes).map_err(|m| self.fail(step.inst, m))?;
+        let started =
+            crate::comm::start(op, &args, &shapes).map_err(|m| self.fail(step.inst, m))?;
         rt.communicating[index] = Some(started);
         Ok(())
     }

@@ -142,7 +142,10 @@ impl Schedule {
         let insts = func.walk_insts();
         let defined = (func.args().iter())
             .chain(insts.iter().flat_map(|&i| &func.inst(i).results))
-            .chain((insts.iter().flat_map(|&i| &func.inst(i).regions)).flat_map(|&r| &func.region(r).args));
+            .chain(
+                (insts.iter().flat_map(|&i| &func.inst(i).regions))
+                    .flat_map(|&r| &func.region(r).args),
+            );
         for &v in defined {
             for s in func.value_type(v).shape.symbols() {
                 if !symbols.contains(s) {
@@ -581,9 +584,10 @@ fn step_kind(
             recycle: None,
         },
         Op::Cond | Op::While | Op::Call { .. } => StepKind::Interpret,
-        Op::AllReduce { .. } | Op::CollectiveBroadcast { .. } | Op::Send { .. } | Op::Recv { .. } => {
-            StepKind::Communicate
-        }
+        Op::AllReduce { .. }
+        | Op::CollectiveBroadcast { .. }
+        | Op::Send { .. }
+        | Op::Recv { .. } => StepKind::Communicate,
         _ => StepKind::Direct,
     }
 }
@@ -596,8 +600,8 @@ fn place_waits(steps: &mut [Step]) {
             continue;
         }
         let outputs = steps[i].outputs.clone();
-        let first_use = (i + 1..steps.len())
-            .find(|&j| steps[j].inputs.iter().any(|v| outputs.contains(v)));
+        let first_use =
+            (i + 1..steps.len()).find(|&j| steps[j].inputs.iter().any(|v| outputs.contains(v)));
         let at = first_use.unwrap_or(i);
         steps[at].awaits.push(i);
         steps[at].fallible = true;

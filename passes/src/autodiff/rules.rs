@@ -5,8 +5,8 @@
 
 use super::{AutodiffError, Sweep, zeros};
 use kiln_ir::{
-    AllReduceOp, AxisSlice, BinaryOp, BuildError, CompareOp, ConvKind, Dim, FunctionBuilder, Inst, Op, PoolKind,
-    ReduceOp, Shape, Type, UnaryOp, Value,
+    AllReduceOp, AxisSlice, BinaryOp, BuildError, CompareOp, ConvKind, Dim, FunctionBuilder, Inst,
+    Op, PoolKind, ReduceOp, Shape, Type, UnaryOp, Value,
 };
 
 type Contributions = Vec<(Value, Value)>;

@@ -1,0 +1,416 @@
+//! Training across ranks against one process: in-process ranks (threads) must give the final
+//! loss of one process on the whole global batch, whether gradients are all-reduced or go
+//! through parameter servers; communication ops mean the same compiled and interpreted; and
+//! faults end in errors that name the rank, never in a hang.
+
+use kiln::backend::comm::{CommError, Communicator, local};
+use kiln::backend::{Array, Interpreter, StateStore};
+use kiln::demos::data_parallel::{Config, Mode, run_threads};
+use kiln::ir::{AllReduceOp, DType, Dim, parse_and_verify};
+use kiln::runtime::distributed::DataParallel;
+use kiln::runtime::eager::nn::{self, Layer, Linear, Relu, Sequential};
+use kiln::runtime::eager::{self, EagerOptimizer, Tensor};
+use kiln::runtime::layers::{self, Activation};
+use kiln::runtime::{Backend, Fetch, Optimizer, Program, RuntimeError, Session, Sgd};
+use std::time::Duration;
+
+fn small(mode: Mode) -> Config {
+    Config {
+        steps: 9,
+        global_batch: 96,
+        hidden: 16,
+        mode,
+        ..Config::default()
+    }
+}
+
+fn final_loss(config: &Config, threads: usize) -> f64 {
+    let reports = run_threads(config, threads).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(reports.len(), threads);
+    let loss = reports[0].final_loss;
+    assert!(reports.iter().all(|r| r.final_loss == loss), "ranks agree");
+    loss
+}
+
+fn assert_close(a: f64, b: f64, what: &str) {
+    assert!(
+        (a - b).abs() <= 1e-5 * b.abs(),
+        "{what}: {a} against {b} for one process"
+    );
+}
+
+#[test]
+fn data_parallel_ranks_match_one_process_on_the_global_batch() {
+    let config = small(Mode::AllReduce);
+    let alone = final_loss(&config, 1);
+    for threads in [2, 3, 4] {
+        assert_close(
+            final_loss(&config, threads),
+            alone,
+            &format!("{threads} ranks"),
+        );
+    }
+    // One gradient per bucket: the same numbers.
+    let per_gradient = Config {
+        bucket_bytes: 0,
+        ..config.clone()
+    };
+    assert_close(final_loss(&per_gradient, 2), alone, "a bucket per gradient");
+    // The loss moved: training happened.
+    let untrained = final_loss(&Config { steps: 1, ..config }, 1);
+    assert!(
+        alone < untrained - 0.1,
+        "{alone} after training, {untrained} before"
+    );
+}
+
+#[test]
+fn parameter_servers_match_one_process_on_the_global_batch() {
+    let alone = final_loss(&small(Mode::AllReduce), 1);
+    let one_server = small(Mode::ParameterServer { servers: 1 });
+    assert_close(final_loss(&one_server, 2), alone, "1 server, 1 trainer");
+    assert_close(final_loss(&one_server, 4), alone, "1 server, 3 trainers");
+    let two_servers = small(Mode::ParameterServer { servers: 2 });
+    assert_close(final_loss(&two_servers, 4), alone, "2 servers, 2 trainers");
+}
+
+#[test]
+fn data_parallel_minimize_places_each_bucket_after_its_last_gradient() {
+    let mut p = Program::with_seed(3);
+    let x = p
+        .placeholder("x", DType::F32, vec![Dim::Fixed(8), Dim::Fixed(4)])
+        .unwrap();
+    let h = layers::dense(&mut p, "fc1", x, 16, Activation::Tanh).unwrap();
+    let y = layers::dense(&mut p, "fc2", h, 2, Activation::Identity).unwrap();
+    let loss = p
+        .reduce(kiln::ir::ReduceOp::Sum, y, vec![0, 1], false)
+        .unwrap();
+    let mut rule = DataParallel::new(Sgd::new(0.1)).with_bucket_bytes(64);
+    rule.minimize(&mut p, loss).unwrap();
+    let graph = p.graph();
+    let insts = &graph.region(graph.body()).insts;
+    let reduces: Vec<usize> = (0..insts.len())
+        .filter(|&i| matches!(graph.inst(insts[i]).op, kiln::ir::Op::AllReduce { .. }))
+        .collect();
+    // fc2.b (8 B), fc2.w (128 B), fc1.b (64 B), fc1.w (256 B): buckets of at most 64 B hold
+    // fc2.b, then one gradient each.
+    assert_eq!(reduces.len(), 4, "{}", graph);
+    for &i in &reduces {
+        let operands = &graph.inst(insts[i]).args;
+        let last_def = (0..i)
+            .rev()
+            .find(|&j| {
+                graph
+                    .inst(insts[j])
+                    .results
+                    .iter()
+                    .any(|r| operands.contains(r))
+            })
+            .unwrap();
+        assert_eq!(
+            last_def + 1,
+            i,
+            "an all-reduce right after its bucket's last gradient"
+        );
+    }
+    // The first bucket goes before the backward pass ends.
+    let last_backward = (0..insts.len())
+        .rev()
+        .find(|&j| matches!(graph.inst(insts[j]).op, kiln::ir::Op::MatMul { .. }))
+        .unwrap();
+    assert!(reduces[0] < last_backward);
+}
+
+const COLLECTIVES: &str = r#"
+module {
+  func @talk(%x: f32[3], %rank: i32[]) -> (f32[3], f32[3], f32[3], i32[], f32[3]) {
+    %sum = all_reduce_sum %x : f32[3]
+    %mean = all_reduce_mean %x : f32[3]
+    %root, %r = collective_broadcast %x, %rank {root=2} : f32[3], i32[]
+    send %x {peer=PEER_NEXT, tag=5}
+    %from = recv {peer=PEER_PREVIOUS, tag=5} : f32[3]
+    return %sum, %mean, %root, %r, %from
+  }
+}
+"#;
+
+/// Three ranks in a ring run `@talk`; every backend must give every rank the same answers.
+#[test]
+fn collectives_and_messages_run_alike_interpreted_and_compiled() {
+    for backend in [Backend::Interpreter, Backend::Compiled] {
+        let results = local::run(3, |comm| -> Result<Vec<Array>, String> {
+            let rank = comm.rank();
+            let text = COLLECTIVES
+                .replace("PEER_NEXT", &((rank + 1) % 3).to_string())
+                .replace("PEER_PREVIOUS", &((rank + 2) % 3).to_string());
+            let module = parse_and_verify(&text).map_err(|e| e.to_string())?;
+            let x = Array::F32(ndarray::arr1(&[rank as f32, 1.0, 10.0 * rank as f32]).into_dyn());
+            let r = Array::I32(ndarray::arr0(rank as i32).into_dyn());
+            let mut state = StateStore::new();
+            match backend {
+                Backend::Interpreter => Interpreter::new(&module)
+                    .run("talk", vec![x, r], &mut state)
+                    .map_err(|e| e.to_string()),
+                Backend::Compiled => {
+                    let exe = kiln::backend::exec::Executable::new(&module.functions[0]);
+                    let args = vec![x.into(), r.into()];
+                    let out = exe
+                        .run(args, &mut state, &Interpreter::new(&module), false)
+                        .map_err(|e| e.to_string())?;
+                    Ok(out.into_iter().map(kiln::backend::unshare).collect())
+                }
+            }
+        });
+        for (rank, result) in results.into_iter().enumerate() {
+            let out = result.unwrap();
+            let v = |i: usize| out[i].to_f64_vec();
+            assert_eq!(v(0), [3.0, 3.0, 30.0], "{backend:?} sum");
+            assert_eq!(v(1), [1.0, 1.0, 10.0], "{backend:?} mean");
+            assert_eq!(v(2), [2.0, 1.0, 20.0], "{backend:?} broadcast from rank 2");
+            assert_eq!(v(3), [2.0]);
+            let previous = ((rank + 2) % 3) as f64;
+            assert_eq!(v(4), [previous, 1.0, 10.0 * previous], "{backend:?} ring");
+        }
+    }
+}
+
+/// `y = all_reduce_sum(x)` on every rank and `L = Σ_r c_r·Σ y_r`: `∂L/∂x_q = Σ_r c_r`,
+/// which rank q's gradient program gets by all-reducing its adjoint.
+#[test]
+fn the_gradient_of_an_all_reduce_is_an_all_reduce() {
+    let results = local::run(2, |comm| -> Result<Vec<f64>, RuntimeError> {
+        let c = [2.0, 5.0][comm.rank()];
+        let mut p = Program::new();
+        let x = p.placeholder("x", DType::F64, vec![Dim::Fixed(3)])?;
+        let y = p.all_reduce(AllReduceOp::Sum, &[x])?[0];
+        let k = p.scalar(DType::F64, c)?;
+        let scaled = p.mul(y, k)?;
+        let loss = p.reduce(kiln::ir::ReduceOp::Sum, scaled, vec![0], false)?;
+        let grad = p.gradients(loss, &[x])?[0];
+        let mut session = Session::new(&p)?;
+        let x_value = Array::F64(ndarray::arr1(&[1.0, -2.0, 0.5]).into_dyn());
+        let out = session.run(&[Fetch::Value(grad)], &[("x", x_value)])?;
+        Ok(out[0].to_f64_vec())
+    });
+    for r in results {
+        assert_eq!(r.unwrap(), [7.0, 7.0, 7.0]);
+    }
+}
+
+/// An eager MLP stepped by `EagerOptimizer(DataParallel(Sgd))` on two half batches ends
+/// where one process on the whole batch ends.
+#[test]
+fn eager_data_parallel_matches_one_process() {
+    let batch = kiln::runtime::data::digits()
+        .unwrap()
+        .select(&(0..64).collect::<Vec<_>>());
+    let train = |rank: usize, ranks: usize| -> Result<Vec<f64>, RuntimeError> {
+        let to_runtime = |e: eager::EagerError| RuntimeError::Usage(e.to_string());
+        eager::reset();
+        eager::manual_seed(4);
+        let model = Sequential::new()
+            .push(Linear::new("fc1", 64, 12).map_err(to_runtime)?)
+            .push(Relu)
+            .push(Linear::new("fc2", 12, 10).map_err(to_runtime)?);
+        let rule = DataParallel::new(Sgd::new(0.5));
+        let mut opt = EagerOptimizer::new(rule, model.parameters()).map_err(to_runtime)?;
+        let share = 64 / ranks;
+        let mine = batch.select(&(rank * share..(rank + 1) * share).collect::<Vec<_>>());
+        let part = mine.all();
+        for _ in 0..3 {
+            opt.zero_grad();
+            let logits = model
+                .forward(&Tensor::new(part.x.clone()))
+                .map_err(to_runtime)?;
+            let loss =
+                nn::cross_entropy(&logits, &Tensor::new(part.y.clone())).map_err(to_runtime)?;
+            loss.backward().map_err(to_runtime)?;
+            opt.step().map_err(to_runtime)?;
+        }
+        let params = model.parameters();
+        params[0]
+            .tensor()
+            .map_err(to_runtime)?
+            .to_f64_vec()
+            .map_err(to_runtime)
+    };
+    let alone = train(0, 1).unwrap();
+    for result in local::run(2, |comm| train(comm.rank(), 2)) {
+        let weights = result.unwrap();
+        for (a, b) in weights.iter().zip(&alone) {
+            assert!((a - b).abs() <= 1e-5 * (1.0 + b.abs()), "{a} against {b}");
+        }
+    }
+}
+
+#[test]
+fn sessions_start_from_rank_zeros_parameters_and_only_rank_zero_saves() {
+    let dir = std::env::temp_dir().join(format!("kiln-dp-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let results = local::run(2, |comm| -> Result<(Vec<f64>, bool), RuntimeError> {
+        // Different seeds: without the broadcast the ranks would start apart.
+        let mut p = Program::with_seed(comm.rank() as u64);
+        let x = p.placeholder("x", DType::F32, vec![Dim::Fixed(2), Dim::Fixed(3)])?;
+        layers::dense(&mut p, "fc", x, 4, Activation::Identity)?;
+        let session = Session::new(&p)?;
+        let weights = session.scope().get("fc.w").unwrap().to_f64_vec();
+        let wrote = session.save(&dir.join("params.safetensors"))?;
+        Ok((weights, wrote))
+    });
+    let results: Vec<(Vec<f64>, bool)> = results.into_iter().map(Result::unwrap).collect();
+    assert_eq!(results[0].0, results[1].0);
+    assert_eq!((results[0].1, results[1].1), (true, false));
+    assert!(dir.join("params.safetensors").exists());
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn a_rank_that_fails_stops_the_others_with_its_error() {
+    let results = local::run(3, |comm| -> Result<(), String> {
+        if comm.rank() == 1 {
+            return Err("out of data".into());
+        }
+        let x = Array::zeros(DType::F32, &[4]);
+        comm.all_reduce(&[&x], false)
+            .and_then(|p| p.wait())
+            .map(|_| ())
+            .map_err(|e| e.to_string())
+    });
+    assert_eq!(results[1].as_ref().unwrap_err(), "out of data");
+    for r in [&results[0], &results[2]] {
+        let message = r.as_ref().unwrap_err();
+        assert!(
+            message.contains("rank 1 failed: out of data")
+                || message.contains("rank 1 failed: it stopped"),
+            "{message}"
+        );
+    }
+}
+
+#[test]
+fn a_rank_that_panics_stops_the_others() {
+    let comms = local::group(2);
+    let mut comms = comms.into_iter();
+    let (zero, one) = (comms.next().unwrap(), comms.next().unwrap());
+    let panicking = std::thread::spawn(move || {
+        let _installed = one.install();
+        let _keep = one;
+        panic!("rank 1 gives up");
+    });
+    assert!(panicking.join().is_err());
+    let x = Array::zeros(DType::F32, &[2]);
+    let err = zero.all_reduce(&[&x], true).unwrap().wait().unwrap_err();
+    assert!(
+        matches!(err, CommError::PeerFailed { rank: 1, .. }),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_rank_that_never_takes_part_is_a_timeout_not_a_hang() {
+    let comms = local::group(2);
+    let zero = comms[0].clone().with_timeout(Duration::from_millis(300));
+    let x = Array::zeros(DType::F32, &[2]);
+    let err = zero.all_reduce(&[&x], false).unwrap().wait().unwrap_err();
+    assert!(matches!(err, CommError::Timeout { rank: 0, .. }), "{err}");
+    assert!(err.to_string().contains("did not complete within"), "{err}");
+    drop(comms);
+}
+
+#[test]
+fn ranks_entering_different_collectives_get_a_mismatch() {
+    let results = local::run(2, |comm| -> Result<(), CommError> {
+        let x = Array::zeros(DType::F32, &[2 + comm.rank()]);
+        comm.all_reduce(&[&x], false)?.wait().map(|_| ())
+    });
+    let messages: Vec<String> = results
+        .into_iter()
+        .map(|r| r.unwrap_err().to_string())
+        .collect();
+    assert!(
+        messages
+            .iter()
+            .any(|m| m.contains("f32[2]") && m.contains("f32[3]")),
+        "{messages:?}"
+    );
+}
+
+#[test]
+fn a_wrong_feed_on_one_rank_is_that_ranks_error_and_stops_the_others() {
+    let results = local::run(2, |comm| -> Result<(), RuntimeError> {
+        let mut p = Program::with_seed(1);
+        let x = p.placeholder("x", DType::F32, vec![Dim::sym("N"), Dim::Fixed(3)])?;
+        let y = layers::dense(&mut p, "fc", x, 2, Activation::Identity)?;
+        let loss = p.reduce(kiln::ir::ReduceOp::Sum, y, vec![0, 1], false)?;
+        let train = DataParallel::new(Sgd::new(0.1)).minimize(&mut p, loss)?;
+        let mut session = Session::new(&p)?;
+        let width = if comm.rank() == 1 { 4 } else { 3 };
+        let x = Array::zeros(DType::F32, &[5, width]);
+        session.run(&[Fetch::Target(train)], &[("x", x)])?;
+        Ok(())
+    });
+    let own = results[1].as_ref().unwrap_err().to_string();
+    assert!(own.contains("feed `x`"), "{own}");
+    let other = results[0].as_ref().unwrap_err().to_string();
+    assert!(other.contains("rank 1 failed"), "{other}");
+}
+
+#[test]
+fn uneven_shares_are_refused_and_a_short_last_batch_is_dropped() {
+    let digits = kiln::runtime::data::digits().unwrap();
+    let err = digits.shards(100, 0, 3, None).unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("does not split evenly over 3 ranks"),
+        "{err}"
+    );
+    // 1797 rows: 7 global batches of 256, the last 5 rows dropped, on every rank alike.
+    for rank in 0..2 {
+        let shards = digits.shards(256, rank, 2, Some(1)).unwrap();
+        assert_eq!(shards.len(), 7);
+        assert!(shards.iter().all(|b| b.x.shape() == [128, 64]));
+    }
+    let halves: Vec<Vec<f64>> = (0..2)
+        .map(|r| digits.shards(256, r, 2, Some(1)).unwrap()[0].y.to_f64_vec())
+        .collect();
+    let whole = digits.shards(256, 0, 1, Some(1)).unwrap()[0].y.to_f64_vec();
+    assert_eq!([halves[0].clone(), halves[1].clone()].concat(), whole);
+}
+
+#[test]
+fn without_a_communicator_a_program_is_the_only_rank() {
+    assert!(Communicator::current().is_none());
+    let module = parse_and_verify(
+        "module { func @f(%x: f32[2]) -> f32[2] { %y = all_reduce_mean %x : f32[2] \n return %y } }",
+    )
+    .unwrap();
+    let x = Array::F32(ndarray::arr1(&[1.5, -2.0]).into_dyn());
+    let out = Interpreter::new(&module)
+        .run("f", vec![x.clone()], &mut StateStore::new())
+        .unwrap();
+    assert_eq!(out[0], x);
+    let send =
+        parse_and_verify("module { func @f(%x: f32[2]) { send %x {peer=1, tag=0} \n return } }")
+            .unwrap();
+    let err = Interpreter::new(&send)
+        .run("f", vec![x], &mut StateStore::new())
+        .unwrap_err();
+    assert!(
+        err.to_string().contains("no communicator is installed"),
+        "{err}"
+    );
+}
+
+#[test]
+fn types_and_text_of_communication_ops() {
+    let err = parse_and_verify(
+        "module { func @f(%x: i32[2]) -> i32[2] { %y = all_reduce_mean %x : i32[2] \n return %y } }",
+    )
+    .unwrap_err();
+    assert!(err.to_string().contains("must be a float type"), "{err}");
+    let err = parse_and_verify(
+        "module { func @f(%x: f32[N]) -> f32[N] { %y = all_reduce_sum %x : f32[N] \n return %y } }",
+    )
+    .unwrap_err();
+    assert!(err.to_string().contains("need fixed shapes"), "{err}");
+}
