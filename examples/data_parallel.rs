@@ -9,7 +9,7 @@
 //!     mpirun -n 3 target/release/examples/data_parallel --mode ps --steps 50
 //!         (rank 0 the parameter server; `--servers K` for K server ranks)
 //!
-//! Options: `--batch B` (the global batch, 256; a multiple of the training ranks),
+//! Options: `--batch B` (the global batch, 240; a multiple of the training ranks),
 //! `--bucket-kib K` (the all-reduce bucket size).
 
 use kiln::demos::data_parallel::{parse_args, print_reports, run_threads};

@@ -6,8 +6,8 @@
 
 use kiln_backend::{Array, Interpreter, StateStore};
 use kiln_ir::{
-    AxisSlice, BinaryOp, BuildResult, CompareOp, Conv2dAttrs, ConvKind, DType, FunctionBuilder,
-    Module, Op, Pool2dAttrs, PoolKind, ReduceOp, Shape, Type, UnaryOp, Value,
+    AllReduceOp, AxisSlice, BinaryOp, BuildResult, CompareOp, Conv2dAttrs, ConvKind, DType,
+    FunctionBuilder, Module, Op, Pool2dAttrs, PoolKind, ReduceOp, Shape, Type, UnaryOp, Value,
 };
 use kiln_runtime::eager::{self, Tensor, compose};
 use kiln_runtime::{Fetch, Program, Session};
@@ -116,6 +116,16 @@ fn cases() -> Vec<Case> {
             true,
             |b, v| b.select(v[0], v[1], v[2]),
         ),
+        // One rank (no communicator): the operands come back. Several ranks: tests/distributed.rs.
+        case("all_reduce_sum", vec![f(&[2, 3], 40)], true, |b, v| {
+            Ok(b.all_reduce(AllReduceOp::Sum, &[v[0]])?[0])
+        }),
+        case("all_reduce_mean", vec![f(&[2, 3], 41)], true, |b, v| {
+            Ok(b.all_reduce(AllReduceOp::Mean, &[v[0]])?[0])
+        }),
+        case("collective_broadcast", vec![f(&[3], 42)], false, |b, v| {
+            Ok(b.collective_broadcast(&[v[0]], 0)?[0])
+        }),
         case("cast", vec![f(&[2, 3], 10)], true, |b, v| {
             b.cast(v[0], DType::F64)
         }),
@@ -312,6 +322,8 @@ const ELSEWHERE: &[(&str, &str)] = &[
         "call",
         "custom ops: the custom_op case of runtime/tests/equivalence.rs",
     ),
+    ("send", "needs a peer rank: tests/distributed.rs"),
+    ("recv", "needs a peer rank: tests/distributed.rs"),
 ];
 
 #[track_caller]

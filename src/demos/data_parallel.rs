@@ -33,18 +33,30 @@ pub struct Config {
     pub seed: u64,
     pub mode: Mode,
     pub bucket_bytes: usize,
+    /// Fault injection, to see how the others stop: this rank fails at step 2.
+    pub fault: Option<(usize, Fault)>,
+}
+
+/// How an injected fault ends a rank.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Fault {
+    /// It returns an error (and tells the others).
+    Error,
+    /// The process exits at once, telling no one (with in-process ranks, all of them go).
+    Exit,
 }
 
 impl Default for Config {
     fn default() -> Config {
         Config {
             steps: 50,
-            global_batch: 256,
+            global_batch: 240,
             hidden: 64,
             learning_rate: 0.003,
             seed: 0,
             mode: Mode::AllReduce,
             bucket_bytes: kiln_runtime::distributed::DEFAULT_BUCKET_BYTES,
+            fault: None,
         }
     }
 }
@@ -106,6 +118,7 @@ pub fn train_rank(config: &Config) -> RuntimeResult<RankReport> {
     let mut last_loss = 0.0;
     let started = std::time::Instant::now();
     for step in 0..config.steps {
+        inject_fault(config, rank, step)?;
         let Some(share) = trainer else {
             session.run(&[Fetch::Target(target)], &[])?;
             continue;
@@ -143,6 +156,21 @@ pub fn train_rank(config: &Config) -> RuntimeResult<RankReport> {
     })
 }
 
+fn inject_fault(config: &Config, rank: usize, step: usize) -> RuntimeResult<()> {
+    match config.fault {
+        Some((r, fault)) if r == rank && step == 2 => {
+            if fault == Fault::Exit {
+                eprintln!("rank {rank}: exiting at step {step} (injected)");
+                std::process::exit(3);
+            }
+            Err(RuntimeError::Usage(format!(
+                "rank {rank}: injected failure at step {step}"
+            )))
+        }
+        _ => Ok(()),
+    }
+}
+
 /// The mean of the trainers' `loss` (servers add nothing), known to every rank.
 fn mean_over_trainers(
     comm: Option<&Communicator>,
@@ -157,7 +185,8 @@ fn mean_over_trainers(
 }
 
 /// Parses the example's arguments: `--threads N`, `--steps S`, `--mode allreduce|ps`,
-/// `--servers K`, `--batch B`, `--bucket-kib K`.
+/// `--servers K`, `--batch B`, `--bucket-kib K`, and for fault injection `--fail-rank R`
+/// (rank R returns an error at step 2) or `--exit-rank R` (its process exits there).
 pub fn parse_args(args: impl Iterator<Item = String>) -> Result<(Config, usize), String> {
     let mut config = Config::default();
     let mut threads = 1;
@@ -175,6 +204,12 @@ pub fn parse_args(args: impl Iterator<Item = String>) -> Result<(Config, usize),
             "--steps" => config.steps = number(value("--steps")?, "--steps")?,
             "--batch" => config.global_batch = number(value("--batch")?, "--batch")?,
             "--servers" => servers = number(value("--servers")?, "--servers")?,
+            "--fail-rank" => {
+                config.fault = Some((number(value("--fail-rank")?, "--fail-rank")?, Fault::Error))
+            }
+            "--exit-rank" => {
+                config.fault = Some((number(value("--exit-rank")?, "--exit-rank")?, Fault::Exit))
+            }
             "--bucket-kib" => {
                 config.bucket_bytes = 1024 * number(value("--bucket-kib")?, "--bucket-kib")?
             }

@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# The MPI checks (CI runs them; they need OpenMPI, and libclang to build rsmpi):
+# `examples/data_parallel` under `mpirun -n 2` and `-n 3`, all-reduce and parameter-server
+# modes, must print the final loss of one process on the whole global batch (to 1e-5
+# relative), and a rank that fails or dies must stop the job with an error, not a hang.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+# mpirun refuses root without these; containers have no single-copy mechanism for vader.
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+export OMPI_MCA_btl_vader_single_copy_mechanism=none
+# Fail a stuck run instead of waiting on it.
+export KILN_COMM_TIMEOUT=60
+
+cargo build --release --locked --features mpi --example data_parallel
+bin=target/release/examples/data_parallel
+steps=40
+
+final_loss() { awk '/^final loss/ { print $3 }' | tail -1; }
+
+alone=$("$bin" --steps "$steps" | tee /dev/stderr | final_loss)
+echo "one process, whole global batch: final loss $alone"
+
+run_and_compare() {
+  local label="$1"; shift
+  echo "== $label: mpirun $*"
+  local out
+  out=$(timeout 300 mpirun "$@" "$bin" --steps "$steps" "${EXTRA[@]}")
+  echo "$out"
+  [[ "$(echo "$out" | tail -1)" == final\ loss* ]] || { echo "FAIL: $label: the last line is not the final loss"; exit 1; }
+  local got
+  got=$(echo "$out" | final_loss)
+  awk -v a="$got" -v b="$alone" -v l="$label" 'BEGIN {
+    d = a - b; if (d < 0) d = -d;
+    if (d > 1e-5 * (b < 0 ? -b : b)) { printf "FAIL: %s: final loss %s, one process %s\n", l, a, b; exit 1 }
+    printf "ok: %s: final loss %s equals one process %s\n", l, a, b }'
+}
+
+EXTRA=();                   run_and_compare "all-reduce, 2 ranks" -n 2
+EXTRA=();                   run_and_compare "all-reduce, 3 ranks" -n 3 --oversubscribe
+EXTRA=(--bucket-kib 4);     run_and_compare "all-reduce, 3 ranks, 4 KiB buckets" -n 3 --oversubscribe
+EXTRA=(--mode ps);          run_and_compare "parameter server, 1 trainer" -n 2
+EXTRA=(--mode ps);          run_and_compare "parameter server, 2 trainers" -n 3 --oversubscribe
+EXTRA=(--mode ps --servers 2); run_and_compare "2 parameter servers, 2 trainers" -n 4 --oversubscribe
+
+expect_stop() {
+  local label="$1" pattern="$2"; shift 2
+  echo "== $label: mpirun $*"
+  local status=0 log
+  log=$(mktemp)
+  timeout 120 mpirun "$@" >"$log" 2>&1 || status=$?
+  cat "$log"
+  if [[ $status -eq 0 ]]; then echo "FAIL: $label: the job succeeded"; exit 1; fi
+  if [[ $status -eq 124 ]]; then echo "FAIL: $label: the job hung"; exit 1; fi
+  grep -q "$pattern" "$log" || { echo "FAIL: $label: no \`$pattern\` in the output"; exit 1; }
+  echo "ok: $label: stopped with status $status"
+}
+
+expect_stop "a rank that fails" "rank 1: injected failure at step 2" \
+  -n 3 --oversubscribe "$bin" --steps "$steps" --fail-rank 1
+expect_stop "a rank that dies" "exited with non-zero status" \
+  -n 3 --oversubscribe "$bin" --steps "$steps" --exit-rank 2
+echo "MPI checks passed"
