@@ -7,6 +7,7 @@
 use kiln_backend::Array;
 use kiln_backend::random::Stream;
 use kiln_ir::{BinaryOp, DType, Shape, Type, Value};
+use kiln_runtime::distributed::DataParallel;
 use kiln_runtime::layers::{self, Activation, Dense};
 use kiln_runtime::{Fetch, Optimizer, Program, RuntimeResult, Session, Sgd, Target};
 use ndarray::{ArrayD, IxDyn};
@@ -204,18 +205,35 @@ pub fn cnn_parameter_names() -> Vec<(String, String)> {
 /// W5: one training step of an MLP (ReLU, softmax cross-entropy on integer labels, plain SGD
 /// with learning rate 0.01) on a fixed batch of seeded normal inputs; seeded initial weights.
 pub fn mlp_step() -> RuntimeResult<TrainStep> {
+    mlp_step_share(0, 1)
+}
+
+/// W5 on `ranks` data-parallel ranks: rank `rank` trains on its share of the batch (rows
+/// `rank·256/ranks ..`), and the gradients are averaged over the ranks of the current
+/// thread's communicator ([`DataParallel`]). One rank is [`mlp_step`].
+pub fn mlp_step_share(rank: usize, ranks: usize) -> RuntimeResult<TrainStep> {
     let [d_in, h1, h2, d_out] = MLP_SIZES;
+    let share = MLP_BATCH / ranks;
     let mut p = Program::with_seed(0);
-    let x = p.placeholder("x", DType::F32, Shape::fixed(&[MLP_BATCH, d_in]))?;
-    let y = p.placeholder("y", DType::I64, Shape::fixed(&[MLP_BATCH]))?;
+    let x = p.placeholder("x", DType::F32, Shape::fixed(&[share, d_in]))?;
+    let y = p.placeholder("y", DType::I64, Shape::fixed(&[share]))?;
     let h = Dense::new(&mut p, "fc1", d_in, h1, Activation::Relu)?.apply(&mut p, x)?;
     let h = Dense::new(&mut p, "fc2", h1, h2, Activation::Relu)?.apply(&mut p, h)?;
     let logits = Dense::new(&mut p, "fc3", h2, d_out, Activation::Identity)?.apply(&mut p, h)?;
-    let labels: Vec<i64> = (0..MLP_BATCH as u64)
+    let rows = rank * share..(rank + 1) * share;
+    let labels: Vec<i64> = (rows.start as u64..rows.end as u64)
         .map(|i| (Stream::new(8, 0).bits(i) % d_out as u64) as i64)
         .collect();
-    let x_batch = normal(&[MLP_BATCH, d_in], 1.0, 7);
-    TrainStep::new(p, logits, y, 0.01, x_batch, labels)
+    let Array::F32(all) = normal(&[MLP_BATCH, d_in], 1.0, 7) else {
+        unreachable!("normal() makes f32")
+    };
+    let x_batch = Array::F32(all.slice(ndarray::s![rows, ..]).to_owned().into_dyn());
+    let sgd = Sgd::new(0.01);
+    if ranks == 1 {
+        TrainStep::new(p, logits, y, sgd, x_batch, labels)
+    } else {
+        TrainStep::new(p, logits, y, DataParallel::new(sgd), x_batch, labels)
+    }
 }
 
 /// W9: one training step of the digits CNN ([`crate::demos::digits_cnn::network`], hidden
@@ -234,22 +252,22 @@ pub fn cnn_step() -> RuntimeResult<TrainStep> {
     )
     .expect("256 images of 64 pixels");
     let labels = digits.labels[..CNN_BATCH].to_vec();
-    TrainStep::new(p, logits, y, 0.05, Array::F32(x_batch), labels)
+    TrainStep::new(p, logits, y, Sgd::new(0.05), Array::F32(x_batch), labels)
 }
 
 impl TrainStep {
-    /// Adds the loss and the SGD update to `p`, which computes `logits` from placeholders
+    /// Adds the loss and `rule`'s update to `p`, which computes `logits` from placeholders
     /// `x` and `labels`, and opens a session fed with `x_batch` and `labels_batch`.
     fn new(
         mut p: Program,
         logits: Value,
         labels: Value,
-        learning_rate: f64,
+        mut rule: impl Optimizer,
         x_batch: Array,
         labels_batch: Vec<i64>,
     ) -> RuntimeResult<TrainStep> {
         let loss = layers::softmax_cross_entropy(&mut p, logits, labels)?;
-        let train = Sgd::new(learning_rate).minimize(&mut p, loss)?;
+        let train = rule.minimize(&mut p, loss)?;
         let n = labels_batch.len();
         let y_batch = ArrayD::from_shape_vec(IxDyn(&[n]), labels_batch).expect("a batch");
         Ok(TrainStep {

@@ -33,10 +33,16 @@ pub fn group(size: usize) -> Vec<Communicator> {
 /// Runs `f` on `size` threads, each with its rank's communicator installed, and returns their
 /// results in rank order. A rank that returns an error or panics aborts the group, so the
 /// others fail instead of waiting.
+///
+/// Each rank is a device: its parallel kernels run on a thread pool of its own, with the
+/// machine's cores shared out among the ranks (one each, at least), so that ranks do not
+/// queue behind each other in one pool.
 pub fn run<R: Send, E: std::fmt::Display + Send>(
     size: usize,
     f: impl Fn(&Communicator) -> Result<R, E> + Sync,
 ) -> Vec<Result<R, E>> {
+    let cores = std::thread::available_parallelism().map_or(1, usize::from);
+    let per_rank = (cores / size.max(1)).max(1);
     let comms = group(size);
     std::thread::scope(|scope| {
         let handles: Vec<_> = comms
@@ -45,7 +51,15 @@ pub fn run<R: Send, E: std::fmt::Display + Send>(
                 let f = &f;
                 scope.spawn(move || {
                     let _installed = comm.install();
-                    let result = f(&comm);
+                    let rank = comm.rank();
+                    let pool = rayon::ThreadPoolBuilder::new()
+                        .num_threads(per_rank)
+                        .thread_name(move |i| format!("kiln-rank{rank}-{i}"))
+                        .build();
+                    let result = match pool {
+                        Ok(pool) => pool.install(|| f(&comm)),
+                        Err(_) => f(&comm),
+                    };
                     if let Err(e) = &result {
                         comm.abort(&e.to_string());
                     }

@@ -489,8 +489,8 @@ impl Packed {
     }
 
     fn unpack(&self, messages: Vec<Array>) -> Vec<Array> {
-        if let ([(_, _, shape)], [message]) = (&self.parts[..], &messages[..]) {
-            let mut out = message.clone();
+        if let ([(_, _, shape)], 1) = (&self.parts[..], messages.len()) {
+            let mut out = messages.into_iter().next().expect("one message");
             out.reshape_in_place(shape);
             return vec![out];
         }

@@ -21,7 +21,11 @@ pub fn launched_by_mpirun() -> bool {
 }
 
 /// This process's communicator over `MPI_COMM_WORLD`. MPI may be initialised once per process.
+///
+/// Unless `RAYON_NUM_THREADS` says otherwise, the node's cores are shared out among the ranks
+/// mpirun started on it, so that they do not oversubscribe the cores.
 pub fn world() -> Result<Communicator, CommError> {
+    share_cores();
     Communicator::spawn(|| {
         let failed = |message: String| CommError::Transport { rank: 0, message };
         let (universe, provided) = mpi::initialize_with_threading(Threading::Funneled)
@@ -39,6 +43,23 @@ pub fn world() -> Result<Communicator, CommError> {
             _universe: universe,
         })
     })
+}
+
+/// Sizes the kernels' thread pool to this rank's share of the node's cores (a no-op when the
+/// pool already runs, or when `RAYON_NUM_THREADS` sets it).
+fn share_cores() {
+    if std::env::var_os("RAYON_NUM_THREADS").is_some() {
+        return;
+    }
+    let local_ranks = ["OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS"]
+        .iter()
+        .find_map(|v| std::env::var(v).ok()?.parse::<usize>().ok())
+        .unwrap_or(1)
+        .max(1);
+    let cores = std::thread::available_parallelism().map_or(1, usize::from);
+    let _ = rayon::ThreadPoolBuilder::new()
+        .num_threads((cores / local_ranks).max(1))
+        .build_global();
 }
 
 struct Mpi {
