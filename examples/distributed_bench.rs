@@ -40,6 +40,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     };
     let threads = value("--threads", 1)?;
     let steps = value("--steps", 50)?;
+    let bucket_bytes = 1024 * value("--bucket-kib", 0)?;
     #[cfg(feature = "mpi")]
     if kiln::backend::comm::mpi::launched_by_mpirun() {
         if flag("--raw") {
@@ -47,7 +48,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         }
         let comm = kiln::backend::comm::mpi::world()?;
         let _installed = comm.install();
-        return measure(what, &comm, steps, "kiln-mpi").map_err(Into::into);
+        return measure(what, &comm, steps, bucket_bytes, "kiln-mpi").map_err(Into::into);
     }
     if flag("--raw") {
         return Err(
@@ -60,17 +61,25 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         }
         return w5_alone(steps).map_err(Into::into);
     }
-    for result in local::run(threads, |comm| measure(what, comm, steps, "kiln-local")) {
+    for result in local::run(threads, |comm| {
+        measure(what, comm, steps, bucket_bytes, "kiln-local")
+    }) {
         result?;
     }
     Ok(())
 }
 
 /// `label` names the transport in the all-reduce lines.
-fn measure(what: &str, comm: &Communicator, steps: usize, label: &str) -> Result<(), String> {
+fn measure(
+    what: &str,
+    comm: &Communicator,
+    steps: usize,
+    bucket_bytes: usize,
+    label: &str,
+) -> Result<(), String> {
     match what {
         "allreduce" => all_reduce(comm, label),
-        "w5" => w5(comm, steps),
+        "w5" => w5(comm, steps, bucket_bytes),
         other => Err(format!("measure `allreduce` or `w5`, not `{other}`")),
     }
 }
@@ -128,9 +137,9 @@ fn all_reduce(comm: &Communicator, label: &str) -> Result<(), String> {
 }
 
 /// W5 with the batch of 256 split over the ranks; each rank prints its time per step.
-fn w5(comm: &Communicator, steps: usize) -> Result<(), String> {
-    let mut step =
-        kiln::workloads::mlp_step_share(comm.rank(), comm.size()).map_err(|e| e.to_string())?;
+fn w5(comm: &Communicator, steps: usize, bucket_bytes: usize) -> Result<(), String> {
+    let mut step = kiln::workloads::mlp_step_share(comm.rank(), comm.size(), bucket_bytes)
+        .map_err(|e| e.to_string())?;
     let mut times = Vec::new();
     for i in 0..steps + 3 {
         let started = Instant::now();

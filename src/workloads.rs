@@ -205,13 +205,14 @@ pub fn cnn_parameter_names() -> Vec<(String, String)> {
 /// W5: one training step of an MLP (ReLU, softmax cross-entropy on integer labels, plain SGD
 /// with learning rate 0.01) on a fixed batch of seeded normal inputs; seeded initial weights.
 pub fn mlp_step() -> RuntimeResult<TrainStep> {
-    mlp_step_share(0, 1)
+    mlp_step_share(0, 1, 0)
 }
 
 /// W5 on `ranks` data-parallel ranks: rank `rank` trains on its share of the batch (rows
 /// `rank·256/ranks ..`), and the gradients are averaged over the ranks of the current
-/// thread's communicator ([`DataParallel`]). One rank is [`mlp_step`].
-pub fn mlp_step_share(rank: usize, ranks: usize) -> RuntimeResult<TrainStep> {
+/// thread's communicator ([`DataParallel`], in buckets of `bucket_bytes`, 0 for the default).
+/// One rank is [`mlp_step`].
+pub fn mlp_step_share(rank: usize, ranks: usize, bucket_bytes: usize) -> RuntimeResult<TrainStep> {
     let [d_in, h1, h2, d_out] = MLP_SIZES;
     let share = MLP_BATCH / ranks;
     let mut p = Program::with_seed(0);
@@ -232,7 +233,11 @@ pub fn mlp_step_share(rank: usize, ranks: usize) -> RuntimeResult<TrainStep> {
     if ranks == 1 {
         TrainStep::new(p, logits, y, sgd, x_batch, labels)
     } else {
-        TrainStep::new(p, logits, y, DataParallel::new(sgd), x_batch, labels)
+        let mut rule = DataParallel::new(sgd);
+        if bucket_bytes > 0 {
+            rule = rule.with_bucket_bytes(bucket_bytes);
+        }
+        TrainStep::new(p, logits, y, rule, x_batch, labels)
     }
 }
 

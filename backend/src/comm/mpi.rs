@@ -40,6 +40,7 @@ pub fn world() -> Result<Communicator, CommError> {
             rank: world.rank() as usize,
             size: world.size() as usize,
             world,
+            send: None,
             _universe: universe,
         })
     })
@@ -66,6 +67,9 @@ struct Mpi {
     rank: usize,
     size: usize,
     world: SimpleCommunicator,
+    /// The last all-reduce's send buffer, reused while sizes repeat (a step's buckets do), so
+    /// that a large buffer is not faulted in afresh at every call.
+    send: Option<Array>,
     /// Finalises MPI when dropped, on the worker thread.
     _universe: Universe,
 }
@@ -103,18 +107,45 @@ impl Transport for Mpi {
     }
 
     fn all_reduce_sum(&mut self, data: &mut Array) -> Result<(), CommError> {
-        let world = &self.world;
-        match data {
-            Array::Bool(a) => {
-                let send = a.as_slice().expect("contiguous").to_vec();
-                let recv = a.as_slice_mut().expect("contiguous");
-                world.all_reduce_into(&send[..], recv, SystemOperation::logical_or());
+        // rsmpi has no MPI_IN_PLACE: the operands go from a copy.
+        let send = match self.send.take() {
+            Some(mut s) if s.dtype() == data.dtype() && s.len() == data.len() => {
+                s.copy_elements_from(data);
+                s
             }
-            other => with_slice_mut!(other, recv => {
-                let send = recv.to_vec();
-                world.all_reduce_into(&send[..], recv, SystemOperation::sum());
-            }),
+            _ => data.clone(),
+        };
+        let world = &self.world;
+        let contiguous = "messages are contiguous";
+        match (&send, data) {
+            (Array::F32(s), Array::F32(r)) => world.all_reduce_into(
+                s.as_slice().expect(contiguous),
+                r.as_slice_mut().expect(contiguous),
+                SystemOperation::sum(),
+            ),
+            (Array::F64(s), Array::F64(r)) => world.all_reduce_into(
+                s.as_slice().expect(contiguous),
+                r.as_slice_mut().expect(contiguous),
+                SystemOperation::sum(),
+            ),
+            (Array::I32(s), Array::I32(r)) => world.all_reduce_into(
+                s.as_slice().expect(contiguous),
+                r.as_slice_mut().expect(contiguous),
+                SystemOperation::sum(),
+            ),
+            (Array::I64(s), Array::I64(r)) => world.all_reduce_into(
+                s.as_slice().expect(contiguous),
+                r.as_slice_mut().expect(contiguous),
+                SystemOperation::sum(),
+            ),
+            (Array::Bool(s), Array::Bool(r)) => world.all_reduce_into(
+                s.as_slice().expect(contiguous),
+                r.as_slice_mut().expect(contiguous),
+                SystemOperation::logical_or(),
+            ),
+            _ => unreachable!("the send buffer is a copy of the data"),
         }
+        self.send = Some(send);
         Ok(())
     }
 
