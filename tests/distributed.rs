@@ -6,7 +6,7 @@
 use kiln::backend::comm::{CommError, Communicator, local};
 use kiln::backend::{Array, Interpreter, StateStore};
 use kiln::demos::data_parallel::{Config, Mode, run_threads};
-use kiln::ir::{AllReduceOp, DType, Dim, parse_and_verify};
+use kiln::ir::{AllReduceOp, DType, Dim, Shape, Type, parse_and_verify};
 use kiln::runtime::distributed::DataParallel;
 use kiln::runtime::eager::nn::{self, Layer, Linear, Relu, Sequential};
 use kiln::runtime::eager::{self, EagerOptimizer, Tensor};
@@ -197,48 +197,61 @@ fn the_gradient_of_an_all_reduce_is_an_all_reduce() {
     }
 }
 
-/// An eager MLP stepped by `EagerOptimizer(DataParallel(Sgd))` on two half batches ends
-/// where one process on the whole batch ends.
+/// An eager MLP stepped by `EagerOptimizer(DataParallel(Sgd))` on two half batches, or by a
+/// `to_static` training step minimized with `DataParallel(Sgd)`, ends where one process on
+/// the whole batch ends. The ranks seed their parameters differently; `broadcast_parameters`
+/// makes them start alike.
 #[test]
-fn eager_data_parallel_matches_one_process() {
+fn eager_and_to_static_data_parallel_match_one_process() {
     let batch = kiln::runtime::data::digits()
         .unwrap()
         .select(&(0..64).collect::<Vec<_>>());
-    let train = |rank: usize, ranks: usize| -> Result<Vec<f64>, RuntimeError> {
-        let to_runtime = |e: eager::EagerError| RuntimeError::Usage(e.to_string());
+    let train = |rank: usize, ranks: usize, traced: bool| -> Result<Vec<f64>, eager::EagerError> {
         eager::reset();
-        eager::manual_seed(4);
+        eager::manual_seed(4 + rank as u64);
         let model = Sequential::new()
-            .push(Linear::new("fc1", 64, 12).map_err(to_runtime)?)
+            .push(Linear::new("fc1", 64, 12)?)
             .push(Relu)
-            .push(Linear::new("fc2", 12, 10).map_err(to_runtime)?);
-        let rule = DataParallel::new(Sgd::new(0.5));
-        let mut opt = EagerOptimizer::new(rule, model.parameters()).map_err(to_runtime)?;
+            .push(Linear::new("fc2", 12, 10)?);
+        eager::broadcast_parameters(0)?;
         let share = 64 / ranks;
-        let mine = batch.select(&(rank * share..(rank + 1) * share).collect::<Vec<_>>());
-        let part = mine.all();
-        for _ in 0..3 {
-            opt.zero_grad();
-            let logits = model
-                .forward(&Tensor::new(part.x.clone()))
-                .map_err(to_runtime)?;
-            let loss =
-                nn::cross_entropy(&logits, &Tensor::new(part.y.clone())).map_err(to_runtime)?;
-            loss.backward().map_err(to_runtime)?;
-            opt.step().map_err(to_runtime)?;
+        let part = batch
+            .select(&(rank * share..(rank + 1) * share).collect::<Vec<_>>())
+            .all();
+        let (x, y) = (Tensor::new(part.x), Tensor::new(part.y));
+        if traced {
+            let types = [
+                ("x", Type::new(DType::F32, Shape::fixed(&[share, 64]))),
+                ("y", Type::new(DType::I64, Shape::fixed(&[share]))),
+            ];
+            let mut step = eager::to_static(&types, |t| {
+                Ok(vec![nn::cross_entropy(&model.forward(&t[0])?, &t[1])?])
+            })?;
+            let update = step.minimize(&mut DataParallel::new(Sgd::new(0.5)), 0)?;
+            for _ in 0..3 {
+                step.call_and_update(&[&x, &y], &[update])?;
+            }
+        } else {
+            let rule = DataParallel::new(Sgd::new(0.5));
+            let mut opt = EagerOptimizer::new(rule, model.parameters())?;
+            for _ in 0..3 {
+                opt.zero_grad();
+                nn::cross_entropy(&model.forward(&x)?, &y)?.backward()?;
+                opt.step()?;
+            }
         }
-        let params = model.parameters();
-        params[0]
-            .tensor()
-            .map_err(to_runtime)?
-            .to_f64_vec()
-            .map_err(to_runtime)
+        model.parameters()[0].tensor()?.to_f64_vec()
     };
-    let alone = train(0, 1).unwrap();
-    for result in local::run(2, |comm| train(comm.rank(), 2)) {
-        let weights = result.unwrap();
-        for (a, b) in weights.iter().zip(&alone) {
-            assert!((a - b).abs() <= 1e-5 * (1.0 + b.abs()), "{a} against {b}");
+    for traced in [false, true] {
+        let alone = train(0, 1, traced).unwrap();
+        for result in local::run(2, |comm| train(comm.rank(), 2, traced)) {
+            let weights = result.unwrap();
+            for (a, b) in weights.iter().zip(&alone) {
+                assert!(
+                    (a - b).abs() <= 1e-5 * (1.0 + b.abs()),
+                    "traced {traced}: {a} against {b}"
+                );
+            }
         }
     }
 }

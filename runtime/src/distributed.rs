@@ -24,8 +24,11 @@ use kiln_backend::Array;
 pub use kiln_backend::comm::{CommError, Communicator, local};
 use kiln_ir::{AllReduceOp, BinaryOp, Inst, Op, StateDecl, Value};
 
-/// PyTorch DDP's default bucket size.
-pub const DEFAULT_BUCKET_BYTES: usize = 25 << 20;
+/// The default bucket size: 1 MiB. (PyTorch DDP caps buckets at 25 MiB with a first bucket
+/// of 1 MiB.) On the CPU, with models of a few MiB, small buckets overlap more of the
+/// backward pass: W5 on two ranks steps in 4.9 ms with 1 MiB buckets and 6.4 ms with one
+/// bucket for everything (BENCHMARKS.md).
+pub const DEFAULT_BUCKET_BYTES: usize = 1 << 20;
 
 /// An optimizer whose gradients are averaged over the ranks before its updates.
 pub struct DataParallel<O> {

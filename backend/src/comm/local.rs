@@ -50,15 +50,19 @@ pub fn run<R: Send, E: std::fmt::Display + Send>(
             .map(|comm| {
                 let f = &f;
                 scope.spawn(move || {
-                    let _installed = comm.install();
                     let rank = comm.rank();
                     let pool = rayon::ThreadPoolBuilder::new()
                         .num_threads(per_rank)
                         .thread_name(move |i| format!("kiln-rank{rank}-{i}"))
                         .build();
+                    // The communicator is the calling thread's: install it where `f` runs.
+                    let run = || {
+                        let _installed = comm.install();
+                        f(&comm)
+                    };
                     let result = match pool {
-                        Ok(pool) => pool.install(|| f(&comm)),
-                        Err(_) => f(&comm),
+                        Ok(pool) => pool.install(run),
+                        Err(_) => run(),
                     };
                     if let Err(e) = &result {
                         comm.abort(&e.to_string());

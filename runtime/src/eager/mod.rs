@@ -187,6 +187,18 @@ pub fn load_parameters_present(path: &std::path::Path) -> EagerResult<Vec<String
     with(|cx| Ok(cx.scope.load_present(path).map_err(RuntimeError::from)?))
 }
 
+/// Sends every parameter and optimizer state of this thread from rank `root` to the other
+/// ranks of the current communicator (nothing without one): data-parallel eager training
+/// starts from one set of values, as static sessions do. Every rank must call it after
+/// creating the same parameters.
+pub fn broadcast_parameters(root: usize) -> EagerResult<()> {
+    with(|cx| {
+        let names: Vec<String> = cx.scope.iter().map(|(n, _)| n.to_owned()).collect();
+        crate::distributed::broadcast_scope(&mut cx.scope, &names, root)?;
+        Ok(())
+    })
+}
+
 /// How many instructions the tape holds (0 once no recorded tensor is alive): for
 /// inspecting memory use.
 pub fn tape_len() -> usize {
