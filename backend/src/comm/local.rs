@@ -133,12 +133,13 @@ impl Local {
 
     /// Waits on the group until `done` holds, failing on a failure or after the timeout.
     fn wait_until<'a>(
-        &self,
+        &'a self,
         mut state: MutexGuard<'a, State>,
         op: &'static str,
         mut done: impl FnMut(&mut State) -> bool,
     ) -> Result<MutexGuard<'a, State>, CommError> {
         let deadline = Instant::now() + self.timeout;
+        let spin_until = Instant::now() + super::SPIN;
         loop {
             if done(&mut state) {
                 return Ok(state);
@@ -158,10 +159,17 @@ impl Local {
                     timeout: self.timeout,
                 });
             }
-            state = (self.group.changed)
-                .wait_timeout(state, deadline - now)
-                .unwrap_or_else(PoisonError::into_inner)
-                .0;
+            state = if now < spin_until {
+                // The others are likely microseconds away: poll before sleeping.
+                drop(state);
+                std::thread::yield_now();
+                self.lock()
+            } else {
+                (self.group.changed)
+                    .wait_timeout(state, deadline - now)
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .0
+            };
         }
     }
 

@@ -398,7 +398,7 @@ impl Pending {
     pub fn wait(self) -> Result<Vec<Array>, CommError> {
         let mut messages = Vec::with_capacity(self.replies.len());
         for reply in &self.replies {
-            let message = match reply.recv_timeout(self.timeout) {
+            let message = match spin_then_wait(reply, self.timeout) {
                 Ok(result) => result?,
                 Err(mpsc::RecvTimeoutError::Timeout) => {
                     self.shared
@@ -425,6 +425,28 @@ impl Pending {
         Ok(self.layout.unpack(messages))
     }
 }
+
+/// Polls `reply` for a few microseconds before sleeping on it: a small collective completes
+/// in about that time, and waking a sleeping thread costs tens of microseconds on a VM.
+fn spin_then_wait<T>(
+    reply: &mpsc::Receiver<T>,
+    timeout: Duration,
+) -> Result<T, mpsc::RecvTimeoutError> {
+    let started = std::time::Instant::now();
+    while started.elapsed() < SPIN {
+        match reply.try_recv() {
+            Ok(v) => return Ok(v),
+            Err(mpsc::TryRecvError::Disconnected) => {
+                return Err(mpsc::RecvTimeoutError::Disconnected);
+            }
+            Err(mpsc::TryRecvError::Empty) => std::thread::yield_now(),
+        }
+    }
+    reply.recv_timeout(timeout)
+}
+
+/// How long a waiting thread polls before it sleeps.
+const SPIN: Duration = Duration::from_micros(50);
 
 /// `a / n` elementwise, for floats (a mean; integer means are refused by the type rules).
 fn divide(a: Array, n: usize) -> Array {
