@@ -427,3 +427,43 @@ fn types_and_text_of_communication_ops() {
     .unwrap_err();
     assert!(err.to_string().contains("need fixed shapes"), "{err}");
 }
+
+/// The parameter-server split is printable IR: the trainer's step sends gradients and
+/// receives parameters, the server's receives, averages, updates and sends; both print and
+/// parse back.
+#[test]
+fn parameter_server_programs_print_and_parse_back() {
+    use kiln::runtime::distributed::ParameterServer;
+    let build = || {
+        let mut p = Program::with_seed(2);
+        let x = p
+            .placeholder("x", DType::F32, vec![Dim::sym("N"), Dim::Fixed(3)])
+            .unwrap();
+        let y = layers::dense(&mut p, "fc", x, 2, Activation::Identity).unwrap();
+        let loss = p
+            .reduce(kiln::ir::ReduceOp::Sum, y, vec![0, 1], false)
+            .unwrap();
+        (p, loss)
+    };
+    let ps = ParameterServer::new(1, 3).unwrap();
+    let (mut trainer, loss) = build();
+    let train = ps.trainer_step(&mut trainer, loss).unwrap();
+    let (mut server, _) = build();
+    let serve = ps.server_step(&mut server, &mut Sgd::new(0.1), 0).unwrap();
+    for (p, target, sends, recvs) in [(&trainer, train, 2, 2), (&server, serve, 4, 4)] {
+        let mut module = kiln::ir::Module {
+            states: p.module().states.clone(),
+            functions: Vec::new(),
+        };
+        module.add_function(p.export("step", &[], &[target]));
+        let text = module.to_string();
+        let count = |prefix: &str| {
+            text.lines()
+                .filter(|l| l.trim_start().starts_with(prefix))
+                .count()
+        };
+        assert_eq!(count("send "), sends, "{text}");
+        assert_eq!(text.matches("= recv {").count(), recvs, "{text}");
+        assert_eq!(parse_and_verify(&text).unwrap(), module);
+    }
+}

@@ -594,13 +594,13 @@ impl FunctionBuilder {
             return Err(self.error("store", message, loc));
         }
         self.insert_at(op, &[value], Vec::new(), loc)?;
-        let region = *self.open.last().expect("body is open");
-        Ok(*self
-            .func
-            .region(region)
-            .insts
-            .last()
-            .expect("just appended"))
+        Ok(self.last_inst().expect("just appended"))
+    }
+
+    /// The instruction added last to the innermost open region.
+    pub fn last_inst(&self) -> Option<Inst> {
+        let region = *self.open.last().expect("the body region is always open");
+        self.func.region(region).insts.last().copied()
     }
 
     // ----- control flow and calls -----
@@ -697,13 +697,7 @@ impl FunctionBuilder {
     #[track_caller]
     pub fn send(&mut self, values: &[Value], peer: usize, tag: u64) -> BuildResult<Inst> {
         self.insert_at(Op::Send { peer, tag }, values, Vec::new(), Loc::caller())?;
-        let region = *self.open.last().expect("body is open");
-        Ok(*self
-            .func
-            .region(region)
-            .insts
-            .last()
-            .expect("just appended"))
+        Ok(self.last_inst().expect("just appended"))
     }
 
     /// Receives values of `types` from rank `peer`'s send of `tag`.

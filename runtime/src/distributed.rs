@@ -128,7 +128,7 @@ fn all_reduce_mean_buckets(
     for bucket in buckets(p, grads, bucket_bytes) {
         let values: Vec<Value> = bucket.iter().map(|&i| grads[i]).collect();
         let reduced = p.all_reduce(AllReduceOp::Mean, &values)?;
-        let inst = last_inst(p);
+        let inst = p.last_inst().expect("the all-reduce was just added");
         p.hoist(inst, previous);
         previous = Some(inst);
         for (&i, r) in bucket.iter().zip(reduced) {
@@ -136,16 +136,6 @@ fn all_reduce_mean_buckets(
         }
     }
     Ok(averaged)
-}
-
-/// The instruction added last to the program's graph.
-fn last_inst(p: &Program) -> Inst {
-    let graph = p.graph();
-    *graph
-        .region(graph.body())
-        .insts
-        .last()
-        .expect("an instruction was just added")
 }
 
 /// Sends every value of `scope` from rank `root` to the other ranks, in name order (the same

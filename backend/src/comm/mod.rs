@@ -179,51 +179,51 @@ impl Communicator {
     /// Starts summing (or averaging) `arrays` over the ranks. The arrays go as one message per
     /// dtype (a gradient bucket is one message).
     pub fn all_reduce(&self, arrays: &[&Array], mean: bool) -> Result<Pending, CommError> {
-        let layout = Packed::of(arrays);
-        let messages = layout.pack(arrays);
-        let replies = messages
-            .into_iter()
-            .map(|m| self.submit(Job::AllReduce(m)))
-            .collect::<Result<_, _>>()?;
         let scale = mean.then_some(self.size());
-        Ok(Pending::new(self, layout, replies, scale, "all_reduce"))
+        self.operation(arrays, "all_reduce", scale, Job::AllReduce)
     }
 
     /// Starts sending every rank `root`'s `arrays`.
     pub fn broadcast(&self, arrays: &[&Array], root: usize) -> Result<Pending, CommError> {
         self.check_peer(root, "collective_broadcast")?;
-        let layout = Packed::of(arrays);
-        let replies = (layout.pack(arrays).into_iter())
-            .map(|m| self.submit(Job::Broadcast(m, root)))
-            .collect::<Result<_, _>>()?;
-        Ok(Pending::new(
-            self,
-            layout,
-            replies,
-            None,
-            "collective_broadcast",
-        ))
+        self.operation(arrays, "collective_broadcast", None, |m| {
+            Job::Broadcast(m, root)
+        })
     }
 
     /// Sends `arrays` to `peer` (waited for like any operation: it completes when the transport
     /// has taken the message).
     pub fn send(&self, arrays: &[&Array], peer: usize, tag: u64) -> Result<Pending, CommError> {
         self.check_peer(peer, "send")?;
-        let layout = Packed::of(arrays);
-        let replies = (layout.pack(arrays).into_iter())
-            .map(|m| self.submit(Job::Send(m, peer, tag)))
-            .collect::<Result<_, _>>()?;
-        Ok(Pending::new(self, layout, replies, None, "send"))
+        self.operation(arrays, "send", None, |m| Job::Send(m, peer, tag))
     }
 
     /// Starts receiving arrays shaped like `like` from `peer`'s send of `tag`.
     pub fn recv(&self, like: &[&Array], peer: usize, tag: u64) -> Result<Pending, CommError> {
         self.check_peer(peer, "recv")?;
-        let layout = Packed::of(like);
-        let replies = (layout.pack(like).into_iter())
-            .map(|m| self.submit(Job::Recv(m, peer, tag)))
+        self.operation(like, "recv", None, |m| Job::Recv(m, peer, tag))
+    }
+
+    /// Packs `arrays` into messages and submits `job` of each; a mean divides by `scale`.
+    fn operation(
+        &self,
+        arrays: &[&Array],
+        op: &'static str,
+        scale: Option<usize>,
+        job: impl Fn(Array) -> Job,
+    ) -> Result<Pending, CommError> {
+        let layout = Packed::of(arrays);
+        let replies = (layout.pack(arrays).into_iter())
+            .map(|m| self.submit(job(m)))
             .collect::<Result<_, _>>()?;
-        Ok(Pending::new(self, layout, replies, None, "recv"))
+        Ok(Pending {
+            shared: self.shared.clone(),
+            layout,
+            replies,
+            scale,
+            op,
+            timeout: self.timeout,
+        })
     }
 
     /// Tells the other ranks that this one failed with `message`: their waits end with
@@ -376,23 +376,6 @@ pub struct Pending {
 }
 
 impl Pending {
-    fn new(
-        comm: &Communicator,
-        layout: Packed,
-        replies: Vec<mpsc::Receiver<Result<Array, CommError>>>,
-        scale: Option<usize>,
-        op: &'static str,
-    ) -> Pending {
-        Pending {
-            shared: comm.shared.clone(),
-            layout,
-            replies,
-            scale,
-            op,
-            timeout: comm.timeout,
-        }
-    }
-
     /// Waits for the operation (at most the communicator's timeout) and returns its arrays,
     /// shaped as the ones given.
     pub fn wait(self) -> Result<Vec<Array>, CommError> {

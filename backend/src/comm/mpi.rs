@@ -116,35 +116,25 @@ impl Transport for Mpi {
             _ => data.clone(),
         };
         let world = &self.world;
-        let contiguous = "messages are contiguous";
-        match (&send, data) {
-            (Array::F32(s), Array::F32(r)) => world.all_reduce_into(
-                s.as_slice().expect(contiguous),
-                r.as_slice_mut().expect(contiguous),
-                SystemOperation::sum(),
-            ),
-            (Array::F64(s), Array::F64(r)) => world.all_reduce_into(
-                s.as_slice().expect(contiguous),
-                r.as_slice_mut().expect(contiguous),
-                SystemOperation::sum(),
-            ),
-            (Array::I32(s), Array::I32(r)) => world.all_reduce_into(
-                s.as_slice().expect(contiguous),
-                r.as_slice_mut().expect(contiguous),
-                SystemOperation::sum(),
-            ),
-            (Array::I64(s), Array::I64(r)) => world.all_reduce_into(
-                s.as_slice().expect(contiguous),
-                r.as_slice_mut().expect(contiguous),
-                SystemOperation::sum(),
-            ),
-            (Array::Bool(s), Array::Bool(r)) => world.all_reduce_into(
-                s.as_slice().expect(contiguous),
-                r.as_slice_mut().expect(contiguous),
-                SystemOperation::logical_or(),
-            ),
-            _ => unreachable!("the send buffer is a copy of the data"),
+        macro_rules! reduce {
+            ($($variant:ident => $op:expr),*) => {
+                match (&send, data) {
+                    $((Array::$variant(s), Array::$variant(r)) => world.all_reduce_into(
+                        s.as_slice().expect("messages are contiguous"),
+                        r.as_slice_mut().expect("messages are contiguous"),
+                        $op,
+                    ),)*
+                    _ => unreachable!("the send buffer is a copy of the data"),
+                }
+            };
         }
+        reduce!(
+            F32 => SystemOperation::sum(),
+            F64 => SystemOperation::sum(),
+            I32 => SystemOperation::sum(),
+            I64 => SystemOperation::sum(),
+            Bool => SystemOperation::logical_or()
+        );
         self.send = Some(send);
         Ok(())
     }
@@ -165,8 +155,9 @@ impl Transport for Mpi {
     fn recv(&mut self, data: &mut Array, peer: usize, tag: u64) -> Result<(), CommError> {
         let tag = self.tag(tag)?;
         let peer = self.world.process_at_rank(peer as i32);
-        let status = with_slice_mut!(data, s => peer.receive_into_with_tag(s, tag));
-        let _ = status;
+        with_slice_mut!(data, s => {
+            peer.receive_into_with_tag(s, tag);
+        });
         Ok(())
     }
 

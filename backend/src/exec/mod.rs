@@ -753,13 +753,7 @@ impl Executable {
         interp: &Interpreter<'_>,
     ) -> Result<(), InterpError> {
         let args: Vec<&Array> = step.inputs.iter().map(|&v| &**Self::value(rt, v)).collect();
-        let shapes: Vec<Vec<usize>> = (step.shapes.iter())
-            .map(|r| {
-                let mut shape = Vec::new();
-                r.resolve_into(&rt.sizes, &mut shape);
-                shape
-            })
-            .collect();
+        let shapes = Self::output_shapes(rt, step);
         let op = &self.func.inst(step.inst).op;
         let results = interp
             .eval_op(op, &args, &shapes)
@@ -779,6 +773,17 @@ impl Executable {
         Ok(())
     }
 
+    /// The shapes of `step`'s outputs at this run's sizes.
+    fn output_shapes(rt: &Runtime, step: &Step) -> Vec<Vec<usize>> {
+        (step.shapes.iter())
+            .map(|r| {
+                let mut shape = Vec::new();
+                r.resolve_into(&rt.sizes, &mut shape);
+                shape
+            })
+            .collect()
+    }
+
     /// Starts a communication op with this step's operands.
     fn start_communication(
         &self,
@@ -787,13 +792,7 @@ impl Executable {
         index: usize,
     ) -> Result<(), InterpError> {
         let args: Vec<&Array> = step.inputs.iter().map(|&v| &**Self::value(rt, v)).collect();
-        let shapes: Vec<Vec<usize>> = (step.shapes.iter())
-            .map(|r| {
-                let mut shape = Vec::new();
-                r.resolve_into(&rt.sizes, &mut shape);
-                shape
-            })
-            .collect();
+        let shapes = Self::output_shapes(rt, step);
         let op = &self.func.inst(step.inst).op;
         let started =
             crate::comm::start(op, &args, &shapes).map_err(|m| self.fail(step.inst, m))?;
