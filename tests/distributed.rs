@@ -268,6 +268,12 @@ fn sessions_start_from_rank_zeros_parameters_and_only_rank_zero_saves() {
         let session = Session::new(&p)?;
         let weights = session.scope().get("fc.w").unwrap().to_f64_vec();
         let wrote = session.save(&dir.join("params.safetensors"))?;
+        if comm.rank() == 1 {
+            // Alone: no broadcast, so this rank's own seed shows.
+            let _alone = Communicator::suspend();
+            let own = Session::new(&p)?.scope().get("fc.w").unwrap().to_f64_vec();
+            assert_ne!(own, weights);
+        }
         Ok((weights, wrote))
     });
     let results: Vec<(Vec<f64>, bool)> = results.into_iter().map(Result::unwrap).collect();

@@ -240,6 +240,13 @@ impl Communicator {
         Installed { previous }
     }
 
+    /// Runs this thread as the only rank until the guard is dropped: for work one rank does
+    /// alone (evaluating, say), whose sessions must not broadcast or all-reduce.
+    pub fn suspend() -> Installed {
+        let previous = CURRENT.with(|c| c.borrow_mut().take());
+        Installed { previous }
+    }
+
     /// The current thread's communicator, if one is installed.
     pub fn current() -> Option<Communicator> {
         CURRENT.with(|c| c.borrow().clone())
