@@ -1,0 +1,97 @@
+"""Kiln from Python.
+
+Eager tensors with ``backward()``, ``nn.Layer`` subclasses and ``PyLayer`` custom ops written
+in Python, ``to_static`` to compile them, static ``Program``\\s run in a ``Session``, and
+optimizers for both — all on Kiln's one IR and compiled kernels.
+
+Thread safety: eager tensors, parameters and traces belong to the thread that made them
+(Kiln's eager context is per thread); using one from another thread raises an error.
+``Session.run`` releases the GIL while it runs; a session is used by one thread at a time.
+"""
+
+from . import _kiln
+from ._kiln import (
+    CheckpointError,
+    CommunicationError,
+    FeedError,
+    IrError,
+    KilnError,
+    RunError,
+    ShapeError,
+    Tensor,
+    load_predictor,
+    manual_seed,
+    no_grad,
+    save_parameters,
+    load_parameters,
+)
+from . import init, nn, optim
+from . import static
+from .autograd import PyLayer
+from .jit import to_static
+from .static import Session, function
+
+__version__ = _kiln.__version__
+
+__all__ = [
+    "CheckpointError",
+    "CommunicationError",
+    "FeedError",
+    "IrError",
+    "KilnError",
+    "PyLayer",
+    "RunError",
+    "Session",
+    "ShapeError",
+    "Tensor",
+    "function",
+    "init",
+    "load_parameters",
+    "load_predictor",
+    "manual_seed",
+    "nn",
+    "no_grad",
+    "optim",
+    "reset",
+    "save_parameters",
+    "static",
+    "tensor",
+    "to_static",
+]
+
+
+def reset():
+    """Forgets this thread's parameters, gradients and recorded ops, and restarts layer
+    naming, so that a model built again gets the same names (and so the same seeded values)."""
+    _kiln.reset()
+    nn._counts.clear()
+
+
+def tensor(data, requires_grad=False):
+    """An eager tensor holding ``data`` (a numpy array, list or number; Python floats
+    become float32). With ``requires_grad``, ``backward()`` computes its gradient."""
+    return _kiln.tensor(data, requires_grad)
+
+
+def _install_tensor_methods():
+    # The op table's elementwise ops (tanh, exp, sigmoid, …) become methods: one list, in Rust.
+    for name in _kiln.unary_ops():
+        if not hasattr(Tensor, name):
+            setattr(Tensor, name, lambda self, _n=name: self._unary(_n))
+    binary = {
+        "__add__": "add", "__sub__": "sub", "__mul__": "mul", "__truediv__": "div",
+        "__pow__": "pow",
+    }
+    for dunder, op in binary.items():
+        setattr(Tensor, dunder, lambda self, other, _op=op: self._binary(_op, other))
+        rname = "__r" + dunder[2:]
+        setattr(Tensor, rname, lambda self, other, _op=op: self._binary(_op, other, True))
+    compare = {"__lt__": "lt", "__le__": "le", "__gt__": "gt", "__ge__": "ge"}
+    for dunder, op in compare.items():
+        setattr(Tensor, dunder, lambda self, other, _op=op: self._compare(_op, other))
+    Tensor.__neg__ = lambda self: self._unary("neg")
+    Tensor.__matmul__ = lambda self, other: self.matmul(other)
+    Tensor.T = property(lambda self: self.transpose())
+
+
+_install_tensor_methods()

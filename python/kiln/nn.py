@@ -1,0 +1,135 @@
+"""Layers for eager code: subclass ``Layer``, set layers and parameters as attributes, write
+``forward``. Calling a layer runs ``forward``."""
+
+from . import _kiln, init as _init
+
+
+class Layer:
+    """A module of eager code. Attributes that are layers or parameters register themselves:
+    ``parameters()`` finds them, in the order they were set."""
+
+    def __init__(self, name=None):
+        object.__setattr__(self, "_layers", {})
+        object.__setattr__(self, "_params", {})
+        object.__setattr__(self, "training", True)
+        object.__setattr__(self, "_name", name or _unique(type(self).__name__.lower()))
+
+    def __setattr__(self, key, value):
+        if "_layers" not in self.__dict__:
+            raise RuntimeError(f"call super().__init__() in {type(self).__name__}.__init__ first")
+        if isinstance(value, Layer):
+            self._layers[key] = value
+        elif isinstance(value, _kiln.Parameter):
+            self._params[key] = value
+        object.__setattr__(self, key, value)
+
+    def full_name(self):
+        return self._name
+
+    def create_parameter(self, name, shape, init=None, dtype="float32"):
+        """A parameter named ``<layer>.<name>`` of ``shape``."""
+        return _kiln.parameter(f"{self._name}.{name}", list(shape), _init._spec(init), dtype)
+
+    def parameters(self):
+        """Every parameter of this layer and of the layers it holds."""
+        found = list(self._params.values())
+        for layer in self._layers.values():
+            found.extend(layer.parameters())
+        return found
+
+    def named_parameters(self):
+        return [(p.name, p) for p in self.parameters()]
+
+    def train(self):
+        for layer in [self, *self._sublayers()]:
+            object.__setattr__(layer, "training", True)
+        return self
+
+    def eval(self):
+        for layer in [self, *self._sublayers()]:
+            object.__setattr__(layer, "training", False)
+        return self
+
+    def _sublayers(self):
+        for layer in self._layers.values():
+            yield layer
+            yield from layer._sublayers()
+
+    def clear_gradients(self):
+        for p in self.parameters():
+            p.clear_gradient()
+
+    def forward(self, *inputs):
+        raise NotImplementedError(f"{type(self).__name__} has no forward()")
+
+    def __call__(self, *inputs):
+        return self.forward(*inputs)
+
+
+_counts = {}
+
+
+def _unique(base):
+    n = _counts.get(base, 0)
+    _counts[base] = n + 1
+    return f"{base}_{n}"
+
+
+class Linear(Layer):
+    """``x @ weight + bias``, ``weight: [in, out]``."""
+
+    def __init__(self, in_features, out_features, weight_init=None, bias_init=None, name=None):
+        super().__init__(name or _unique("linear"))
+        self.weight = self.create_parameter(
+            "w", [in_features, out_features], weight_init or _init.KaimingUniform()
+        )
+        self.bias = self.create_parameter("b", [out_features], bias_init or _init.Zeros())
+
+    def forward(self, x):
+        return x.matmul(self.weight.tensor()) + self.bias.tensor()
+
+
+class Sequential(Layer):
+    """Layers applied in order."""
+
+    def __init__(self, *layers):
+        super().__init__()
+        for i, layer in enumerate(layers):
+            setattr(self, f"layer{i}", layer)
+        object.__setattr__(self, "_order", list(layers))
+
+    def forward(self, x):
+        for layer in self._order:
+            x = layer(x)
+        return x
+
+
+class ReLU(Layer):
+    def forward(self, x):
+        return x.relu()
+
+
+class Tanh(Layer):
+    def forward(self, x):
+        return x.tanh()
+
+
+class Sigmoid(Layer):
+    def forward(self, x):
+        return x.sigmoid()
+
+
+def cross_entropy(logits, labels):
+    """Mean softmax cross-entropy of ``logits: [N, C]`` against integer ``labels: [N]``."""
+    log_p = logits.log_softmax(-1)
+    classes = logits.shape[-1]
+    import numpy as np
+
+    one_hot = np.eye(classes, dtype=log_p.dtype)[labels.numpy()]
+    return -(log_p * _kiln.tensor(one_hot, False)).sum(-1).mean()
+
+
+def mse(prediction, target):
+    """Mean squared error."""
+    d = prediction - target
+    return (d * d).mean()

@@ -1,0 +1,79 @@
+"""Static programs: placeholders, parameters and layers added to a ``Program``, run in a
+``kiln.Session`` with feeds and fetches."""
+
+from . import _kiln, init as _init
+from . import layers  # noqa: F401  (kiln.static.layers)
+
+Var = _kiln.Var
+Target = _kiln.Target
+
+
+class Program:
+    """A static program under construction (``seed`` seeds its parameters)."""
+
+    def __init__(self, seed=0):
+        self._program = _kiln.Program(seed)
+
+    def placeholder(self, name, dtype, shape):
+        """A value fed at each run; ``None`` in ``shape`` is a dimension of any size."""
+        return self._program.placeholder(name, str(dtype), list(shape))
+
+    def parameter(self, name, shape, init=None, dtype="float32"):
+        return self._program.parameter(name, list(shape), _init._spec(init), dtype)
+
+    def parameter_names(self):
+        return self._program.parameter_names()
+
+    def ir(self):
+        """The whole graph as text IR."""
+        return self._program.ir()
+
+    def save(self, path, outputs, name="predict"):
+        """Saves the function computing ``outputs`` (and the state it reads) as text IR."""
+        return self._program.save(str(path), list(outputs), name)
+
+
+class Session:
+    """Runs any part of a ``Program`` with feeds and fetches, over one set of parameters
+    (initialised when the session starts). The GIL is released while a run computes."""
+
+    def __init__(self, program):
+        self._session = _kiln.Session(program._program if isinstance(program, Program) else program)
+
+    def run(self, fetches, feed=None):
+        """Runs what ``fetches`` (a Var, a Target, a name, or a list of them) need, feeding
+        placeholders by name; returns numpy arrays (``None`` for a target)."""
+        return self._session.run(fetches, feed or {})
+
+    def state(self, name):
+        """The value of state ``name`` (a parameter or an optimizer moment)."""
+        return self._session.state(name)
+
+    def save(self, path):
+        """Saves every parameter and optimizer state (safetensors, written atomically)."""
+        self._session.save(str(path))
+
+    def load(self, path):
+        """Loads a checkpoint; on error nothing changes."""
+        self._session.load(str(path))
+
+
+def function(session, inputs, outputs, updates=()):
+    """A Keras-style function of ``session``: call it with arrays for ``inputs`` to get
+    ``outputs`` and apply ``updates``."""
+    return _kiln.Function(session._session, list(inputs), list(outputs), list(updates))
+
+
+def _install_var_methods():
+    for name in _kiln.unary_ops():
+        if not hasattr(Var, name):
+            setattr(Var, name, lambda self, _n=name: self._unary(_n))
+    for dunder, op in {"__add__": "add", "__sub__": "sub", "__mul__": "mul",
+                       "__truediv__": "div", "__pow__": "pow"}.items():
+        setattr(Var, dunder, lambda self, other, _op=op: self._binary(_op, other))
+        setattr(Var, "__r" + dunder[2:], lambda self, other, _op=op: self._binary(_op, other, True))
+    Var.__neg__ = lambda self: self._unary("neg")
+    Var.__matmul__ = lambda self, other: self.matmul(other)
+
+
+_install_var_methods()

@@ -1,0 +1,607 @@
+//! Eager tensors, parameters, eager optimizers, PyLayers (custom ops whose forward and
+//! backward are Python functions over numpy arrays) and `to_static`.
+
+use crate::array::{dtype, dtype_name, from_py, to_py};
+use crate::errors::{KilnError, kiln_ok};
+use kiln::backend::{Array, CustomOpError};
+use kiln::ir::{BinaryOp, CompareOp, DType, Dim, Shape, Type, UnaryOp};
+use kiln::runtime::eager::custom::{self, CustomOp};
+use kiln::runtime::eager::nn::Parameter;
+use kiln::runtime::eager::{self, EagerOptimizer, NoGradGuard, StaticFunction, Tensor};
+use kiln::runtime::{Adam, Init, Momentum, Optimizer, Sgd, Target};
+use pyo3::exceptions::PyTypeError;
+use pyo3::prelude::*;
+use pyo3::types::{PyList, PyTuple};
+use std::sync::Arc;
+
+pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<PyTensor>()?;
+    m.add_class::<PyParameter>()?;
+    m.add_class::<PyNoGrad>()?;
+    m.add_class::<PyEagerOptimizer>()?;
+    m.add_class::<PyStaticFunction>()?;
+    m.add_function(wrap_pyfunction!(tensor, m)?)?;
+    m.add_function(wrap_pyfunction!(parameter, m)?)?;
+    m.add_function(wrap_pyfunction!(unary_ops, m)?)?;
+    m.add_function(wrap_pyfunction!(register_pylayer, m)?)?;
+    m.add_function(wrap_pyfunction!(apply_pylayer, m)?)?;
+    m.add_function(wrap_pyfunction!(to_static, m)?)?;
+    m.add_function(wrap_pyfunction!(manual_seed, m)?)?;
+    m.add_function(wrap_pyfunction!(reset, m)?)?;
+    m.add_function(wrap_pyfunction!(save_parameters, m)?)?;
+    m.add_function(wrap_pyfunction!(load_parameters, m)?)?;
+    Ok(())
+}
+
+/// An eager tensor: computed at once, recorded for `backward()` when gradients flow.
+#[pyclass(name = "Tensor", module = "kiln", unsendable)]
+#[derive(Clone)]
+pub(crate) struct PyTensor(pub(crate) Tensor);
+
+/// A tensor or a Python number, as an operand.
+fn operand(t: &PyTensor, other: &Bound<'_, PyAny>) -> PyResult<Tensor> {
+    if let Ok(o) = other.extract::<PyRef<'_, PyTensor>>() {
+        return Ok(o.0.clone());
+    }
+    if let Ok(v) = other.extract::<f64>() {
+        return Ok(Tensor::new(scalar(t.0.dtype(), v)));
+    }
+    Ok(Tensor::new(from_py(other)?))
+}
+
+/// `v` as a rank-0 array of `dtype`.
+fn scalar(dtype: DType, v: f64) -> Array {
+    Array::F64(ndarray::arr0(v).into_dyn()).cast(dtype)
+}
+
+fn axes(t: &Tensor, selection: Option<&Bound<'_, PyAny>>) -> PyResult<Vec<usize>> {
+    match selection {
+        Some(a) if !a.is_none() => match a.extract::<i64>() {
+            Ok(a) => Ok(vec![axis_of(t, a)?]),
+            Err(_) => (a.extract::<Vec<i64>>()?.into_iter())
+                .map(|a| axis_of(t, a))
+                .collect(),
+        },
+        _ => Ok((0..t.rank()).collect()),
+    }
+}
+
+#[pymethods]
+impl PyTensor {
+    /// The elements as a numpy array.
+    fn numpy(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
+        Ok(to_py(py, py_eager(self.0.to_array())?))
+    }
+
+    /// The value of a one-element tensor.
+    fn item(&self) -> PyResult<f64> {
+        py_eager(self.0.item())
+    }
+
+    #[getter]
+    fn shape<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyTuple>> {
+        let dims: Vec<Option<usize>> = (self.0.ty().shape.dims().iter())
+            .map(|d| d.as_fixed())
+            .collect();
+        PyTuple::new(py, dims)
+    }
+
+    #[getter]
+    fn dtype(&self) -> &'static str {
+        dtype_name(self.0.dtype())
+    }
+
+    #[getter]
+    fn requires_grad(&self) -> bool {
+        self.0.tracks_grad()
+    }
+
+    /// Computes the gradients of this (scalar) tensor with respect to every tensor and
+    /// parameter it depends on; read them with `.grad`.
+    fn backward(&self) -> PyResult<()> {
+        py_eager(self.0.backward())
+    }
+
+    /// The gradient `backward()` left, or `None`.
+    #[getter]
+    fn grad(&self) -> Option<PyTensor> {
+        self.0.grad().map(PyTensor)
+    }
+
+    fn zero_grad(&self) {
+        self.0.zero_grad()
+    }
+
+    /// The same values, cut from the gradient tape.
+    fn detach(&self) -> PyResult<PyTensor> {
+        py_eager(self.0.detach()).map(PyTensor)
+    }
+
+    /// An elementwise op of the op table by name (`tanh`, `exp`, …).
+    fn _unary(&self, name: &str) -> PyResult<PyTensor> {
+        let op = UnaryOp::from_name(name)
+            .ok_or_else(|| PyTypeError::new_err(format!("no elementwise op `{name}`")))?;
+        py_eager(self.0.unary(op)).map(PyTensor)
+    }
+
+    /// A binary op by name (`add`, `sub`, `mul`, `div`, `pow`, `max`, `min`); `reverse`
+    /// swaps the operands (`2 - x`).
+    #[pyo3(signature = (name, other, reverse = false))]
+    fn _binary(&self, name: &str, other: &Bound<'_, PyAny>, reverse: bool) -> PyResult<PyTensor> {
+        let op = BinaryOp::from_name(name)
+            .ok_or_else(|| PyTypeError::new_err(format!("no binary op `{name}`")))?;
+        let other = operand(self, other)?;
+        let result = if reverse {
+            other.binary(op, &self.0)
+        } else {
+            self.0.binary(op, &other)
+        };
+        py_eager(result).map(PyTensor)
+    }
+
+    /// A comparison by name (`lt`, `le`, `gt`, `ge`, `eq`, `ne`).
+    fn _compare(&self, name: &str, other: &Bound<'_, PyAny>) -> PyResult<PyTensor> {
+        let op = CompareOp::from_name(name)
+            .ok_or_else(|| PyTypeError::new_err(format!("no comparison `{name}`")))?;
+        py_eager(self.0.compare(op, &operand(self, other)?)).map(PyTensor)
+    }
+
+    #[pyo3(signature = (axis = None, keepdims = false))]
+    fn sum(&self, axis: Option<&Bound<'_, PyAny>>, keepdims: bool) -> PyResult<PyTensor> {
+        py_eager(self.0.sum(&axes(&self.0, axis)?, keepdims)).map(PyTensor)
+    }
+
+    #[pyo3(signature = (axis = None, keepdims = false))]
+    fn mean(&self, axis: Option<&Bound<'_, PyAny>>, keepdims: bool) -> PyResult<PyTensor> {
+        py_eager(self.0.mean(&axes(&self.0, axis)?, keepdims)).map(PyTensor)
+    }
+
+    fn matmul(&self, other: &PyTensor) -> PyResult<PyTensor> {
+        py_eager(self.0.matmul(&other.0)).map(PyTensor)
+    }
+
+    fn reshape(&self, shape: Vec<usize>) -> PyResult<PyTensor> {
+        py_eager(self.0.reshape(Shape::fixed(&shape))).map(PyTensor)
+    }
+
+    #[pyo3(signature = (*perm))]
+    fn transpose(&self, perm: Vec<usize>) -> PyResult<PyTensor> {
+        if perm.is_empty() {
+            return py_eager(self.0.t()).map(PyTensor);
+        }
+        py_eager(self.0.transpose(&perm)).map(PyTensor)
+    }
+
+    #[pyo3(signature = (axis = -1))]
+    fn softmax(&self, axis: i64) -> PyResult<PyTensor> {
+        let axis = axis_of(&self.0, axis)?;
+        py_eager(self.0.softmax(axis)).map(PyTensor)
+    }
+
+    #[pyo3(signature = (axis = -1))]
+    fn log_softmax(&self, axis: i64) -> PyResult<PyTensor> {
+        let axis = axis_of(&self.0, axis)?;
+        py_eager(self.0.log_softmax(axis)).map(PyTensor)
+    }
+
+    #[pyo3(signature = (axis = -1))]
+    fn argmax(&self, axis: i64) -> PyResult<PyTensor> {
+        let axis = axis_of(&self.0, axis)?;
+        py_eager(self.0.argmax(axis)).map(PyTensor)
+    }
+
+    fn astype(&self, dtype_name: &str) -> PyResult<PyTensor> {
+        py_eager(self.0.cast(dtype(dtype_name)?)).map(PyTensor)
+    }
+
+    fn __repr__(&self) -> String {
+        match self.0.to_array() {
+            Ok(a) => format!("kiln.Tensor({a}, dtype={})", dtype_name(a.dtype())),
+            Err(_) => format!("kiln.Tensor(<traced {}>)", self.0.ty()),
+        }
+    }
+}
+
+/// Axis `axis` of `t`, counted from the end when negative.
+fn axis_of(t: &Tensor, axis: i64) -> PyResult<usize> {
+    let rank = t.rank() as i64;
+    let a = if axis < 0 { axis + rank } else { axis };
+    usize::try_from(a)
+        .ok()
+        .filter(|&a| (a as i64) < rank.max(1))
+        .ok_or_else(|| KilnError::new_err(format!("axis {axis} is out of range for rank {rank}")))
+}
+
+pub(crate) fn py_eager<T>(r: kiln::runtime::eager::EagerResult<T>) -> PyResult<T> {
+    kiln_ok(r)
+}
+
+/// `kiln.tensor(array, requires_grad=False)`.
+#[pyfunction]
+#[pyo3(signature = (data, requires_grad = false))]
+fn tensor(data: &Bound<'_, PyAny>, requires_grad: bool) -> PyResult<PyTensor> {
+    let t = Tensor::new(from_py(data)?);
+    if requires_grad {
+        return py_eager(t.requires_grad()).map(PyTensor);
+    }
+    Ok(PyTensor(t))
+}
+
+/// The names of the op table's elementwise ops, which become `Tensor` methods.
+#[pyfunction]
+fn unary_ops() -> Vec<&'static str> {
+    UnaryOp::ALL.iter().map(|o| o.name()).collect()
+}
+
+/// A trainable parameter in this thread's scope.
+#[pyclass(name = "Parameter", module = "kiln", unsendable)]
+#[derive(Clone)]
+pub(crate) struct PyParameter(pub(crate) Parameter);
+
+#[pymethods]
+impl PyParameter {
+    #[getter]
+    fn name(&self) -> String {
+        self.0.name().to_owned()
+    }
+
+    /// The parameter's value as a tensor (recorded for gradients).
+    fn tensor(&self) -> PyResult<PyTensor> {
+        py_eager(self.0.tensor()).map(PyTensor)
+    }
+
+    fn numpy(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
+        let t = py_eager(self.0.tensor())?;
+        Ok(to_py(py, py_eager(t.to_array())?))
+    }
+
+    /// Replaces the value (same dtype and shape).
+    fn set_value(&self, value: &Bound<'_, PyAny>) -> PyResult<()> {
+        py_eager(self.0.set(from_py(value)?))
+    }
+
+    #[getter]
+    fn grad(&self) -> Option<PyTensor> {
+        self.0.grad().map(PyTensor)
+    }
+
+    #[getter]
+    fn shape<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyTuple>> {
+        let dims = self.0.decl().ty.shape.as_fixed().unwrap_or_default();
+        PyTuple::new(py, dims)
+    }
+
+    fn clear_gradient(&self) {
+        self.0.zero_grad()
+    }
+
+    fn __repr__(&self) -> String {
+        format!("kiln.Parameter({}: {})", self.0.name(), self.0.decl().ty)
+    }
+}
+
+/// An initializer from its Python description: `("constant", v)`, `("uniform", low, high)`,
+/// `("normal", mean, std)`, or a name (`zeros`, `ones`, `xavier_uniform`, …).
+pub(crate) fn init(spec: &Bound<'_, PyAny>) -> PyResult<Init> {
+    let (kind, args): (String, Vec<f64>) = match spec.extract::<String>() {
+        Ok(name) => (name, Vec::new()),
+        Err(_) => {
+            let items: Vec<Bound<'_, PyAny>> = spec.extract()?;
+            let kind = items
+                .first()
+                .ok_or_else(|| PyTypeError::new_err("an empty initializer"))?
+                .extract()?;
+            let args = items[1..].iter().map(|a| a.extract()).collect::<PyResult<_>>()?;
+            (kind, args)
+        }
+    };
+    Ok(match (kind.as_str(), &args[..]) {
+        ("zeros", []) => Init::Zeros,
+        ("ones", []) => Init::Ones,
+        ("constant", [v]) => Init::Constant(*v),
+        ("uniform", [low, high]) => Init::Uniform { low: *low, high: *high },
+        ("normal", [mean, std]) => Init::Normal { mean: *mean, std: *std },
+        ("xavier_uniform", []) => Init::XavierUniform,
+        ("xavier_normal", []) => Init::XavierNormal,
+        ("kaiming_uniform", []) => Init::KaimingUniform,
+        ("kaiming_normal", []) => Init::KaimingNormal,
+        _ => return Err(PyTypeError::new_err(format!("unknown initializer {kind}{args:?}"))),
+    })
+}
+
+/// Declares a parameter named `name` (made unique if taken) in this thread's scope.
+#[pyfunction]
+#[pyo3(signature = (name, shape, init_spec, dtype_name = "float32"))]
+fn parameter(
+    name: &str,
+    shape: Vec<usize>,
+    init_spec: &Bound<'_, PyAny>,
+    dtype_name: &str,
+) -> PyResult<PyParameter> {
+    let p = Parameter::new(name, dtype(dtype_name)?, &shape, init(init_spec)?);
+    py_eager(p).map(PyParameter)
+}
+
+/// While entered, ops record nothing for gradients.
+#[pyclass(name = "no_grad", module = "kiln", unsendable)]
+pub(crate) struct PyNoGrad(Option<NoGradGuard>);
+
+#[pymethods]
+impl PyNoGrad {
+    #[new]
+    fn new() -> PyNoGrad {
+        PyNoGrad(None)
+    }
+
+    fn __enter__(mut slf: PyRefMut<'_, Self>) -> PyRefMut<'_, Self> {
+        slf.0 = Some(eager::no_grad());
+        slf
+    }
+
+    #[pyo3(signature = (*_args))]
+    fn __exit__(&mut self, _args: &Bound<'_, PyTuple>) -> bool {
+        self.0 = None;
+        false
+    }
+}
+
+/// An optimizer rule by name, as the static and eager optimizers share it.
+pub(crate) fn rule(kind: &str, lr: f64, momentum: f64, betas: (f64, f64), eps: f64) -> PyResult<Box<dyn Optimizer>> {
+    Ok(match kind {
+        "sgd" => Box::new(Sgd::new(lr)),
+        "momentum" => Box::new(Momentum::new(lr, momentum)),
+        "adam" => Box::new(Adam::new(lr).with_betas(betas.0, betas.1).with_eps(eps)),
+        other => return Err(PyTypeError::new_err(format!("unknown optimizer `{other}`"))),
+    })
+}
+
+/// Boxed rules are rules.
+struct Boxed(Box<dyn Optimizer>);
+
+impl Optimizer for Boxed {
+    fn name(&self) -> &str {
+        self.0.name()
+    }
+    fn step(
+        &mut self,
+        p: &mut kiln::runtime::Program,
+        u: &kiln::runtime::optim::Update<'_>,
+    ) -> kiln::runtime::RuntimeResult<kiln::runtime::optim::Step> {
+        self.0.step(p, u)
+    }
+    fn finish(
+        &mut self,
+        p: &mut kiln::runtime::Program,
+    ) -> kiln::runtime::RuntimeResult<Vec<(kiln::ir::StateDecl, kiln::ir::Value)>> {
+        self.0.finish(p)
+    }
+}
+
+pub(crate) fn boxed(rule: Box<dyn Optimizer>) -> impl Optimizer {
+    Boxed(rule)
+}
+
+/// An eager optimizer over parameters: `step()` applies the rule to their gradients.
+#[pyclass(name = "EagerOptimizer", module = "kiln", unsendable)]
+pub(crate) struct PyEagerOptimizer(EagerOptimizer);
+
+#[pymethods]
+impl PyEagerOptimizer {
+    #[new]
+    #[pyo3(signature = (kind, params, lr, momentum = 0.9, betas = (0.9, 0.999), eps = 1e-8))]
+    fn new(
+        kind: &str,
+        params: Vec<PyRef<'_, PyParameter>>,
+        lr: f64,
+        momentum: f64,
+        betas: (f64, f64),
+        eps: f64,
+    ) -> PyResult<PyEagerOptimizer> {
+        let params = params.iter().map(|p| p.0.clone()).collect();
+        let rule = boxed(rule(kind, lr, momentum, betas, eps)?);
+        py_eager(EagerOptimizer::new(rule, params)).map(PyEagerOptimizer)
+    }
+
+    fn step(&mut self) -> PyResult<()> {
+        py_eager(self.0.step())
+    }
+
+    fn zero_grad(&self) {
+        self.0.zero_grad()
+    }
+}
+
+/// A PyLayer: Python `forward(inputs)` and `backward(inputs, outputs, grads)` over lists of
+/// numpy arrays, registered as the custom op `name`.
+struct PyLayerOp {
+    name: String,
+    forward: Py<PyAny>,
+    backward: Py<PyAny>,
+    outputs: usize,
+}
+
+/// Calls `f(*args)` with lists of numpy arrays; a single array back counts as a list of one.
+/// A Python exception becomes the op's error, with its traceback.
+fn call_numpy(f: &Py<PyAny>, groups: &[&[Array]]) -> Result<Vec<Array>, CustomOpError> {
+    Python::attach(|py| {
+        let args: Vec<Bound<'_, PyList>> = groups
+            .iter()
+            .map(|g| PyList::new(py, g.iter().map(|a| to_py(py, a.clone()))))
+            .collect::<PyResult<_>>()
+            .map_err(|e| CustomOpError(e.to_string()))?;
+        let traceback = |e: PyErr| {
+            let tb = e
+                .traceback(py)
+                .and_then(|t| t.format().ok())
+                .unwrap_or_default();
+            CustomOpError(format!("{tb}{}: {}", e.get_type(py).name().map(|n| n.to_string()).unwrap_or_default(), e.value(py)))
+        };
+        let out = f
+            .bind(py)
+            .call1(PyTuple::new(py, args).map_err(traceback)?)
+            .map_err(traceback)?;
+        let items: Vec<Bound<'_, PyAny>> = if out.is_instance_of::<PyList>() || out.is_instance_of::<PyTuple>() {
+            out.extract().map_err(traceback)?
+        } else {
+            vec![out]
+        };
+        items.iter().map(|a| from_py(a).map_err(traceback)).collect()
+    })
+}
+
+impl CustomOp for PyLayerOp {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn num_outputs(&self) -> usize {
+        self.outputs
+    }
+
+    fn output_types(&self, inputs: &[Type]) -> Result<Vec<Type>, CustomOpError> {
+        let first = inputs
+            .first()
+            .ok_or_else(|| CustomOpError(format!("PyLayer `{}` needs an input", self.name)))?;
+        Ok(vec![first.clone(); self.outputs])
+    }
+
+    fn forward(&self, inputs: &[Array]) -> Result<Vec<Array>, CustomOpError> {
+        call_numpy(&self.forward, &[inputs])
+    }
+
+    fn backward(
+        &self,
+        inputs: &[Array],
+        outputs: &[Array],
+        output_grads: &[Array],
+    ) -> Result<Vec<Array>, CustomOpError> {
+        call_numpy(&self.backward, &[inputs, outputs, output_grads])
+    }
+}
+
+/// Registers a PyLayer's static methods as custom op `name` (its outputs have the first
+/// input's type).
+#[pyfunction]
+fn register_pylayer(name: &str, forward: Py<PyAny>, backward: Py<PyAny>, outputs: usize) -> PyResult<()> {
+    let op = PyLayerOp {
+        name: name.to_owned(),
+        forward,
+        backward,
+        outputs,
+    };
+    custom::register(Arc::new(op)).map_err(|e| KilnError::new_err(e.to_string()))
+}
+
+/// Applies registered PyLayer `name` to `inputs`: eagerly, or traced as `call @name`.
+#[pyfunction]
+fn apply_pylayer(name: &str, inputs: Vec<PyRef<'_, PyTensor>>) -> PyResult<Vec<PyTensor>> {
+    let tensors: Vec<&Tensor> = inputs.iter().map(|t| &t.0).collect();
+    Ok(py_eager(custom::call(name, &tensors))?.into_iter().map(PyTensor).collect())
+}
+
+/// A Python function traced into a compiled program.
+#[pyclass(name = "StaticFunction", module = "kiln", unsendable)]
+pub(crate) struct PyStaticFunction {
+    function: StaticFunction,
+    targets: Vec<Target>,
+}
+
+#[pymethods]
+impl PyStaticFunction {
+    /// Runs the compiled program; with `train`, also the updates `minimize` added.
+    #[pyo3(signature = (inputs, train = false))]
+    fn call(&mut self, inputs: Vec<PyRef<'_, PyTensor>>, train: bool) -> PyResult<Vec<PyTensor>> {
+        let tensors: Vec<&Tensor> = inputs.iter().map(|t| &t.0).collect();
+        let out = if train {
+            self.function.call_and_update(&tensors, &self.targets)
+        } else {
+            self.function.call(&tensors)
+        };
+        Ok(py_eager(out)?.into_iter().map(PyTensor).collect())
+    }
+
+    /// The traced program as text IR (state and one function, `name`).
+    #[pyo3(signature = (name = "forward"))]
+    fn ir(&self, name: &str) -> PyResult<String> {
+        Ok(py_eager(self.function.module(name))?.to_string())
+    }
+
+    /// Adds an optimizer's update for the `output`-th output (a scalar loss); later calls with
+    /// `train=True` apply it.
+    #[pyo3(signature = (kind, lr, output = 0, momentum = 0.9, betas = (0.9, 0.999), eps = 1e-8))]
+    fn minimize(
+        &mut self,
+        kind: &str,
+        lr: f64,
+        output: usize,
+        momentum: f64,
+        betas: (f64, f64),
+        eps: f64,
+    ) -> PyResult<()> {
+        let mut rule = boxed(rule(kind, lr, momentum, betas, eps)?);
+        let target = py_eager(self.function.minimize(&mut rule, output))?;
+        self.targets.push(target);
+        Ok(())
+    }
+}
+
+/// Traces `f` (a Python callable over a list of tensors, returning a list) with inputs of
+/// the given `(name, dtype, shape)`; `None` in a shape is a symbolic dimension.
+#[pyfunction]
+fn to_static(f: Py<PyAny>, inputs: Vec<(String, String, Vec<Option<usize>>)>) -> PyResult<PyStaticFunction> {
+    let types: Vec<(String, Type)> = inputs
+        .iter()
+        .map(|(name, d, shape)| {
+            let dims = (shape.iter().enumerate())
+                .map(|(i, d)| d.map_or(Dim::sym(&format!("D{i}")), Dim::Fixed))
+                .collect();
+            Ok((name.clone(), Type::new(dtype(d)?, Shape(dims))))
+        })
+        .collect::<PyResult<_>>()?;
+    let typed: Vec<(&str, Type)> = types.iter().map(|(n, t)| (n.as_str(), t.clone())).collect();
+    let mut python_error: Option<PyErr> = None;
+    let traced = eager::to_static(&typed, |tensors| {
+        Python::attach(|py| {
+            let args = PyList::new(py, tensors.iter().map(|t| PyTensor(t.clone())))?;
+            let out = f.bind(py).call1((args,))?;
+            let items: Vec<PyRef<'_, PyTensor>> = match out.extract() {
+                Ok(list) => list,
+                Err(_) => vec![out.extract()?],
+            };
+            Ok(items.iter().map(|t| t.0.clone()).collect())
+        })
+        .map_err(|e: PyErr| {
+            let message = e.to_string();
+            python_error = Some(e);
+            eager::EagerError::Usage(message)
+        })
+    });
+    match (traced, python_error) {
+        (_, Some(e)) => Err(e),
+        (result, None) => Ok(PyStaticFunction {
+            function: py_eager(result)?,
+            targets: Vec::new(),
+        }),
+    }
+}
+
+#[pyfunction]
+fn manual_seed(seed: u64) {
+    eager::manual_seed(seed)
+}
+
+/// Forgets this thread's parameters, gradients and tape.
+#[pyfunction]
+fn reset() {
+    eager::reset()
+}
+
+#[pyfunction]
+fn save_parameters(path: std::path::PathBuf) -> PyResult<()> {
+    py_eager(eager::save_parameters(&path))
+}
+
+#[pyfunction]
+fn load_parameters(path: std::path::PathBuf) -> PyResult<()> {
+    py_eager(eager::load_parameters(&path))
+}

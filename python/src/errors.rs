@@ -1,0 +1,100 @@
+//! Kiln's errors as Python exceptions: `KilnError` and a subclass per kind a caller may want
+//! to catch. The message is the Rust error's, unchanged.
+
+use kiln::backend::comm::CommError;
+use kiln::backend::InterpError;
+use kiln::ir::{BuildError, SourceError};
+use kiln::runtime::RuntimeError;
+use kiln::runtime::checkpoint::CheckpointError;
+use kiln::runtime::eager::EagerError;
+use pyo3::create_exception;
+use pyo3::exceptions::PyException;
+use pyo3::prelude::*;
+
+create_exception!(kiln, KilnError, PyException, "Every error Kiln reports.");
+create_exception!(kiln, ShapeError, KilnError, "An op built with operands of the wrong shape or dtype: names the op, both shapes and where it was built.");
+create_exception!(kiln, FeedError, KilnError, "A missing, unknown or mis-shaped feed: names the placeholder.");
+create_exception!(kiln, RunError, KilnError, "An op that failed while running: names the instruction.");
+create_exception!(kiln, CheckpointFileError, KilnError, "A checkpoint that could not be saved or loaded (the previous file is intact).");
+create_exception!(kiln, IrError, KilnError, "Malformed or ill-typed text IR: the line, the column and what was expected.");
+create_exception!(kiln, CommunicationError, KilnError, "Communication between ranks failed.");
+
+pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    let py = m.py();
+    m.add("KilnError", py.get_type::<KilnError>())?;
+    m.add("ShapeError", py.get_type::<ShapeError>())?;
+    m.add("FeedError", py.get_type::<FeedError>())?;
+    m.add("RunError", py.get_type::<RunError>())?;
+    m.add("CheckpointError", py.get_type::<CheckpointFileError>())?;
+    m.add("IrError", py.get_type::<IrError>())?;
+    m.add("CommunicationError", py.get_type::<CommunicationError>())?;
+    Ok(())
+}
+
+/// A Kiln error as the Python exception of its kind.
+pub(crate) trait IntoPyErr {
+    fn into_py_err(self) -> PyErr;
+}
+
+impl IntoPyErr for RuntimeError {
+    fn into_py_err(self) -> PyErr {
+        let message = self.to_string();
+        match self {
+            RuntimeError::MissingFeed { .. }
+            | RuntimeError::FeedMismatch { .. }
+            | RuntimeError::UnknownFeed { .. }
+            | RuntimeError::FeedCutsUpdate { .. } => FeedError::new_err(message),
+            RuntimeError::Build(_) => ShapeError::new_err(message),
+            RuntimeError::Interp(e) => e.into_py_err(),
+            RuntimeError::Checkpoint(_) => CheckpointFileError::new_err(message),
+            RuntimeError::Comm(_) => CommunicationError::new_err(message),
+            _ => KilnError::new_err(message),
+        }
+    }
+}
+
+impl IntoPyErr for EagerError {
+    fn into_py_err(self) -> PyErr {
+        match self {
+            EagerError::Runtime(e) => e.into_py_err(),
+            EagerError::Build(e) => e.into_py_err(),
+            EagerError::Run(e) => e.into_py_err(),
+            other => KilnError::new_err(other.to_string()),
+        }
+    }
+}
+
+impl IntoPyErr for BuildError {
+    fn into_py_err(self) -> PyErr {
+        ShapeError::new_err(self.to_string())
+    }
+}
+
+impl IntoPyErr for InterpError {
+    fn into_py_err(self) -> PyErr {
+        RunError::new_err(self.to_string())
+    }
+}
+
+impl IntoPyErr for CheckpointError {
+    fn into_py_err(self) -> PyErr {
+        CheckpointFileError::new_err(self.to_string())
+    }
+}
+
+impl IntoPyErr for SourceError {
+    fn into_py_err(self) -> PyErr {
+        IrError::new_err(self.to_string())
+    }
+}
+
+impl IntoPyErr for CommError {
+    fn into_py_err(self) -> PyErr {
+        CommunicationError::new_err(self.to_string())
+    }
+}
+
+/// `result` with its error as the Python exception of its kind.
+pub(crate) fn kiln_ok<T, E: IntoPyErr>(result: Result<T, E>) -> PyResult<T> {
+    result.map_err(IntoPyErr::into_py_err)
+}

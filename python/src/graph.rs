@@ -1,0 +1,449 @@
+//! Static programs from Python: `Program`, its values (`Var`, with operators), layers and
+//! losses, `minimize`, `Session`, Keras-style functions, and saved-model predictors.
+
+use crate::array::{dtype, from_py, to_py};
+use crate::eager::{boxed, init, rule};
+use crate::errors::{KilnError, kiln_ok};
+use kiln::backend::Array;
+use kiln::ir::{BinaryOp, Dim, ReduceOp, UnaryOp, Value};
+use kiln::runtime::layers::{self, Activation};
+use kiln::runtime::{Fetch, KerasFunction, Optimizer, Program, Session, Target};
+use pyo3::exceptions::PyTypeError;
+use pyo3::prelude::*;
+use pyo3::types::PyDict;
+
+pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<PyProgram>()?;
+    m.add_class::<PyVar>()?;
+    m.add_class::<PyTarget>()?;
+    m.add_class::<PySession>()?;
+    m.add_class::<PyFunction>()?;
+    m.add_class::<PyPredictor>()?;
+    m.add_function(wrap_pyfunction!(load_predictor, m)?)?;
+    Ok(())
+}
+
+/// A static program under construction.
+#[pyclass(name = "Program", module = "kiln.static", unsendable)]
+pub(crate) struct PyProgram(Program);
+
+/// A value of a program; arithmetic on it adds ops to its program.
+#[pyclass(name = "Var", module = "kiln.static", unsendable)]
+pub(crate) struct PyVar {
+    program: Py<PyProgram>,
+    value: Value,
+}
+
+impl Clone for PyVar {
+    fn clone(&self) -> PyVar {
+        Python::attach(|py| PyVar {
+            program: self.program.clone_ref(py),
+            value: self.value,
+        })
+    }
+}
+
+/// A group of updates `minimize` made; fetch it to apply them.
+#[pyclass(name = "Target", module = "kiln.static", frozen)]
+#[derive(Clone)]
+pub(crate) struct PyTarget {
+    target: Target,
+    #[pyo3(get)]
+    name: String,
+}
+
+fn activation(name: Option<&str>) -> PyResult<Activation> {
+    Ok(match name.unwrap_or("identity") {
+        "identity" | "linear" => Activation::Identity,
+        "relu" => Activation::Relu,
+        "tanh" => Activation::Tanh,
+        "sigmoid" => Activation::Sigmoid,
+        "softplus" => Activation::Softplus,
+        "gelu" => Activation::Gelu,
+        other => return Err(PyTypeError::new_err(format!("unknown activation `{other}`"))),
+    })
+}
+
+impl PyProgram {
+    fn var(slf: &Bound<'_, PyProgram>, value: Value) -> PyVar {
+        PyVar {
+            program: slf.clone().unbind(),
+            value,
+        }
+    }
+
+    /// Runs `f` on the program and wraps the value it adds.
+    fn add(
+        slf: &Bound<'_, PyProgram>,
+        f: impl FnOnce(&mut Program) -> kiln::runtime::RuntimeResult<Value>,
+    ) -> PyResult<PyVar> {
+        let v = kiln_ok(f(&mut slf.borrow_mut().0))?;
+        Ok(Self::var(slf, v))
+    }
+}
+
+#[pymethods]
+impl PyProgram {
+    #[new]
+    #[pyo3(signature = (seed = 0))]
+    fn new(seed: u64) -> PyProgram {
+        PyProgram(Program::with_seed(seed))
+    }
+
+    /// A placeholder fed at each run; `None` in `shape` is a dimension of any size: in the
+    /// first axis the batch size `N`, which every placeholder shares, elsewhere its own.
+    fn placeholder(
+        slf: &Bound<'_, Self>,
+        name: &str,
+        dtype_name: &str,
+        shape: Vec<Option<usize>>,
+    ) -> PyResult<PyVar> {
+        let dims: Vec<Dim> = (shape.iter().enumerate())
+            .map(|(i, d)| match (i, d) {
+                (_, Some(n)) => Dim::Fixed(*n),
+                (0, None) => Dim::sym("N"),
+                (_, None) => Dim::sym(&format!("{name}_{i}")),
+            })
+            .collect();
+        let dtype = dtype(dtype_name)?;
+        Self::add(slf, |p| p.placeholder(name, dtype, dims))
+    }
+
+    /// A trainable parameter `name` of `shape`, initialised by `init` (see `kiln.init`).
+    #[pyo3(signature = (name, shape, init_spec, dtype_name = "float32"))]
+    fn parameter(
+        slf: &Bound<'_, Self>,
+        name: &str,
+        shape: Vec<usize>,
+        init_spec: &Bound<'_, PyAny>,
+        dtype_name: &str,
+    ) -> PyResult<PyVar> {
+        let (init, dtype) = (init(init_spec)?, dtype(dtype_name)?);
+        Self::add(slf, |p| p.parameter(name, dtype, &shape, init))
+    }
+
+    /// A dense layer `act(x @ w + b)` with parameters `<name>.w`, `<name>.b`.
+    #[pyo3(signature = (name, x, units, activation_name = None))]
+    fn dense(
+        slf: &Bound<'_, Self>,
+        name: &str,
+        x: &PyVar,
+        units: usize,
+        activation_name: Option<&str>,
+    ) -> PyResult<PyVar> {
+        let act = activation(activation_name)?;
+        Self::add(slf, |p| layers::dense(p, name, x.value, units, act))
+    }
+
+    /// A loss or layer by name: `mse`, `softmax_cross_entropy`, `sigmoid_cross_entropy`,
+    /// `accuracy` (two operands), `softmax`, `log_softmax`, `mean`, `flatten` (one).
+    fn layer(slf: &Bound<'_, Self>, name: &str, args: Vec<PyRef<'_, PyVar>>) -> PyResult<PyVar> {
+        let v: Vec<Value> = args.iter().map(|a| a.value).collect();
+        let wrong = || PyTypeError::new_err(format!("`{name}` takes other operands"));
+        match (name, &v[..]) {
+            ("mse", [a, b]) => Self::add(slf, |p| layers::mse(p, *a, *b)),
+            ("softmax_cross_entropy", [a, b]) => {
+                Self::add(slf, |p| layers::softmax_cross_entropy(p, *a, *b))
+            }
+            ("sigmoid_cross_entropy", [a, b]) => {
+                Self::add(slf, |p| layers::sigmoid_cross_entropy(p, *a, *b))
+            }
+            ("accuracy", [a, b]) => Self::add(slf, |p| layers::accuracy(p, *a, *b)),
+            ("mean", [a]) => Self::add(slf, |p| layers::mean(p, *a)),
+            ("flatten", [a]) => Self::add(slf, |p| layers::flatten(p, *a)),
+            ("softmax", [a]) => {
+                let axis = slf.borrow().0.value_type(*a).shape.dims().len().saturating_sub(1);
+                Self::add(slf, |p| layers::softmax(p, *a, axis))
+            }
+            ("log_softmax", [a]) => {
+                let axis = slf.borrow().0.value_type(*a).shape.dims().len().saturating_sub(1);
+                Self::add(slf, |p| layers::log_softmax(p, *a, axis))
+            }
+            _ => Err(wrong()),
+        }
+    }
+
+    /// Adds `loss`'s gradients and an optimizer's updates (of the parameters named in
+    /// `params`, or all); returns the target that applies them.
+    #[pyo3(signature = (kind, lr, loss, params = None, momentum = 0.9, betas = (0.9, 0.999), eps = 1e-8, name = None))]
+    #[allow(clippy::too_many_arguments)]
+    fn minimize(
+        &mut self,
+        kind: &str,
+        lr: f64,
+        loss: &PyVar,
+        params: Option<Vec<String>>,
+        momentum: f64,
+        betas: (f64, f64),
+        eps: f64,
+        name: Option<String>,
+    ) -> PyResult<PyTarget> {
+        let mut rule = rule(kind, lr, momentum, betas, eps)?;
+        if let Some(name) = name {
+            rule = match kind {
+                "sgd" => Box::new(kiln::runtime::Sgd::named(&name, lr)),
+                "momentum" => Box::new(kiln::runtime::Momentum::named(&name, lr, momentum)),
+                _ => Box::new(
+                    kiln::runtime::Adam::named(&name, lr)
+                        .with_betas(betas.0, betas.1)
+                        .with_eps(eps),
+                ),
+            };
+        }
+        let mut rule = boxed(rule);
+        let names = params.unwrap_or_else(|| self.0.params().iter().map(|q| q.name.clone()).collect());
+        let target = kiln_ok(rule.minimize_params(&mut self.0, loss.value, &names))?;
+        Ok(PyTarget {
+            target,
+            name: self.0.target_name(target).to_owned(),
+        })
+    }
+
+    /// The names of the trainable parameters, in order.
+    fn parameter_names(&self) -> Vec<String> {
+        self.0.params().iter().map(|q| q.name.clone()).collect()
+    }
+
+    /// The whole graph as text IR.
+    fn ir(&self) -> String {
+        self.0.graph().to_string()
+    }
+
+    /// Saves the function computing `outputs` (named `name`) with the program's state
+    /// declarations as a text IR file, for `kiln.load_predictor` or `kiln run`.
+    #[pyo3(signature = (path, outputs, name = "predict"))]
+    fn save(&self, path: std::path::PathBuf, outputs: Vec<PyRef<'_, PyVar>>, name: &str) -> PyResult<()> {
+        let values: Vec<Value> = outputs.iter().map(|v| v.value).collect();
+        let module = kiln_ok(self.0.export_module(&[(name, &values[..])]))?;
+        kiln_ok(kiln::runtime::checkpoint::save_module(&module, &path))
+    }
+}
+
+#[pymethods]
+impl PyVar {
+    #[getter]
+    fn name(&self, py: Python<'_>) -> Option<String> {
+        let p = self.program.borrow(py);
+        p.0.graph().value_name(self.value).map(str::to_owned)
+    }
+
+    #[getter]
+    fn shape(&self, py: Python<'_>) -> Vec<Option<usize>> {
+        let p = self.program.borrow(py);
+        let ty = p.0.value_type(self.value);
+        ty.shape.dims().iter().map(|d| d.as_fixed()).collect()
+    }
+
+    /// Names the value (fetch it by this name).
+    fn set_name(&self, py: Python<'_>, name: &str) -> PyVar {
+        self.program.borrow_mut(py).0.set_name(self.value, name);
+        self.clone()
+    }
+
+    fn _unary(&self, py: Python<'_>, name: &str) -> PyResult<PyVar> {
+        let op = UnaryOp::from_name(name)
+            .ok_or_else(|| PyTypeError::new_err(format!("no elementwise op `{name}`")))?;
+        self.op(py, |p, x| Ok(p.unary(op, x)?))
+    }
+
+    #[pyo3(signature = (name, other, reverse = false))]
+    fn _binary(&self, py: Python<'_>, name: &str, other: &Bound<'_, PyAny>, reverse: bool) -> PyResult<PyVar> {
+        let op = BinaryOp::from_name(name)
+            .ok_or_else(|| PyTypeError::new_err(format!("no binary op `{name}`")))?;
+        let other = match other.extract::<PyRef<'_, PyVar>>() {
+            Ok(v) => Operand::Var(v.value),
+            Err(_) => Operand::Number(other.extract::<f64>()?),
+        };
+        self.op(py, |p, x| {
+            let dtype = p.value_type(x).dtype;
+            let y = match other {
+                Operand::Var(v) => v,
+                Operand::Number(c) => p.scalar(dtype, c)?,
+            };
+            let (a, b) = if reverse { (y, x) } else { (x, y) };
+            Ok(p.binary(op, a, b)?)
+        })
+    }
+
+    fn matmul(&self, py: Python<'_>, other: &PyVar) -> PyResult<PyVar> {
+        let y = other.value;
+        self.op(py, |p, x| Ok(p.matmul(x, y)?))
+    }
+
+    #[pyo3(signature = (axis = None, keepdims = false))]
+    fn sum(&self, py: Python<'_>, axis: Option<Vec<usize>>, keepdims: bool) -> PyResult<PyVar> {
+        self.reduce(py, ReduceOp::Sum, axis, keepdims)
+    }
+
+    #[pyo3(signature = (axis = None, keepdims = false))]
+    fn mean(&self, py: Python<'_>, axis: Option<Vec<usize>>, keepdims: bool) -> PyResult<PyVar> {
+        self.reduce(py, ReduceOp::Mean, axis, keepdims)
+    }
+}
+
+enum Operand {
+    Var(Value),
+    Number(f64),
+}
+
+impl PyVar {
+    fn op(
+        &self,
+        py: Python<'_>,
+        f: impl FnOnce(&mut Program, Value) -> kiln::runtime::RuntimeResult<Value>,
+    ) -> PyResult<PyVar> {
+        let v = kiln_ok(f(&mut self.program.borrow_mut(py).0, self.value))?;
+        Ok(PyVar {
+            program: self.program.clone_ref(py),
+            value: v,
+        })
+    }
+
+    fn reduce(&self, py: Python<'_>, op: ReduceOp, axis: Option<Vec<usize>>, keepdims: bool) -> PyResult<PyVar> {
+        self.op(py, |p, x| {
+            let axes = axis.unwrap_or_else(|| (0..p.value_type(x).shape.dims().len()).collect());
+            Ok(p.reduce(op, x, axes, keepdims)?)
+        })
+    }
+}
+
+/// A fetch from Python: a `Var`, a `Target`, or a name.
+fn fetch(item: &Bound<'_, PyAny>) -> PyResult<Fetch> {
+    if let Ok(v) = item.extract::<PyRef<'_, PyVar>>() {
+        return Ok(Fetch::Value(v.value));
+    }
+    if let Ok(t) = item.extract::<PyRef<'_, PyTarget>>() {
+        return Ok(Fetch::Target(t.target));
+    }
+    let name: String = item.extract().map_err(|_| {
+        PyTypeError::new_err("a fetch is a Var, a Target (from minimize) or a name")
+    })?;
+    Ok(Fetch::Name(name))
+}
+
+/// A program, the scope its parameters live in, and compiled runs.
+#[pyclass(name = "Session", module = "kiln", unsendable)]
+pub(crate) struct PySession(Session);
+
+#[pymethods]
+impl PySession {
+    #[new]
+    fn new(program: &PyProgram) -> PyResult<PySession> {
+        kiln_ok(Session::new(&program.0)).map(PySession)
+    }
+
+    /// Runs what `fetches` need with `feed` (placeholder name → array); returns one numpy
+    /// array per fetched value, `None` for a target. The GIL is released while it runs.
+    #[pyo3(signature = (fetches, feed = None))]
+    fn run(
+        &mut self,
+        py: Python<'_>,
+        fetches: &Bound<'_, PyAny>,
+        feed: Option<&Bound<'_, PyDict>>,
+    ) -> PyResult<Py<PyAny>> {
+        let single = !fetches.is_instance_of::<pyo3::types::PyList>()
+            && !fetches.is_instance_of::<pyo3::types::PyTuple>();
+        let items: Vec<Bound<'_, PyAny>> = if single {
+            vec![fetches.clone()]
+        } else {
+            fetches.extract()?
+        };
+        let fetches: Vec<Fetch> = items.iter().map(fetch).collect::<PyResult<_>>()?;
+        let mut feeds: Vec<(String, Array)> = Vec::new();
+        if let Some(feed) = feed {
+            for (k, v) in feed.iter() {
+                feeds.push((k.extract()?, from_py(&v)?));
+            }
+        }
+        let feeds: Vec<(&str, Array)> = feeds.iter().map(|(k, v)| (k.as_str(), v.clone())).collect();
+        let mut values = kiln_ok(self.0.run(&fetches, &feeds))?.into_iter();
+        let out: Vec<Py<PyAny>> = fetches
+            .iter()
+            .map(|f| match f {
+                Fetch::Target(_) => py.None(),
+                _ => values.next().map_or_else(|| py.None(), |a| to_py(py, a)),
+            })
+            .collect();
+        if single {
+            return Ok(out.into_iter().next().unwrap_or_else(|| py.None()));
+        }
+        Ok(pyo3::types::PyList::new(py, out)?.into_any().unbind())
+    }
+
+    /// The value of state `name` (a parameter, an optimizer moment).
+    fn state(&self, py: Python<'_>, name: &str) -> PyResult<Py<PyAny>> {
+        let value = self.0.scope().get(name).cloned().ok_or_else(|| {
+            KilnError::new_err(format!("the session has no state `{name}`"))
+        })?;
+        Ok(to_py(py, value))
+    }
+
+    /// Saves every state value as a safetensors checkpoint (atomically).
+    fn save(&self, path: std::path::PathBuf) -> PyResult<()> {
+        kiln_ok(self.0.scope().save(&path))
+    }
+
+    /// Loads state values from a checkpoint; nothing changes on error.
+    fn load(&mut self, path: std::path::PathBuf) -> PyResult<()> {
+        kiln_ok(self.0.scope_mut().load(&path))
+    }
+}
+
+/// `kiln.function(session, inputs, outputs, updates)`: call it with arrays.
+#[pyclass(name = "Function", module = "kiln", unsendable)]
+pub(crate) struct PyFunction {
+    session: Py<PySession>,
+    function: KerasFunction,
+}
+
+#[pymethods]
+impl PyFunction {
+    #[new]
+    #[pyo3(signature = (session, inputs, outputs, updates = Vec::new()))]
+    fn new(
+        session: Py<PySession>,
+        inputs: Vec<PyRef<'_, PyVar>>,
+        outputs: Vec<PyRef<'_, PyVar>>,
+        updates: Vec<PyRef<'_, PyTarget>>,
+        py: Python<'_>,
+    ) -> PyResult<PyFunction> {
+        let inputs: Vec<Value> = inputs.iter().map(|v| v.value).collect();
+        let outputs: Vec<Value> = outputs.iter().map(|v| v.value).collect();
+        let updates: Vec<Target> = updates.iter().map(|t| t.target).collect();
+        let function = kiln_ok(session.borrow(py).0.function(&inputs, &outputs, &updates))?;
+        Ok(PyFunction { session, function })
+    }
+
+    #[pyo3(signature = (*args))]
+    fn __call__(&self, py: Python<'_>, args: Vec<Bound<'_, PyAny>>) -> PyResult<Vec<Py<PyAny>>> {
+        let arrays: Vec<Array> = args.iter().map(from_py).collect::<PyResult<_>>()?;
+        let mut session = self.session.borrow_mut(py);
+        let out = kiln_ok(self.function.call(&mut session.0, &arrays))?;
+        Ok(out.into_iter().map(|a| to_py(py, a)).collect())
+    }
+}
+
+/// A saved program and checkpoint as a callable.
+#[pyclass(name = "Predictor", module = "kiln", unsendable)]
+pub(crate) struct PyPredictor(kiln::serve::Predictor);
+
+#[pymethods]
+impl PyPredictor {
+    #[pyo3(signature = (*args))]
+    fn __call__(&mut self, py: Python<'_>, args: Vec<Bound<'_, PyAny>>) -> PyResult<Vec<Py<PyAny>>> {
+        let arrays: Vec<Array> = args.iter().map(from_py).collect::<PyResult<_>>()?;
+        let out = self
+            .0
+            .predict(arrays)
+            .map_err(|e| KilnError::new_err(e.to_string()))?;
+        Ok(out.into_iter().map(|a| to_py(py, a)).collect())
+    }
+}
+
+/// Loads a saved program (text IR) and its parameters (safetensors) as a predictor.
+#[pyfunction]
+fn load_predictor(program: std::path::PathBuf, parameters: std::path::PathBuf) -> PyResult<PyPredictor> {
+    kiln::serve::Predictor::load(&program, &parameters)
+        .map(PyPredictor)
+        .map_err(|e| KilnError::new_err(e.to_string()))
+}

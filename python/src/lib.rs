@@ -1,0 +1,24 @@
+//! `kiln._kiln`: the native half of the `kiln` Python package. The Python half (`kiln/`) adds
+//! the API users write against (`kiln.nn.Layer`, `kiln.PyLayer`, `kiln.to_static`, …) on top
+//! of these classes. Every Kiln error becomes a `kiln.KilnError` (or a subclass) with the
+//! message Rust gives.
+//!
+//! Thread safety: eager tensors, parameters and traces belong to the thread that made them
+//! (Kiln's eager context is per thread), so these classes are `unsendable`: using one from
+//! another Python thread raises an error instead of racing.
+
+mod array;
+mod eager;
+mod errors;
+mod graph;
+
+use pyo3::prelude::*;
+
+#[pymodule]
+fn _kiln(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    errors::register(m)?;
+    eager::register(m)?;
+    graph::register(m)?;
+    Ok(())
+}
