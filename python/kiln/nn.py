@@ -104,6 +104,119 @@ class Sequential(Layer):
         return x
 
 
+class _Native(Layer):
+    """One of Kiln's built-in layers, run by Rust; its parameters register like any."""
+
+    kind = None
+
+    def __init__(self, name=None, **options):
+        super().__init__(name or _unique(self.kind))
+        object.__setattr__(self, "_native", _kiln.NativeLayer(self.kind, self._name, **options))
+        for i, p in enumerate(self._native.parameters()):
+            self._params[f"param{i}"] = p
+
+    def forward(self, x):
+        return self._native.forward(x)
+
+    def train(self):
+        super().train()
+        self._native.set_training(True)
+        return self
+
+    def eval(self):
+        super().eval()
+        self._native.set_training(False)
+        return self
+
+
+class Conv2d(_Native):
+    """2-D convolution over NCHW: ``Conv2d(in_channels, out_channels, kernel_size, stride=1,
+    padding=0, dilation=1, groups=1)``."""
+
+    kind = "conv2d"
+
+    def __init__(self, in_channels, out_channels, kernel_size, stride=1, padding=0,
+                 dilation=1, groups=1, name=None):
+        super().__init__(name, in_channels=in_channels, out_channels=out_channels,
+                         kernel_size=kernel_size, stride=stride, padding=padding,
+                         dilation=dilation, groups=groups)
+
+
+class MaxPool2d(_Native):
+    kind = "max_pool2d"
+
+    def __init__(self, kernel_size, stride=None, name=None):
+        super().__init__(name, kernel_size=kernel_size, stride=stride or kernel_size)
+
+
+class AvgPool2d(_Native):
+    kind = "avg_pool2d"
+
+    def __init__(self, kernel_size, stride=None, name=None):
+        super().__init__(name, kernel_size=kernel_size, stride=stride or kernel_size)
+
+
+class Flatten(_Native):
+    kind = "flatten"
+
+
+class GlobalAvgPool(_Native):
+    kind = "global_avg_pool"
+
+
+class BatchNorm(_Native):
+    """Batch normalisation over the channels of NC or NCHW input, with running statistics."""
+
+    kind = "batch_norm"
+
+    def __init__(self, channels, name=None):
+        super().__init__(name, channels=channels)
+
+
+class LayerNorm(_Native):
+    kind = "layer_norm"
+
+    def __init__(self, width, eps=1e-5, name=None):
+        super().__init__(name, width=width, eps=eps)
+
+
+class LSTM(_Native):
+    """An LSTM over ``[N, T, input_size]``; returns every step's hidden state."""
+
+    kind = "lstm"
+
+    def __init__(self, input_size, hidden_size, name=None):
+        super().__init__(name, input_size=input_size, hidden_size=hidden_size)
+
+
+class GRU(_Native):
+    kind = "gru"
+
+    def __init__(self, input_size, hidden_size, name=None):
+        super().__init__(name, input_size=input_size, hidden_size=hidden_size)
+
+
+class Embedding(_Native):
+    kind = "embedding"
+
+    def __init__(self, vocab, dim, name=None):
+        super().__init__(name, vocab=vocab, dim=dim)
+
+
+class SelfAttention(_Native):
+    kind = "self_attention"
+
+    def __init__(self, features, dim, name=None):
+        super().__init__(name, features=features, dim=dim)
+
+
+class Dropout(_Native):
+    kind = "dropout"
+
+    def __init__(self, p=0.5, seed=0, name=None):
+        super().__init__(name, p=p, seed=seed)
+
+
 class ReLU(Layer):
     def forward(self, x):
         return x.relu()

@@ -4,14 +4,14 @@
 use crate::array::{dtype, dtype_name, from_py, to_py};
 use crate::errors::{KilnError, kiln_ok};
 use kiln::backend::{Array, CustomOpError};
-use kiln::ir::{BinaryOp, CompareOp, DType, Dim, Shape, Type, UnaryOp};
+use kiln::ir::{BinaryOp, CompareOp, Conv2dAttrs, DType, Dim, Pool2dAttrs, Shape, Type, UnaryOp};
 use kiln::runtime::eager::custom::{self, CustomOp};
-use kiln::runtime::eager::nn::Parameter;
+use kiln::runtime::eager::nn::{self, Layer, Parameter};
 use kiln::runtime::eager::{self, EagerOptimizer, NoGradGuard, StaticFunction, Tensor};
 use kiln::runtime::{Adam, Init, Momentum, Optimizer, Sgd, Target};
 use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
-use pyo3::types::{PyList, PyTuple};
+use pyo3::types::{PyDict, PyList, PyTuple};
 use std::sync::Arc;
 
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
@@ -20,6 +20,7 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyNoGrad>()?;
     m.add_class::<PyEagerOptimizer>()?;
     m.add_class::<PyStaticFunction>()?;
+    m.add_class::<PyNativeLayer>()?;
     m.add_function(wrap_pyfunction!(tensor, m)?)?;
     m.add_function(wrap_pyfunction!(parameter, m)?)?;
     m.add_function(wrap_pyfunction!(unary_ops, m)?)?;
@@ -604,4 +605,90 @@ fn save_parameters(path: std::path::PathBuf) -> PyResult<()> {
 #[pyfunction]
 fn load_parameters(path: std::path::PathBuf) -> PyResult<()> {
     py_eager(eager::load_parameters(&path))
+}
+
+/// One of Kiln's built-in eager layers (convolution, pooling, normalisation, recurrent
+/// cells, attention, embedding, dropout), made by kind; `kiln.nn` wraps each in a `Layer`.
+#[pyclass(name = "NativeLayer", module = "kiln", unsendable)]
+pub(crate) struct PyNativeLayer(Box<dyn Layer>);
+
+/// The layer of `kind` named `name` with `options` (a dict of its sizes).
+fn native_layer(kind: &str, name: &str, o: &Bound<'_, PyDict>) -> PyResult<Box<dyn Layer>> {
+    let get = |key: &str| -> PyResult<usize> {
+        o.get_item(key)?
+            .ok_or_else(|| PyTypeError::new_err(format!("`{kind}` needs `{key}`")))?
+            .extract()
+    };
+    let pair = |key: &str, default: [usize; 2]| -> PyResult<[usize; 2]> {
+        match o.get_item(key)? {
+            None => Ok(default),
+            Some(v) => match v.extract::<usize>() {
+                Ok(n) => Ok([n, n]),
+                Err(_) => v.extract::<(usize, usize)>().map(|(a, b)| [a, b]),
+            },
+        }
+    };
+    let float = |key: &str, default: f64| -> PyResult<f64> {
+        o.get_item(key)?.map_or(Ok(default), |v| v.extract())
+    };
+    Ok(match kind {
+        "conv2d" => {
+            let padding = pair("padding", [0, 0])?;
+            let attrs = Conv2dAttrs {
+                strides: pair("stride", [1, 1])?,
+                padding: [(padding[0], padding[0]), (padding[1], padding[1])],
+                dilation: pair("dilation", [1, 1])?,
+                groups: o.get_item("groups")?.map_or(Ok(1), |v| v.extract())?,
+            };
+            let channels = [get("in_channels")?, get("out_channels")?];
+            Box::new(py_eager(nn::Conv2d::new(name, channels, pair("kernel_size", [3, 3])?, attrs))?)
+        }
+        "max_pool2d" | "avg_pool2d" => {
+            let window = pair("kernel_size", [2, 2])?;
+            let attrs = Pool2dAttrs::new(window, pair("stride", window)?);
+            if kind == "max_pool2d" {
+                Box::new(nn::MaxPool2d(attrs))
+            } else {
+                Box::new(nn::AvgPool2d(attrs))
+            }
+        }
+        "flatten" => Box::new(nn::Flatten),
+        "global_avg_pool" => Box::new(nn::GlobalAvgPool),
+        "batch_norm" => Box::new(py_eager(nn::BatchNorm::new(name, get("channels")?))?),
+        "layer_norm" => Box::new(py_eager(nn::LayerNorm::new(name, get("width")?, float("eps", 1e-5)?))?),
+        "lstm" => Box::new(py_eager(nn::Lstm::new(name, get("input_size")?, get("hidden_size")?))?),
+        "gru" => Box::new(py_eager(nn::Gru::new(name, get("input_size")?, get("hidden_size")?))?),
+        "embedding" => Box::new(py_eager(nn::Embedding::new(name, get("vocab")?, get("dim")?))?),
+        "self_attention" => Box::new(py_eager(nn::SelfAttention::new(name, get("features")?, get("dim")?))?),
+        "dropout" => Box::new(nn::Dropout::new(float("p", 0.5)?, get("seed").unwrap_or(0) as u64)),
+        other => return Err(PyTypeError::new_err(format!("Kiln has no layer `{other}`"))),
+    })
+}
+
+#[pymethods]
+impl PyNativeLayer {
+    #[new]
+    #[pyo3(signature = (kind, name, **options))]
+    fn new(
+        py: Python<'_>,
+        kind: &str,
+        name: &str,
+        options: Option<&Bound<'_, PyDict>>,
+    ) -> PyResult<PyNativeLayer> {
+        let empty = PyDict::new(py);
+        let options = options.unwrap_or(&empty);
+        native_layer(kind, name, options).map(PyNativeLayer)
+    }
+
+    fn forward(&self, x: &PyTensor) -> PyResult<PyTensor> {
+        py_eager(self.0.forward(&x.0)).map(PyTensor)
+    }
+
+    fn parameters(&self) -> Vec<PyParameter> {
+        self.0.parameters().into_iter().map(PyParameter).collect()
+    }
+
+    fn set_training(&mut self, training: bool) {
+        self.0.set_training(training)
+    }
 }

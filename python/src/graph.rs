@@ -349,14 +349,18 @@ impl PySession {
             fetches.extract()?
         };
         let fetches: Vec<Fetch> = items.iter().map(fetch).collect::<PyResult<_>>()?;
-        let mut feeds: Vec<(String, Array)> = Vec::new();
+        let (mut names, mut arrays): (Vec<String>, Vec<Array>) = (Vec::new(), Vec::new());
         if let Some(feed) = feed {
             for (k, v) in feed.iter() {
-                feeds.push((k.extract()?, from_py(&v)?));
+                names.push(k.extract()?);
+                arrays.push(from_py(&v)?);
             }
         }
-        let feeds: Vec<(&str, Array)> = feeds.iter().map(|(k, v)| (k.as_str(), v.clone())).collect();
-        let mut values = kiln_ok(self.0.run(&fetches, &feeds))?.into_iter();
+        let feeds: Vec<(&str, Array)> = names.iter().map(String::as_str).zip(arrays).collect();
+        let fetches_for_run = fetches.clone();
+        let session = &mut self.0;
+        let result = py.detach(move || session.run(&fetches_for_run, &feeds));
+        let mut values = kiln_ok(result)?.into_iter();
         let out: Vec<Py<PyAny>> = fetches
             .iter()
             .map(|f| match f {

@@ -122,3 +122,27 @@ def test_layers_register_their_parameters_and_train():
         opt.step()
         losses.append(loss.item())
     assert losses[-1] < 0.1 * losses[0]
+
+
+def test_kilns_built_in_layers_from_python():
+    class CNN(nn.Layer):
+        def __init__(self):
+            super().__init__()
+            self.conv = nn.Conv2d(1, 4, 3, padding=1)
+            self.pool = nn.MaxPool2d(2)
+            self.norm = nn.BatchNorm(4)
+            self.flat = nn.Flatten()
+            self.fc = nn.Linear(4 * 4 * 4, 10)
+
+        def forward(self, x):
+            return self.fc(self.flat(self.pool(self.norm(self.conv(x)).relu())))
+
+    model = CNN()
+    assert len(model.parameters()) == 6  # conv w, b; batch norm scale, shift; fc w, b
+    x = kiln.tensor(np.random.default_rng(0).normal(size=[2, 1, 8, 8]).astype(np.float32))
+    logits = model(x)
+    assert logits.shape == (2, 10)
+    logits.sum().backward()
+    assert model.conv.parameters()[0].grad.shape == (4, 1, 3, 3)
+    seq = nn.LSTM(3, 5)(kiln.tensor(np.ones([2, 4, 3], np.float32)))
+    assert seq.shape[0] == 2 and seq.shape[-1] == 5

@@ -107,3 +107,41 @@ def test_checkpoints_and_saved_programs(tmp_path):
     with pytest.raises(kiln.CheckpointError):
         restored.load(tmp_path / "bad.safetensors")
     np.testing.assert_allclose(restored.run(out2, {"x": xs}), before)
+
+
+def test_sessions_run_in_python_threads_and_objects_stay_with_their_thread():
+    import threading
+
+    results, errors = {}, []
+
+    def work(i):
+        try:
+            p = static.Program(seed=i)
+            x = p.placeholder("x", "float32", [None, 8])
+            out = layers.dense(p, x, 4, "relu", name="fc").sum()
+            session = kiln.Session(p)
+            results[i] = [session.run(out, {"x": np.ones([64, 8], np.float32)}) for _ in range(20)]
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors and sorted(results) == [0, 1, 2]
+    # An eager tensor belongs to the thread that made it.
+    t = kiln.tensor(np.ones([2], np.float32))
+    seen = []
+    thread = threading.Thread(target=lambda: seen.append(_try(lambda: t.numpy())))
+    thread.start()
+    thread.join()
+    # pyo3 refuses it with a PanicException (a BaseException), naming the class and threads.
+    assert isinstance(seen[0], BaseException) and "sent to another thread" in str(seen[0])
+
+
+def _try(f):
+    try:
+        return f()
+    except BaseException as e:  # noqa: BLE001 - the test inspects it
+        return e
