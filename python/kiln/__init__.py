@@ -6,7 +6,8 @@ optimizers for both — all on Kiln's one IR and compiled kernels.
 
 Thread safety: eager tensors, parameters and traces belong to the thread that made them
 (Kiln's eager context is per thread); using one from another thread raises an error.
-``Session.run`` releases the GIL while it runs; a session is used by one thread at a time.
+Programs and sessions may move between threads; ``Session.run`` releases the GIL while it
+computes, and a session runs one ``run`` at a time.
 """
 
 from . import _kiln

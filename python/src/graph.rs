@@ -24,11 +24,11 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
 }
 
 /// A static program under construction.
-#[pyclass(name = "Program", module = "kiln.static", unsendable)]
+#[pyclass(name = "Program", module = "kiln.static")]
 pub(crate) struct PyProgram(Program);
 
 /// A value of a program; arithmetic on it adds ops to its program.
-#[pyclass(name = "Var", module = "kiln.static", unsendable)]
+#[pyclass(name = "Var", module = "kiln.static")]
 pub(crate) struct PyVar {
     program: Py<PyProgram>,
     value: Value,
@@ -322,7 +322,7 @@ fn fetch(item: &Bound<'_, PyAny>) -> PyResult<Fetch> {
 }
 
 /// A program, the scope its parameters live in, and compiled runs.
-#[pyclass(name = "Session", module = "kiln", unsendable)]
+#[pyclass(name = "Session", module = "kiln")]
 pub(crate) struct PySession(Session);
 
 #[pymethods]
@@ -394,7 +394,7 @@ impl PySession {
 }
 
 /// `kiln.function(session, inputs, outputs, updates)`: call it with arrays.
-#[pyclass(name = "Function", module = "kiln", unsendable)]
+#[pyclass(name = "Function", module = "kiln")]
 pub(crate) struct PyFunction {
     session: Py<PySession>,
     function: KerasFunction,
@@ -428,7 +428,7 @@ impl PyFunction {
 }
 
 /// A saved program and checkpoint as a callable.
-#[pyclass(name = "Predictor", module = "kiln", unsendable)]
+#[pyclass(name = "Predictor", module = "kiln")]
 pub(crate) struct PyPredictor(kiln::serve::Predictor);
 
 #[pymethods]

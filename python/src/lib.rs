@@ -4,8 +4,9 @@
 //! message Rust gives.
 //!
 //! Thread safety: eager tensors, parameters and traces belong to the thread that made them
-//! (Kiln's eager context is per thread), so these classes are `unsendable`: using one from
-//! another Python thread raises an error instead of racing.
+//! (Kiln's eager context is per thread), so their classes are `unsendable`: using one from
+//! another Python thread raises an error instead of racing. Programs and sessions are plain
+//! data and may move between threads (pyo3's borrow flag allows one `run` at a time).
 
 mod array;
 mod eager;

@@ -66,3 +66,14 @@ def test_unknown_dtypes_and_bad_checkpoints():
         kiln.tensor(np.ones([2], np.complex128))
     with pytest.raises(kiln.CheckpointError):
         kiln.load_parameters("/nonexistent/params.safetensors")
+
+
+def test_the_stubs_list_every_op_method():
+    # Editors complete from kiln/_kiln.pyi; every elementwise op of the op table is there.
+    import pathlib
+
+    stub = (pathlib.Path(kiln.__file__).parent / "_kiln.pyi").read_text()
+    for name in kiln._kiln.unary_ops():
+        if name != "not":
+            assert f"def {name}(self) -> Tensor" in stub, name
+            assert hasattr(kiln.Tensor, name)
