@@ -58,10 +58,17 @@ class Session:
         self._session.load(str(path))
 
 
-def function(session, inputs, outputs, updates=()):
-    """A Keras-style function of ``session``: call it with arrays for ``inputs`` to get
-    ``outputs`` and apply ``updates``."""
-    return _kiln.Function(session._session, list(inputs), list(outputs), list(updates))
+def function(inputs, outputs, updates=(), session=None):
+    """A Keras-style function: call it with arrays for ``inputs`` (placeholders) to get
+    ``outputs`` as numpy arrays and apply ``updates`` (targets). It runs in ``session``, or in
+    the program's default session, which every such function of the program shares."""
+    inputs, outputs, updates = list(inputs), list(outputs), list(updates)
+    if session is None:
+        first = (inputs or outputs)[0]
+        native = first.program.default_session()
+    else:
+        native = session._session
+    return _kiln.Function(native, inputs, outputs, updates)
 
 
 def _install_var_methods():

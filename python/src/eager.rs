@@ -292,7 +292,10 @@ pub(crate) fn init(spec: &Bound<'_, PyAny>) -> PyResult<Init> {
                 .first()
                 .ok_or_else(|| PyTypeError::new_err("an empty initializer"))?
                 .extract()?;
-            let args = items[1..].iter().map(|a| a.extract()).collect::<PyResult<_>>()?;
+            let args = items[1..]
+                .iter()
+                .map(|a| a.extract())
+                .collect::<PyResult<_>>()?;
             (kind, args)
         }
     };
@@ -300,13 +303,23 @@ pub(crate) fn init(spec: &Bound<'_, PyAny>) -> PyResult<Init> {
         ("zeros", []) => Init::Zeros,
         ("ones", []) => Init::Ones,
         ("constant", [v]) => Init::Constant(*v),
-        ("uniform", [low, high]) => Init::Uniform { low: *low, high: *high },
-        ("normal", [mean, std]) => Init::Normal { mean: *mean, std: *std },
+        ("uniform", [low, high]) => Init::Uniform {
+            low: *low,
+            high: *high,
+        },
+        ("normal", [mean, std]) => Init::Normal {
+            mean: *mean,
+            std: *std,
+        },
         ("xavier_uniform", []) => Init::XavierUniform,
         ("xavier_normal", []) => Init::XavierNormal,
         ("kaiming_uniform", []) => Init::KaimingUniform,
         ("kaiming_normal", []) => Init::KaimingNormal,
-        _ => return Err(PyTypeError::new_err(format!("unknown initializer {kind}{args:?}"))),
+        _ => {
+            return Err(PyTypeError::new_err(format!(
+                "unknown initializer {kind}{args:?}"
+            )));
+        }
     })
 }
 
@@ -347,7 +360,13 @@ impl PyNoGrad {
 }
 
 /// An optimizer rule by name, as the static and eager optimizers share it.
-pub(crate) fn rule(kind: &str, lr: f64, momentum: f64, betas: (f64, f64), eps: f64) -> PyResult<Box<dyn Optimizer>> {
+pub(crate) fn rule(
+    kind: &str,
+    lr: f64,
+    momentum: f64,
+    betas: (f64, f64),
+    eps: f64,
+) -> PyResult<Box<dyn Optimizer>> {
     Ok(match kind {
         "sgd" => Box::new(Sgd::new(lr)),
         "momentum" => Box::new(Momentum::new(lr, momentum)),
@@ -435,18 +454,29 @@ fn call_numpy(f: &Py<PyAny>, groups: &[&[Array]]) -> Result<Vec<Array>, CustomOp
                 .traceback(py)
                 .and_then(|t| t.format().ok())
                 .unwrap_or_default();
-            CustomOpError(format!("{tb}{}: {}", e.get_type(py).name().map(|n| n.to_string()).unwrap_or_default(), e.value(py)))
+            CustomOpError(format!(
+                "{tb}{}: {}",
+                e.get_type(py)
+                    .name()
+                    .map(|n| n.to_string())
+                    .unwrap_or_default(),
+                e.value(py)
+            ))
         };
         let out = f
             .bind(py)
             .call1(PyTuple::new(py, args).map_err(traceback)?)
             .map_err(traceback)?;
-        let items: Vec<Bound<'_, PyAny>> = if out.is_instance_of::<PyList>() || out.is_instance_of::<PyTuple>() {
-            out.extract().map_err(traceback)?
-        } else {
-            vec![out]
-        };
-        items.iter().map(|a| from_py(a).map_err(traceback)).collect()
+        let items: Vec<Bound<'_, PyAny>> =
+            if out.is_instance_of::<PyList>() || out.is_instance_of::<PyTuple>() {
+                out.extract().map_err(traceback)?
+            } else {
+                vec![out]
+            };
+        items
+            .iter()
+            .map(|a| from_py(a).map_err(traceback))
+            .collect()
     })
 }
 
@@ -483,7 +513,12 @@ impl CustomOp for PyLayerOp {
 /// Registers a PyLayer's static methods as custom op `name` (its outputs have the first
 /// input's type).
 #[pyfunction]
-fn register_pylayer(name: &str, forward: Py<PyAny>, backward: Py<PyAny>, outputs: usize) -> PyResult<()> {
+fn register_pylayer(
+    name: &str,
+    forward: Py<PyAny>,
+    backward: Py<PyAny>,
+    outputs: usize,
+) -> PyResult<()> {
     let op = PyLayerOp {
         name: name.to_owned(),
         forward,
@@ -497,7 +532,10 @@ fn register_pylayer(name: &str, forward: Py<PyAny>, backward: Py<PyAny>, outputs
 #[pyfunction]
 fn apply_pylayer(name: &str, inputs: Vec<PyRef<'_, PyTensor>>) -> PyResult<Vec<PyTensor>> {
     let tensors: Vec<&Tensor> = inputs.iter().map(|t| &t.0).collect();
-    Ok(py_eager(custom::call(name, &tensors))?.into_iter().map(PyTensor).collect())
+    Ok(py_eager(custom::call(name, &tensors))?
+        .into_iter()
+        .map(PyTensor)
+        .collect())
 }
 
 /// A Python function traced into a compiled program.
@@ -549,7 +587,10 @@ impl PyStaticFunction {
 /// Traces `f` (a Python callable over a list of tensors, returning a list) with inputs of
 /// the given `(name, dtype, shape)`; `None` in a shape is a symbolic dimension.
 #[pyfunction]
-fn to_static(f: Py<PyAny>, inputs: Vec<(String, String, Vec<Option<usize>>)>) -> PyResult<PyStaticFunction> {
+fn to_static(
+    f: Py<PyAny>,
+    inputs: Vec<(String, String, Vec<Option<usize>>)>,
+) -> PyResult<PyStaticFunction> {
     let types: Vec<(String, Type)> = inputs
         .iter()
         .map(|(name, d, shape)| {
@@ -641,7 +682,12 @@ fn native_layer(kind: &str, name: &str, o: &Bound<'_, PyDict>) -> PyResult<Box<d
                 groups: o.get_item("groups")?.map_or(Ok(1), |v| v.extract())?,
             };
             let channels = [get("in_channels")?, get("out_channels")?];
-            Box::new(py_eager(nn::Conv2d::new(name, channels, pair("kernel_size", [3, 3])?, attrs))?)
+            Box::new(py_eager(nn::Conv2d::new(
+                name,
+                channels,
+                pair("kernel_size", [3, 3])?,
+                attrs,
+            ))?)
         }
         "max_pool2d" | "avg_pool2d" => {
             let window = pair("kernel_size", [2, 2])?;
@@ -655,12 +701,35 @@ fn native_layer(kind: &str, name: &str, o: &Bound<'_, PyDict>) -> PyResult<Box<d
         "flatten" => Box::new(nn::Flatten),
         "global_avg_pool" => Box::new(nn::GlobalAvgPool),
         "batch_norm" => Box::new(py_eager(nn::BatchNorm::new(name, get("channels")?))?),
-        "layer_norm" => Box::new(py_eager(nn::LayerNorm::new(name, get("width")?, float("eps", 1e-5)?))?),
-        "lstm" => Box::new(py_eager(nn::Lstm::new(name, get("input_size")?, get("hidden_size")?))?),
-        "gru" => Box::new(py_eager(nn::Gru::new(name, get("input_size")?, get("hidden_size")?))?),
-        "embedding" => Box::new(py_eager(nn::Embedding::new(name, get("vocab")?, get("dim")?))?),
-        "self_attention" => Box::new(py_eager(nn::SelfAttention::new(name, get("features")?, get("dim")?))?),
-        "dropout" => Box::new(nn::Dropout::new(float("p", 0.5)?, get("seed").unwrap_or(0) as u64)),
+        "layer_norm" => Box::new(py_eager(nn::LayerNorm::new(
+            name,
+            get("width")?,
+            float("eps", 1e-5)?,
+        ))?),
+        "lstm" => Box::new(py_eager(nn::Lstm::new(
+            name,
+            get("input_size")?,
+            get("hidden_size")?,
+        ))?),
+        "gru" => Box::new(py_eager(nn::Gru::new(
+            name,
+            get("input_size")?,
+            get("hidden_size")?,
+        ))?),
+        "embedding" => Box::new(py_eager(nn::Embedding::new(
+            name,
+            get("vocab")?,
+            get("dim")?,
+        ))?),
+        "self_attention" => Box::new(py_eager(nn::SelfAttention::new(
+            name,
+            get("features")?,
+            get("dim")?,
+        ))?),
+        "dropout" => Box::new(nn::Dropout::new(
+            float("p", 0.5)?,
+            get("seed").unwrap_or(0) as u64,
+        )),
         other => return Err(PyTypeError::new_err(format!("Kiln has no layer `{other}`"))),
     })
 }

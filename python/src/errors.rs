@@ -1,8 +1,8 @@
 //! Kiln's errors as Python exceptions: `KilnError` and a subclass per kind a caller may want
 //! to catch. The message is the Rust error's, unchanged.
 
-use kiln::backend::comm::CommError;
 use kiln::backend::InterpError;
+use kiln::backend::comm::CommError;
 use kiln::ir::{BuildError, SourceError};
 use kiln::runtime::RuntimeError;
 use kiln::runtime::checkpoint::CheckpointError;
@@ -12,12 +12,42 @@ use pyo3::exceptions::PyException;
 use pyo3::prelude::*;
 
 create_exception!(kiln, KilnError, PyException, "Every error Kiln reports.");
-create_exception!(kiln, ShapeError, KilnError, "An op built with operands of the wrong shape or dtype: names the op, both shapes and where it was built.");
-create_exception!(kiln, FeedError, KilnError, "A missing, unknown or mis-shaped feed: names the placeholder.");
-create_exception!(kiln, RunError, KilnError, "An op that failed while running: names the instruction.");
-create_exception!(kiln, CheckpointFileError, KilnError, "A checkpoint that could not be saved or loaded (the previous file is intact).");
-create_exception!(kiln, IrError, KilnError, "Malformed or ill-typed text IR: the line, the column and what was expected.");
-create_exception!(kiln, CommunicationError, KilnError, "Communication between ranks failed.");
+create_exception!(
+    kiln,
+    ShapeError,
+    KilnError,
+    "An op built with operands of the wrong shape or dtype: names the op, both shapes and where it was built."
+);
+create_exception!(
+    kiln,
+    FeedError,
+    KilnError,
+    "A missing, unknown or mis-shaped feed: names the placeholder."
+);
+create_exception!(
+    kiln,
+    RunError,
+    KilnError,
+    "An op that failed while running: names the instruction."
+);
+create_exception!(
+    kiln,
+    CheckpointFileError,
+    KilnError,
+    "A checkpoint that could not be saved or loaded (the previous file is intact)."
+);
+create_exception!(
+    kiln,
+    IrError,
+    KilnError,
+    "Malformed or ill-typed text IR: the line, the column and what was expected."
+);
+create_exception!(
+    kiln,
+    CommunicationError,
+    KilnError,
+    "Communication between ranks failed."
+);
 
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     let py = m.py();

@@ -25,7 +25,7 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
 
 /// A static program under construction.
 #[pyclass(name = "Program", module = "kiln.static")]
-pub(crate) struct PyProgram(Program);
+pub(crate) struct PyProgram(Program, Option<Py<PySession>>);
 
 /// A value of a program; arithmetic on it adds ops to its program.
 #[pyclass(name = "Var", module = "kiln.static")]
@@ -60,7 +60,11 @@ fn activation(name: Option<&str>) -> PyResult<Activation> {
         "sigmoid" => Activation::Sigmoid,
         "softplus" => Activation::Softplus,
         "gelu" => Activation::Gelu,
-        other => return Err(PyTypeError::new_err(format!("unknown activation `{other}`"))),
+        other => {
+            return Err(PyTypeError::new_err(format!(
+                "unknown activation `{other}`"
+            )));
+        }
     })
 }
 
@@ -87,7 +91,18 @@ impl PyProgram {
     #[new]
     #[pyo3(signature = (seed = 0))]
     fn new(seed: u64) -> PyProgram {
-        PyProgram(Program::with_seed(seed))
+        PyProgram(Program::with_seed(seed), None)
+    }
+
+    /// The session `kiln.function` runs in when given none: made on first use, from the
+    /// program as it is then, and shared by every such function of this program.
+    fn default_session(&mut self, py: Python<'_>) -> PyResult<Py<PySession>> {
+        if let Some(s) = &self.1 {
+            return Ok(s.clone_ref(py));
+        }
+        let session = Py::new(py, PySession(kiln_ok(Session::new(&self.0))?))?;
+        self.1 = Some(session.clone_ref(py));
+        Ok(session)
     }
 
     /// A placeholder fed at each run; `None` in `shape` is a dimension of any size: in the
@@ -152,11 +167,25 @@ impl PyProgram {
             ("mean", [a]) => Self::add(slf, |p| layers::mean(p, *a)),
             ("flatten", [a]) => Self::add(slf, |p| layers::flatten(p, *a)),
             ("softmax", [a]) => {
-                let axis = slf.borrow().0.value_type(*a).shape.dims().len().saturating_sub(1);
+                let axis = slf
+                    .borrow()
+                    .0
+                    .value_type(*a)
+                    .shape
+                    .dims()
+                    .len()
+                    .saturating_sub(1);
                 Self::add(slf, |p| layers::softmax(p, *a, axis))
             }
             ("log_softmax", [a]) => {
-                let axis = slf.borrow().0.value_type(*a).shape.dims().len().saturating_sub(1);
+                let axis = slf
+                    .borrow()
+                    .0
+                    .value_type(*a)
+                    .shape
+                    .dims()
+                    .len()
+                    .saturating_sub(1);
                 Self::add(slf, |p| layers::log_softmax(p, *a, axis))
             }
             _ => Err(wrong()),
@@ -191,7 +220,8 @@ impl PyProgram {
             };
         }
         let mut rule = boxed(rule);
-        let names = params.unwrap_or_else(|| self.0.params().iter().map(|q| q.name.clone()).collect());
+        let names =
+            params.unwrap_or_else(|| self.0.params().iter().map(|q| q.name.clone()).collect());
         let target = kiln_ok(rule.minimize_params(&mut self.0, loss.value, &names))?;
         Ok(PyTarget {
             target,
@@ -212,7 +242,12 @@ impl PyProgram {
     /// Saves the function computing `outputs` (named `name`) with the program's state
     /// declarations as a text IR file, for `kiln.load_predictor` or `kiln run`.
     #[pyo3(signature = (path, outputs, name = "predict"))]
-    fn save(&self, path: std::path::PathBuf, outputs: Vec<PyRef<'_, PyVar>>, name: &str) -> PyResult<()> {
+    fn save(
+        &self,
+        path: std::path::PathBuf,
+        outputs: Vec<PyRef<'_, PyVar>>,
+        name: &str,
+    ) -> PyResult<()> {
         let values: Vec<Value> = outputs.iter().map(|v| v.value).collect();
         let module = kiln_ok(self.0.export_module(&[(name, &values[..])]))?;
         kiln_ok(kiln::runtime::checkpoint::save_module(&module, &path))
@@ -225,6 +260,12 @@ impl PyVar {
     fn name(&self, py: Python<'_>) -> Option<String> {
         let p = self.program.borrow(py);
         p.0.graph().value_name(self.value).map(str::to_owned)
+    }
+
+    /// The program the value belongs to.
+    #[getter]
+    fn program(&self, py: Python<'_>) -> Py<PyProgram> {
+        self.program.clone_ref(py)
     }
 
     #[getter]
@@ -247,7 +288,13 @@ impl PyVar {
     }
 
     #[pyo3(signature = (name, other, reverse = false))]
-    fn _binary(&self, py: Python<'_>, name: &str, other: &Bound<'_, PyAny>, reverse: bool) -> PyResult<PyVar> {
+    fn _binary(
+        &self,
+        py: Python<'_>,
+        name: &str,
+        other: &Bound<'_, PyAny>,
+        reverse: bool,
+    ) -> PyResult<PyVar> {
         let op = BinaryOp::from_name(name)
             .ok_or_else(|| PyTypeError::new_err(format!("no binary op `{name}`")))?;
         let other = match other.extract::<PyRef<'_, PyVar>>() {
@@ -299,7 +346,13 @@ impl PyVar {
         })
     }
 
-    fn reduce(&self, py: Python<'_>, op: ReduceOp, axis: Option<Vec<usize>>, keepdims: bool) -> PyResult<PyVar> {
+    fn reduce(
+        &self,
+        py: Python<'_>,
+        op: ReduceOp,
+        axis: Option<Vec<usize>>,
+        keepdims: bool,
+    ) -> PyResult<PyVar> {
         self.op(py, |p, x| {
             let axes = axis.unwrap_or_else(|| (0..p.value_type(x).shape.dims().len()).collect());
             Ok(p.reduce(op, x, axes, keepdims)?)
@@ -376,9 +429,12 @@ impl PySession {
 
     /// The value of state `name` (a parameter, an optimizer moment).
     fn state(&self, py: Python<'_>, name: &str) -> PyResult<Py<PyAny>> {
-        let value = self.0.scope().get(name).cloned().ok_or_else(|| {
-            KilnError::new_err(format!("the session has no state `{name}`"))
-        })?;
+        let value = self
+            .0
+            .scope()
+            .get(name)
+            .cloned()
+            .ok_or_else(|| KilnError::new_err(format!("the session has no state `{name}`")))?;
         Ok(to_py(py, value))
     }
 
@@ -434,7 +490,11 @@ pub(crate) struct PyPredictor(kiln::serve::Predictor);
 #[pymethods]
 impl PyPredictor {
     #[pyo3(signature = (*args))]
-    fn __call__(&mut self, py: Python<'_>, args: Vec<Bound<'_, PyAny>>) -> PyResult<Vec<Py<PyAny>>> {
+    fn __call__(
+        &mut self,
+        py: Python<'_>,
+        args: Vec<Bound<'_, PyAny>>,
+    ) -> PyResult<Vec<Py<PyAny>>> {
         let arrays: Vec<Array> = args.iter().map(from_py).collect::<PyResult<_>>()?;
         let out = self
             .0
@@ -446,7 +506,10 @@ impl PyPredictor {
 
 /// Loads a saved program (text IR) and its parameters (safetensors) as a predictor.
 #[pyfunction]
-fn load_predictor(program: std::path::PathBuf, parameters: std::path::PathBuf) -> PyResult<PyPredictor> {
+fn load_predictor(
+    program: std::path::PathBuf,
+    parameters: std::path::PathBuf,
+) -> PyResult<PyPredictor> {
     kiln::serve::Predictor::load(&program, &parameters)
         .map(PyPredictor)
         .map_err(|e| KilnError::new_err(e.to_string()))

@@ -73,10 +73,17 @@ def test_placeholders_sessions_functions_and_errors_by_name():
     xs = np.random.default_rng(1).normal(size=[16, 3]).astype(np.float32)
     ys = xs @ np.array([[1.0], [-2.0], [0.5]], np.float32)
     first = session.run("loss", {"x": xs, "y": ys})
-    step = kiln.function(session, [x, y], [loss], [train])
+    step = kiln.function([x, y], [loss], [train], session=session)
     for _ in range(400):
         step(xs, ys)
     last = session.run(loss, {"x": xs, "y": ys})
+    # Without a session, functions of one program share its default session.
+    fit = kiln.function([x, y], [loss], [train])
+    evaluate = kiln.function([x, y], [loss])
+    before = evaluate(xs, ys)[0]
+    for _ in range(50):
+        fit(xs, ys)
+    assert evaluate(xs, ys)[0] < before
     assert last < 0.01 * first
     np.testing.assert_allclose(session.state("fc.w").ravel(), [1.0, -2.0, 0.5], atol=0.05)
     with pytest.raises(kiln.FeedError, match="missing feed for placeholder `y`"):

@@ -91,3 +91,14 @@ def test_a_compiled_training_step_matches_eager_training():
     eager, compiled = train(False), train(True)
     np.testing.assert_allclose(compiled, eager, rtol=1e-4)
     assert eager[-1] < eager[0]
+
+
+def test_a_traced_model_saved_and_served_gives_the_same_values(tmp_path):
+    model = Classifier()
+    compiled = kiln.to_static(model)
+    x = kiln.tensor(np.random.default_rng(2).normal(size=[4, 8]).astype(np.float32))
+    expected = compiled(x).numpy()
+    (tmp_path / "model.kir").write_text(compiled.ir())
+    kiln.save_parameters(tmp_path / "params.safetensors")
+    predict = kiln.load_predictor(tmp_path / "model.kir", tmp_path / "params.safetensors")
+    np.testing.assert_allclose(predict(x.numpy())[0], expected, rtol=1e-6)
