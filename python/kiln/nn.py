@@ -234,15 +234,19 @@ class Sigmoid(Layer):
 
 def cross_entropy(logits, labels):
     """Mean softmax cross-entropy of ``logits: [N, C]`` against integer ``labels: [N]``."""
-    log_p = logits.log_softmax(-1)
-    classes = logits.shape[-1]
-    import numpy as np
-
-    one_hot = np.eye(classes, dtype=log_p.dtype)[labels.numpy()]
-    return -(log_p * _kiln.tensor(one_hot, False)).sum(-1).mean()
+    return _kiln.loss("cross_entropy", logits, labels)
 
 
 def mse(prediction, target):
     """Mean squared error."""
-    d = prediction - target
-    return (d * d).mean()
+    return _kiln.loss("mse", prediction, target)
+
+
+def binary_cross_entropy_with_logits(logits, targets):
+    """Mean sigmoid cross-entropy of ``logits`` against 0/1 ``targets``."""
+    return _kiln.loss("binary_cross_entropy_with_logits", logits, targets)
+
+
+def accuracy(logits, labels):
+    """The fraction of rows whose largest logit is the label."""
+    return _kiln.loss("accuracy", logits, labels)

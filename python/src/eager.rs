@@ -27,6 +27,7 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(register_pylayer, m)?)?;
     m.add_function(wrap_pyfunction!(apply_pylayer, m)?)?;
     m.add_function(wrap_pyfunction!(to_static, m)?)?;
+    m.add_function(wrap_pyfunction!(loss, m)?)?;
     m.add_function(wrap_pyfunction!(manual_seed, m)?)?;
     m.add_function(wrap_pyfunction!(reset, m)?)?;
     m.add_function(wrap_pyfunction!(save_parameters, m)?)?;
@@ -625,6 +626,20 @@ fn to_static(
             targets: Vec::new(),
         }),
     }
+}
+
+/// An eager loss by name over two tensors: `cross_entropy` (logits, integer labels), `mse`,
+/// `binary_cross_entropy_with_logits`, or the metric `accuracy`. Traced like any op.
+#[pyfunction]
+fn loss(name: &str, a: &PyTensor, b: &PyTensor) -> PyResult<PyTensor> {
+    let result = match name {
+        "cross_entropy" => nn::cross_entropy(&a.0, &b.0),
+        "mse" => nn::mse(&a.0, &b.0),
+        "binary_cross_entropy_with_logits" => nn::binary_cross_entropy_with_logits(&a.0, &b.0),
+        "accuracy" => nn::accuracy(&a.0, &b.0),
+        other => return Err(PyTypeError::new_err(format!("Kiln has no loss `{other}`"))),
+    };
+    py_eager(result).map(PyTensor)
 }
 
 #[pyfunction]

@@ -102,3 +102,17 @@ def test_a_traced_model_saved_and_served_gives_the_same_values(tmp_path):
     kiln.save_parameters(tmp_path / "params.safetensors")
     predict = kiln.load_predictor(tmp_path / "model.kir", tmp_path / "params.safetensors")
     np.testing.assert_allclose(predict(x.numpy())[0], expected, rtol=1e-6)
+
+
+def test_losses_trace_too():
+    model = Classifier()
+
+    @kiln.to_static
+    def loss(x, labels):
+        return kiln.nn.cross_entropy(model(x).log(), labels)
+
+    x = kiln.tensor(np.random.default_rng(3).normal(size=[6, 8]).astype(np.float32))
+    labels = kiln.tensor(np.array([0, 1, 2, 0, 1, 2]))
+    with kiln.no_grad():
+        eager = kiln.nn.cross_entropy(model(x).log(), labels).item()
+    assert loss(x, labels).item() == pytest.approx(eager, rel=1e-5)
