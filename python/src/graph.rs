@@ -167,25 +167,11 @@ impl PyProgram {
             ("mean", [a]) => Self::add(slf, |p| layers::mean(p, *a)),
             ("flatten", [a]) => Self::add(slf, |p| layers::flatten(p, *a)),
             ("softmax", [a]) => {
-                let axis = slf
-                    .borrow()
-                    .0
-                    .value_type(*a)
-                    .shape
-                    .dims()
-                    .len()
-                    .saturating_sub(1);
+                let axis = last_axis(slf, *a);
                 Self::add(slf, |p| layers::softmax(p, *a, axis))
             }
             ("log_softmax", [a]) => {
-                let axis = slf
-                    .borrow()
-                    .0
-                    .value_type(*a)
-                    .shape
-                    .dims()
-                    .len()
-                    .saturating_sub(1);
+                let axis = last_axis(slf, *a);
                 Self::add(slf, |p| layers::log_softmax(p, *a, axis))
             }
             _ => Err(wrong()),
@@ -252,6 +238,12 @@ impl PyProgram {
         let module = kiln_ok(self.0.export_module(&[(name, &values[..])]))?;
         kiln_ok(kiln::runtime::checkpoint::save_module(&module, &path))
     }
+}
+
+/// The last axis of `v` (softmax's axis).
+fn last_axis(program: &Bound<'_, PyProgram>, v: Value) -> usize {
+    let rank = program.borrow().0.value_type(v).shape.dims().len();
+    rank.saturating_sub(1)
 }
 
 #[pymethods]
