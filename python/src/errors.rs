@@ -74,7 +74,7 @@ impl IntoPyErr for RuntimeError {
             | RuntimeError::FeedMismatch { .. }
             | RuntimeError::UnknownFeed { .. }
             | RuntimeError::FeedCutsUpdate { .. } => FeedError::new_err(message),
-            RuntimeError::Build(_) => ShapeError::new_err(message),
+            RuntimeError::Build(e) => e.into_py_err(),
             RuntimeError::Interp(e) => e.into_py_err(),
             RuntimeError::Checkpoint(_) => CheckpointFileError::new_err(message),
             RuntimeError::Comm(_) => CommunicationError::new_err(message),
@@ -95,9 +95,38 @@ impl IntoPyErr for EagerError {
 }
 
 impl IntoPyErr for BuildError {
+    /// The op and the shapes, and where the user's Python code built it (the binding's own
+    /// Rust line would say nothing to them).
     fn into_py_err(self) -> PyErr {
-        ShapeError::new_err(self.to_string())
+        let place = Python::attach(|py| python_caller(py).ok().flatten());
+        match place {
+            Some(place) => ShapeError::new_err(format!("{} (built at {place})", self.error)),
+            None => ShapeError::new_err(self.to_string()),
+        }
     }
+}
+
+/// `file:line` of the innermost Python frame outside the `kiln` package.
+fn python_caller(py: Python<'_>) -> PyResult<Option<String>> {
+    let package = std::path::Path::new(
+        &py.import("kiln")?
+            .getattr("__file__")?
+            .extract::<String>()?,
+    )
+    .parent()
+    .map(|p| p.to_string_lossy().into_owned())
+    .unwrap_or_default();
+    let mut frame = py.import("sys")?.call_method1("_getframe", (0,))?;
+    while !frame.is_none() {
+        let code = frame.getattr("f_code")?;
+        let file: String = code.getattr("co_filename")?.extract()?;
+        if !file.starts_with(&package) {
+            let line: usize = frame.getattr("f_lineno")?.extract()?;
+            return Ok(Some(format!("{file}:{line}")));
+        }
+        frame = frame.getattr("f_back")?;
+    }
+    Ok(None)
 }
 
 impl IntoPyErr for InterpError {

@@ -16,6 +16,7 @@ def test_a_shape_error_names_the_op_and_both_shapes():
         a @ b
     message = str(e.value)
     assert "matmul" in message and "f32[2,3]" in message and "f32[4,5]" in message
+    assert "test_errors.py:" in message  # where the user's code built it
     assert isinstance(e.value, kiln.KilnError)
 
 
