@@ -455,14 +455,17 @@ fn call_numpy(f: &Py<PyAny>, groups: &[&[Array]]) -> Result<Vec<Array>, CustomOp
                 .traceback(py)
                 .and_then(|t| t.format().ok())
                 .unwrap_or_default();
-            CustomOpError(format!(
+            let message = format!(
                 "{tb}{}: {}",
                 e.get_type(py)
                     .name()
                     .map(|n| n.to_string())
                     .unwrap_or_default(),
                 e.value(py)
-            ))
+            );
+            // The exception itself is raised again where the Kiln error reaches Python.
+            crate::errors::stash(e);
+            CustomOpError(message)
         };
         let out = f
             .bind(py)

@@ -153,7 +153,28 @@ impl IntoPyErr for CommError {
     }
 }
 
-/// `result` with its error as the Python exception of its kind.
+/// `result` with its error as the Python exception of its kind; or, when Python code that
+/// Kiln called (a PyLayer) raised, that exception itself, with its traceback.
 pub(crate) fn kiln_ok<T, E: IntoPyErr>(result: Result<T, E>) -> PyResult<T> {
-    result.map_err(IntoPyErr::into_py_err)
+    result.map_err(|e| {
+        let kiln_error = e.into_py_err();
+        match RAISED.with(|r| r.borrow_mut().take()) {
+            Some(raised) => {
+                Python::attach(|py| raised.set_cause(py, Some(kiln_error)));
+                raised
+            }
+            None => kiln_error,
+        }
+    })
+}
+
+thread_local! {
+    /// The exception Python code raised inside a Kiln call, until the call's error returns.
+    static RAISED: std::cell::RefCell<Option<PyErr>> = const { std::cell::RefCell::new(None) };
+}
+
+/// Keeps `e`, raised by Python code Kiln called, to raise it again when Kiln's error
+/// reaches Python.
+pub(crate) fn stash(e: PyErr) {
+    RAISED.with(|r| *r.borrow_mut() = Some(e));
 }
