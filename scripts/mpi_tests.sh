@@ -18,7 +18,10 @@ steps=40
 
 final_loss() { awk '/^final loss/ { print $3 }' | tail -1; }
 
-alone=$("$bin" --steps "$steps" | tee /dev/stderr | final_loss)
+# (Not `tee /dev/stderr`: with output sent to a file, that reopens and truncates it.)
+alone_out=$("$bin" --steps "$steps")
+echo "$alone_out"
+alone=$(echo "$alone_out" | final_loss)
 echo "one process, whole global batch: final loss $alone"
 
 run_and_compare() {
