@@ -59,7 +59,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         if what != "w5" {
             return Err("the all-reduce needs --threads 2 or more (or mpirun)".into());
         }
-        return w5_alone(steps).map_err(Into::into);
+        return w5_rank(0, 1, steps, 0).map_err(Into::into);
     }
     for result in local::run(threads, |comm| {
         measure(what, comm, steps, bucket_bytes, "kiln-local")
@@ -89,9 +89,22 @@ fn calls(kib: usize) -> usize {
     (256 * 1024 / kib).clamp(5, 500)
 }
 
-fn median(mut times: Vec<f64>) -> f64 {
+/// The median time of `calls` calls of `f`, after `warmup` more.
+fn median_seconds<E>(
+    warmup: usize,
+    calls: usize,
+    mut f: impl FnMut() -> Result<(), E>,
+) -> Result<f64, E> {
+    let mut times = Vec::with_capacity(calls);
+    for i in 0..warmup + calls {
+        let started = Instant::now();
+        f()?;
+        if i >= warmup {
+            times.push(started.elapsed().as_secs_f64());
+        }
+    }
     times.sort_by(f64::total_cmp);
-    times[times.len() / 2]
+    Ok(times[times.len() / 2])
 }
 
 fn report(rank: usize, ranks: usize, label: &str, kib: usize, seconds: f64) {
@@ -121,57 +134,40 @@ fn size_label(kib: usize) -> String {
 fn all_reduce(comm: &Communicator, label: &str) -> Result<(), String> {
     for kib in SIZES_KIB {
         let buffer = Array::zeros(kiln::ir::DType::F32, &[kib * 256]);
-        let mut times = Vec::new();
-        for i in 0..calls(kib) + 2 {
-            let started = Instant::now();
+        let seconds = median_seconds(2, calls(kib), || {
             comm.all_reduce(&[&buffer], false)
                 .and_then(|p| p.wait())
-                .map_err(|e| e.to_string())?;
-            if i >= 2 {
-                times.push(started.elapsed().as_secs_f64());
-            }
-        }
-        report(comm.rank(), comm.size(), label, kib, median(times));
+                .map(drop)
+                .map_err(|e| e.to_string())
+        })?;
+        report(comm.rank(), comm.size(), label, kib, seconds);
     }
     Ok(())
 }
 
 /// W5 with the batch of 256 split over the ranks; each rank prints its time per step.
 fn w5(comm: &Communicator, steps: usize, bucket_bytes: usize) -> Result<(), String> {
-    let mut step = kiln::workloads::mlp_step_share(comm.rank(), comm.size(), bucket_bytes)
-        .map_err(|e| e.to_string())?;
-    let mut times = Vec::new();
-    for i in 0..steps + 3 {
-        let started = Instant::now();
-        step.step().map_err(|e| e.to_string())?;
-        if i >= 3 {
-            times.push(started.elapsed().as_secs_f64());
-        }
-    }
-    println!(
-        "W5 rank {} of {}: batch {} per rank, {:.3} ms per step (median of {steps})",
-        comm.rank(),
-        comm.size(),
-        kiln::workloads::MLP_BATCH / comm.size(),
-        median(times) * 1e3
-    );
-    Ok(())
+    w5_rank(comm.rank(), comm.size(), steps, bucket_bytes).map_err(|e| e.to_string())
 }
 
-fn w5_alone(steps: usize) -> kiln::runtime::RuntimeResult<()> {
-    let mut step = kiln::workloads::mlp_step()?;
-    let mut times = Vec::new();
-    for i in 0..steps + 3 {
-        let started = Instant::now();
-        step.step()?;
-        if i >= 3 {
-            times.push(started.elapsed().as_secs_f64());
-        }
-    }
+/// W5 on its share of the batch as rank `rank` of `ranks` (one rank: the whole batch, no
+/// communication).
+fn w5_rank(
+    rank: usize,
+    ranks: usize,
+    steps: usize,
+    bucket_bytes: usize,
+) -> kiln::runtime::RuntimeResult<()> {
+    let mut step = kiln::workloads::mlp_step_share(rank, ranks, bucket_bytes)?;
+    let seconds = median_seconds(3, steps, || step.step().map(drop))?;
+    let who = match ranks {
+        1 => "one rank".to_owned(),
+        _ => format!("rank {rank} of {ranks}"),
+    };
     println!(
-        "W5 one rank: batch {}, {:.3} ms per step (median of {steps})",
-        kiln::workloads::MLP_BATCH,
-        median(times) * 1e3
+        "W5 {who}: batch {}, {:.3} ms per step (median of {steps})",
+        kiln::workloads::MLP_BATCH / ranks,
+        seconds * 1e3
     );
     Ok(())
 }
@@ -188,15 +184,11 @@ fn raw_mpi_all_reduce() -> Result<(), Box<dyn std::error::Error>> {
     for kib in SIZES_KIB {
         let send = vec![0f32; kib * 256];
         let mut recv = vec![0f32; kib * 256];
-        let mut times = Vec::new();
-        for i in 0..calls(kib) + 2 {
-            let started = Instant::now();
+        let seconds = median_seconds(2, calls(kib), || {
             world.all_reduce_into(&send[..], &mut recv[..], SystemOperation::sum());
-            if i >= 2 {
-                times.push(started.elapsed().as_secs_f64());
-            }
-        }
-        report(rank, ranks, "mpi-raw", kib, median(times));
+            Ok::<(), std::convert::Infallible>(())
+        })?;
+        report(rank, ranks, "mpi-raw", kib, seconds);
     }
     Ok(())
 }

@@ -13,20 +13,17 @@ pub(crate) fn from_py(value: &Bound<'_, PyAny>) -> PyResult<Array> {
     let py = value.py();
     let np = py.import("numpy")?;
     let array = np.call_method1("asarray", (value,))?;
-    let kind = array
+    let mut kind = array
         .getattr("dtype")?
         .getattr("name")?
         .extract::<String>()?;
     // Python numbers and float lists arrive as float64; Kiln's default float is f32.
-    let array = if !value.hasattr("dtype")? && kind == "float64" {
+    let array = if kind == "float64" && !value.hasattr("dtype")? {
+        kind = "float32".into();
         array.call_method1("astype", ("float32",))?
     } else {
         array
     };
-    let kind = array
-        .getattr("dtype")?
-        .getattr("name")?
-        .extract::<String>()?;
     macro_rules! take {
         ($t:ty, $variant:ident) => {{
             let a = array.cast::<PyArrayDyn<$t>>()?;

@@ -360,46 +360,27 @@ impl PyNoGrad {
     }
 }
 
-/// An optimizer rule by name, as the static and eager optimizers share it.
+/// An optimizer rule by kind, as the static and eager optimizers share it; its state is named
+/// after `name` (the kind by default).
 pub(crate) fn rule(
     kind: &str,
+    name: Option<&str>,
     lr: f64,
     momentum: f64,
     betas: (f64, f64),
     eps: f64,
 ) -> PyResult<Box<dyn Optimizer>> {
+    let name = name.unwrap_or(kind);
     Ok(match kind {
-        "sgd" => Box::new(Sgd::new(lr)),
-        "momentum" => Box::new(Momentum::new(lr, momentum)),
-        "adam" => Box::new(Adam::new(lr).with_betas(betas.0, betas.1).with_eps(eps)),
+        "sgd" => Box::new(Sgd::named(name, lr)),
+        "momentum" => Box::new(Momentum::named(name, lr, momentum)),
+        "adam" => Box::new(
+            Adam::named(name, lr)
+                .with_betas(betas.0, betas.1)
+                .with_eps(eps),
+        ),
         other => return Err(PyTypeError::new_err(format!("unknown optimizer `{other}`"))),
     })
-}
-
-/// Boxed rules are rules.
-struct Boxed(Box<dyn Optimizer>);
-
-impl Optimizer for Boxed {
-    fn name(&self) -> &str {
-        self.0.name()
-    }
-    fn step(
-        &mut self,
-        p: &mut kiln::runtime::Program,
-        u: &kiln::runtime::optim::Update<'_>,
-    ) -> kiln::runtime::RuntimeResult<kiln::runtime::optim::Step> {
-        self.0.step(p, u)
-    }
-    fn finish(
-        &mut self,
-        p: &mut kiln::runtime::Program,
-    ) -> kiln::runtime::RuntimeResult<Vec<(kiln::ir::StateDecl, kiln::ir::Value)>> {
-        self.0.finish(p)
-    }
-}
-
-pub(crate) fn boxed(rule: Box<dyn Optimizer>) -> impl Optimizer {
-    Boxed(rule)
 }
 
 /// An eager optimizer over parameters: `step()` applies the rule to their gradients.
@@ -419,7 +400,7 @@ impl PyEagerOptimizer {
         eps: f64,
     ) -> PyResult<PyEagerOptimizer> {
         let params = params.iter().map(|p| p.0.clone()).collect();
-        let rule = boxed(rule(kind, lr, momentum, betas, eps)?);
+        let rule = rule(kind, None, lr, momentum, betas, eps)?;
         py_eager(EagerOptimizer::new(rule, params)).map(PyEagerOptimizer)
     }
 
@@ -581,7 +562,7 @@ impl PyStaticFunction {
         betas: (f64, f64),
         eps: f64,
     ) -> PyResult<()> {
-        let mut rule = boxed(rule(kind, lr, momentum, betas, eps)?);
+        let mut rule = rule(kind, None, lr, momentum, betas, eps)?;
         let target = py_eager(self.function.minimize(&mut rule, output))?;
         self.targets.push(target);
         Ok(())

@@ -2,7 +2,7 @@
 //! losses, `minimize`, `Session`, Keras-style functions, and saved-model predictors.
 
 use crate::array::{dtype, from_py, to_py};
-use crate::eager::{boxed, init, rule};
+use crate::eager::{init, rule};
 use crate::errors::{KilnError, kiln_ok};
 use kiln::backend::Array;
 use kiln::ir::{BinaryOp, Dim, ReduceOp, UnaryOp, Value};
@@ -193,19 +193,7 @@ impl PyProgram {
         eps: f64,
         name: Option<String>,
     ) -> PyResult<PyTarget> {
-        let mut rule = rule(kind, lr, momentum, betas, eps)?;
-        if let Some(name) = name {
-            rule = match kind {
-                "sgd" => Box::new(kiln::runtime::Sgd::named(&name, lr)),
-                "momentum" => Box::new(kiln::runtime::Momentum::named(&name, lr, momentum)),
-                _ => Box::new(
-                    kiln::runtime::Adam::named(&name, lr)
-                        .with_betas(betas.0, betas.1)
-                        .with_eps(eps),
-                ),
-            };
-        }
-        let mut rule = boxed(rule);
+        let mut rule = rule(kind, name.as_deref(), lr, momentum, betas, eps)?;
         let names =
             params.unwrap_or_else(|| self.0.params().iter().map(|q| q.name.clone()).collect());
         let target = kiln_ok(rule.minimize_params(&mut self.0, loss.value, &names))?;

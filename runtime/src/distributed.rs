@@ -23,11 +23,12 @@ use crate::scope::Scope;
 use kiln_backend::Array;
 pub use kiln_backend::comm::{CommError, Communicator, local};
 use kiln_ir::{AllReduceOp, BinaryOp, Inst, Op, StateDecl, Value};
+use std::collections::HashMap;
 
 /// The default bucket size: 1 MiB. (PyTorch DDP caps buckets at 25 MiB with a first bucket
 /// of 1 MiB.) On the CPU, with models of a few MiB, small buckets overlap more of the
-/// backward pass: W5 on two ranks steps in 4.9 ms with 1 MiB buckets and 6.4 ms with one
-/// bucket for everything (BENCHMARKS.md).
+/// backward pass: W5 on two ranks steps in 4.50–4.76 ms with 1 MiB buckets and 6.06–6.32 ms
+/// with one bucket for everything (BENCHMARKS.md).
 pub const DEFAULT_BUCKET_BYTES: usize = 1 << 20;
 
 /// An optimizer whose gradients are averaged over the ranks before its updates.
@@ -89,16 +90,14 @@ impl<O: Optimizer> Optimizer for DataParallel<O> {
 /// produces them: indices into `grads`.
 pub fn buckets(p: &Program, grads: &[Value], bucket_bytes: usize) -> Vec<Vec<usize>> {
     let graph = p.graph();
-    let position = |v: Value| {
-        let insts = &graph.region(graph.body()).insts;
-        insts
-            .iter()
-            .position(|&i| graph.inst(i).results.contains(&v))
-    };
+    // Where each value is defined in the body (arguments, defined before all, have none).
+    let position: HashMap<Value, usize> = (graph.region(graph.body()).insts.iter().enumerate())
+        .flat_map(|(at, &i)| graph.inst(i).results.iter().map(move |&r| (r, at)))
+        .collect();
     let mut order: Vec<usize> = (0..grads.len()).collect();
-    order.sort_by_key(|&i| position(grads[i]));
+    order.sort_by_key(|&i| position.get(&grads[i]));
     let mut buckets: Vec<Vec<usize>> = Vec::new();
-    let mut filled = usize::MAX;
+    let mut filled = 0;
     for i in order {
         let ty = graph.value_type(grads[i]);
         let bytes = ty
@@ -106,7 +105,7 @@ pub fn buckets(p: &Program, grads: &[Value], bucket_bytes: usize) -> Vec<Vec<usi
             .as_fixed()
             .map_or(0, |s| s.iter().product::<usize>())
             * ty.dtype.size_bytes();
-        if filled >= bucket_bytes || filled + bytes > bucket_bytes {
+        if buckets.is_empty() || filled >= bucket_bytes || filled + bytes > bucket_bytes {
             buckets.push(Vec::new());
             filled = 0;
         }

@@ -134,6 +134,44 @@ pub trait Optimizer {
     }
 }
 
+/// A boxed rule is a rule (chosen at run time, as the Python bindings do), with every method,
+/// overrides included, the inner rule's.
+impl<O: Optimizer + ?Sized> Optimizer for Box<O> {
+    fn name(&self) -> &str {
+        (**self).name()
+    }
+
+    fn step(&mut self, p: &mut Program, update: &Update<'_>) -> RuntimeResult<Step> {
+        (**self).step(p, update)
+    }
+
+    fn finish(&mut self, p: &mut Program) -> RuntimeResult<Vec<(StateDecl, Value)>> {
+        (**self).finish(p)
+    }
+
+    fn minimize(&mut self, p: &mut Program, loss: Value) -> RuntimeResult<Target> {
+        (**self).minimize(p, loss)
+    }
+
+    fn minimize_params(
+        &mut self,
+        p: &mut Program,
+        loss: Value,
+        names: &[String],
+    ) -> RuntimeResult<Target> {
+        (**self).minimize_params(p, loss, names)
+    }
+
+    fn apply_gradients(
+        &mut self,
+        p: &mut Program,
+        updates: &[(StateDecl, Value, Value)],
+        suffix: &str,
+    ) -> RuntimeResult<Target> {
+        (**self).apply_gradients(p, updates, suffix)
+    }
+}
+
 /// Declares a zero-initialised moment of `decl`'s type; returns it and its current value.
 fn moment(
     p: &mut Program,

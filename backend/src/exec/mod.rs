@@ -644,8 +644,8 @@ impl Executable {
         });
     }
 
-    /// A convolution (or a transpose) through im2col and gemm into a slot's buffer.
-    /// A convolution (or a transpose), keeping or reusing the patch matrix `patches` names.
+    /// A convolution (or a transpose) through im2col and gemm into a slot's buffer, keeping or
+    /// reusing the patch matrix `patches` names.
     fn run_conv(
         &self,
         rt: &mut Runtime,
