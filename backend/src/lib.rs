@@ -8,6 +8,7 @@
 //!   steps over planned, reused buffers.
 //! - [`comm`]: communicators between ranks (threads of one process, or MPI processes) that
 //!   collective and point-to-point ops run on.
+//! - [`vecmath`]: exp, log, tanh, … over slices at AVX-512 or AVX2 width, which kernels call.
 //! - [`limits`]: the memory a run may ask for and the trips a loop may make.
 //! - [`debug`]: `KILN_DEBUG` levels.
 //!
@@ -24,6 +25,7 @@ pub mod jit;
 pub mod limits;
 pub mod random;
 pub mod state;
+pub mod vecmath;
 
 pub use array::{Array, Element};
 pub use interp::{CustomOpError, CustomOps, Env, InterpError, Interpreter, unshare};

@@ -3,7 +3,7 @@
 //! float approximations. Shapes include size-0 dimensions, size-1 (broadcast) dimensions,
 //! lengths with and without a vector tail, and non-contiguous inputs.
 
-use kiln_backend::jit::{self, KernelError, Status};
+use kiln_backend::jit::{self, KernelError, Path, Status};
 use kiln_backend::{Array, Interpreter, StateStore};
 use kiln_ir::{
     BinaryOp, BuildResult, CompareOp, Cost, DType, DTypeClass, Dim, FunctionBuilder, Helper,
@@ -156,7 +156,17 @@ fn check(
         Interpreter::new(&module).run_function(&func, inputs.clone(), &mut StateStore::default());
     let kernel = jit::kernel(&func).unwrap_or_else(|e| panic!("{what}: {e}\n{func}"));
     let refs: Vec<&Array> = inputs.iter().collect();
-    let got = kernel.call(&refs);
+    // Both codes of each stage (Cranelift's alone, and with vector routines where a stage has
+    // them) against the interpreter, and against each other: they give the same bits.
+    let on_routines = kernel.call_with(&refs, Path::Routines);
+    let got = kernel.call_with(&refs, Path::Cranelift);
+    if let (Ok(a), Ok(b)) = (&got, &on_routines) {
+        for (x, y) in a.iter().zip(b) {
+            let bits = |v: &Array| v.to_f64_vec().iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(x), bits(y), "{what}: the two paths differ\n{func}");
+        }
+    }
+    assert_eq!(got.is_ok(), on_routines.is_ok(), "{what}");
     match (got, want) {
         (Ok(got), Ok(want)) => {
             assert_eq!(got.len(), want.len());
@@ -530,6 +540,57 @@ fn fused_patterns() {
         )?;
         Ok(vec![b.unary(UnaryOp::Neg, c)?])
     });
+}
+
+/// Rows long enough for tiles (512 elements), and not multiples of the vector width: the
+/// kernels' transcendental functions go to vector routines on tiles, with a scalar tail.
+#[test]
+fn vector_routines_on_tiles() {
+    let mut g = Gen(11);
+    let n = Dim::sym("N");
+    let rows = |c: usize| Type::new(DType::F32, Shape(vec![n.clone(), Dim::Fixed(c)]));
+    for c in [13usize, 512, 1100, 2049] {
+        let x = g.array(DType::F32, &[3, c], false, false);
+        let bias = g.array(DType::F32, &[c], false, false);
+        let col = Type::new(DType::F32, fixed(&[c]));
+        // `1 + tanh` cancels where tanh is near −1: a few ULPs of tanh, absolutely.
+        let gelu_tol = Tolerance { abs: 1e-5, ..APPROX };
+        check("gelu (tanh)", &[rows(c), col], vec![x.clone(), bias], gelu_tol, |b, a| {
+            let shape = b.value_type(a[0]).shape.clone();
+            let bias = b.broadcast_to(a[1], &shape)?;
+            let v = b.add(a[0], bias)?;
+            let v3 = b.mul(v, v)?;
+            let v3 = b.mul(v3, v)?;
+            let k = b.scalar(DType::F32, 0.044715)?;
+            let inner = b.mul(v3, k)?;
+            let inner = b.add(v, inner)?;
+            let t = b.unary(UnaryOp::Tanh, inner)?;
+            let one = b.scalar(DType::F32, 1.0)?;
+            let t1 = b.add(t, one)?;
+            Ok(vec![b.mul(v, t1)?])
+        });
+        check("softmax", &[rows(c)], vec![x.clone()], APPROX, |b, a| {
+            let m = b.reduce(ReduceOp::Max, a[0], vec![1], true)?;
+            let d = b.sub(a[0], m)?;
+            let e = b.unary(UnaryOp::Exp, d)?;
+            let s = b.reduce(ReduceOp::Sum, e, vec![1], true)?;
+            Ok(vec![b.div(e, s)?])
+        });
+        // Calls whose arguments read other calls (two phases), and several ops in one tile.
+        check("nested", &[rows(c)], vec![x.clone()], SUMS, |b, a| {
+            let t = b.unary(UnaryOp::Tanh, a[0])?;
+            let e = b.unary(UnaryOp::Exp, t)?;
+            let s = b.unary(UnaryOp::Sigmoid, a[0])?;
+            let p = b.unary(UnaryOp::Softplus, a[0])?;
+            let ax = b.unary(UnaryOp::Abs, a[0])?;
+            let l = b.unary(UnaryOp::Log, ax)?;
+            let r = b.unary(UnaryOp::Erf, l)?;
+            let y = b.add(e, s)?;
+            let y = b.add(y, p)?;
+            let total = b.reduce(ReduceOp::Sum, r, vec![1], false)?;
+            Ok(vec![y, r, total])
+        });
+    }
 }
 
 /// `f32[N, 6, 3, 5]`: activations of 6 channels.

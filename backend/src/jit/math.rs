@@ -379,9 +379,16 @@ extern "C" fn pow64(x: f64, y: f64) -> f64 {
     kernels::pow(x, y)
 }
 
-/// Makes every helper symbol of the op table known to the JIT (its fallback lookup finds only
+/// Makes every helper symbol of the op table, and the vector routines of the ISA in use,
+/// known to the JIT (its fallback lookup finds only
 /// symbols already loaded, so each is registered here).
 pub(super) fn register_symbols(builder: &mut JITBuilder) {
+    let isa = crate::vecmath::isa();
+    for &op in UnaryOp::ALL {
+        if let Some(routine) = crate::vecmath::routine(op, isa) {
+            builder.symbol(crate::vecmath::symbol(op), routine as *const u8);
+        }
+    }
     for &op in UnaryOp::ALL {
         let (f32_helper, f64_helper) = unary_helpers(op);
         if let Some(name) = op.helper_symbol(DType::F32) {

@@ -19,8 +19,11 @@
 
 pub(crate) mod codegen;
 mod math;
+mod paths;
 pub(crate) mod plan;
 mod shape;
+
+pub use paths::Path;
 
 use crate::Array;
 use crate::debug;
@@ -29,7 +32,7 @@ use cranelift_codegen::ir::{AbiParam, UserFuncName, types};
 use cranelift_codegen::settings::{self, Configurable};
 use cranelift_frontend::FunctionBuilderContext;
 use cranelift_jit::{JITBuilder, JITModule};
-use cranelift_module::{Linkage, Module, default_libcall_names};
+use cranelift_module::{FuncId, Linkage, Module, default_libcall_names};
 use kiln_ir::{Function, SymbolBindings, Value};
 use plan::KernelPlan;
 use rayon::prelude::*;
@@ -90,18 +93,42 @@ pub enum KernelError {
 /// A compiled stage's entry point.
 pub type StageFn = unsafe extern "C" fn(*const *mut u8, *const i64, i64, i64) -> i32;
 
-/// A compiled kernel: its plan and one native function per stage.
+/// A compiled kernel: its plan and the native code of each stage.
 pub struct Kernel {
     /// The kernel function as given: the types of the arrays it takes and returns.
     pub func: Function,
     /// The plan the kernel was generated from (for the function as [`shape`] reshapes it).
     pub plan: KernelPlan,
-    /// The generated function of each stage.
-    pub stages: Vec<StageFn>,
+    /// The generated code of each stage.
+    pub stages: Vec<StageCode>,
     /// Each stage's estimated work per element, to decide when to use more threads.
     pub cost: Vec<i64>,
     /// Machine-code bytes of all stages.
     pub code_size: usize,
+}
+
+/// One stage's generated code: Cranelift's alone, and, when the stage has transcendental
+/// functions on vectorised rows, a second code that gives them to vector routines on tiles.
+/// Calls choose between the two by measured cost ([`paths`]).
+pub struct StageCode {
+    /// Cranelift's code alone.
+    pub cranelift: StageFn,
+    /// The code calling vector routines ([`crate::vecmath`]) on tiles of a row.
+    pub routines: Option<StageFn>,
+    /// The functions the routines compute, by name.
+    pub routine_ops: Vec<&'static str>,
+    choice: paths::Choice,
+}
+
+impl StageCode {
+    /// The path the stage's calls take from now on, once measured (a stage with one code
+    /// always takes [`Path::Cranelift`]).
+    pub fn chosen_path(&self) -> Option<Path> {
+        match self.routines {
+            None => Some(Path::Cranelift),
+            Some(_) => self.choice.decided(),
+        }
+    }
 }
 
 /// Buffer pointers shared by the threads of one stage, each writing its own rows.
@@ -120,6 +147,16 @@ const PARALLEL_WORK: i64 = 1 << 19;
 impl Kernel {
     /// Runs the kernel on host arrays, allocating its outputs.
     pub fn call(&self, inputs: &[&Array]) -> Result<Vec<Array>, KernelError> {
+        self.call_on(inputs, None)
+    }
+
+    /// Runs the kernel as [`Kernel::call`] does, every stage on `path` where it has that
+    /// code: for comparing the paths.
+    pub fn call_with(&self, inputs: &[&Array], path: Path) -> Result<Vec<Array>, KernelError> {
+        self.call_on(inputs, Some(path))
+    }
+
+    fn call_on(&self, inputs: &[&Array], path: Option<Path>) -> Result<Vec<Array>, KernelError> {
         let func = &self.func;
         if inputs.len() != func.args().len() {
             return Err(KernelError::Shape(format!(
@@ -172,7 +209,7 @@ impl Kernel {
         buffers.extend(scratch.iter_mut().map(Array::data_mut_ptr));
         // SAFETY: every buffer is a contiguous array of its value's type under `sizes`, and
         // outputs and scratch are fresh, so nothing overlaps.
-        unsafe { self.execute(&buffers, &sizes, true) }.map_err(KernelError::Status)?;
+        unsafe { self.execute_on(&buffers, &sizes, true, path) }.map_err(KernelError::Status)?;
         Ok(outputs)
     }
 
@@ -198,11 +235,37 @@ impl Kernel {
         sizes: &[i64],
         threads: bool,
     ) -> Result<(), Status> {
+        // SAFETY: forwarded from the caller.
+        unsafe { self.execute_on(buffers, sizes, threads, None) }
+    }
+
+    /// [`Kernel::execute`] with every stage on `path` (where it has that code), or on the
+    /// path measured fastest.
+    ///
+    /// # Safety
+    /// As for [`Kernel::run_stage`].
+    unsafe fn execute_on(
+        &self,
+        buffers: &[*mut u8],
+        sizes: &[i64],
+        threads: bool,
+        path: Option<Path>,
+    ) -> Result<(), Status> {
         for (index, stage) in self.plan.stages.iter().enumerate() {
             let rows = stage.rows(&self.plan, sizes);
-            let work = rows
-                .saturating_mul(stage.row_len(&self.plan, sizes))
-                .saturating_mul(self.cost[index]);
+            let elements = rows.saturating_mul(stage.row_len(&self.plan, sizes));
+            let work = elements.saturating_mul(self.cost[index]);
+            let compiled = &self.stages[index];
+            let (path, timed) = match (path, compiled.routines) {
+                (_, None) => (Path::Cranelift, false),
+                (Some(forced), Some(_)) => (forced, false),
+                (None, Some(_)) => compiled.choice.pick(elements),
+            };
+            let f = match (path, compiled.routines) {
+                (Path::Routines, Some(f)) => f,
+                _ => compiled.cranelift,
+            };
+            let started = timed.then(std::time::Instant::now);
             let chunks = if threads && stage.parallel() && work >= PARALLEL_WORK {
                 rayon::current_num_threads().min(rows.max(1) as usize)
             } else {
@@ -210,7 +273,7 @@ impl Kernel {
             };
             let code = if chunks <= 1 {
                 // SAFETY: forwarded from the caller.
-                unsafe { self.run_stage(index, buffers, sizes, 0, rows) }
+                unsafe { Self::run_stage(f, buffers, sizes, 0, rows) }
             } else {
                 let shared = SharedBuffers(buffers);
                 let per = (rows + chunks as i64 - 1) / chunks as i64;
@@ -220,10 +283,15 @@ impl Kernel {
                         let shared = &shared;
                         let (begin, end) = (c * per, ((c + 1) * per).min(rows));
                         // SAFETY: forwarded from the caller; the chunks' rows are disjoint.
-                        unsafe { self.run_stage(index, shared.0, sizes, begin, end) }
+                        unsafe { Self::run_stage(f, shared.0, sizes, begin, end) }
                     })
                     .reduce(|| 0, |a, b| if a != 0 { a } else { b })
             };
+            if let Some(started) = started {
+                compiled.choice.record(path, started.elapsed(), || {
+                    format!("kernel stage {index} ({})", compiled.routine_ops.join(", "))
+                });
+            }
             if let Some(status) = Status::from_code(code) {
                 return Err(status);
             }
@@ -231,26 +299,17 @@ impl Kernel {
         Ok(())
     }
 
-    /// Runs stage `stage` over rows `begin..end`.
+    /// Runs a stage's code `f` over rows `begin..end`.
     ///
     /// # Safety
     /// `buffers` must point to `plan.buffer_count()` pointers, each to a contiguous buffer of
     /// the size its value's type gives under `sizes` (one entry per symbol of the plan), and
     /// no output or scratch buffer may overlap a buffer a stage reads, except where the
     /// executor established that the stage reads each element before writing it.
-    pub unsafe fn run_stage(
-        &self,
-        stage: usize,
-        buffers: &[*mut u8],
-        sizes: &[i64],
-        begin: i64,
-        end: i64,
-    ) -> i32 {
-        debug_assert_eq!(buffers.len(), self.plan.buffer_count());
-        debug_assert_eq!(sizes.len(), self.plan.symbols.len());
+    unsafe fn run_stage(f: StageFn, buffers: &[*mut u8], sizes: &[i64], begin: i64, end: i64) -> i32 {
         // SAFETY: the one call into generated code. The function was compiled for exactly this
         // ABI, and the caller guarantees the buffers and sizes as documented above.
-        unsafe { (self.stages[stage])(buffers.as_ptr(), sizes.as_ptr(), begin, end) }
+        unsafe { f(buffers.as_ptr(), sizes.as_ptr(), begin, end) }
     }
 }
 
@@ -343,8 +402,21 @@ pub fn kernel(func: &Function) -> Result<Arc<Kernel>, JitError> {
     let (stages, code_size) = jit.compile(&plan, func)?;
     drop(jit);
     if debug::level() >= 1 {
+        let routines: Vec<String> = (stages.iter().enumerate())
+            .filter(|(_, s)| s.routines.is_some())
+            .map(|(i, s)| format!("stage {i}: {}", s.routine_ops.join(", ")))
+            .collect();
+        let routines = if routines.is_empty() {
+            String::new()
+        } else {
+            format!(
+                "; vector routines ({}) for {}",
+                crate::vecmath::isa().name(),
+                routines.join("; ")
+            )
+        };
         eprintln!(
-            "kiln: compiled a kernel of {} stages, {code_size} bytes",
+            "kiln: compiled a kernel of {} stages, {code_size} bytes{routines}",
             plan.stages.len()
         );
     }
@@ -367,70 +439,102 @@ pub fn kernel(func: &Function) -> Result<Arc<Kernel>, JitError> {
 }
 
 impl Jit {
-    /// Compiles every stage of `plan`: declare, build, define, clear; then finalise and take
-    /// the pointers. Returns the stages' entry points and their total code size.
+    /// Compiles every stage of `plan` — with vector routines first; if the stage gave them
+    /// nothing, that code is Cranelift's alone, else Cranelift's alone is compiled too — then
+    /// finalises and takes the pointers. Returns the stages' code and its total size.
     fn compile(
         &mut self,
         plan: &KernelPlan,
         func: &Function,
-    ) -> Result<(Vec<StageFn>, usize), JitError> {
+    ) -> Result<(Vec<StageCode>, usize), JitError> {
+        let routines = crate::vecmath::isa() != crate::vecmath::Isa::Off;
         let mut ids = Vec::new();
         let mut code_size = 0;
         for index in 0..plan.stages.len() {
-            // A failed or interrupted compilation may have left the context dirty.
-            self.module.clear_context(&mut self.ctx);
-            let mut sig = self.module.make_signature();
-            let ptr = self.module.target_config().pointer_type();
-            sig.params.extend([
-                AbiParam::new(ptr),
-                AbiParam::new(ptr),
-                AbiParam::new(types::I64),
-                AbiParam::new(types::I64),
-            ]);
-            sig.returns.push(AbiParam::new(types::I32));
-            let name = format!("kernel{}", self.next_name);
-            self.next_name += 1;
-            let id = (self.module.declare_function(&name, Linkage::Local, &sig))
-                .map_err(|e| JitError::Codegen(e.to_string()))?;
-            self.ctx.func.signature = sig;
-            self.ctx.func.name = UserFuncName::user(0, id.as_u32());
-            codegen::build_stage(
-                &mut self.module,
-                &mut self.ctx.func,
-                &mut self.builder,
-                plan,
-                index,
-            )?;
-            if debug::level() >= 2 {
-                eprintln!(
-                    "// kernel stage {index} of:\n{func}{}",
-                    self.ctx.func.display()
-                );
-            }
-            self.ctx.set_disasm(debug::level() >= 3);
-            let defined = self.module.define_function(id, &mut self.ctx);
-            code_size += self
-                .ctx
-                .compiled_code()
-                .map_or(0, |c| c.code_buffer().len());
-            if let Some(listing) = self.ctx.compiled_code().and_then(|c| c.vcode.as_ref()) {
-                eprintln!("// machine code of kernel stage {index}:\n{listing}");
-            }
-            self.module.clear_context(&mut self.ctx);
-            defined.map_err(|e| JitError::Codegen(format!("{e:?}")))?;
-            ids.push(id);
+            let (first, ops) = self.compile_stage(plan, func, index, routines, &mut code_size)?;
+            let (cranelift, tiled) = if ops.is_empty() {
+                (first, None)
+            } else {
+                let (plain, _) = self.compile_stage(plan, func, index, false, &mut code_size)?;
+                (plain, Some(first))
+            };
+            ids.push((cranelift, tiled, ops));
         }
         self.module
             .finalize_definitions()
             .map_err(|e| JitError::Codegen(e.to_string()))?;
-        let stages = ids
-            .iter()
-            .map(|&id| {
-                let code = self.module.get_finalized_function(id);
-                // SAFETY: `code` was compiled above with exactly `StageFn`'s signature.
-                unsafe { std::mem::transmute::<*const u8, StageFn>(code) }
+        let pointer = |id| {
+            let code = self.module.get_finalized_function(id);
+            // SAFETY: `code` was compiled above with exactly `StageFn`'s signature.
+            unsafe { std::mem::transmute::<*const u8, StageFn>(code) }
+        };
+        let stages = (ids.into_iter())
+            .map(|(cranelift, tiled, routine_ops)| StageCode {
+                cranelift: pointer(cranelift),
+                routines: tiled.map(pointer),
+                routine_ops,
+                choice: Default::default(),
             })
             .collect();
         Ok((stages, code_size))
+    }
+
+    /// Declares, builds and defines one code of stage `index`: declare, build, define, clear.
+    fn compile_stage(
+        &mut self,
+        plan: &KernelPlan,
+        func: &Function,
+        index: usize,
+        routines: bool,
+        code_size: &mut usize,
+    ) -> Result<(FuncId, Vec<&'static str>), JitError> {
+        // A failed or interrupted compilation may have left the context dirty.
+        self.module.clear_context(&mut self.ctx);
+        let mut sig = self.module.make_signature();
+        let ptr = self.module.target_config().pointer_type();
+        sig.params.extend([
+            AbiParam::new(ptr),
+            AbiParam::new(ptr),
+            AbiParam::new(types::I64),
+            AbiParam::new(types::I64),
+        ]);
+        sig.returns.push(AbiParam::new(types::I32));
+        let name = format!("kernel{}", self.next_name);
+        self.next_name += 1;
+        let id = (self.module.declare_function(&name, Linkage::Local, &sig))
+            .map_err(|e| JitError::Codegen(e.to_string()))?;
+        self.ctx.func.signature = sig;
+        self.ctx.func.name = UserFuncName::user(0, id.as_u32());
+        let ops = codegen::build_stage(
+            &mut self.module,
+            &mut self.ctx.func,
+            &mut self.builder,
+            plan,
+            index,
+            routines,
+        )?;
+        let which = if ops.is_empty() {
+            String::new()
+        } else {
+            format!(" (vector routines for {})", ops.join(", "))
+        };
+        if debug::level() >= 2 {
+            eprintln!(
+                "// kernel stage {index}{which} of:\n{func}{}",
+                self.ctx.func.display()
+            );
+        }
+        self.ctx.set_disasm(debug::level() >= 3);
+        let defined = self.module.define_function(id, &mut self.ctx);
+        *code_size += self
+            .ctx
+            .compiled_code()
+            .map_or(0, |c| c.code_buffer().len());
+        if let Some(listing) = self.ctx.compiled_code().and_then(|c| c.vcode.as_ref()) {
+            eprintln!("// machine code of kernel stage {index}{which}:\n{listing}");
+        }
+        self.module.clear_context(&mut self.ctx);
+        defined.map_err(|e| JitError::Codegen(format!("{e:?}")))?;
+        Ok((id, ops))
     }
 }

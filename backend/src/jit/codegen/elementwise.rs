@@ -249,7 +249,7 @@ impl Gen<'_, '_> {
     }
 
     /// Calls an imported scalar function (registered with the JIT in [`math`]).
-    pub(super) fn call(&mut self, name: &'static str, args: &[CValue], ty: ClType) -> CValue {
+    pub(super) fn call(&mut self, name: &str, args: &[CValue], ty: ClType) -> CValue {
         let callee = match self.imports.get(name) {
             Some(&f) => f,
             None => {
@@ -261,7 +261,7 @@ impl Gen<'_, '_> {
                     .declare_function(name, Linkage::Import, &sig)
                     .expect("an imported function is declared with one signature");
                 let f = self.module.declare_func_in_func(id, self.b.func);
-                self.imports.insert(name, f);
+                self.imports.insert(name.to_owned(), f);
                 f
             }
         };

@@ -21,7 +21,8 @@ use super::math::{self, Lanes};
 use super::plan::{self, KernelPlan, Mapping, RowRole};
 use cranelift_codegen::ir::condcodes::{FloatCC, IntCC};
 use cranelift_codegen::ir::{
-    AbiParam, Block, FuncRef, InstBuilder, MemFlagsData, Type as ClType, Value as CValue, types,
+    AbiParam, Block, FuncRef, InstBuilder, MemFlagsData, StackSlotData, StackSlotKind,
+    Type as ClType, Value as CValue, types,
 };
 use cranelift_frontend::{FunctionBuilder, FunctionBuilderContext, Variable};
 use cranelift_jit::JITModule;
@@ -34,6 +35,7 @@ mod elementwise;
 mod levels;
 mod reductions;
 mod stage;
+mod tiles;
 mod values;
 
 /// f32 lanes per vector (Cranelift's vectors are 128-bit on x86_64).
@@ -86,14 +88,18 @@ impl Work {
     }
 }
 
-/// Builds stage `stage` of `plan` into `func`, whose signature is the kernel ABI.
+/// Builds stage `stage` of `plan` into `func`, whose signature is the kernel ABI; with
+/// `routines`, transcendental functions on vectorised rows call vector routines on tiles.
+/// Returns the names of the functions it gave to routines (none: the code is Cranelift's
+/// alone).
 pub(crate) fn build_stage(
     module: &mut JITModule,
     func: &mut cranelift_codegen::ir::Function,
     builder_ctx: &mut FunctionBuilderContext,
     plan: &KernelPlan,
     stage: usize,
-) -> Result<(), JitError> {
+    routines: bool,
+) -> Result<Vec<&'static str>, JitError> {
     let config = module.target_config();
     let mut b = FunctionBuilder::new(func, builder_ctx);
     let entry = b.create_block();
@@ -140,11 +146,17 @@ pub(crate) fn build_stage(
         imports: HashMap::new(),
         stash_in: Vec::new(),
         stash_out: Vec::new(),
+        routines,
+        tile: None,
+        routines_called: Vec::new(),
     };
     g.extents = g.dims.clone().iter().map(|d| g.extent(d)).collect();
     g.run(begin, end);
     g.b.finalize(config);
-    Ok(())
+    let mut called = g.routines_called;
+    called.sort_unstable();
+    called.dedup();
+    Ok(called)
 }
 
 fn flags() -> MemFlagsData {
@@ -179,10 +191,16 @@ struct Gen<'a, 'f> {
     inner: Option<CValue>,
     scopes: Vec<HashMap<Memo, CValue>>,
     levels: HashMap<(Value, Mapping), Level>,
-    imports: HashMap<&'static str, FuncRef>,
+    imports: HashMap<String, FuncRef>,
     /// Stashes the current inner loop writes, and those it reads back.
     stash_in: Vec<Stash>,
     stash_out: Vec<Stash>,
+    /// Whether transcendentals on vectorised rows call vector routines on tiles.
+    routines: bool,
+    /// The tile being computed, in a tiled inner loop.
+    tile: Option<tiles::Tile>,
+    /// The functions given to routines so far.
+    routines_called: Vec<&'static str>,
 }
 
 /// A part of a rows stage's work along one row.

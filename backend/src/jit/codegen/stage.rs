@@ -391,18 +391,31 @@ impl Gen<'_, '_> {
                 };
                 vector_accs.push(accs);
             }
-            let l = self.begin_loop(zero, vec_end);
-            for u in 0..UNROLL {
-                self.scopes.push(HashMap::new());
-                self.inner = Some(self.b.ins().iadd_imm_s(l.index, u * LANES));
+            // One vector step of the group at `self.inner`, for unrolled copy `u`.
+            let mut body = |g: &mut Self, u: u32| {
+                g.scopes.push(HashMap::new());
                 for (i, &w) in works.iter().enumerate() {
                     let acc = vector_accs[i].get(u as usize).copied();
-                    self.element(w, acc, true);
+                    g.element(w, acc, true);
                 }
-                self.store_stashes(true);
-                self.scopes.pop();
+                g.store_stashes(true);
+                g.scopes.pop();
+            };
+            let phases = if self.routines {
+                self.routine_calls(works)
+            } else {
+                Vec::new()
+            };
+            if phases.is_empty() {
+                let l = self.begin_loop(zero, vec_end);
+                for u in 0..UNROLL {
+                    self.inner = Some(self.b.ins().iadd_imm_s(l.index, u * LANES));
+                    body(self, u as u32);
+                }
+                self.end_loop(l, step);
+            } else {
+                self.tiled_vector_loop(&phases, vec_end, &mut body);
             }
-            self.end_loop(l, step);
             for (i, &w) in works.iter().enumerate() {
                 if let Work::Reduce(v) | Work::ReduceInto(v) = w {
                     let (op, _) = plan.reduce_op(v).expect("a reduction");
