@@ -81,6 +81,39 @@ fn a_warm_training_step_allocates_nothing_and_updates_state_in_place() {
     );
 }
 
+/// A caller that keeps each result until the next one arrives gets the buffer of the result
+/// it dropped: fresh results without fresh pages.
+#[test]
+fn results_held_until_the_next_run_come_back_when_dropped() {
+    let (program, train, loss) = classifier(&mut Adam::new(0.01));
+    let mut session = Session::new(&program).unwrap();
+    let feeds = batch();
+    let step = [Fetch::Target(train), Fetch::Value(loss)];
+    let mut held = session.run_shared(&step, &feeds).unwrap();
+    for _ in 0..2 {
+        held = session.run_shared(&step, &feeds).unwrap();
+    }
+    let warm = session.exec_stats();
+    let mut previous: Vec<*const Array> = Vec::new();
+    for _ in 0..6 {
+        // The new result is computed while the previous one is still held.
+        let next = session.run_shared(&step, &feeds).unwrap();
+        assert!(!Arc::ptr_eq(&next[0], &held[0]));
+        previous.push(Arc::as_ptr(&next[0]));
+        held = next;
+    }
+    drop(held);
+    let after = session.exec_stats();
+    assert_eq!(
+        after.allocations, warm.allocations,
+        "held results were not recycled: {warm:?} -> {after:?}"
+    );
+    // Two buffers take turns.
+    previous.sort();
+    previous.dedup();
+    assert_eq!(previous.len(), 2, "{previous:?}");
+}
+
 #[test]
 fn fetching_only_a_target_allocates_nothing_once_warm() {
     let (program, train, _) = classifier(&mut Adam::new(0.01));

@@ -208,7 +208,8 @@ pub mod scalar {
         let y = z.mul_add(-0.5, y);
         let r = ef.mul_add(0.693_359_4, m + y);
         let r = if x == 0.0 { f32::NEG_INFINITY } else { r };
-        let r = if !(x >= 0.0) { f32::NAN } else { r };
+        // Below zero or NaN (unordered): NaN.
+        let r = if x < 0.0 || x.is_nan() { f32::NAN } else { r };
         if x == f32::INFINITY { f32::INFINITY } else { r }
     }
 

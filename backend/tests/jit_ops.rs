@@ -4,6 +4,7 @@
 //! lengths with and without a vector tail, and non-contiguous inputs.
 
 use kiln_backend::jit::{self, KernelError, Path, Status};
+use kiln_backend::vecmath::{self, Isa};
 use kiln_backend::{Array, Interpreter, StateStore};
 use kiln_ir::{
     BinaryOp, BuildResult, CompareOp, Cost, DType, DTypeClass, Dim, FunctionBuilder, Helper,
@@ -162,7 +163,12 @@ fn check(
     let got = kernel.call_with(&refs, Path::Cranelift);
     if let (Ok(a), Ok(b)) = (&got, &on_routines) {
         for (x, y) in a.iter().zip(b) {
-            let bits = |v: &Array| v.to_f64_vec().iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+            let bits = |v: &Array| {
+                v.to_f64_vec()
+                    .iter()
+                    .map(|f| f.to_bits())
+                    .collect::<Vec<_>>()
+            };
             assert_eq!(bits(x), bits(y), "{what}: the two paths differ\n{func}");
         }
     }
@@ -554,21 +560,30 @@ fn vector_routines_on_tiles() {
         let bias = g.array(DType::F32, &[c], false, false);
         let col = Type::new(DType::F32, fixed(&[c]));
         // `1 + tanh` cancels where tanh is near −1: a few ULPs of tanh, absolutely.
-        let gelu_tol = Tolerance { abs: 1e-5, ..APPROX };
-        check("gelu (tanh)", &[rows(c), col], vec![x.clone(), bias], gelu_tol, |b, a| {
-            let shape = b.value_type(a[0]).shape.clone();
-            let bias = b.broadcast_to(a[1], &shape)?;
-            let v = b.add(a[0], bias)?;
-            let v3 = b.mul(v, v)?;
-            let v3 = b.mul(v3, v)?;
-            let k = b.scalar(DType::F32, 0.044715)?;
-            let inner = b.mul(v3, k)?;
-            let inner = b.add(v, inner)?;
-            let t = b.unary(UnaryOp::Tanh, inner)?;
-            let one = b.scalar(DType::F32, 1.0)?;
-            let t1 = b.add(t, one)?;
-            Ok(vec![b.mul(v, t1)?])
-        });
+        let gelu_tol = Tolerance {
+            abs: 1e-5,
+            ..APPROX
+        };
+        check(
+            "gelu (tanh)",
+            &[rows(c), col],
+            vec![x.clone(), bias],
+            gelu_tol,
+            |b, a| {
+                let shape = b.value_type(a[0]).shape.clone();
+                let bias = b.broadcast_to(a[1], &shape)?;
+                let v = b.add(a[0], bias)?;
+                let v3 = b.mul(v, v)?;
+                let v3 = b.mul(v3, v)?;
+                let k = b.scalar(DType::F32, 0.044715)?;
+                let inner = b.mul(v3, k)?;
+                let inner = b.add(v, inner)?;
+                let t = b.unary(UnaryOp::Tanh, inner)?;
+                let one = b.scalar(DType::F32, 1.0)?;
+                let t1 = b.add(t, one)?;
+                Ok(vec![b.mul(v, t1)?])
+            },
+        );
         check("softmax", &[rows(c)], vec![x.clone()], APPROX, |b, a| {
             let m = b.reduce(ReduceOp::Max, a[0], vec![1], true)?;
             let d = b.sub(a[0], m)?;
@@ -590,6 +605,67 @@ fn vector_routines_on_tiles() {
             let total = b.reduce(ReduceOp::Sum, r, vec![1], false)?;
             Ok(vec![y, r, total])
         });
+    }
+}
+
+/// A stage with both codes settles on one after its first timed calls.
+#[test]
+fn a_stage_with_both_codes_chooses_one_by_measurement() {
+    let mut b = FunctionBuilder::new("k");
+    let x = b.arg("x", Type::new(DType::F32, fixed(&[64, 1024])));
+    let y = b.unary(UnaryOp::Tanh, x).unwrap();
+    let z = b.unary(UnaryOp::Exp, y).unwrap();
+    let func = b.finish(&[z]).unwrap();
+    let kernel = jit::kernel(&func).unwrap();
+    let stage = &kernel.stages[0];
+    if vecmath::isa() == Isa::Off {
+        assert!(stage.routines.is_none());
+        return;
+    }
+    assert_eq!(stage.routine_ops, ["exp", "tanh"]);
+    assert_eq!(stage.chosen_path(), None);
+    let input = Gen(12).array(DType::F32, &[64, 1024], false, false);
+    let first = kernel.call(&[&input]).unwrap();
+    for _ in 0..10 {
+        assert_eq!(kernel.call(&[&input]).unwrap(), first, "the paths differ");
+    }
+    assert!(stage.chosen_path().is_some());
+}
+
+/// The ISA level the routines run at in this process: when a parent test sets
+/// `KILN_EXPECT_ISA`, it must be that one.
+#[test]
+fn isa_in_use() {
+    if let Ok(expected) = std::env::var("KILN_EXPECT_ISA") {
+        assert_eq!(vecmath::isa().name(), expected);
+    }
+}
+
+/// The differential tests again in child processes whose `KILN_VECTOR_MATH` caps the routines
+/// at each lower level — AVX2, and off (Cranelift's code alone, as on a CPU without AVX2) —
+/// so every level shipped is checked against the interpreter on this machine.
+#[test]
+fn differential_tests_at_every_isa_level() {
+    let exe = std::env::current_exe().expect("the test binary");
+    for cap in [Isa::Off, Isa::Avx2] {
+        let expected = (Isa::ALL.into_iter())
+            .filter(|&i| i <= cap && i.supported())
+            .max()
+            .expect("off is always supported");
+        let out = std::process::Command::new(&exe)
+            .args(["--exact", "isa_in_use", "unary_ops", "fused_patterns"])
+            .args(["vector_routines_on_tiles", "--test-threads", "1"])
+            .env("KILN_VECTOR_MATH", cap.name())
+            .env("KILN_EXPECT_ISA", expected.name())
+            .output()
+            .expect("the test binary runs");
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success() && stdout.contains("4 passed"),
+            "KILN_VECTOR_MATH={}:\n{stdout}\n{}",
+            cap.name(),
+            String::from_utf8_lossy(&out.stderr)
+        );
     }
 }
 

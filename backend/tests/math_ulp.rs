@@ -3,7 +3,9 @@
 //! inputs. The maximum errors found are documented in `backend/src/jit/math.rs` and the
 //! README; this test fails if a change makes any of them worse.
 
-use kiln_backend::{Array, jit};
+use kiln_backend::Array;
+use kiln_backend::jit::{self, Path};
+use kiln_backend::vecmath::{self, Isa};
 use kiln_ir::{DType, Dim, FunctionBuilder, Shape, Type, UnaryOp};
 use ndarray::{ArrayD, IxDyn};
 
@@ -58,7 +60,12 @@ fn run(op: UnaryOp, xs: &[f32]) -> Vec<f32> {
     let func = b.finish(&[y]).unwrap();
     let kernel = jit::kernel(&func).unwrap();
     let input = Array::F32(ArrayD::from_shape_vec(IxDyn(&[xs.len()]), xs.to_vec()).unwrap());
-    match kernel.call(&[&input]).unwrap().remove(0) {
+    // Cranelift's own code: the routines are held to its bits below.
+    match kernel
+        .call_with(&[&input], Path::Cranelift)
+        .unwrap()
+        .remove(0)
+    {
         Array::F32(a) => a.into_raw_vec_and_offset().0,
         _ => unreachable!(),
     }
@@ -174,4 +181,58 @@ fn special_values_match_the_standard_library() {
             );
         }
     }
+}
+
+/// The vector routines at every ISA level this CPU has give the Cranelift code's bits, so the
+/// errors measured above hold for them too.
+#[test]
+fn vector_routines_give_the_kernels_bits() {
+    let n = 200_001;
+    let specials = [
+        f32::NAN,
+        f32::INFINITY,
+        f32::NEG_INFINITY,
+        0.0,
+        -0.0,
+        100.0,
+        -100.0,
+        1e-45,
+        -1e-45,
+        f32::MAX,
+        f32::MIN,
+    ];
+    let mut tested = 0;
+    for &op in UnaryOp::ALL {
+        let levels = [Isa::Avx2, Isa::Avx512];
+        if levels.iter().all(|&i| vecmath::routine(op, i).is_none()) {
+            continue;
+        }
+        let mut xs = match op {
+            UnaryOp::Log => log_sweep(256),
+            _ => sweep(-110.0, 90.0, n),
+        };
+        xs.extend(specials);
+        let want = run(op, &xs);
+        for isa in [Isa::Avx2, Isa::Avx512] {
+            let mut got = xs.clone();
+            if !vecmath::apply(op, isa, &mut got) {
+                continue;
+            }
+            tested += 1;
+            for ((x, g), w) in xs.iter().zip(&got).zip(&want) {
+                assert!(
+                    g.to_bits() == w.to_bits() || (g.is_nan() && w.is_nan()),
+                    "{}({x}) at {}: {g}, the kernel gives {w}",
+                    op.name(),
+                    isa.name()
+                );
+            }
+        }
+    }
+    // Six functions at each level the CPU has (none on a CPU without AVX2).
+    let levels = [Isa::Avx2, Isa::Avx512]
+        .iter()
+        .filter(|i| i.supported())
+        .count();
+    assert_eq!(tested, 6 * levels);
 }

@@ -67,6 +67,12 @@ impl Drop for Executable {
     }
 }
 
+/// How many earlier results per result an executable keeps for reuse: a caller that keeps
+/// each result until the next one arrives (a training loop's loss, a stream of outputs) then
+/// gets its buffers back without new pages (a fresh 64 MiB output costs its page faults, ~10
+/// ms here).
+const RETURNED_PER_RESULT: usize = 2;
+
 /// Buffers and scratch vectors kept between runs.
 #[derive(Default)]
 struct Runtime {
@@ -82,6 +88,9 @@ struct Runtime {
     pointers: Vec<*mut u8>,
     outputs: Vec<Arc<Array>>,
     held: Vec<Arc<Array>>,
+    /// Results handed out in earlier runs that callers still held when the next run began:
+    /// each buffer is taken again once its caller drops it.
+    returned: Vec<Arc<Array>>,
     /// Pending stores: state, value, and the slot the state's old buffer may refill.
     stores: Vec<(String, Arc<Array>, Option<usize>)>,
     /// Patch matrices convolutions keep for their filter gradients (`StepKind::Conv2d`).
@@ -301,6 +310,9 @@ impl Executable {
             for &(position, slot) in &self.result_slots {
                 rt.arena[slot] = Some(results[position].clone());
             }
+            let keep = RETURNED_PER_RESULT * self.result_slots.len();
+            let excess = rt.returned.len().saturating_sub(keep);
+            rt.returned.drain(..excess);
         }
         Ok(results)
     }
@@ -421,12 +433,28 @@ impl Executable {
     ) -> Arc<Array> {
         recipe.resolve_into(&rt.sizes, &mut rt.shape);
         let len: usize = rt.shape.iter().product();
-        if let Some(mut array) = rt.arena[slot].take()
-            && let Some(a) = Arc::get_mut(&mut array)
-            && a.dtype() == dtype
-            && a.len() == len
+        if let Some(mut array) = rt.arena[slot].take() {
+            if let Some(a) = Arc::get_mut(&mut array)
+                && a.dtype() == dtype
+                && a.len() == len
+            {
+                a.reshape_in_place(&rt.shape);
+                add(&self.counters.reuses, 1);
+                return array;
+            }
+            // A result of an earlier run that its caller still holds: it waits for the
+            // caller to drop it.
+            if Arc::strong_count(&array) > 1 {
+                rt.returned.push(array);
+            }
+        }
+        if let Some(i) = (rt.returned.iter_mut())
+            .position(|r| Arc::get_mut(r).is_some_and(|a| a.dtype() == dtype && a.len() == len))
         {
-            a.reshape_in_place(&rt.shape);
+            let mut array = rt.returned.swap_remove(i);
+            Arc::get_mut(&mut array)
+                .expect("a dropped result")
+                .reshape_in_place(&rt.shape);
             add(&self.counters.reuses, 1);
             return array;
         }

@@ -244,7 +244,7 @@ impl Kernel {
     ///
     /// # Safety
     /// As for [`Kernel::run_stage`].
-    unsafe fn execute_on(
+    pub unsafe fn execute_on(
         &self,
         buffers: &[*mut u8],
         sizes: &[i64],
@@ -306,7 +306,13 @@ impl Kernel {
     /// the size its value's type gives under `sizes` (one entry per symbol of the plan), and
     /// no output or scratch buffer may overlap a buffer a stage reads, except where the
     /// executor established that the stage reads each element before writing it.
-    unsafe fn run_stage(f: StageFn, buffers: &[*mut u8], sizes: &[i64], begin: i64, end: i64) -> i32 {
+    unsafe fn run_stage(
+        f: StageFn,
+        buffers: &[*mut u8],
+        sizes: &[i64],
+        begin: i64,
+        end: i64,
+    ) -> i32 {
         // SAFETY: the one call into generated code. The function was compiled for exactly this
         // ABI, and the caller guarantees the buffers and sizes as documented above.
         unsafe { f(buffers.as_ptr(), sizes.as_ptr(), begin, end) }

@@ -22,7 +22,7 @@ pub enum Path {
 }
 
 /// Calls timed on each path before choosing.
-const SAMPLES: usize = 3;
+const SAMPLES: usize = 5;
 
 /// Below this many elements a call is not timed (a timer read would weigh on it), and runs
 /// the Cranelift code until the choice is made.

@@ -136,7 +136,10 @@ impl Gen<'_, '_> {
                 let Some((Op::Unary(op), _)) = self.plan.op(*v) else {
                     unreachable!("a routine call is a unary op")
                 };
-                let at = self.b.ins().iadd_imm_s(scratch, (first + k) as i64 * TILE * 4);
+                let at = self
+                    .b
+                    .ins()
+                    .iadd_imm_s(scratch, (first + k) as i64 * TILE * 4);
                 self.call_routine(*op, at, len);
             }
             first += phase.len();
@@ -151,10 +154,11 @@ impl Gen<'_, '_> {
         self.tile = None;
         self.inner = None;
         self.end_loop(tiles, TILE);
-        self.routines_called.extend(calls.iter().filter_map(|(v, _)| match self.plan.op(*v) {
-            Some((Op::Unary(op), _)) => Some(op.name()),
-            _ => None,
-        }));
+        self.routines_called
+            .extend(calls.iter().filter_map(|(v, _)| match self.plan.op(*v) {
+                Some((Op::Unary(op), _)) => Some(op.name()),
+                _ => None,
+            }));
     }
 
     /// Where call `k`'s result for the current inner position is.
@@ -188,7 +192,8 @@ impl Gen<'_, '_> {
             None => {
                 let ptr = self.module.target_config().pointer_type();
                 let mut sig = self.module.make_signature();
-                sig.params.extend([AbiParam::new(ptr), AbiParam::new(types::I64)]);
+                sig.params
+                    .extend([AbiParam::new(ptr), AbiParam::new(types::I64)]);
                 let id = self
                     .module
                     .declare_function(&name, Linkage::Import, &sig)
