@@ -1,13 +1,10 @@
-//! Matrix products through the `gemm` crate: batched (batch axes broadcast NumPy-style), the
-//! left operand transposed by strides. gemm runs a right operand read by columns at half
-//! speed (measured: 116 against 216 GFLOP/s for 256×512×512), so a transposed right operand
-//! is first copied into its transpose, which costs a fraction of that.
-
+//! Matrix products through the `gemm` crate: batched (batch axes broadcast NumPy-style), a
+//! transposed operand read in place through its strides. (A transposed right operand used to
+//! be copied first: on the AMD machine gemm read it at half speed. On the Intel machine the
+//! copy cost more than it saved — W5's step 3.8 ms with it, 3.4 without, same run order.)
 use crate::Array;
 use gemm::Parallelism;
 use ndarray::ArrayD;
-use std::cell::RefCell;
-use std::thread::LocalKey;
 
 /// Below this many multiply-adds a second thread costs more than it saves (measured on the
 /// 2-core machines: gemm's two-thread mode pays from about 256³).
@@ -25,10 +22,10 @@ pub(crate) fn matmul(
 ) {
     match (a, b, out) {
         (Array::F32(x), Array::F32(y), Array::F32(z)) => {
-            typed(x, y, z, transpose_a, transpose_b, threads, &SCRATCH_F32)
+            typed(x, y, z, transpose_a, transpose_b, threads)
         }
         (Array::F64(x), Array::F64(y), Array::F64(z)) => {
-            typed(x, y, z, transpose_a, transpose_b, threads, &SCRATCH_F64)
+            typed(x, y, z, transpose_a, transpose_b, threads)
         }
         _ => unreachable!("the executor runs only float matmuls through gemm"),
     }
@@ -41,50 +38,21 @@ fn typed<T: Copy + 'static + num_traits::Zero + num_traits::One>(
     transpose_a: bool,
     transpose_b: bool,
     threads: bool,
-    scratch: &'static LocalKey<RefCell<Vec<T>>>,
 ) {
     let zp = z.as_mut_ptr();
-    scratch.with_borrow_mut(|scratch| {
-        // SAFETY: the three arrays are contiguous with the shapes passed.
-        unsafe {
-            batched(
-                x.as_ptr(),
-                x.shape(),
-                y.as_ptr(),
-                y.shape(),
-                zp,
-                z.shape(),
-                transpose_a,
-                transpose_b,
-                threads,
-                scratch,
-            )
-        }
-    })
-}
-
-thread_local! {
-    /// Room for a transposed right operand, kept between calls.
-    static SCRATCH_F32: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
-    static SCRATCH_F64: RefCell<Vec<f64>> = const { RefCell::new(Vec::new()) };
-}
-
-/// Writes the transpose of the `rows × cols` row-major matrix at `from` into `to`, in
-/// cache-sized tiles.
-///
-/// # Safety
-/// `from` points to `rows·cols` elements.
-unsafe fn transpose_into<T: Copy>(from: *const T, rows: usize, cols: usize, to: &mut [T]) {
-    const TILE: usize = 32;
-    for r0 in (0..rows).step_by(TILE) {
-        for c0 in (0..cols).step_by(TILE) {
-            for r in r0..(r0 + TILE).min(rows) {
-                for c in c0..(c0 + TILE).min(cols) {
-                    // SAFETY: `r < rows` and `c < cols`.
-                    to[c * rows + r] = unsafe { *from.add(r * cols + c) };
-                }
-            }
-        }
+    // SAFETY: the three arrays are contiguous with the shapes passed.
+    unsafe {
+        batched(
+            x.as_ptr(),
+            x.shape(),
+            y.as_ptr(),
+            y.shape(),
+            zp,
+            z.shape(),
+            transpose_a,
+            transpose_b,
+            threads,
+        )
     }
 }
 
@@ -102,7 +70,6 @@ unsafe fn batched<T: Copy + 'static + num_traits::Zero + num_traits::One>(
     transpose_a: bool,
     transpose_b: bool,
     threads: bool,
-    scratch: &mut Vec<T>,
 ) {
     let (ra, rb, ro) = (a_shape.len(), b_shape.len(), out_shape.len());
     let (m, n) = (out_shape[ro - 2], out_shape[ro - 1]);
@@ -115,11 +82,11 @@ unsafe fn batched<T: Copy + 'static + num_traits::Zero + num_traits::One>(
     } else {
         (1, a_cols as isize)
     };
-    if transpose_b && scratch.len() < b_rows * b_cols {
-        scratch.resize(b_rows * b_cols, T::zero());
-    }
-    // A transposed right operand is copied into its transpose (`k × n`, row-major).
-    let (b_cs, b_rs) = (1, n as isize);
+    let (b_cs, b_rs) = if transpose_b {
+        (b_cols as isize, 1)
+    } else {
+        (1, b_cols as isize)
+    };
     let batch = &out_shape[..ro - 2];
     let count: usize = batch.iter().product();
     if count == 0 || m == 0 || n == 0 {
@@ -161,14 +128,8 @@ unsafe fn batched<T: Copy + 'static + num_traits::Zero + num_traits::One>(
             a_off += x * a_strides[axis];
             b_off += x * b_strides[axis];
         }
-        let b_matrix = if transpose_b {
-            // SAFETY: the operand's matrix at `b_off` has `b_rows·b_cols` elements.
-            unsafe { transpose_into(b.add(b_off), b_rows, b_cols, scratch) };
-            scratch.as_ptr()
-        } else {
-            // SAFETY: within the operand.
-            unsafe { b.add(b_off) }
-        };
+        // SAFETY: within the operand.
+        let b_matrix = unsafe { b.add(b_off) };
         // SAFETY: the offsets stay within the operands (batch indices are in range), and the
         // output matrix `i` is disjoint from the operands.
         unsafe {
