@@ -50,6 +50,14 @@ pub fn max_trips() -> u64 {
     MAX_TRIPS.load(Ordering::Relaxed)
 }
 
+/// Why a loop that reached [`max_trips`] fails.
+pub(crate) fn too_many_trips(max_trips: u64) -> String {
+    format!(
+        "the loop did not end within {max_trips} trips (the limit set with \
+         `kiln run --max-trips` or `kiln_backend::limits::set_max_trips`)"
+    )
+}
+
 /// Sets [`max_trips`]; `None` removes the limit.
 pub fn set_max_trips(trips: Option<u64>) {
     MAX_TRIPS.store(trips.unwrap_or(u64::MAX), Ordering::Relaxed);

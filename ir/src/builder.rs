@@ -797,6 +797,92 @@ impl FunctionBuilder {
         }
     }
 
+    /// Re-emits instruction `inst` of `src` (with its regions, recursively) in the current
+    /// region, mapping its operands through `remap` (a value not in it stands for itself) and
+    /// recording its results there.
+    pub fn clone_inst(
+        &mut self,
+        src: &Function,
+        inst: Inst,
+        remap: &mut HashMap<Value, Value>,
+    ) -> BuildResult<()> {
+        let b = self;
+        let data = src.inst(inst);
+        let map = |v: &Value, remap: &HashMap<Value, Value>| remap.get(v).copied().unwrap_or(*v);
+        let args: Vec<Value> = data.args.iter().map(|v| map(v, remap)).collect();
+        let results = match &data.op {
+            Op::Cond => {
+                let (then_r, else_r) = (data.regions[0], data.regions[1]);
+                let clone_branch = |b: &mut FunctionBuilder, region: Region| {
+                    let mut inner = remap.clone();
+                    for &i in &src.region(region).insts {
+                        b.clone_inst(src, i, &mut inner)?;
+                    }
+                    Ok(src
+                        .region(region)
+                        .results
+                        .iter()
+                        .map(|v| map(v, &inner))
+                        .collect())
+                };
+                b.cond(
+                    args[0],
+                    |b| clone_branch(b, then_r),
+                    |b| clone_branch(b, else_r),
+                )?
+            }
+            Op::Fused => {
+                let body_r = data.regions[0];
+                let clone_body = |b: &mut FunctionBuilder, args: &[Value]| {
+                    let mut inner = remap.clone();
+                    for (&a, &v) in src.region(body_r).args.iter().zip(args) {
+                        inner.insert(a, v);
+                    }
+                    for &i in &src.region(body_r).insts {
+                        b.clone_inst(src, i, &mut inner)?;
+                    }
+                    Ok(src
+                        .region(body_r)
+                        .results
+                        .iter()
+                        .map(|v| map(v, &inner))
+                        .collect())
+                };
+                b.fused(&args, clone_body)?
+            }
+            Op::While => {
+                let (cond_r, body_r) = (data.regions[0], data.regions[1]);
+                let clone_loop_region =
+                    |b: &mut FunctionBuilder, region: Region, carried: &[Value]| {
+                        let mut inner = remap.clone();
+                        for (&a, &c) in src.region(region).args.iter().zip(carried) {
+                            inner.insert(a, c);
+                        }
+                        for &i in &src.region(region).insts {
+                            b.clone_inst(src, i, &mut inner)?;
+                        }
+                        Ok::<Vec<Value>, BuildError>(
+                            src.region(region)
+                                .results
+                                .iter()
+                                .map(|v| map(v, &inner))
+                                .collect(),
+                        )
+                    };
+                b.while_loop(
+                    &args,
+                    |b, c| Ok(clone_loop_region(b, cond_r, c)?[0]),
+                    |b, c| clone_loop_region(b, body_r, c),
+                )?
+            }
+            op => b.insert(op.clone(), &args)?,
+        };
+        for (&old, new) in data.results.iter().zip(results) {
+            remap.insert(old, new);
+        }
+        Ok(())
+    }
+
     /// Adds `op` owning `regions` (built with `begin_region`/`end_region`).
     #[track_caller]
     pub fn insert_with_regions(

@@ -131,11 +131,15 @@ impl Local {
         Ok(())
     }
 
-    /// Waits on the group until `done` holds, failing on a failure or after the timeout.
+    /// Waits on the group until `done` holds, failing on a failure, after the timeout, or
+    /// when a rank it waits for has left: `from` one peer, or every rank (`None`). (A rank
+    /// that finished its work and left while this one waits for a message from another is
+    /// no reason to fail.)
     fn wait_until<'a>(
         &'a self,
         mut state: MutexGuard<'a, State>,
         op: &'static str,
+        from: Option<usize>,
         mut done: impl FnMut(&mut State) -> bool,
     ) -> Result<MutexGuard<'a, State>, CommError> {
         let deadline = Instant::now() + self.timeout;
@@ -145,7 +149,8 @@ impl Local {
                 return Ok(state);
             }
             self.check(&state)?;
-            if let Some(&rank) = state.left.first() {
+            let gone = (state.left.iter()).find(|&&r| from.is_none_or(|peer| peer == r));
+            if let Some(&rank) = gone {
                 return Err(CommError::PeerFailed {
                     rank,
                     message: format!("it stopped before `{op}` completed"),
@@ -211,7 +216,7 @@ impl Local {
             state.generation += 1;
             self.group.changed.notify_all();
         }
-        let state = self.wait_until(state, op, |s| s.generation > generation)?;
+        let state = self.wait_until(state, op, None, |s| s.generation > generation)?;
         *data = (**state.result.as_ref().expect("a completed collective")).clone();
         Ok(())
     }
@@ -273,7 +278,7 @@ impl Transport for Local {
         let key = (peer, self.rank, tag);
         let state = self.lock();
         let mut received = None;
-        let _state = self.wait_until(state, "recv", |s| {
+        let _state = self.wait_until(state, "recv", Some(peer), |s| {
             received = s.mail.get_mut(&key).and_then(VecDeque::pop_front);
             received.is_some()
         })?;

@@ -8,6 +8,7 @@
 //! written only when the whole run succeeds. The one exception is planned: a parameter or
 //! optimizer state updated in place is written by a step after which nothing can fail.
 
+mod control;
 mod conv;
 pub(crate) mod matmul;
 mod pool;
@@ -18,7 +19,7 @@ use crate::{Array, StateStore, debug};
 use cranelift_entity::EntityRef;
 use kiln_ir::print::{ValueNames, inst_line};
 use kiln_ir::{
-    Conv2dAttrs, ConvKind, DType, Function, Inst, Pool2dAttrs, PoolKind, SymbolBindings, Value,
+    Conv2dAttrs, ConvKind, DType, Function, Inst, Op, Pool2dAttrs, PoolKind, SymbolBindings, Value,
 };
 use schedule::{DimRecipe, Output, Schedule, ShapeRecipe, Step, StepKind};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -201,7 +202,17 @@ impl Executable {
         &self.func
     }
 
-    /// What the executable has done so far: allocations, reuses, in-place writes.
+    /// The programs of compiled control-flow regions.
+    fn regions(&self) -> impl Iterator<Item = &Executable> {
+        self.schedule.steps.iter().flat_map(|s| match &s.kind {
+            StepKind::While { cond, body, .. } => vec![&**cond, &**body],
+            StepKind::Cond { branches, .. } => branches.iter().map(|b| &**b).collect(),
+            _ => Vec::new(),
+        })
+    }
+
+    /// What the executable has done so far: allocations, reuses, in-place writes (steps
+    /// interpreted and kernels include those of its compiled regions).
     pub fn stats(&self) -> ExecStats {
         let c = &self.counters;
         let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
@@ -210,11 +221,13 @@ impl Executable {
             allocations: get(&c.allocations),
             reuses: get(&c.reuses),
             in_place: get(&c.in_place),
-            interpreted: get(&c.interpreted),
+            interpreted: get(&c.interpreted)
+                + self.regions().map(|r| r.stats().interpreted).sum::<u64>(),
             steps: self.schedule.steps.len(),
             kernels: (self.schedule.steps.iter())
                 .filter(|s| matches!(s.kind, StepKind::Kernel { .. }))
-                .count(),
+                .count()
+                + self.regions().map(|r| r.stats().kernels).sum::<usize>(),
             slots: self.schedule.slots.len(),
         }
     }
@@ -514,9 +527,13 @@ impl Executable {
                 let value = Self::value(rt, step.inputs[0]).clone();
                 rt.stores.push((name.clone(), value, *recycle));
             }
-            StepKind::OneHot { depth } => self.run_one_hot(rt, step, *depth)?,
+            StepKind::Native => self.run_native(rt, step, interp)?,
             StepKind::Direct => self.run_direct(rt, step, interp)?,
             StepKind::Communicate => self.start_communication(rt, step, index)?,
+            StepKind::While { cond, body, .. } => {
+                self.run_while(rt, step, [cond, body], state, interp)?
+            }
+            StepKind::Cond { branches, .. } => self.run_cond(rt, step, branches, state, interp)?,
             StepKind::Interpret => self.run_interpreted(rt, step, state, interp, bindings)?,
         }
         Ok(())
@@ -760,15 +777,33 @@ impl Executable {
     }
 
     /// `one_hot` written into a slot's buffer.
-    fn run_one_hot(&self, rt: &mut Runtime, step: &Step, depth: usize) -> Result<(), InterpError> {
+    /// `gather`, `scatter_add`, `one_hot` or a random draw, written into its planned buffer by
+    /// the interpreter's own loops (the `_into` kernels), so the results are the oracle's.
+    fn run_native(
+        &self,
+        rt: &mut Runtime,
+        step: &Step,
+        interp: &Interpreter<'_>,
+    ) -> Result<(), InterpError> {
         let Output::Slot(slot) = step.out[0] else {
-            unreachable!("one_hot writes a slot")
+            unreachable!("a native step writes a slot")
         };
         let dtype = self.func.value_type(step.outputs[0]).dtype;
         let mut out = self.acquire(rt, slot, dtype, &step.shapes[0]);
-        let labels = Self::value(rt, step.inputs[0]);
         let target = Arc::get_mut(&mut out).expect("a fresh or free buffer");
-        kernels::one_hot_into(labels, depth, target).map_err(|m| self.fail(step.inst, m))?;
+        let arg = |k: usize| &**Self::value(rt, step.inputs[k]);
+        let done = match &self.func.inst(step.inst).op {
+            Op::OneHot { depth, .. } => kernels::one_hot_into(arg(0), *depth, target),
+            Op::Gather { axis } => kernels::gather_into(arg(0), arg(1), *axis, target),
+            Op::ScatterAdd { axis, .. } => kernels::scatter_add_into(arg(0), arg(1), *axis, target),
+            Op::Random { dist, seed, .. } => {
+                let stream = crate::random::Stream::new(*seed, interp.rng_counter());
+                kernels::random_into(*dist, stream, target);
+                Ok(())
+            }
+            other => unreachable!("`{}` is not a native step", other.name()),
+        };
+        done.map_err(|m| self.fail(step.inst, m))?;
         rt.env[step.outputs[0].index()] = Some(out);
         Ok(())
     }

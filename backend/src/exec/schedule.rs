@@ -50,16 +50,29 @@ pub(crate) enum StepKind {
         state: String,
         recycle: Option<usize>,
     },
-    /// `one_hot`, written into a planned buffer.
-    OneHot {
-        depth: usize,
-    },
+    /// `gather`, `scatter_add`, `one_hot` or a random draw: a native loop writing into a
+    /// planned buffer.
+    Native,
     /// An op without regions or state, by the interpreter's kernel for it (no frame).
     Direct,
     /// A collective or a message, started on the run's communicator; its results are waited
     /// for by the first step that reads one (`Step::awaits`), so it overlaps the steps between.
     Communicate,
-    /// Anything else (control flow, custom calls), by the reference interpreter.
+    /// A `while` whose regions run compiled: `cond` and `body` take the carried values, then
+    /// `free` (the outer values the regions read, which follow the step's arguments in its
+    /// inputs).
+    While {
+        cond: Arc<super::Executable>,
+        body: Arc<super::Executable>,
+        free: Vec<Value>,
+    },
+    /// A `cond` whose branches (then, else) run compiled, each taking `free`.
+    Cond {
+        branches: [Arc<super::Executable>; 2],
+        free: Vec<Value>,
+    },
+    /// Anything else (custom calls, control flow with state in its regions), by the
+    /// reference interpreter.
     Interpret,
 }
 
@@ -177,6 +190,9 @@ impl Schedule {
                 let data = func.inst(inst);
                 let kind = step_kind(func, inst, &symbols, &mut fallbacks);
                 let mut inputs = data.args.clone();
+                if let StepKind::While { free, .. } | StepKind::Cond { free, .. } = &kind {
+                    inputs.extend(free);
+                }
                 if matches!(kind, StepKind::Interpret) {
                     for &r in &data.regions {
                         for v in func.free_values(r) {
@@ -189,7 +205,9 @@ impl Schedule {
                 let fallible = match &kind {
                     StepKind::Interpret
                     | StepKind::Direct
-                    | StepKind::OneHot { .. }
+                    | StepKind::Native
+                    | StepKind::While { .. }
+                    | StepKind::Cond { .. }
                     | StepKind::Communicate => true,
                     StepKind::Kernel { kernel, .. } => kernel.plan.can_fail(),
                     _ => false,
@@ -266,7 +284,7 @@ impl Schedule {
                 | StepKind::Conv2d { .. }
                 | StepKind::Pool2d { .. }
                 | StepKind::Reshape
-                | StepKind::OneHot { .. }
+                | StepKind::Native
         );
         let mut taken_inputs: HashSet<usize> = HashSet::new();
         for k in 0..step.outputs.len() {
@@ -575,7 +593,9 @@ fn step_kind(
                 attrs: *attrs,
             }
         }
-        Op::OneHot { depth, .. } => StepKind::OneHot { depth: *depth },
+        Op::OneHot { .. } | Op::Gather { .. } | Op::ScatterAdd { .. } | Op::Random { .. } => {
+            StepKind::Native
+        }
         Op::Load { state, .. } => StepKind::Load {
             state: state.clone(),
         },
@@ -583,7 +603,11 @@ fn step_kind(
             state: state.clone(),
             recycle: None,
         },
-        Op::Cond | Op::While | Op::Call { .. } => StepKind::Interpret,
+        Op::Cond | Op::While => super::control::compiled(func, inst).unwrap_or_else(|why| {
+            fallbacks.push(format!("{}: {why}", data.op.name()));
+            StepKind::Interpret
+        }),
+        Op::Call { .. } => StepKind::Interpret,
         Op::AllReduce { .. }
         | Op::CollectiveBroadcast { .. }
         | Op::Send { .. }

@@ -771,14 +771,9 @@ fn indices(idx: &Array) -> KernelResult<Vec<i64>> {
     }
 }
 
-/// `table` indexed by `idx` along `axis`.
-pub fn gather(table: &Array, idx: &Array, axis: usize) -> KernelResult<Array> {
-    let rank = table.shape().len();
-    if axis >= rank {
-        return Err(format!("axis {axis} is out of range for rank {rank}").into());
-    }
-    let size = table.shape()[axis];
-    let positions = indices(idx)?
+/// `idx` as positions along an axis of `size`; an index outside it is an error.
+fn positions(idx: &Array, axis: usize, size: usize) -> KernelResult<Vec<usize>> {
+    indices(idx)?
         .into_iter()
         .map(|i| {
             usize::try_from(i)
@@ -790,12 +785,65 @@ pub fn gather(table: &Array, idx: &Array, axis: usize) -> KernelResult<Array> {
                     ))
                 })
         })
-        .collect::<KernelResult<Vec<usize>>>()?;
+        .collect()
+}
+
+/// `shape` around `axis`: the elements before it, its size, the elements after it.
+fn around(shape: &[usize], axis: usize) -> (usize, usize, usize) {
+    let outer = shape[..axis].iter().product();
+    let inner = shape[axis + 1..].iter().product();
+    (outer, shape[axis], inner)
+}
+
+/// `table` indexed by `idx` along `axis`.
+pub fn gather(table: &Array, idx: &Array, axis: usize) -> KernelResult<Array> {
+    let rank = table.shape().len();
+    if axis >= rank {
+        return Err(format!("axis {axis} is out of range for rank {rank}").into());
+    }
     let mut shape = table.shape()[..axis].to_vec();
     shape.extend_from_slice(idx.shape());
     shape.extend_from_slice(&table.shape()[axis + 1..]);
-    let picked = map_array!(table, a => a.select(Axis(axis), &positions));
-    reshape(&picked, &shape)
+    let mut out = Array::zeros(table.dtype(), &shape);
+    gather_into(table, idx, axis, &mut out)?;
+    Ok(out)
+}
+
+/// `gather(table, idx, axis)` written into `out`, an array of the result's shape (the
+/// compiled executor's buffer, or a fresh one): one copy of `inner` elements per index.
+pub fn gather_into(table: &Array, idx: &Array, axis: usize, out: &mut Array) -> KernelResult<()> {
+    let rank = table.shape().len();
+    if axis >= rank {
+        return Err(format!("axis {axis} is out of range for rank {rank}").into());
+    }
+    let (outer, size, inner) = around(table.shape(), axis);
+    let positions = positions(idx, axis, size)?;
+    if out.len() != outer * positions.len() * inner || out.dtype() != table.dtype() {
+        return Err(format!("`gather` cannot write {} into {}", table.ty(), out.ty()).into());
+    }
+    fn copy<T: Copy>(t: &ArrayD<T>, o: &mut ArrayD<T>, positions: &[usize], dims: [usize; 3]) {
+        let [outer, size, inner] = dims;
+        let t = t.as_standard_layout();
+        let t = t.as_slice().expect("a standard-layout table");
+        let o = o.as_slice_mut().expect("a standard-layout output");
+        let k = positions.len();
+        for p in 0..outer {
+            for (j, &at) in positions.iter().enumerate() {
+                let (from, to) = ((p * size + at) * inner, (p * k + j) * inner);
+                o[to..to + inner].copy_from_slice(&t[from..from + inner]);
+            }
+        }
+    }
+    let dims = [outer, size, inner];
+    match (table, out) {
+        (Array::F32(t), Array::F32(o)) => copy(t, o, &positions, dims),
+        (Array::F64(t), Array::F64(o)) => copy(t, o, &positions, dims),
+        (Array::I32(t), Array::I32(o)) => copy(t, o, &positions, dims),
+        (Array::I64(t), Array::I64(o)) => copy(t, o, &positions, dims),
+        (Array::Bool(t), Array::Bool(o)) => copy(t, o, &positions, dims),
+        _ => unreachable!("the dtypes were checked"),
+    }
+    Ok(())
 }
 
 /// Zeros of `shape` with `updates` added at `indices` along `axis`; repeats accumulate.
@@ -805,25 +853,24 @@ pub fn scatter_add(
     axis: usize,
     shape: &[usize],
 ) -> KernelResult<Array> {
+    let mut out = Array::zeros(updates.dtype(), shape);
+    scatter_add_into(updates, idx, axis, &mut out)?;
+    Ok(out)
+}
+
+/// `scatter_add(updates, idx, axis, shape)` written into `out`, an array of `shape`.
+pub fn scatter_add_into(
+    updates: &Array,
+    idx: &Array,
+    axis: usize,
+    out: &mut Array,
+) -> KernelResult<()> {
+    let shape = out.shape().to_vec();
     if axis >= shape.len() {
         return Err(format!("axis {axis} is out of range for rank {}", shape.len()).into());
     }
-    let size = shape[axis];
-    let positions = indices(idx)?
-        .into_iter()
-        .map(|i| {
-            usize::try_from(i)
-                .ok()
-                .filter(|&u| u < size)
-                .ok_or_else(|| {
-                    OpError(format!(
-                        "index {i} is out of range for axis {axis} of size {size}"
-                    ))
-                })
-        })
-        .collect::<KernelResult<Vec<usize>>>()?;
-    let outer: usize = shape[..axis].iter().product();
-    let inner: usize = shape[axis + 1..].iter().product();
+    let (outer, size, inner) = around(&shape, axis);
+    let positions = positions(idx, axis, size)?;
     if updates.len() != outer * positions.len() * inner {
         return Err(format!(
             "updates {:?} do not fit {} indices into {shape:?}",
@@ -832,60 +879,38 @@ pub fn scatter_add(
         )
         .into());
     }
-    fn accumulate<T: Copy>(
-        out: &mut [T],
-        upd: &[T],
+    fn accumulate<T: Copy + Default>(
+        o: &mut ArrayD<T>,
+        u: &ArrayD<T>,
         positions: &[usize],
-        (outer, size, inner): (usize, usize, usize),
+        [outer, size, inner]: [usize; 3],
         add: fn(T, T) -> T,
     ) {
+        let u = u.as_standard_layout();
+        let u = u.as_slice().expect("standard-layout updates");
+        let o = o.as_slice_mut().expect("a standard-layout output");
+        o.fill(T::default());
         let k = positions.len();
         for p in 0..outer {
             for (j, &at) in positions.iter().enumerate() {
-                for s in 0..inner {
-                    let o = (p * size + at) * inner + s;
-                    out[o] = add(out[o], upd[(p * k + j) * inner + s]);
+                let (to, from) = ((p * size + at) * inner, (p * k + j) * inner);
+                for (x, &y) in o[to..to + inner].iter_mut().zip(&u[from..from + inner]) {
+                    *x = add(*x, y);
                 }
             }
         }
     }
-    let dims = (outer, size, inner);
-    let mut out = Array::zeros(updates.dtype(), shape);
-    let contiguous = "arrays in standard layout";
-    match (&mut out, updates) {
-        (Array::F32(o), Array::F32(u)) => accumulate(
-            o.as_slice_mut().expect(contiguous),
-            &u.iter().copied().collect::<Vec<_>>(),
-            &positions,
-            dims,
-            |a, b| a + b,
-        ),
-        (Array::F64(o), Array::F64(u)) => accumulate(
-            o.as_slice_mut().expect(contiguous),
-            &u.iter().copied().collect::<Vec<_>>(),
-            &positions,
-            dims,
-            |a, b| a + b,
-        ),
-        (Array::I32(o), Array::I32(u)) => accumulate(
-            o.as_slice_mut().expect(contiguous),
-            &u.iter().copied().collect::<Vec<_>>(),
-            &positions,
-            dims,
-            i32::wrapping_add,
-        ),
-        (Array::I64(o), Array::I64(u)) => accumulate(
-            o.as_slice_mut().expect(contiguous),
-            &u.iter().copied().collect::<Vec<_>>(),
-            &positions,
-            dims,
-            i64::wrapping_add,
-        ),
+    let dims = [outer, size, inner];
+    match (out, updates) {
+        (Array::F32(o), Array::F32(u)) => accumulate(o, u, &positions, dims, |a, b| a + b),
+        (Array::F64(o), Array::F64(u)) => accumulate(o, u, &positions, dims, |a, b| a + b),
+        (Array::I32(o), Array::I32(u)) => accumulate(o, u, &positions, dims, i32::wrapping_add),
+        (Array::I64(o), Array::I64(u)) => accumulate(o, u, &positions, dims, i64::wrapping_add),
         _ => {
             return Err(format!("`scatter_add` is not defined for {}", updates.dtype()).into());
         }
     }
-    Ok(out)
+    Ok(())
 }
 
 /// Integer labels as one-hot vectors of `depth`.
@@ -943,14 +968,27 @@ pub fn iota(shape: &[usize], axis: usize, dtype: DType) -> KernelResult<Array> {
 
 /// A draw of `dist` with `shape`: computed in f64, rounded once to `dtype`.
 pub fn random(dist: Distribution, stream: Stream, shape: &[usize], dtype: DType) -> Array {
-    let n: usize = shape.iter().product();
-    let values: Vec<f64> = (0..n as u64)
-        .map(|i| match dist {
-            Distribution::Uniform { low, high } => stream.uniform(i, low.0, high.0),
-            Distribution::Normal { mean, std } => stream.normal(i, mean.0, std.0),
-        })
-        .collect();
-    let a =
-        ArrayD::from_shape_vec(IxDyn(shape), values).expect("the element count matches the shape");
-    Array::F64(a).cast(dtype)
+    let mut out = Array::zeros(dtype, shape);
+    random_into(dist, stream, &mut out);
+    out
+}
+
+/// `random(dist, stream, …)` written into `out`, which gives the shape and dtype: element `i`
+/// is draw `i` of the stream, computed in f64 and rounded once.
+pub fn random_into(dist: Distribution, stream: Stream, out: &mut Array) {
+    let draw = |i: usize| match dist {
+        Distribution::Uniform { low, high } => stream.uniform(i as u64, low.0, high.0),
+        Distribution::Normal { mean, std } => stream.normal(i as u64, mean.0, std.0),
+    };
+    fn fill<T>(a: &mut ArrayD<T>, f: impl Fn(usize) -> T) {
+        let a = a.as_slice_mut().expect("a standard-layout output");
+        a.iter_mut().enumerate().for_each(|(i, x)| *x = f(i));
+    }
+    match out {
+        Array::F32(a) => fill(a, |i| draw(i) as f32),
+        Array::F64(a) => fill(a, draw),
+        Array::I32(a) => fill(a, |i| draw(i) as i32),
+        Array::I64(a) => fill(a, |i| draw(i) as i64),
+        Array::Bool(a) => fill(a, |i| draw(i) != 0.0),
+    }
 }

@@ -142,6 +142,11 @@ impl<'a> Interpreter<'a> {
         self
     }
 
+    /// The run counter random draws are keyed by (with their seed).
+    pub fn rng_counter(&self) -> u64 {
+        self.rng_counter
+    }
+
     /// The run counter that `random_*` ops mix with their seeds; advance it between runs to
     /// draw fresh numbers.
     pub fn with_rng_counter(mut self, counter: u64) -> Interpreter<'a> {
@@ -539,10 +544,7 @@ impl<'a> Interpreter<'a> {
         let max_trips = crate::limits::max_trips();
         for trips in 0.. {
             if trips >= max_trips {
-                return Err(Eval::Kernel(format!(
-                    "the loop did not end within {max_trips} trips (the limit set with \
-                     `kiln run --max-trips` or `kiln_backend::limits::set_max_trips`)"
-                )));
+                return Err(Eval::Kernel(crate::limits::too_many_trips(max_trips)));
             }
             for (&a, v) in func.region(cond).args.iter().zip(&carried) {
                 frame.values.insert(a, v.clone());

@@ -437,7 +437,7 @@ impl<'a> Sweep<'a> {
             inner.remap.insert(arg, self.fwd(operand));
         }
         for &i in &body.insts {
-            clone_inst(b, self.src, i, &mut inner.remap)?;
+            b.clone_inst(self.src, i, &mut inner.remap)?;
         }
         for (&y, g) in body.results.iter().zip(grads) {
             if let Some(g) = g {
@@ -513,7 +513,7 @@ impl<'a> Sweep<'a> {
             inner.remap.insert(arg, v);
         }
         for &inst in &body.insts {
-            clone_inst(b, self.src, inst, &mut inner.remap)?;
+            b.clone_inst(self.src, inst, &mut inner.remap)?;
         }
         for (slot, &i) in l.floats.iter().enumerate() {
             inner.accumulate(b, body.results[i], c[1 + slot])?;
@@ -543,7 +543,7 @@ impl<'a> Sweep<'a> {
             remap.insert(a, v);
         }
         for &inst in &self.src.region(region).insts {
-            clone_inst(b, self.src, inst, &mut remap)?;
+            b.clone_inst(self.src, inst, &mut remap)?;
         }
         Ok(self
             .src
@@ -570,7 +570,7 @@ impl<'a> Sweep<'a> {
             adjoints: HashMap::new(),
         };
         for &inst in &self.src.region(region).insts {
-            clone_inst(b, self.src, inst, &mut inner.remap)?;
+            b.clone_inst(self.src, inst, &mut inner.remap)?;
         }
         for &(y, g) in seeds {
             if let Some(g) = g {
@@ -599,87 +599,4 @@ struct LoopShape<'l> {
 /// A splat of zeros of type `ty`.
 pub(crate) fn zeros(b: &mut FunctionBuilder, ty: &Type) -> Result<Value, BuildError> {
     b.constant(literal(ty.dtype, 0.0), ty.clone())
-}
-
-/// Re-emits forward instruction `inst` of `src` in the builder's current region, mapping its
-/// operands through `remap` and recording its results there.
-pub(crate) fn clone_inst(
-    b: &mut FunctionBuilder,
-    src: &Function,
-    inst: Inst,
-    remap: &mut HashMap<Value, Value>,
-) -> Result<(), BuildError> {
-    let data = src.inst(inst);
-    let map = |v: &Value, remap: &HashMap<Value, Value>| remap.get(v).copied().unwrap_or(*v);
-    let args: Vec<Value> = data.args.iter().map(|v| map(v, remap)).collect();
-    let results = match &data.op {
-        Op::Cond => {
-            let (then_r, else_r) = (data.regions[0], data.regions[1]);
-            let clone_branch = |b: &mut FunctionBuilder, region: Region| {
-                let mut inner = remap.clone();
-                for &i in &src.region(region).insts {
-                    clone_inst(b, src, i, &mut inner)?;
-                }
-                Ok(src
-                    .region(region)
-                    .results
-                    .iter()
-                    .map(|v| map(v, &inner))
-                    .collect())
-            };
-            b.cond(
-                args[0],
-                |b| clone_branch(b, then_r),
-                |b| clone_branch(b, else_r),
-            )?
-        }
-        Op::Fused => {
-            let body_r = data.regions[0];
-            let clone_body = |b: &mut FunctionBuilder, args: &[Value]| {
-                let mut inner = remap.clone();
-                for (&a, &v) in src.region(body_r).args.iter().zip(args) {
-                    inner.insert(a, v);
-                }
-                for &i in &src.region(body_r).insts {
-                    clone_inst(b, src, i, &mut inner)?;
-                }
-                Ok(src
-                    .region(body_r)
-                    .results
-                    .iter()
-                    .map(|v| map(v, &inner))
-                    .collect())
-            };
-            b.fused(&args, clone_body)?
-        }
-        Op::While => {
-            let (cond_r, body_r) = (data.regions[0], data.regions[1]);
-            let clone_loop_region = |b: &mut FunctionBuilder, region: Region, carried: &[Value]| {
-                let mut inner = remap.clone();
-                for (&a, &c) in src.region(region).args.iter().zip(carried) {
-                    inner.insert(a, c);
-                }
-                for &i in &src.region(region).insts {
-                    clone_inst(b, src, i, &mut inner)?;
-                }
-                Ok::<Vec<Value>, BuildError>(
-                    src.region(region)
-                        .results
-                        .iter()
-                        .map(|v| map(v, &inner))
-                        .collect(),
-                )
-            };
-            b.while_loop(
-                &args,
-                |b, c| Ok(clone_loop_region(b, cond_r, c)?[0]),
-                |b, c| clone_loop_region(b, body_r, c),
-            )?
-        }
-        op => b.insert(op.clone(), &args)?,
-    };
-    for (&old, new) in data.results.iter().zip(results) {
-        remap.insert(old, new);
-    }
-    Ok(())
 }

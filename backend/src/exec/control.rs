@@ -1,0 +1,174 @@
+//! Compiled control flow: the regions of a `while` or a `cond` become programs of their own
+//! (each an [`Executable`] with its kernels and planned buffers), run by the step as many
+//! times as the loop goes round or once for the branch taken. A region's program takes the
+//! region's arguments, then the outer values it reads (`free`).
+//!
+//! A region that touches state or communicates stays with the interpreter (a region's store
+//! commits with its function, not with the region), as does one whose sizes its arguments do
+//! not bind.
+
+use super::schedule::{Step, StepKind};
+use super::{Executable, Runtime};
+use crate::interp::{InterpError, Interpreter};
+use crate::{Array, StateStore};
+use cranelift_entity::EntityRef;
+use kiln_ir::{Function, FunctionBuilder, Inst, Op, Region, Value};
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+
+/// The step of a `while` or `cond` with compiled regions, or why its regions cannot be.
+pub(super) fn compiled(func: &Function, inst: Inst) -> Result<StepKind, String> {
+    let data = func.inst(inst);
+    let mut free: Vec<Value> = Vec::new();
+    for &r in &data.regions {
+        for v in func.free_values(r) {
+            if !free.contains(&v) {
+                free.push(v);
+            }
+        }
+    }
+    let program = |k: usize, part: &str| -> Result<Arc<Executable>, String> {
+        let name = format!("{}.{}{}.{part}", func.name(), data.op.name(), inst.index());
+        region_program(func, data.regions[k], &free, &name).map(|f| Arc::new(Executable::new(&f)))
+    };
+    match data.op {
+        Op::While => Ok(StepKind::While {
+            cond: program(0, "cond")?,
+            body: program(1, "body")?,
+            free,
+        }),
+        Op::Cond => Ok(StepKind::Cond {
+            branches: [program(0, "then")?, program(1, "else")?],
+            free,
+        }),
+        _ => unreachable!("only `while` and `cond` have compiled regions"),
+    }
+}
+
+/// `region` as a function of its arguments, then of `free`.
+fn region_program(
+    func: &Function,
+    region: Region,
+    free: &[Value],
+    name: &str,
+) -> Result<Function, String> {
+    if let Some(op) = touches_state(func, region) {
+        return Err(format!("its region has `{op}`"));
+    }
+    let data = func.region(region);
+    let mut b = FunctionBuilder::new(name);
+    let mut remap = HashMap::new();
+    for (i, &a) in data.args.iter().enumerate() {
+        remap.insert(a, b.arg(&format!("x{i}"), func.value_type(a).clone()));
+    }
+    for (i, &v) in free.iter().enumerate() {
+        remap.insert(v, b.arg(&format!("free{i}"), func.value_type(v).clone()));
+    }
+    for &i in &data.insts {
+        b.clone_inst(func, i, &mut remap)
+            .map_err(|e| e.to_string())?;
+    }
+    let results: Vec<Value> = (data.results.iter())
+        .map(|v| remap.get(v).copied().unwrap_or(*v))
+        .collect();
+    let program = b.finish(&results).map_err(|e| e.to_string())?;
+    // Every size must come from an argument, as the executor binds them.
+    let bound: HashSet<_> = (program.args().iter())
+        .flat_map(|&a| program.value_type(a).shape.symbols())
+        .collect();
+    let walk = program.walk_insts();
+    let values = walk.iter().flat_map(|&i| &program.inst(i).results);
+    for &v in values {
+        if let Some(s) = (program.value_type(v).shape.symbols()).find(|s| !bound.contains(s)) {
+            return Err(format!("no argument of its region binds the size {s}"));
+        }
+    }
+    Ok(program)
+}
+
+/// The first op in `region` (or nested in it) that reads or writes state or communicates.
+fn touches_state(func: &Function, region: Region) -> Option<&'static str> {
+    for &i in &func.region(region).insts {
+        let data = func.inst(i);
+        match data.op {
+            Op::Load { .. }
+            | Op::Store { .. }
+            | Op::AllReduce { .. }
+            | Op::CollectiveBroadcast { .. }
+            | Op::Send { .. }
+            | Op::Recv { .. } => return Some(data.op.name()),
+            _ => {}
+        }
+        if let Some(op) = (data.regions.iter()).find_map(|&r| touches_state(func, r)) {
+            return Some(op);
+        }
+    }
+    None
+}
+
+impl Executable {
+    /// The operands of a control-flow step: its own arguments, then the free values.
+    fn control_inputs(rt: &Runtime, step: &Step) -> Vec<Arc<Array>> {
+        (step.inputs.iter())
+            .map(|&v| Self::value(rt, v).clone())
+            .collect()
+    }
+
+    /// Runs a `while` step: the condition's program on the carried values, then the body's,
+    /// until the condition yields false (or the trip limit is reached).
+    pub(super) fn run_while(
+        &self,
+        rt: &mut Runtime,
+        step: &Step,
+        [cond, body]: [&Executable; 2],
+        state: &mut StateStore,
+        interp: &Interpreter<'_>,
+    ) -> Result<(), InterpError> {
+        let inputs = Self::control_inputs(rt, step);
+        let carried_count = self.func.inst(step.inst).args.len();
+        let (carried, free) = inputs.split_at(carried_count);
+        let mut carried = carried.to_vec();
+        let max_trips = crate::limits::max_trips();
+        for trips in 0.. {
+            if trips >= max_trips {
+                return Err(self.fail(step.inst, crate::limits::too_many_trips(max_trips)));
+            }
+            let args = || carried.iter().chain(free).cloned().collect();
+            let go = cond.run(args(), state, interp, true)?;
+            match go.first().and_then(|a| a.as_bool_scalar()) {
+                Some(true) => {}
+                Some(false) => break,
+                None => {
+                    let message = "the `cond` region did not yield a bool scalar";
+                    return Err(self.fail(step.inst, message));
+                }
+            }
+            carried = body.run(args(), state, interp, true)?;
+        }
+        for (&v, array) in step.outputs.iter().zip(carried) {
+            rt.env[v.index()] = Some(array);
+        }
+        Ok(())
+    }
+
+    /// Runs a `cond` step: the program of the branch its predicate picks.
+    pub(super) fn run_cond(
+        &self,
+        rt: &mut Runtime,
+        step: &Step,
+        branches: &[Arc<Executable>; 2],
+        state: &mut StateStore,
+        interp: &Interpreter<'_>,
+    ) -> Result<(), InterpError> {
+        let inputs = Self::control_inputs(rt, step);
+        let Some(pred) = inputs[0].as_bool_scalar() else {
+            return Err(self.fail(step.inst, "the predicate is not a bool scalar"));
+        };
+        let branch = &branches[usize::from(!pred)];
+        let results = branch.run(inputs[1..].to_vec(), state, interp, true)?;
+        for (&v, array) in step.outputs.iter().zip(results) {
+            rt.env[v.index()] = Some(array);
+        }
+        Ok(())
+    }
+}
