@@ -352,12 +352,15 @@ fn jit() -> &'static Mutex<Jit> {
             .expect("the host ISA builds");
         let mut builder = JITBuilder::with_isa(isa, default_libcall_names());
         math::register_symbols(&mut builder);
-        let module = JITModule::new(builder);
-        let ctx = module.make_context();
+        let mut module = JITModule::new(builder);
+        let mut ctx = module.make_context();
+        let mut builder = FunctionBuilderContext::new();
+        codegen::define_trampolines(&mut module, &mut ctx, &mut builder)
+            .expect("the vector routines' trampolines compile");
         Mutex::new(Jit {
             module,
             ctx,
-            builder: FunctionBuilderContext::new(),
+            builder,
             next_name: 0,
         })
     })

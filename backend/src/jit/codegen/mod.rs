@@ -36,6 +36,8 @@ mod levels;
 mod reductions;
 mod stage;
 mod tiles;
+
+pub(crate) use tiles::define_trampolines;
 mod values;
 
 /// f32 lanes per vector (Cranelift's vectors are 128-bit on x86_64).

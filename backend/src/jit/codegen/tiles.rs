@@ -16,6 +16,7 @@
 
 use super::*;
 use crate::vecmath;
+use cranelift_codegen::isa::CallConv;
 
 /// Elements per tile: 2 KiB of f32 per call, so a tile's scratch and its inputs sit in L1.
 pub(super) const TILE: i64 = 512;
@@ -185,19 +186,17 @@ impl Gen<'_, '_> {
         Some(self.b.ins().load(types::F32X4, flags(), addr, 0))
     }
 
+    /// Calls `op`'s routine through its register-preserving trampoline.
     fn call_routine(&mut self, op: UnaryOp, data: CValue, len: CValue) {
-        let name = vecmath::symbol(op);
+        let name = trampoline_name(op);
         let callee = match self.imports.get(name.as_str()) {
             Some(&f) => f,
             None => {
-                let ptr = self.module.target_config().pointer_type();
-                let mut sig = self.module.make_signature();
-                sig.params
-                    .extend([AbiParam::new(ptr), AbiParam::new(types::I64)]);
+                let sig = routine_signature(self.module, CallConv::PreserveAll);
                 let id = self
                     .module
-                    .declare_function(&name, Linkage::Import, &sig)
-                    .expect("a routine is declared with one signature");
+                    .declare_function(&name, Linkage::Local, &sig)
+                    .expect("a trampoline is declared with one signature");
                 let f = self.module.declare_func_in_func(id, self.b.func);
                 self.imports.insert(name, f);
                 f
@@ -205,4 +204,59 @@ impl Gen<'_, '_> {
         };
         self.b.ins().call(callee, &[data, len]);
     }
+}
+
+fn trampoline_name(op: UnaryOp) -> String {
+    format!("{}_preserving", vecmath::symbol(op))
+}
+
+/// `fn(data: *mut f32, len: i64)` in `call_conv`.
+fn routine_signature(module: &JITModule, call_conv: CallConv) -> cranelift_codegen::ir::Signature {
+    let ptr = module.target_config().pointer_type();
+    let mut sig = module.make_signature();
+    sig.call_conv = call_conv;
+    sig.params.extend([AbiParam::new(ptr), AbiParam::new(types::I64)]);
+    sig
+}
+
+/// Defines, for each routine of the ISA in use, a trampoline that calls it and preserves
+/// every register (`preserve_all`): a kernel's call then clobbers nothing, so its
+/// accumulators and hoisted values stay in registers across the tile loop (with the routine's
+/// own System V convention every vector register is the caller's to save, and Cranelift kept
+/// them on the stack through the whole loop).
+pub(crate) fn define_trampolines(
+    module: &mut JITModule,
+    ctx: &mut cranelift_codegen::Context,
+    builder_ctx: &mut FunctionBuilderContext,
+) -> Result<(), JitError> {
+    let isa = vecmath::isa();
+    let codegen = |e: &dyn std::fmt::Display| JitError::Codegen(e.to_string());
+    for &op in UnaryOp::ALL {
+        if vecmath::routine(op, isa).is_none() {
+            continue;
+        }
+        module.clear_context(ctx);
+        let sig = routine_signature(module, CallConv::PreserveAll);
+        let id = (module.declare_function(&trampoline_name(op), Linkage::Local, &sig))
+            .map_err(|e| codegen(&e))?;
+        let target_sig = routine_signature(module, module.isa().default_call_conv());
+        let target = (module.declare_function(&vecmath::symbol(op), Linkage::Import, &target_sig))
+            .map_err(|e| codegen(&e))?;
+        ctx.func.signature = sig;
+        ctx.func.name = cranelift_codegen::ir::UserFuncName::user(0, id.as_u32());
+        let config = module.target_config();
+        let mut b = FunctionBuilder::new(&mut ctx.func, builder_ctx);
+        let entry = b.create_block();
+        b.append_block_params_for_function_params(entry);
+        b.switch_to_block(entry);
+        b.seal_block(entry);
+        let args = b.block_params(entry).to_vec();
+        let callee = module.declare_func_in_func(target, b.func);
+        b.ins().call(callee, &args);
+        b.ins().return_(&[]);
+        b.finalize(config);
+        (module.define_function(id, ctx)).map_err(|e| codegen(&format!("{e:?}")))?;
+        module.clear_context(ctx);
+    }
+    module.finalize_definitions().map_err(|e| codegen(&e))
 }
