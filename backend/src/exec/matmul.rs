@@ -5,6 +5,7 @@
 use crate::Array;
 use gemm::Parallelism;
 use ndarray::ArrayD;
+use rayon::prelude::*;
 
 /// Below this many multiply-adds a second thread costs more than it saves (measured on the
 /// 2-core machines: gemm's two-thread mode pays from about 256³).
@@ -130,30 +131,33 @@ unsafe fn batched<T: Copy + 'static + num_traits::Zero + num_traits::One>(
         }
         // SAFETY: within the operand.
         let b_matrix = unsafe { b.add(b_off) };
-        // SAFETY: the offsets stay within the operands (batch indices are in range), and the
-        // output matrix `i` is disjoint from the operands.
-        unsafe {
-            gemm::gemm(
-                m,
-                n,
-                k,
-                out.add(i * m * n),
-                1,
-                n as isize,
-                false,
-                a.add(a_off),
-                a_cs,
-                a_rs,
-                b_matrix,
-                b_cs,
-                b_rs,
-                T::zero(),
-                T::one(),
-                false,
-                false,
-                false,
-                parallelism,
-            );
+        let product = Product {
+            m,
+            k,
+            // SAFETY: the offsets stay within the operands (batch indices are in range).
+            a: unsafe { a.add(a_off) },
+            a_strides: (a_cs, a_rs),
+            b: b_matrix,
+            b_strides: (b_cs, b_rs),
+        };
+        // SAFETY: the output matrix `i` is within `out` and disjoint from the operands.
+        let dst = unsafe { out.add(i * m * n) };
+        match parallelism {
+            // Each thread a run of the columns (measured faster than gemm's own split for every
+            // W5 product but `aᵀ·b`, on 2 threads: 325 against 349 µs for 256×512×512, 406
+            // against 539 µs with `b` transposed).
+            Parallelism::Rayon(_) if !transpose_a => {
+                let threads = rayon::current_num_threads().max(1);
+                let width = n.div_ceil(threads).next_multiple_of(16);
+                let (dst, product) = (SendPtr(dst), &product);
+                (0..n.div_ceil(width)).into_par_iter().for_each(|c| {
+                    let columns = c * width..((c + 1) * width).min(n);
+                    // SAFETY: each task writes its own columns; the operands are only read.
+                    unsafe { product.columns(columns, dst.get(), n, Parallelism::None) }
+                });
+            }
+            // SAFETY: as above.
+            _ => unsafe { product.columns(0..n, dst, n, parallelism) },
         }
         // The next batch index, last axis fastest.
         for axis in (0..batch.len()).rev() {
@@ -162,6 +166,77 @@ unsafe fn batched<T: Copy + 'static + num_traits::Zero + num_traits::One>(
                 break;
             }
             index[axis] = 0;
+        }
+    }
+}
+
+/// One matrix product `a·b` (`m×k` by `k×n`), operands given by pointers and strides.
+struct Product<T> {
+    m: usize,
+    k: usize,
+    a: *const T,
+    a_strides: (isize, isize),
+    b: *const T,
+    b_strides: (isize, isize),
+}
+
+// SAFETY: the operands are only read, by threads writing disjoint columns of the output.
+unsafe impl<T> Sync for Product<T> {}
+
+struct SendPtr<T>(*mut T);
+// SAFETY: each thread writes its own columns of the output.
+unsafe impl<T> Sync for SendPtr<T> {}
+// SAFETY: as for `Sync`.
+unsafe impl<T> Send for SendPtr<T> {}
+
+impl<T> SendPtr<T> {
+    /// The pointer (a method, so closures capture the wrapper, not the raw pointer).
+    fn get(&self) -> *mut T {
+        self.0
+    }
+}
+
+impl<T: Copy + 'static + num_traits::Zero + num_traits::One> Product<T> {
+    /// Computes the output's `columns` into `dst` (row stride `ld`).
+    ///
+    /// # Safety
+    /// `dst` holds `m` rows of `ld` elements, no other thread writes these columns, and the
+    /// operands are valid for the product's shape.
+    unsafe fn columns(
+        &self,
+        columns: std::ops::Range<usize>,
+        dst: *mut T,
+        ld: usize,
+        p: Parallelism,
+    ) {
+        if columns.is_empty() {
+            return;
+        }
+        let (a_cs, a_rs) = self.a_strides;
+        let (b_cs, b_rs) = self.b_strides;
+        // SAFETY: the caller's contract; column `j` of `b` starts `j·b_cs` in.
+        unsafe {
+            gemm::gemm(
+                self.m,
+                columns.len(),
+                self.k,
+                dst.add(columns.start),
+                1,
+                ld as isize,
+                false,
+                self.a,
+                a_cs,
+                a_rs,
+                self.b.offset(columns.start as isize * b_cs),
+                b_cs,
+                b_rs,
+                T::zero(),
+                T::one(),
+                false,
+                false,
+                false,
+                p,
+            );
         }
     }
 }

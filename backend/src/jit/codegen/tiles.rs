@@ -215,7 +215,8 @@ fn routine_signature(module: &JITModule, call_conv: CallConv) -> cranelift_codeg
     let ptr = module.target_config().pointer_type();
     let mut sig = module.make_signature();
     sig.call_conv = call_conv;
-    sig.params.extend([AbiParam::new(ptr), AbiParam::new(types::I64)]);
+    sig.params
+        .extend([AbiParam::new(ptr), AbiParam::new(types::I64)]);
     sig
 }
 
