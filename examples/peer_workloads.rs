@@ -247,10 +247,11 @@ fn load_peer_data(
     dir: &Path,
     w: &str,
     parameters: &[(String, String)],
+    labels: DType,
 ) -> Result<(), Error> {
     let file = |name: String| dir.join(format!("{w}_{name}.npy"));
     let x = read_npy(&file("x".into()), DType::F32)?;
-    let y = read_npy(&file("y".into()), DType::I64)?;
+    let y = read_npy(&file("y".into()), labels)?;
     step.feeds = vec![
         ("x".into(), std::sync::Arc::new(x)),
         ("y".into(), std::sync::Arc::new(y)),
@@ -305,7 +306,13 @@ fn w5_w7(e: &Emitter, data: Option<&Path>) -> Result<(), Error> {
     let mut step = workloads::mlp_step()?;
     let build = t.elapsed().as_secs_f64();
     if let Some(dir) = data {
-        load_peer_data(&mut step, dir, "w5", &workloads::mlp_parameter_names())?;
+        load_peer_data(
+            &mut step,
+            dir,
+            "w5",
+            &workloads::mlp_parameter_names(),
+            DType::I64,
+        )?;
     }
     let run = train_run(&mut step)?;
     let first_call = build + run.first_step;
@@ -327,7 +334,13 @@ fn w5_w7(e: &Emitter, data: Option<&Path>) -> Result<(), Error> {
 fn w9(e: &Emitter, data: Option<&Path>) -> Result<(), Error> {
     let mut step = workloads::cnn_step()?;
     if let Some(dir) = data {
-        load_peer_data(&mut step, dir, "w9", &workloads::cnn_parameter_names())?;
+        load_peer_data(
+            &mut step,
+            dir,
+            "w9",
+            &workloads::cnn_parameter_names(),
+            DType::I64,
+        )?;
     }
     let run = train_run(&mut step)?;
     let case = format!(
@@ -335,6 +348,20 @@ fn w9(e: &Emitter, data: Option<&Path>) -> Result<(), Error> {
         initial_weights(data)
     );
     e.emit_train_run("w9", &case, &run)
+}
+
+fn w10(e: &Emitter, data: Option<&Path>) -> Result<(), Error> {
+    let mut step = workloads::rnn_step()?;
+    if let Some(dir) = data {
+        let names = workloads::rnn_parameter_names();
+        load_peer_data(&mut step, dir, "w10", &names, DType::F32)?;
+    }
+    let run = train_run(&mut step)?;
+    let case = format!(
+        "while loop over 64 steps + Sgd.minimize, Session.run (compiled); {}",
+        initial_weights(data)
+    );
+    e.emit_train_run("w10", &case, &run)
 }
 
 fn w6(e: &Emitter) -> Result<(), Error> {
@@ -409,7 +436,7 @@ fn main() -> Result<(), Error> {
         }
     }
     if selected.is_empty() {
-        selected = ["w2", "w3", "w4", "w5", "w6", "w8", "w9"]
+        selected = ["w2", "w3", "w4", "w5", "w6", "w8", "w9", "w10"]
             .map(String::from)
             .to_vec();
     }
@@ -426,6 +453,7 @@ fn main() -> Result<(), Error> {
             "w6" => w6(&e)?,
             "w8" => w8(&e)?,
             "w9" => w9(&e, data.as_deref())?,
+            "w10" => w10(&e, data.as_deref())?,
             other => return Err(format!("unknown workload {other}").into()),
         }
     }

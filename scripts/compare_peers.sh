@@ -2,9 +2,10 @@
 # Runs the peers' benchmark scripts and Kiln's on the same workloads, one after another on this
 # machine, and writes the comparison (ratios to the best peer of this run) into BENCHMARKS.md.
 #
-# usage: scripts/compare_peers.sh [workload ...]   (default: w2 w3 w4 w5 w6 w8 w9; w5 gives w7)
-#   W9, the digits CNN training step, is Kiln's own workload: its peer script is
-#   scripts/peers/bench_w9_cnn.py, run through the peers' run_one.py like theirs.
+# usage: scripts/compare_peers.sh [workload ...]   (default: w2 w3 w4 w5 w6 w8 w9 w10; w5 gives w7)
+#   W9 (the digits CNN training step) and W10 (a recurrent network's training step) are Kiln's
+#   own workloads: their peer scripts are scripts/peers/bench_w9_cnn.py and bench_w10_rnn.py,
+#   run through the peers' run_one.py like theirs.
 #   PEERS_DIR=dir   the peers' scripts and Python environment (default: target/peers, copied from
 #                   ../shared/baselines and installed with its install.sh on first use)
 #   SKIP="w6:tinygrad ..."   peer runs to leave out (passed to run_all.sh)
@@ -13,7 +14,7 @@ set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 PEERS=${PEERS_DIR:-$ROOT/target/peers}
 WL=("$@")
-[ ${#WL[@]} -eq 0 ] && WL=(w2 w3 w4 w5 w6 w8 w9)
+[ ${#WL[@]} -eq 0 ] && WL=(w2 w3 w4 w5 w6 w8 w9 w10)
 
 if [ ! -x "$PEERS/.venv/bin/python" ]; then
   echo "== installing the peers into $PEERS"
@@ -33,15 +34,19 @@ echo "== building Kiln's runner"
 if [ -z "${KILN_ONLY:-}" ]; then
   echo "== peers (each in its own process, waiting for an idle machine)"
   SHARED=() OWN=()
-  for w in "${WL[@]}"; do [ "$w" = w9 ] && OWN+=("$w") || SHARED+=("$w"); done
+  for w in "${WL[@]}"; do [[ "$w" = w9 || "$w" = w10 ]] && OWN+=("$w") || SHARED+=("$w"); done
   [ ${#SHARED[@]} -gt 0 ] && (cd "$PEERS" && BENCH_OUT=results ./run_all.sh "${SHARED[@]}")
-  if [ ${#OWN[@]} -gt 0 ]; then
-    rm -f "$PEERS/results/w9.jsonl"
-    for fw in torch torch_compile jax_jit paddle; do
-      [ -n "${SKIP:-}" ] && [[ " $SKIP " == *" w9:$fw "* ]] && continue
-      (cd "$PEERS" && BENCH_OUT=results python3 run_one.py w9 "$fw" bench_w9_cnn.py "logs/run_w9_$fw.log")
+  for w in "${OWN[@]}"; do
+    rm -f "$PEERS/results/$w.jsonl"
+    case $w in
+      w9) script=bench_w9_cnn.py; fws="torch torch_compile jax_jit paddle" ;;
+      w10) script=bench_w10_rnn.py; fws="torch torch_loop jax_scan jax_fori" ;;
+    esac
+    for fw in $fws; do
+      [ -n "${SKIP:-}" ] && [[ " $SKIP " == *" $w:$fw "* ]] && continue
+      (cd "$PEERS" && BENCH_OUT=results python3 run_one.py "$w" "$fw" "$script" "logs/run_${w}_$fw.log")
     done
-  fi
+  done
 else
   # Drop only Kiln's records of the earlier run.
   "$PY" "$ROOT/scripts/compare_table.py" --drop-kiln "$PEERS/results" "${WL[@]}"

@@ -9,7 +9,7 @@ use kiln_backend::random::Stream;
 use kiln_ir::{BinaryOp, DType, Shape, Type, Value};
 use kiln_runtime::distributed::DataParallel;
 use kiln_runtime::layers::{self, Activation, Dense};
-use kiln_runtime::{Fetch, Optimizer, Program, RuntimeResult, Session, Sgd, Target};
+use kiln_runtime::{Fetch, Init, Optimizer, Program, RuntimeResult, Session, Sgd, Target};
 use ndarray::{ArrayD, IxDyn};
 use std::sync::Arc;
 
@@ -304,6 +304,76 @@ impl TrainStep {
     pub fn loss(&mut self) -> RuntimeResult<f64> {
         self.run(&[Fetch::Value(self.loss)])
     }
+}
+
+/// W10's sizes: steps, batch, width (inputs and state).
+pub const RNN_SIZES: [usize; 3] = [64, 64, 256];
+
+/// The parameter names of W10's cell, as `(weight, bias)`: the input's `[in, out]` weight
+/// and bias, then the state's.
+pub fn rnn_parameter_names() -> Vec<(String, String)> {
+    ["rnn.ih", "rnn.hh"]
+        .map(|l| (format!("{l}.w"), format!("{l}.b")))
+        .to_vec()
+}
+
+/// W10: one training step of a recurrent network in a `while` loop — `h ← tanh(x_t·W + b +
+/// h·U + c)` over 64 steps from `h = 0` (batch 64, width 256), `x_t` gathered from the
+/// sequence by the loop counter — with the loss `mean((h − y)²)` of the last state and plain
+/// SGD (learning rate 0.1); gradients through the loop.
+pub fn rnn_step() -> RuntimeResult<TrainStep> {
+    let [steps, batch, width] = RNN_SIZES;
+    let mut p = Program::with_seed(0);
+    let xs = p.placeholder("x", DType::F32, Shape::fixed(&[steps, batch, width]))?;
+    let y = p.placeholder("y", DType::F32, Shape::fixed(&[batch, width]))?;
+    let bound = 1.0 / (width as f64).sqrt();
+    let init = Init::Uniform {
+        low: -bound,
+        high: bound,
+    };
+    let names = rnn_parameter_names();
+    let mut params = Vec::new();
+    for (w, b) in &names {
+        params.push(p.parameter(w, DType::F32, &[width, width], init)?);
+        params.push(p.parameter(b, DType::F32, &[width], init)?);
+    }
+    let (w_ih, b_ih, w_hh, b_hh) = (params[0], params[1], params[2], params[3]);
+    let zero = p.scalar(DType::I32, 0.0)?;
+    let h0 = p.constant(
+        kiln_ir::Literal::F32(vec![0.0]),
+        Type::new(DType::F32, Shape::fixed(&[batch, width])),
+    )?;
+    let last = p.while_loop(
+        &[zero, h0],
+        |b, c| {
+            let n = b.scalar(DType::I32, steps as f64)?;
+            b.compare(kiln_ir::CompareOp::Lt, c[0], n)
+        },
+        |f, c| {
+            let x = f.gather(xs, c[0], 0)?;
+            let xw = f.matmul(x, w_ih)?;
+            let hu = f.matmul(c[1], w_hh)?;
+            let bias = f.add(b_ih, b_hh)?;
+            let s = f.add(xw, hu)?;
+            let s = f.add(s, bias)?;
+            let h = f.tanh(s)?;
+            let one = f.scalar(DType::I32, 1.0)?;
+            Ok::<_, kiln_ir::BuildError>(vec![f.add(c[0], one)?, h])
+        },
+    )?;
+    let loss = layers::mse(&mut p, last[1], y)?;
+    let train = Sgd::new(0.1).minimize(&mut p, loss)?;
+    let x_batch = normal(&[steps, batch, width], 1.0, 21);
+    let y_batch = uniform(&[batch, width], -0.5, 0.5, 22);
+    Ok(TrainStep {
+        session: Session::new(&p)?,
+        train,
+        loss,
+        feeds: vec![
+            ("x".to_owned(), Arc::new(x_batch)),
+            ("y".to_owned(), Arc::new(y_batch)),
+        ],
+    })
 }
 
 /// W8: a GAN on 1-D data as the peers run it — generator 1→16→16→1 (tanh), discriminator
