@@ -205,6 +205,21 @@ impl Array {
         })
     }
 
+    /// Copies `from`'s elements over this array's, which has its dtype and shape.
+    ///
+    /// # Panics
+    /// If the dtypes or shapes differ (a bug in the caller).
+    pub fn assign(&mut self, from: &Array) {
+        match (self, from) {
+            (Array::F32(a), Array::F32(b)) => a.assign(b),
+            (Array::F64(a), Array::F64(b)) => a.assign(b),
+            (Array::I32(a), Array::I32(b)) => a.assign(b),
+            (Array::I64(a), Array::I64(b)) => a.assign(b),
+            (Array::Bool(a), Array::Bool(b)) => a.assign(b),
+            (a, b) => panic!("cannot assign {} to {}", b.ty(), a.ty()),
+        }
+    }
+
     /// Gives a standard-layout array a new shape with as many elements, without copying.
     pub fn reshape_in_place(&mut self, shape: &[usize]) {
         if self.shape() == shape {

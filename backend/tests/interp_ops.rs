@@ -998,3 +998,45 @@ fn window_ops_reject_bad_geometry_naming_the_op_and_shapes() {
         "{err}"
     );
 }
+
+#[test]
+fn update_slice_replaces_one_slice() {
+    let array = f32s(&[3, 2], &[0.0, 1.0, 10.0, 11.0, 20.0, 21.0]);
+    let row = f32s(&[2], &[7.0, 8.0]);
+    let out = eval1(vec![array.clone(), row, i64s(&[], &[1])], |b, p| {
+        b.update_slice(p[0], p[1], p[2], 0)
+    });
+    assert_eq!(values(&out), [0.0, 1.0, 7.0, 8.0, 20.0, 21.0]);
+    let column = f32s(&[3], &[-1.0, -2.0, -3.0]);
+    let out = eval1(
+        vec![array.clone(), column.clone(), i32s(&[], &[0])],
+        |b, p| b.update_slice(p[0], p[1], p[2], 1),
+    );
+    assert_eq!(values(&out), [-1.0, 1.0, -2.0, 11.0, -3.0, 21.0]);
+    let err = eval_err(vec![array.clone(), column, i32s(&[], &[2])], |b, p| {
+        b.update_slice(p[0], p[1], p[2], 1)
+    });
+    assert!(
+        err.contains("index 2 is out of range for axis 1 of size 2"),
+        "{err}"
+    );
+    // A value that does not fit the slice is a type error where the op is built.
+    let mut b = kiln_ir::FunctionBuilder::new("f");
+    let a = b.arg(
+        "a",
+        kiln_ir::Type::new(DType::F32, kiln_ir::Shape::fixed(&[3, 2])),
+    );
+    let v = b.arg(
+        "v",
+        kiln_ir::Type::new(DType::F32, kiln_ir::Shape::fixed(&[3])),
+    );
+    let i = b.arg(
+        "i",
+        kiln_ir::Type::new(DType::I32, kiln_ir::Shape::fixed(&[])),
+    );
+    let err = b.update_slice(a, v, i, 0).unwrap_err().to_string();
+    assert!(
+        err.contains("does not fit a slice of f32[3,2] along axis 0"),
+        "{err}"
+    );
+}

@@ -447,6 +447,18 @@ impl FunctionBuilder {
         self.insert1(Op::Gather { axis }, &[table, indices])
     }
 
+    /// `array` with its slice at the scalar `index` along `axis` replaced by `value`.
+    #[track_caller]
+    pub fn update_slice(
+        &mut self,
+        array: Value,
+        value: Value,
+        index: Value,
+        axis: usize,
+    ) -> BuildResult<Value> {
+        self.insert1(Op::UpdateSlice { axis }, &[array, value, index])
+    }
+
     /// Zeros of `shape` with `updates` added at `indices` along `axis`.
     #[track_caller]
     pub fn scatter_add(
@@ -711,6 +723,11 @@ impl FunctionBuilder {
             },
             &[],
         )
+    }
+
+    /// Replaces every use of `old` in the function (operands and yielded values) by `new`.
+    pub fn replace_uses(&mut self, old: Value, new: Value) {
+        self.func.replace_uses(old, new);
     }
 
     /// Moves `inst`, an instruction of the function body, to just after the last definition of

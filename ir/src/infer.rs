@@ -59,6 +59,7 @@ fn check_counts(op: &Op, args: &[&Type], regions: &[RegionTypes<'_>]) -> Result<
         | Op::Gather { .. }
         | Op::ScatterAdd { .. }
         | Op::Conv2d { .. } => Some(2),
+        Op::UpdateSlice { .. } => Some(3),
         Op::Pool2d { kind, .. } => Some(match kind {
             PoolKind::MaxGrad => 2,
             PoolKind::Max | PoolKind::Avg | PoolKind::AvgGrad { .. } => 1,
@@ -377,6 +378,25 @@ fn rule(op: &Op, args: &[&Type], regions: &[RegionTypes<'_>]) -> Result<Vec<Type
             shape.extend(idx.shape.0.iter().cloned());
             shape.extend(dims[axis + 1..].iter().cloned());
             one(table.with_shape(Shape(shape)))
+        }
+        Op::UpdateSlice { axis } => {
+            let (array, value, idx) = (args[0], args[1], args[2]);
+            check_axis(*axis, array)?;
+            if !idx.dtype.is_int() || idx.rank() != 0 {
+                return Err(format!(
+                    "the index must be an i32 or i64 scalar, found {idx}"
+                ));
+            }
+            let mut slice = array.shape.0.clone();
+            slice.remove(*axis);
+            if value.dtype != array.dtype || value.shape.0 != slice {
+                return Err(format!(
+                    "the value {value} does not fit a slice of {array} along axis {axis}: \
+                     expected {}",
+                    array.with_shape(Shape(slice))
+                ));
+            }
+            one(array.clone())
         }
         Op::ScatterAdd { axis, shape } => {
             let (updates, idx) = (args[0], args[1]);

@@ -466,6 +466,14 @@ pub enum Op {
         /// The axis indexed.
         axis: usize,
     },
+    /// `array` with its slice at the scalar `index` along `axis` replaced by `value` (whose
+    /// shape is `array`'s without `axis`); an index out of range is an error. Operands: array,
+    /// value, index. The compiled executor writes the slice in place when `array` dies here, so
+    /// a loop that fills a stack of its states does O(state) work per step.
+    UpdateSlice {
+        /// The axis indexed.
+        axis: usize,
+    },
     /// The transpose of `gather`: zeros of `shape` with `updates` added at `indices` along
     /// `axis` (repeated indices accumulate). Operands: updates, indices.
     ScatterAdd {
@@ -679,6 +687,7 @@ impl Op {
             Op::ArgReduce { op, .. } => op.name(),
             Op::MatMul { .. } => "matmul",
             Op::Gather { .. } => "gather",
+            Op::UpdateSlice { .. } => "update_slice",
             Op::ScatterAdd { .. } => "scatter_add",
             Op::Conv2d { kind, .. } => match kind {
                 ConvKind::Forward => "conv2d",
@@ -732,7 +741,10 @@ impl Op {
             Op::Reduce { .. } | Op::ArgReduce { .. } => OpClass::Reduction,
             Op::MatMul { .. } | Op::Conv2d { .. } => OpClass::Contraction,
             Op::Pool2d { .. } => OpClass::Reduction,
-            Op::Gather { .. } | Op::ScatterAdd { .. } | Op::OneHot { .. } => OpClass::Indexing,
+            Op::Gather { .. }
+            | Op::UpdateSlice { .. }
+            | Op::ScatterAdd { .. }
+            | Op::OneHot { .. } => OpClass::Indexing,
             Op::Const { .. } | Op::Iota { .. } | Op::Random { .. } | Op::Load { .. } => {
                 OpClass::Source
             }
@@ -762,6 +774,7 @@ impl Op {
             | Op::Pad { .. }
             | Op::Concat { .. }
             | Op::Gather { .. }
+            | Op::UpdateSlice { .. }
             | Op::ScatterAdd { .. }
             | Op::OneHot { .. } => Cost::DataMovement,
             Op::Reduce { .. } | Op::ArgReduce { .. } | Op::Pool2d { .. } => Cost::Reduction,
@@ -828,6 +841,7 @@ impl Op {
             ],
             Op::Concat { axis }
             | Op::Gather { axis }
+            | Op::UpdateSlice { axis }
             | Op::ScatterAdd { axis, .. }
             | Op::Iota { axis, .. } => {
                 vec![("axis", Attr::Int(*axis as i128))]
@@ -961,6 +975,9 @@ impl Op {
                 "gather" => Op::Gather {
                     axis: attrs.usize("axis")?,
                 },
+                "update_slice" => Op::UpdateSlice {
+                    axis: attrs.usize("axis")?,
+                },
                 "scatter_add" => Op::ScatterAdd {
                     axis: attrs.usize("axis")?,
                     shape: single_result()?.shape,
@@ -1091,6 +1108,7 @@ impl Op {
             "concat",
             "matmul",
             "gather",
+            "update_slice",
             "scatter_add",
             "conv2d",
             "conv2d_input_grad",

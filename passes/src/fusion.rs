@@ -64,6 +64,7 @@ pub(crate) fn fusible(op: &Op) -> bool {
         | Op::Conv2d { .. }
         | Op::Pool2d { .. }
         | Op::Gather { .. }
+        | Op::UpdateSlice { .. }
         | Op::ScatterAdd { .. }
         | Op::OneHot { .. }
         | Op::Random { .. }

@@ -498,6 +498,72 @@ fn while_with_a_fixed_trip_count() {
     });
 }
 
+/// A counted loop that keeps its states: the counter is not the first carried value and
+/// starts at 2, each trip reads one row of a captured sequence (a gather by the counter), and
+/// the gradient reaches the sequence, the weight and the initial state.
+#[test]
+fn counted_while_keeps_its_states() {
+    let inputs = vec![input(&[2, 3], 104), input(&[3], 105), input(&[5, 3], 106)];
+    check(inputs.clone(), |b, a| counted_rnn(b, a));
+    // The forward loop keeps its states (`update_slice`) and the backward loop reads them:
+    // no loop re-runs the body inside the backward one.
+    let mut builder = FunctionBuilder::new("f");
+    let args: Vec<Value> = ["h", "w", "xs"]
+        .iter()
+        .zip(&inputs)
+        .map(|(n, a)| builder.arg(n, Type::new(DType::F64, Shape::fixed(a.shape()))))
+        .collect();
+    let loss = counted_rnn(&mut builder, &args).unwrap();
+    let loss = builder
+        .reduce(ReduceOp::Sum, loss, vec![0, 1], false)
+        .unwrap();
+    let mut func = builder.finish(&[loss]).unwrap();
+    append_gradients(&mut func, loss, &args).unwrap();
+    let text = func.to_string();
+    assert!(text.contains("update_slice"), "{text}");
+    let loops = text.matches("= while").count();
+    // The original loop (dead now), the one that keeps the states, the backward loop.
+    assert_eq!(loops, 3, "{text}");
+}
+
+/// `h ← tanh(h·w + xs[t])` for `t` in `2..5`, the counter carried second.
+fn counted_rnn(b: &mut FunctionBuilder, a: &[Value]) -> Result<Value, kiln_ir::BuildError> {
+    let (h0, w, xs) = (a[0], a[1], a[2]);
+    let two = b.scalar(DType::I64, 2.0)?;
+    let out = b.while_loop(
+        &[h0, two],
+        |b, c| {
+            let five = b.scalar(DType::I64, 5.0)?;
+            b.compare(CompareOp::Lt, c[1], five)
+        },
+        |b, c| {
+            let x = b.gather(xs, c[1], 0)?;
+            let shape = b.value_type(c[0]).shape.clone();
+            let x = b.broadcast_to(x, &shape)?;
+            let hw = b.mul(c[0], w)?;
+            let z = b.add(hw, x)?;
+            let one = b.scalar(DType::I64, 1.0)?;
+            Ok(vec![b.tanh(z)?, b.add(c[1], one)?])
+        },
+    )?;
+    Ok(out[0])
+}
+
+/// `update_slice`: the slice's gradient reaches the value, the rest the array.
+#[test]
+fn update_slice_routes_gradients() {
+    check(vec![input(&[4, 3], 107), input(&[3], 108)], |b, a| {
+        let at = b.scalar(DType::I32, 2.0)?;
+        let updated = b.update_slice(a[0], a[1], at, 0)?;
+        b.mul(updated, updated)
+    });
+    check(vec![input(&[2, 4, 3], 109), input(&[2, 3], 110)], |b, a| {
+        let at = b.scalar(DType::I64, 1.0)?;
+        let updated = b.update_slice(a[0], a[1], at, 1)?;
+        b.tanh(updated)
+    });
+}
+
 /// The trip count depends on the data (`while sum(x) < 4: x ← 1.5·x + c`), and the body holds
 /// a `cond`.
 #[test]

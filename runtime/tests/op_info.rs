@@ -174,6 +174,12 @@ fn cases() -> Vec<Case> {
             |b, v| b.gather(v[0], v[1], 0),
         ),
         case(
+            "update_slice",
+            vec![f(&[4, 3], 26), f(&[3], 27), i64s(&[], &[2])],
+            true,
+            |b, v| b.update_slice(v[0], v[1], v[2], 0),
+        ),
+        case(
             "scatter_add",
             vec![f(&[3, 2], 23), i64s(&[3], &[1, 0, 1])],
             true,

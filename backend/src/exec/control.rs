@@ -107,10 +107,19 @@ fn touches_state(func: &Function, region: Region) -> Option<&'static str> {
 }
 
 impl Executable {
-    /// The operands of a control-flow step: its own arguments, then the free values.
-    fn control_inputs(rt: &Runtime, step: &Step) -> Vec<Arc<Array>> {
+    /// The operands of a control-flow step: its own arguments, then the free values. An
+    /// operand used here for the last time (and once) moves out of the run's values, so the
+    /// regions may update its buffer in place.
+    fn control_inputs(rt: &mut Runtime, step: &Step) -> Vec<Arc<Array>> {
         (step.inputs.iter())
-            .map(|&v| Self::value(rt, v).clone())
+            .map(|&v| {
+                let dies = step.release.iter().any(|&(r, _)| r == v);
+                let once = step.inputs.iter().filter(|&&u| u == v).count() == 1;
+                match (dies && once).then(|| rt.env[v.index()].take()).flatten() {
+                    Some(array) => array,
+                    None => Self::value(rt, v).clone(),
+                }
+            })
             .collect()
     }
 
@@ -124,17 +133,15 @@ impl Executable {
         state: &mut StateStore,
         interp: &Interpreter<'_>,
     ) -> Result<(), InterpError> {
-        let inputs = Self::control_inputs(rt, step);
-        let carried_count = self.func.inst(step.inst).args.len();
-        let (carried, free) = inputs.split_at(carried_count);
-        let mut carried = carried.to_vec();
+        let mut carried = Self::control_inputs(rt, step);
+        let free = carried.split_off(self.func.inst(step.inst).args.len());
         let max_trips = crate::limits::max_trips();
         for trips in 0.. {
             if trips >= max_trips {
                 return Err(self.fail(step.inst, crate::limits::too_many_trips(max_trips)));
             }
-            let args = || carried.iter().chain(free).cloned().collect();
-            let go = cond.run(args(), state, interp, true)?;
+            let args = carried.iter().chain(&free).cloned().collect();
+            let go = cond.run(args, state, interp, true)?;
             match go.first().and_then(|a| a.as_bool_scalar()) {
                 Some(true) => {}
                 Some(false) => break,
@@ -143,7 +150,11 @@ impl Executable {
                     return Err(self.fail(step.inst, message));
                 }
             }
-            carried = body.run(args(), state, interp, true)?;
+            // The carried values move into the body, so a buffer it updates in place (a
+            // stack of states) is not shared.
+            let args = carried.drain(..).chain(free.iter().cloned()).collect();
+            // Not retained: a kept reference would make the next trip's stack shared.
+            carried = body.run(args, state, interp, false)?;
         }
         for (&v, array) in step.outputs.iter().zip(carried) {
             rt.env[v.index()] = Some(array);

@@ -211,23 +211,24 @@ impl Executable {
         })
     }
 
-    /// What the executable has done so far: allocations, reuses, in-place writes (steps
-    /// interpreted and kernels include those of its compiled regions).
+    /// What the executable has done so far: allocations, reuses, in-place writes (the counts
+    /// include those of its compiled control-flow regions).
     pub fn stats(&self) -> ExecStats {
         let c = &self.counters;
         let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        let regions: Vec<ExecStats> = self.regions().map(Executable::stats).collect();
+        let sum = |f: fn(&ExecStats) -> u64| regions.iter().map(f).sum::<u64>();
         ExecStats {
             runs: get(&c.runs),
-            allocations: get(&c.allocations),
-            reuses: get(&c.reuses),
-            in_place: get(&c.in_place),
-            interpreted: get(&c.interpreted)
-                + self.regions().map(|r| r.stats().interpreted).sum::<u64>(),
+            allocations: get(&c.allocations) + sum(|r| r.allocations),
+            reuses: get(&c.reuses) + sum(|r| r.reuses),
+            in_place: get(&c.in_place) + sum(|r| r.in_place),
+            interpreted: get(&c.interpreted) + sum(|r| r.interpreted),
             steps: self.schedule.steps.len(),
             kernels: (self.schedule.steps.iter())
                 .filter(|s| matches!(s.kind, StepKind::Kernel { .. }))
                 .count()
-                + self.regions().map(|r| r.stats().kernels).sum::<usize>(),
+                + regions.iter().map(|r| r.kernels).sum::<usize>(),
             slots: self.schedule.slots.len(),
         }
     }
@@ -527,7 +528,7 @@ impl Executable {
                 let value = Self::value(rt, step.inputs[0]).clone();
                 rt.stores.push((name.clone(), value, *recycle));
             }
-            StepKind::Native => self.run_native(rt, step, interp)?,
+            StepKind::Native => self.run_native(rt, step, interp, state)?,
             StepKind::Direct => self.run_direct(rt, step, interp)?,
             StepKind::Communicate => self.start_communication(rt, step, index)?,
             StepKind::While { cond, body, .. } => {
@@ -784,7 +785,12 @@ impl Executable {
         rt: &mut Runtime,
         step: &Step,
         interp: &Interpreter<'_>,
+        state: &mut StateStore,
     ) -> Result<(), InterpError> {
+        let op = &self.func.inst(step.inst).op;
+        if let Op::UpdateSlice { axis } = op {
+            return self.run_update_slice(rt, step, *axis, state);
+        }
         let Output::Slot(slot) = step.out[0] else {
             unreachable!("a native step writes a slot")
         };
@@ -792,7 +798,7 @@ impl Executable {
         let mut out = self.acquire(rt, slot, dtype, &step.shapes[0]);
         let target = Arc::get_mut(&mut out).expect("a fresh or free buffer");
         let arg = |k: usize| &**Self::value(rt, step.inputs[k]);
-        let done = match &self.func.inst(step.inst).op {
+        let done = match op {
             Op::OneHot { depth, .. } => kernels::one_hot_into(arg(0), *depth, target),
             Op::Gather { axis } => kernels::gather_into(arg(0), arg(1), *axis, target),
             Op::ScatterAdd { axis, .. } => kernels::scatter_add_into(arg(0), arg(1), *axis, target),
@@ -803,6 +809,36 @@ impl Executable {
             }
             other => unreachable!("`{}` is not a native step", other.name()),
         };
+        done.map_err(|m| self.fail(step.inst, m))?;
+        rt.env[step.outputs[0].index()] = Some(out);
+        Ok(())
+    }
+
+    /// `update_slice`: in place over the array when its buffer is free (O(slice)), else a copy
+    /// of it with the slice written.
+    fn run_update_slice(
+        &self,
+        rt: &mut Runtime,
+        step: &Step,
+        axis: usize,
+        state: &mut StateStore,
+    ) -> Result<(), InterpError> {
+        let value = Self::value(rt, step.inputs[1]).clone();
+        let index = Self::value(rt, step.inputs[2]).clone();
+        let (mut out, in_place) = self.kernel_output(rt, step, state, 0);
+        let target = Arc::get_mut(&mut out).expect("a fresh or free buffer");
+        if in_place {
+            add(&self.counters.in_place, 1);
+        } else {
+            // The array is still bound, or held aside when it was shared.
+            let source = match step.out[0] {
+                Output::InPlace { .. } => rt.held.last().expect("the shared array"),
+                _ => Self::value(rt, step.inputs[0]),
+            };
+            target.assign(source);
+        }
+        let done = kernels::update_slice_in_place(target, &value, &index, axis);
+        rt.held.clear();
         done.map_err(|m| self.fail(step.inst, m))?;
         rt.env[step.outputs[0].index()] = Some(out);
         Ok(())

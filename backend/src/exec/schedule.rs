@@ -313,6 +313,7 @@ impl Schedule {
     ) -> Output {
         let out = step.outputs[k];
         let ty = func.value_type(out);
+        let updates_slice = matches!(func.inst(step.inst).op, Op::UpdateSlice { .. });
         // An input dying here whose buffer the output may take over.
         let possible = |j: usize| {
             let input = step.inputs[j];
@@ -323,6 +324,7 @@ impl Schedule {
             free && match &step.kind {
                 StepKind::Reshape => func.value_type(input).dtype == ty.dtype,
                 StepKind::Kernel { kernel, .. } => kernel.plan.can_update_in_place(j, k),
+                StepKind::Native => j == 0 && updates_slice,
                 _ => false,
             }
         };
@@ -346,11 +348,24 @@ impl Schedule {
                     .find(|&j| possible(j) && slots.slot_of.contains_key(&step.inputs[j]))
             })
             .flatten();
+        // `update_slice` may also take over an argument's buffer (a loop's carried stack),
+        // which has no slot: a slot of its own serves when the buffer turns out to be shared.
+        let over_argument = !is_stored
+            && over_input.is_none()
+            && updates_slice
+            && possible(0)
+            && func.args().contains(&step.inputs[0]);
         if let Some((j, state)) = over_state {
             taken_inputs.insert(j);
             Output::State {
                 input: j,
                 state,
+                slot: slots.take(ty.dtype, &ty.shape, Some(out)),
+            }
+        } else if over_argument {
+            taken_inputs.insert(0);
+            Output::InPlace {
+                input: 0,
                 slot: slots.take(ty.dtype, &ty.shape, Some(out)),
             }
         } else if let Some(j) = over_input {
@@ -593,9 +608,11 @@ fn step_kind(
                 attrs: *attrs,
             }
         }
-        Op::OneHot { .. } | Op::Gather { .. } | Op::ScatterAdd { .. } | Op::Random { .. } => {
-            StepKind::Native
-        }
+        Op::OneHot { .. }
+        | Op::Gather { .. }
+        | Op::UpdateSlice { .. }
+        | Op::ScatterAdd { .. }
+        | Op::Random { .. } => StepKind::Native,
         Op::Load { state, .. } => StepKind::Load {
             state: state.clone(),
         },

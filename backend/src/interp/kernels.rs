@@ -846,6 +846,65 @@ pub fn gather_into(table: &Array, idx: &Array, axis: usize, out: &mut Array) -> 
     Ok(())
 }
 
+/// `array` with its slice at the scalar `index` along `axis` replaced by `value`.
+pub fn update_slice(
+    array: &Array,
+    value: &Array,
+    index: &Array,
+    axis: usize,
+) -> KernelResult<Array> {
+    let mut out = array.clone().into_standard_layout();
+    update_slice_in_place(&mut out, value, index, axis)?;
+    Ok(out)
+}
+
+/// Writes `value` over the slice of `out` (standard layout) at the scalar `index` along
+/// `axis`: the only elements `update_slice` changes, so a buffer that already holds the
+/// array is updated in O(slice).
+pub fn update_slice_in_place(
+    out: &mut Array,
+    value: &Array,
+    index: &Array,
+    axis: usize,
+) -> KernelResult<()> {
+    let rank = out.shape().len();
+    if axis >= rank {
+        return Err(format!("axis {axis} is out of range for rank {rank}").into());
+    }
+    let (outer, size, inner) = around(out.shape(), axis);
+    let at = match positions(index, axis, size)?[..] {
+        [at] => at,
+        _ => return Err(format!("the index must be a scalar, found {}", index.ty()).into()),
+    };
+    if value.len() != outer * inner || value.dtype() != out.dtype() {
+        return Err(format!("{} does not fit a slice of {}", value.ty(), out.ty()).into());
+    }
+    fn write<T: Copy>(
+        o: &mut ArrayD<T>,
+        v: &ArrayD<T>,
+        at: usize,
+        [outer, size, inner]: [usize; 3],
+    ) {
+        let v = v.as_standard_layout();
+        let v = v.as_slice().expect("a standard-layout value");
+        let o = o.as_slice_mut().expect("a standard-layout array");
+        for p in 0..outer {
+            let to = (p * size + at) * inner;
+            o[to..to + inner].copy_from_slice(&v[p * inner..(p + 1) * inner]);
+        }
+    }
+    let dims = [outer, size, inner];
+    match (out, value) {
+        (Array::F32(o), Array::F32(v)) => write(o, v, at, dims),
+        (Array::F64(o), Array::F64(v)) => write(o, v, at, dims),
+        (Array::I32(o), Array::I32(v)) => write(o, v, at, dims),
+        (Array::I64(o), Array::I64(v)) => write(o, v, at, dims),
+        (Array::Bool(o), Array::Bool(v)) => write(o, v, at, dims),
+        _ => unreachable!("the dtypes were checked"),
+    }
+    Ok(())
+}
+
 /// Zeros of `shape` with `updates` added at `indices` along `axis`; repeats accumulate.
 pub fn scatter_add(
     updates: &Array,

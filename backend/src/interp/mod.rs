@@ -491,6 +491,7 @@ impl<'a> Interpreter<'a> {
                 transpose_b,
             } => one(k::matmul(arg(0)?, arg(1)?, *transpose_a, *transpose_b)),
             Op::Gather { axis } => one(k::gather(arg(0)?, arg(1)?, *axis)),
+            Op::UpdateSlice { axis } => one(k::update_slice(arg(0)?, arg(1)?, arg(2)?, *axis)),
             Op::ScatterAdd { axis, .. } => one(k::scatter_add(arg(0)?, arg(1)?, *axis, shape(0)?)),
             Op::Conv2d { kind, attrs } => {
                 one(window::conv2d(*kind, attrs, arg(0)?, arg(1)?, shape(0)?))

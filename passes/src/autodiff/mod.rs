@@ -19,6 +19,7 @@ mod rules;
 
 use kiln_ir::{
     BuildError, DType, Function, FunctionBuilder, Inst, Literal, Module, Op, Region, Type, Value,
+    ValueDef,
 };
 use std::collections::{HashMap, HashSet};
 
@@ -358,9 +359,15 @@ impl<'a> Sweep<'a> {
         Ok(captured.into_iter().zip(gradients).collect())
     }
 
-    /// The gradient of a `while` loop, by recomputation. It counts the trips `T`, then for
-    /// `k = T-1` down to `0` recomputes the carried values before iteration `k` (running the
-    /// body `k` times from the initial values) and sweeps the body backwards there. That costs
+    /// The gradient of a `while` loop. A top-level loop that counts a fixed number of trips
+    /// `T` (`i` from a constant, `i < constant`, `i + 1`) keeps its states: the forward loop
+    /// is replaced by one that also writes the carried values before each trip into stacks
+    /// (`update_slice`, in place), and the backward loop reads them back — O(T) body
+    /// evaluations and O(T) storage, as `jax.lax.scan` and PyTorch do.
+    ///
+    /// Any other loop is differentiated by recomputation: count the trips `T`, then for
+    /// `k = T-1` down to `0` recompute the carried values before iteration `k` (running the
+    /// body `k` times from the initial values) and sweep the body backwards there. That costs
     /// O(T²) body evaluations and no storage that grows with `T`.
     fn while_loop(
         &mut self,
@@ -388,8 +395,24 @@ impl<'a> Sweep<'a> {
             init: &init,
             floats: &floats,
             captured: &captured,
+            states: &States::Recompute,
         };
-        let trips = self.trip_count(b, cond_r, body_r, &init)?;
+        let top_level = self.src.region(self.src.body()).insts.contains(&inst);
+        let counted = counted_trips(self.src, inst).filter(|_| top_level);
+        let (trips, states) = match counted {
+            Some((t, first)) => {
+                let stacks = self.record_states(b, inst, t, first)?;
+                (b.scalar(DType::I32, t as f64)?, States::Stacks(stacks))
+            }
+            None => (
+                self.trip_count(b, cond_r, body_r, &init)?,
+                States::Recompute,
+            ),
+        };
+        let loop_shape = LoopShape {
+            states: &states,
+            ..loop_shape
+        };
         let mut start = vec![trips];
         for &i in &floats {
             start.push(match grads[i] {
@@ -454,6 +477,62 @@ impl<'a> Sweep<'a> {
         Ok(out)
     }
 
+    /// Replaces top-level loop `inst`, which makes `trips` trips with its counter starting at
+    /// `first`, by one that also keeps its carried values before each trip in stacks
+    /// (`[trips, …]`, one per carried value); returns the stacks.
+    fn record_states(
+        &mut self,
+        b: &mut FunctionBuilder,
+        inst: Inst,
+        trips: usize,
+        first: i64,
+    ) -> Result<Vec<Value>, AutodiffError> {
+        let data = self.src.inst(inst);
+        let (cond_r, body_r) = (data.regions[0], data.regions[1]);
+        let (counter, _) = counter_of(self.src, inst).expect("a counted loop");
+        let n = data.args.len();
+        let mut start: Vec<Value> = data.args.iter().map(|&v| self.fwd(v)).collect();
+        // Stack `j` holds carried value `j` before trip `k` at `k`, and after the last trip
+        // at `trips`: so the states on both sides of every trip.
+        let mut made = Vec::new();
+        let origin = b.scalar(DType::I32, 0.0)?;
+        made.extend(b.last_inst());
+        for &v in &data.args {
+            let ty = self.ty(v);
+            let mut dims = vec![kiln_ir::Dim::Fixed(trips + 1)];
+            dims.extend(ty.shape.0.iter().cloned());
+            let empty = zeros(b, &Type::new(ty.dtype, kiln_ir::Shape(dims)))?;
+            made.extend(b.last_inst());
+            start.push(b.update_slice(empty, self.fwd(v), origin, 0)?);
+            made.extend(b.last_inst());
+        }
+        let recorded = b.while_loop(
+            &start,
+            |b, c| Ok::<_, BuildError>(self.clone_region(b, cond_r, &c[..n])?[0]),
+            |b, c| {
+                let mut next = self.clone_region(b, body_r, &c[..n])?;
+                // The counter before this trip is `first + k`: the state after it goes at `k + 1`.
+                let offset = b.scalar(self.ty(data.args[counter]).dtype, (1 - first) as f64)?;
+                let after = b.add(c[counter], offset)?;
+                for j in 0..n {
+                    next.push(b.update_slice(c[n + j], next[j], after, 0)?);
+                }
+                Ok(next)
+            },
+        )?;
+        made.extend(b.last_inst());
+        // In the forward pass's place: right after the loop it replaces, whose results it
+        // gives (the old loop is then dead).
+        for &i in &made {
+            b.hoist(i, Some(inst));
+        }
+        for (&old, &new) in data.results.iter().zip(&recorded) {
+            b.replace_uses(old, new);
+            self.remap.insert(old, new);
+        }
+        Ok(recorded[n..].to_vec())
+    }
+
     /// Re-runs the loop with a counter: how many times the body runs.
     fn trip_count(
         &self,
@@ -488,20 +567,33 @@ impl<'a> Sweep<'a> {
     ) -> Result<Vec<Value>, AutodiffError> {
         let one = b.scalar(DType::I32, 1.0)?;
         let k = b.sub(c[0], one)?;
-        // The carried values before iteration k: the body run k times from the start.
-        let zero = b.scalar(DType::I32, 0.0)?;
-        let mut start = vec![zero];
-        start.extend_from_slice(l.init);
-        let state = b.while_loop(
-            &start,
-            |b, s| b.compare(kiln_ir::CompareOp::Lt, s[0], k),
-            |b, s| {
-                let one = b.scalar(DType::I32, 1.0)?;
-                let mut next = vec![b.add(s[0], one)?];
-                next.extend(self.clone_region(b, l.body, &s[1..])?);
-                Ok(next)
-            },
-        )?;
+        // The carried values before iteration k: kept, or the body run k times from the start.
+        let mut after = Vec::new();
+        let state = match l.states {
+            States::Stacks(stacks) => {
+                let mut state = vec![k];
+                for &stack in stacks {
+                    state.push(b.gather(stack, k, 0)?);
+                    after.push(b.gather(stack, c[0], 0)?);
+                }
+                state
+            }
+            States::Recompute => {
+                let zero = b.scalar(DType::I32, 0.0)?;
+                let mut start = vec![zero];
+                start.extend_from_slice(l.init);
+                b.while_loop(
+                    &start,
+                    |b, s| b.compare(kiln_ir::CompareOp::Lt, s[0], k),
+                    |b, s| {
+                        let one = b.scalar(DType::I32, 1.0)?;
+                        let mut next = vec![b.add(s[0], one)?];
+                        next.extend(self.clone_region(b, l.body, &s[1..])?);
+                        Ok(next)
+                    },
+                )?
+            }
+        };
         let body = self.src.region(l.body);
         let mut inner = Sweep {
             src: self.src,
@@ -514,6 +606,11 @@ impl<'a> Sweep<'a> {
         }
         for &inst in &body.insts {
             b.clone_inst(self.src, inst, &mut inner.remap)?;
+        }
+        // What the trip yields is kept too: the rules that read an op's result (tanh's) then
+        // read the kept value, and the recomputation of the trip's forward ops is dead.
+        for (&y, &kept) in body.results.iter().zip(&after) {
+            inner.remap.insert(y, kept);
         }
         for (slot, &i) in l.floats.iter().enumerate() {
             inner.accumulate(b, body.results[i], c[1 + slot])?;
@@ -586,6 +683,66 @@ impl<'a> Sweep<'a> {
 }
 
 /// What the backward loop of a `while` needs to know about the forward loop.
+/// How the backward loop gets the carried values before each forward trip.
+enum States {
+    /// Run the body again from the initial values.
+    Recompute,
+    /// Read them from the stacks the forward loop filled, one per carried value.
+    Stacks(Vec<Value>),
+}
+
+/// Which carried value of counted `while` loop `inst` is its counter, and its start: the
+/// condition is `counter < constant`, the body yields `counter + 1`, and the counter starts
+/// at a constant.
+fn counter_of(src: &Function, inst: Inst) -> Option<(usize, i64)> {
+    let data = src.inst(inst);
+    let (cond, body) = (src.region(data.regions[0]), src.region(data.regions[1]));
+    let constant = |v: Value| -> Option<i64> {
+        let ValueDef::Result(def, _) = src.value(v).def else {
+            return None;
+        };
+        match &src.inst(def).op {
+            Op::Const { value, .. } if value.len() == 1 && !value.dtype().is_float() => {
+                Some(value.get_f64(0) as i64)
+            }
+            _ => None,
+        }
+    };
+    let defining = |v: Value| match src.value(v).def {
+        ValueDef::Result(def, _) => Some(src.inst(def)),
+        _ => None,
+    };
+    let more = defining(*cond.results.first()?)?;
+    let Op::Compare(kiln_ir::CompareOp::Lt) = more.op else {
+        return None;
+    };
+    let counter = cond.args.iter().position(|&a| a == more.args[0])?;
+    constant(more.args[1])?;
+    let next = defining(*body.results.get(counter)?)?;
+    let steps_by_one = matches!(next.op, Op::Binary(kiln_ir::BinaryOp::Add))
+        && next.args[0] == body.args[counter]
+        && constant(next.args[1]) == Some(1);
+    steps_by_one.then_some(())?;
+    Some((counter, constant(data.args[counter])?))
+}
+
+/// The trips of a counted `while` loop (see [`counter_of`]), and its counter's start.
+fn counted_trips(src: &Function, inst: Inst) -> Option<(usize, i64)> {
+    let (_, first) = counter_of(src, inst)?;
+    let cond = src.region(src.inst(inst).regions[0]);
+    let ValueDef::Result(more, _) = src.value(cond.results[0]).def else {
+        return None;
+    };
+    let ValueDef::Result(def, _) = src.value(src.inst(more).args[1]).def else {
+        return None;
+    };
+    let Op::Const { value, .. } = &src.inst(def).op else {
+        return None;
+    };
+    let trips = (value.get_f64(0) as i64 - first).max(0);
+    Some((usize::try_from(trips).ok()?, first))
+}
+
 struct LoopShape<'l> {
     body: Region,
     /// The initial carried values, as the gradient code sees them.
@@ -594,6 +751,7 @@ struct LoopShape<'l> {
     floats: &'l [usize],
     /// Active float values the body captures from outside the loop.
     captured: &'l [Value],
+    states: &'l States,
 }
 
 /// A splat of zeros of type `ty`.

@@ -213,6 +213,16 @@ pub(super) fn vjp(
                 out.push((args[0], b.gather(g, x(1), *axis)?));
             }
         }
+        // The slice written comes from `value`; the rest of the result from `array`.
+        Op::UpdateSlice { axis } => {
+            if active(0) {
+                let hole = zeros(b, s.ty(args[1]))?;
+                out.push((args[0], b.update_slice(g, hole, x(2), *axis)?));
+            }
+            if active(1) {
+                out.push((args[1], b.gather(g, x(2), *axis)?));
+            }
+        }
         Op::Conv2d { kind, attrs } => {
             let (a, c) = (x(0), x(1));
             let spatial = |i: usize| spatial_of(s.ty(args[i]));

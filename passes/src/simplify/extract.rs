@@ -67,6 +67,8 @@ pub fn node_cost(egraph: &Graph, node: &Node) -> Option<f64> {
         Op::Conv2d { .. } => child_bytes(0) + child_bytes(1) + 4.0 * out_bytes,
         Op::Pool2d { .. } => child_bytes(0) + out_bytes,
         Op::Gather { .. } | Op::ScatterAdd { .. } | Op::OneHot { .. } => 2.0 * out_bytes,
+        // In place, only the slice moves.
+        Op::UpdateSlice { .. } => 2.0 * child_bytes(1),
         Op::Random { .. } => out_bytes,
         Op::Load { .. } => 0.0,
         Op::Store { .. }
