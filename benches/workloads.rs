@@ -1,5 +1,6 @@
-//! The peers' workloads (W2–W8 of `../shared/baselines/README.md`, and W9, the digits CNN
-//! training step) run by Kiln's compiled backend, under criterion. The side-by-side comparison
+//! The peers' workloads (W2–W8 of `../shared/baselines/README.md`, and Kiln's own training steps
+//! W9, the digits CNN, and W10, a recurrent network) run by Kiln's compiled backend, under
+//! criterion. The side-by-side comparison
 //! with the peers' own scripts is `scripts/compare_peers.sh`, which uses
 //! `examples/peer_workloads.rs` and the peers' timing protocol; these benches are for watching
 //! Kiln's own figures move.
@@ -80,6 +81,14 @@ fn training(c: &mut Criterion) {
     group.sample_size(30);
     group.bench_function("digits_cnn_train_step_batch_256", |b| {
         b.iter(|| black_box(cnn.step().unwrap()))
+    });
+    group.finish();
+
+    let mut rnn = workloads::rnn_step().unwrap();
+    let mut group = c.benchmark_group("w10_rnn");
+    group.sample_size(20);
+    group.bench_function("while_64_steps_width_256_batch_64", |b| {
+        b.iter(|| black_box(rnn.step().unwrap()))
     });
     group.finish();
 }

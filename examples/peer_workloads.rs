@@ -1,5 +1,6 @@
-//! Runs Kiln on the peers' workloads (W2–W8 of `../shared/baselines`, and W9, the digits CNN,
-//! whose peer script is Kiln's `scripts/peers/bench_w9_cnn.py`) with the peers' timing
+//! Runs Kiln on the peers' workloads (W2–W8 of `../shared/baselines`; W9, the digits CNN, and
+//! W10, a recurrent network, whose peer scripts are Kiln's `scripts/peers/bench_w9_cnn.py` and
+//! `bench_w10_rnn.py`) with the peers' timing
 //! protocol — the same warm-up and repeat counts, median (min..max) — and appends the same
 //! JSON-lines records to `<out>/<workload>.jsonl`, so one table shows Kiln beside the peers.
 //!
@@ -7,7 +8,7 @@
 //!
 //! `scripts/compare_peers.sh` runs it after the peers' scripts and writes the comparison.
 //!
-//! `--data dir` holds the W5 and W9 batches and initial weights the peers use (`scripts/peer_data.py`
+//! `--data dir` holds the W5, W9 and W10 batches and initial weights the peers use (`scripts/peer_data.py`
 //! writes them with numpy), so that the loss after 110 steps is comparable.
 
 use kiln::npy::read_npy;

@@ -22,6 +22,8 @@
 //! | softplus | 3 | 2.4e-7 | [−80, 30] (subnormal results included) |
 //!
 //! tanh and erf use the same rational forms as XLA (what `jax.jit` runs on the CPU).
+//! `crate::vecmath` has the same functions, step for step, as AVX-512 and AVX2 routines that
+//! kernels call on tiles; they give these functions' bits, so the bounds hold for both.
 //! `softplus` is `max(x, 0) + log1p(exp(−|x|))` with the `exp` and `log` above.
 //! Ops whose table row names a helper (`sin`, `cos`, `pow`, and every f64 transcendental) call
 //! the interpreter's own scalar function by symbol (a cold path: a call per element).
