@@ -267,22 +267,30 @@ impl TrainStep {
         mut p: Program,
         logits: Value,
         labels: Value,
-        mut rule: impl Optimizer,
+        rule: impl Optimizer,
         x_batch: Array,
         labels_batch: Vec<i64>,
     ) -> RuntimeResult<TrainStep> {
         let loss = layers::softmax_cross_entropy(&mut p, logits, labels)?;
-        let train = rule.minimize(&mut p, loss)?;
         let n = labels_batch.len();
         let y_batch = ArrayD::from_shape_vec(IxDyn(&[n]), labels_batch).expect("a batch");
+        TrainStep::with_loss(p, loss, rule, x_batch, Array::I64(y_batch))
+    }
+
+    /// Adds `rule`'s update of `loss` to `p` and opens a session fed `x` and `y`.
+    fn with_loss(
+        mut p: Program,
+        loss: Value,
+        mut rule: impl Optimizer,
+        x: Array,
+        y: Array,
+    ) -> RuntimeResult<TrainStep> {
+        let train = rule.minimize(&mut p, loss)?;
         Ok(TrainStep {
             session: Session::new(&p)?,
             train,
             loss,
-            feeds: vec![
-                ("x".to_owned(), Arc::new(x_batch)),
-                ("y".to_owned(), Arc::new(Array::I64(y_batch))),
-            ],
+            feeds: vec![("x".to_owned(), Arc::new(x)), ("y".to_owned(), Arc::new(y))],
         })
     }
 
@@ -362,18 +370,9 @@ pub fn rnn_step() -> RuntimeResult<TrainStep> {
         },
     )?;
     let loss = layers::mse(&mut p, last[1], y)?;
-    let train = Sgd::new(0.1).minimize(&mut p, loss)?;
     let x_batch = normal(&[steps, batch, width], 1.0, 21);
     let y_batch = uniform(&[batch, width], -0.5, 0.5, 22);
-    Ok(TrainStep {
-        session: Session::new(&p)?,
-        train,
-        loss,
-        feeds: vec![
-            ("x".to_owned(), Arc::new(x_batch)),
-            ("y".to_owned(), Arc::new(y_batch)),
-        ],
-    })
+    TrainStep::with_loss(p, loss, Sgd::new(0.1), x_batch, y_batch)
 }
 
 /// W8: a GAN on 1-D data as the peers run it — generator 1→16→16→1 (tanh), discriminator

@@ -12,11 +12,11 @@ Lives in Kiln's scripts/peers/; scripts/compare_peers.sh copies it beside the pe
 bench_common.py and runs it through their run_one.py.
 """
 import bench_common as bc
-import time
+import training_steps
+from training_steps import timed_loop
 import numpy as np
 
 T, B, H, LR = 64, 64, 256, 0.1
-WARMUP, STEPS = 10, 100
 FWS = ["torch", "torch_loop", "jax_scan", "jax_fori"]
 
 
@@ -40,22 +40,8 @@ def loss_np(x, y, params):
     return float(((h - y) ** 2).mean())
 
 
-def timed_loop(step):
-    t0 = time.perf_counter(); step(); first = time.perf_counter() - t0
-    for _ in range(WARMUP - 1):
-        step()
-    samples = []
-    for _ in range(STEPS):
-        t0 = time.perf_counter()
-        step()
-        samples.append(time.perf_counter() - t0)
-    return first, bc.summarize(samples)
-
-
 def report(name, case, first, summ, final_loss, loss0):
-    bc.emit("w10", name, case, summ, unit="ms",
-            extra={"first_step_s": first, "loss_after_110_steps": final_loss,
-                   "initial_loss_f64": loss0})
+    training_steps.report("w10", name, case, first, summ, final_loss, loss0)
 
 
 def run_torch(fw, x, y, params, loss0):

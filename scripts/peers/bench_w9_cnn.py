@@ -13,16 +13,16 @@ Lives in Kiln's scripts/peers/; scripts/compare_peers.sh copies it, with the dig
 the peers' bench_common.py and runs it through their run_one.py.
 """
 import bench_common as bc
+import training_steps
+from training_steps import timed_loop
 import gzip
 import os
 import tempfile
-import time
 import numpy as np
 
 B, CLASSES, LR = 256, 10, 0.05
 CONVS = ((1, 32), (32, 64))  # (in, out) channels, 3×3 kernels, padding 1
 DENSE = ((64 * 2 * 2, 128), (128, CLASSES))
-WARMUP, STEPS = 10, 100
 FWS = ["torch", "torch_compile", "jax_jit", "paddle"]
 DIGITS = os.environ.get("DIGITS_CSV", os.path.join(bc.HERE, "digits.csv.gz"))
 
@@ -63,23 +63,8 @@ def loss_np(x, y, convs, dense):
     return float(-lp[np.arange(len(y)), y].mean())
 
 
-def timed_loop(step):
-    """step() runs one full training step and returns only when its results are ready."""
-    t0 = time.perf_counter(); step(); first = time.perf_counter() - t0
-    for _ in range(WARMUP - 1):
-        step()
-    samples = []
-    for _ in range(STEPS):
-        t0 = time.perf_counter()
-        step()
-        samples.append(time.perf_counter() - t0)
-    return first, bc.summarize(samples)
-
-
 def report(name, case, first, summ, final_loss, loss0):
-    bc.emit("w9", name, case, summ, unit="ms",
-            extra={"first_step_s": first, "loss_after_110_steps": final_loss,
-                   "initial_loss_f64": loss0})
+    training_steps.report("w9", name, case, first, summ, final_loss, loss0)
 
 
 def run_torch(fw, x, y, convs, dense, loss0):

@@ -35,6 +35,10 @@ use cranelift_jit::JITBuilder;
 use kiln_ir::{BinaryOp, DType, UnaryOp};
 
 use crate::interp::kernels;
+use crate::vecmath::scalar::{
+    ERF_BOUND, ERF_P, ERF_Q, EXP_HI, EXP_LO, EXP_POLY, LN2_HI, LN2_LO, LOG_POLY, MAGIC, TANH_BOUND,
+    TANH_P, TANH_Q, TANH_TINY,
+};
 
 /// Scalar f32 or four lanes of f32.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -124,29 +128,17 @@ impl Lanes {
 
 pub(super) fn exp(b: &mut FunctionBuilder, l: Lanes, x: Value) -> Value {
     const LOG2E: f32 = std::f32::consts::LOG2_E;
-    const MAGIC: f32 = 12_582_912.0; // 1.5·2²³: adding it rounds to an integer in the low bits
     // Down to −103.97 the result is subnormal (2ⁿ is built in two halves, so it gets there);
     // below it rounds to zero.
-    let (lo, hi) = (l.c(b, -103.972_08), l.c(b, 88.722_84));
+    let (lo, hi) = (l.c(b, EXP_LO), l.c(b, EXP_HI));
     let clamped = l.clamp(b, x, lo, hi);
     let (log2e, magic) = (l.c(b, LOG2E), l.c(b, MAGIC));
     let t = b.ins().fma(clamped, log2e, magic);
     let n = b.ins().fsub(t, magic);
-    let (ln2_hi, ln2_lo) = (l.c(b, -0.693_359_4), l.c(b, 2.121_944_4e-4));
+    let (ln2_hi, ln2_lo) = (l.c(b, -LN2_HI), l.c(b, LN2_LO));
     let r = b.ins().fma(n, ln2_hi, clamped);
     let r = b.ins().fma(n, ln2_lo, r);
-    let poly = l.horner(
-        b,
-        r,
-        &[
-            1.987_569_1e-4,
-            1.398_199_9e-3,
-            8.333_452e-3,
-            4.166_579_6e-2,
-            0.166_666_65,
-            0.5,
-        ],
-    );
+    let poly = l.horner(b, r, &EXP_POLY);
     let r2 = b.ins().fmul(r, r);
     let one = l.c(b, 1.0);
     let r_plus_one = b.ins().fadd(r, one);
@@ -211,29 +203,15 @@ pub(super) fn log(b: &mut FunctionBuilder, l: Lanes, x: Value) -> Value {
     let m_big = b.ins().fsub(m, one);
     let m = l.select(b, small, m_small, m_big);
     let z = b.ins().fmul(m, m);
-    let poly = l.horner(
-        b,
-        m,
-        &[
-            7.037_683_6e-2,
-            -1.151_461e-1,
-            1.167_699_9e-1,
-            -1.242_014_1e-1,
-            1.424_932_3e-1,
-            -1.666_805_8e-1,
-            2.000_071_5e-1,
-            -2.499_999_4e-1,
-            3.333_333e-1,
-        ],
-    );
+    let poly = l.horner(b, m, &LOG_POLY);
     let y = b.ins().fmul(poly, m);
     let y = b.ins().fmul(y, z);
-    let c1 = l.c(b, -2.121_944_4e-4);
+    let c1 = l.c(b, -LN2_LO);
     let y = b.ins().fma(ef, c1, y);
     let half = l.c(b, -0.5);
     let y = b.ins().fma(z, half, y);
     let r = b.ins().fadd(m, y);
-    let c2 = l.c(b, 0.693_359_4);
+    let c2 = l.c(b, LN2_HI);
     let r = b.ins().fma(ef, c2, r);
     // Special values: log(0) = −∞, log(x < 0) = NaN, log(∞) = ∞, NaN stays NaN.
     let zero = l.c(b, 0.0);
@@ -268,25 +246,10 @@ fn clamped_odd_rational(
 }
 
 pub(super) fn tanh(b: &mut FunctionBuilder, l: Lanes, x: Value) -> Value {
-    let (r, hi) = clamped_odd_rational(
-        b,
-        l,
-        x,
-        7.905_311,
-        &[
-            -2.760_768_5e-16,
-            2.000_188e-13,
-            -8.604_672e-11,
-            5.122_297e-8,
-            1.485_722_4e-5,
-            6.372_619_4e-4,
-            4.893_524_6e-3,
-        ],
-        &[1.198_258_4e-6, 1.185_347_1e-4, 2.268_434_6e-3, 4.893_525e-3],
-    );
+    let (r, hi) = clamped_odd_rational(b, l, x, TANH_BOUND, &TANH_P, &TANH_Q);
     // Near zero tanh(x) = x to within rounding, and the rational form loses the low bits.
     let ax = b.ins().fabs(x);
-    let tiny = l.c(b, 4e-4);
+    let tiny = l.c(b, TANH_TINY);
     let small = b.ins().fcmp(FloatCC::LessThan, ax, tiny);
     let r = l.select(b, small, x, r);
     // Beyond the clamp, ±1 (within 5 ULPs of the true value there; exact from |x| ≥ 9.01).
@@ -309,28 +272,7 @@ pub(super) fn sigmoid(b: &mut FunctionBuilder, l: Lanes, x: Value) -> Value {
 }
 
 pub(super) fn erf(b: &mut FunctionBuilder, l: Lanes, x: Value) -> Value {
-    let (r, _) = clamped_odd_rational(
-        b,
-        l,
-        x,
-        4.0,
-        &[
-            -2.726_142_3e-10,
-            2.770_681_4e-8,
-            -2.101_024e-6,
-            -5.692_506_4e-5,
-            -7.349_906_3e-4,
-            -2.954_6e-3,
-            -1.609_603_3e-2,
-        ],
-        &[
-            -1.456_607_2e-5,
-            -2.133_740_6e-4,
-            -1.682_827e-3,
-            -7.373_329_3e-3,
-            -1.426_474e-2,
-        ],
-    );
+    let (r, _) = clamped_odd_rational(b, l, x, ERF_BOUND, &ERF_P, &ERF_Q);
     r
 }
 
