@@ -526,6 +526,32 @@ fn counted_while_keeps_its_states() {
     assert_eq!(loops, 3, "{text}");
 }
 
+/// A counted loop whose kept states would pass the budget (4 × 128 MiB here) is
+/// differentiated by recomputation instead.
+#[test]
+fn counted_while_with_huge_states_recomputes() {
+    let mut b = FunctionBuilder::new("f");
+    let x = b.arg("x", Type::new(DType::F64, Shape::fixed(&[4096, 4096])));
+    let zero = b.scalar(DType::I32, 0.0).unwrap();
+    let out = b
+        .while_loop(
+            &[zero, x],
+            |b, c| {
+                let three = b.scalar(DType::I32, 3.0)?;
+                b.compare(CompareOp::Lt, c[0], three)
+            },
+            |b, c| {
+                let one = b.scalar(DType::I32, 1.0)?;
+                Ok::<_, kiln_ir::BuildError>(vec![b.add(c[0], one)?, b.tanh(c[1])?])
+            },
+        )
+        .unwrap();
+    let loss = b.reduce(ReduceOp::Sum, out[1], vec![0, 1], false).unwrap();
+    let mut func = b.finish(&[loss]).unwrap();
+    append_gradients(&mut func, loss, &[x]).unwrap();
+    assert!(!func.to_string().contains("update_slice"));
+}
+
 /// `h ← tanh(h·w + xs[t])` for `t` in `2..5`, the counter carried second.
 fn counted_rnn(b: &mut FunctionBuilder, a: &[Value]) -> Result<Value, kiln_ir::BuildError> {
     let (h0, w, xs) = (a[0], a[1], a[2]);

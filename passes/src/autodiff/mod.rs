@@ -398,7 +398,10 @@ impl<'a> Sweep<'a> {
             states: &States::Recompute,
         };
         let top_level = self.src.region(self.src.body()).insts.contains(&inst);
-        let counted = counted_trips(self.src, inst).filter(|_| top_level);
+        let counted = counted_trips(self.src, inst).filter(|&(trips, _)| {
+            let state: f64 = data.args.iter().map(|&v| estimated_bytes(self.ty(v))).sum();
+            top_level && (trips + 1) as f64 * state <= KEPT_STATES_BUDGET
+        });
         let (trips, states) = match counted {
             Some((t, first)) => {
                 let stacks = self.record_states(b, inst, t, first)?;
@@ -683,6 +686,18 @@ impl<'a> Sweep<'a> {
 }
 
 /// What the backward loop of a `while` needs to know about the forward loop.
+/// The most memory a loop's kept states may take (estimated with symbolic sizes at 256);
+/// a loop whose states would take more is differentiated by recomputation. (It also stops a
+/// loop that keeps its states from keeping stacks of stacks when it is differentiated again.)
+const KEPT_STATES_BUDGET: f64 = (256 << 20) as f64;
+
+fn estimated_bytes(ty: &Type) -> f64 {
+    let elements: f64 = (ty.shape.0.iter())
+        .map(|d| d.as_fixed().map_or(256.0, |n| n as f64))
+        .product();
+    elements * ty.dtype.size_bytes() as f64
+}
+
 /// How the backward loop gets the carried values before each forward trip.
 enum States {
     /// Run the body again from the initial values.
