@@ -504,7 +504,7 @@ fn while_with_a_fixed_trip_count() {
 #[test]
 fn counted_while_keeps_its_states() {
     let inputs = vec![input(&[2, 3], 104), input(&[3], 105), input(&[5, 3], 106)];
-    check(inputs.clone(), |b, a| counted_rnn(b, a));
+    check(inputs.clone(), counted_rnn);
     // The forward loop keeps its states (`update_slice`) and the backward loop reads them:
     // no loop re-runs the body inside the backward one.
     let mut builder = FunctionBuilder::new("f");
