@@ -3,9 +3,9 @@
 //! times as the loop goes round or once for the branch taken. A region's program takes the
 //! region's arguments, then the outer values it reads (`free`).
 //!
-//! A region that touches state or communicates stays with the interpreter (a region's store
-//! commits with its function, not with the region), as does one whose sizes its arguments do
-//! not bind.
+//! A region that reads state or communicates stays with the interpreter (a top-level kernel
+//! may have updated a state's buffer in place before the region reads it), as does one whose
+//! sizes its arguments do not bind.
 
 use super::schedule::{Step, StepKind};
 use super::{Executable, Runtime};
