@@ -175,10 +175,4 @@ def run(fw):
 
 
 if __name__ == "__main__":
-    fw = bc.parse_fw(FWS)
-    try:
-        run(fw)
-    except Exception as e:
-        import traceback; traceback.print_exc()
-        bc.emit_error("w9", fw, "(whole run)", e)
-        raise SystemExit(1)
+    training_steps.main("w9", FWS, run)

@@ -25,3 +25,14 @@ def report(workload, name, case, first, summ, final_loss, loss0):
     bc.emit(workload, name, case, summ, unit="ms",
             extra={"first_step_s": first, "loss_after_110_steps": final_loss,
                    "initial_loss_f64": loss0})
+
+
+def main(workload, fws, run):
+    """Runs run(fw) for the framework named by --fw; a failure is recorded, then exits 1."""
+    fw = bc.parse_fw(fws)
+    try:
+        run(fw)
+    except Exception as e:
+        import traceback; traceback.print_exc()
+        bc.emit_error(workload, fw, "(whole run)", e)
+        raise SystemExit(1)

@@ -7,13 +7,13 @@
 //! may have updated a state's buffer in place before the region reads it), as does one whose
 //! sizes its arguments do not bind.
 
-use super::schedule::{Step, StepKind};
+use super::schedule::{Step, StepKind, region_function};
 use super::{Executable, Runtime};
 use crate::interp::{InterpError, Interpreter};
 use crate::{Array, StateStore};
 use cranelift_entity::EntityRef;
-use kiln_ir::{Function, FunctionBuilder, Inst, Op, Region, Value};
-use std::collections::{HashMap, HashSet};
+use kiln_ir::{Function, Inst, Op, OpClass, Region, Value};
+use std::collections::HashSet;
 use std::sync::Arc;
 
 /// The step of a `while` or `cond` with compiled regions, or why its regions cannot be.
@@ -55,23 +55,7 @@ fn region_program(
     if let Some(op) = touches_state(func, region) {
         return Err(format!("its region has `{op}`"));
     }
-    let data = func.region(region);
-    let mut b = FunctionBuilder::new(name);
-    let mut remap = HashMap::new();
-    for (i, &a) in data.args.iter().enumerate() {
-        remap.insert(a, b.arg(&format!("x{i}"), func.value_type(a).clone()));
-    }
-    for (i, &v) in free.iter().enumerate() {
-        remap.insert(v, b.arg(&format!("free{i}"), func.value_type(v).clone()));
-    }
-    for &i in &data.insts {
-        b.clone_inst(func, i, &mut remap)
-            .map_err(|e| e.to_string())?;
-    }
-    let results: Vec<Value> = (data.results.iter())
-        .map(|v| remap.get(v).copied().unwrap_or(*v))
-        .collect();
-    let program = b.finish(&results).map_err(|e| e.to_string())?;
+    let program = region_function(func, region, free, name).map_err(|e| e.to_string())?;
     // Every size must come from an argument, as the executor binds them.
     let bound: HashSet<_> = (program.args().iter())
         .flat_map(|&a| program.value_type(a).shape.symbols())
@@ -90,14 +74,9 @@ fn region_program(
 fn touches_state(func: &Function, region: Region) -> Option<&'static str> {
     for &i in &func.region(region).insts {
         let data = func.inst(i);
-        match data.op {
-            Op::Load { .. }
-            | Op::Store { .. }
-            | Op::AllReduce { .. }
-            | Op::CollectiveBroadcast { .. }
-            | Op::Send { .. }
-            | Op::Recv { .. } => return Some(data.op.name()),
-            _ => {}
+        let uses_state = matches!(data.op, Op::Load { .. } | Op::Store { .. });
+        if uses_state || data.op.class() == OpClass::Communication {
+            return Some(data.op.name());
         }
         if let Some(op) = (data.regions.iter()).find_map(|&r| touches_state(func, r)) {
             return Some(op);

@@ -6,8 +6,8 @@
 use crate::Array;
 use crate::jit::{self, Kernel};
 use kiln_ir::{
-    Conv2dAttrs, ConvKind, DType, Dim, Function, FunctionBuilder, Inst, Op, Pool2dAttrs, PoolKind,
-    Shape, Symbol, Value,
+    BuildResult, Conv2dAttrs, ConvKind, DType, Dim, Function, FunctionBuilder, Inst, Op,
+    Pool2dAttrs, PoolKind, Region, Shape, Symbol, Value,
 };
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -571,7 +571,11 @@ fn step_kind(
         }
     };
     match &data.op {
-        Op::Fused => kernel_of(region_function(func, inst), fallbacks),
+        Op::Fused => {
+            let kernel = region_function(func, data.regions[0], &[], "kernel")
+                .expect("a verified kernel region rebuilds");
+            kernel_of(kernel, fallbacks)
+        }
         Op::Const { value, ty } if value.len() != 1 || ty.shape.is_static() => {
             match ty
                 .shape
@@ -649,28 +653,31 @@ fn place_waits(steps: &mut [Step]) {
     }
 }
 
-/// A `fused` instruction's region as a kernel function of its own.
-pub(crate) fn region_function(func: &Function, inst: Inst) -> Function {
-    let region = func.inst(inst).regions[0];
+/// `region` of `func` as a function of its own named `name`: its arguments, then the outer
+/// values `free` it reads, become the function's arguments (`x0…`, `free0…`), and what it
+/// yields the results.
+pub(crate) fn region_function(
+    func: &Function,
+    region: Region,
+    free: &[Value],
+    name: &str,
+) -> BuildResult<Function> {
     let data = func.region(region);
-    let mut b = FunctionBuilder::new("kernel");
-    let mut map: HashMap<Value, Value> = HashMap::new();
+    let mut b = FunctionBuilder::new(name);
+    let mut remap = HashMap::new();
     for (i, &a) in data.args.iter().enumerate() {
-        map.insert(a, b.arg(&format!("x{i}"), func.value_type(a).clone()));
+        remap.insert(a, b.arg(&format!("x{i}"), func.value_type(a).clone()));
+    }
+    for (i, &v) in free.iter().enumerate() {
+        remap.insert(v, b.arg(&format!("free{i}"), func.value_type(v).clone()));
     }
     for &i in &data.insts {
-        let d = func.inst(i);
-        let args: Vec<Value> = d.args.iter().map(|a| map[a]).collect();
-        let results = b
-            .insert(d.op.clone(), &args)
-            .expect("a verified kernel region rebuilds");
-        for (&r, n) in d.results.iter().zip(results) {
-            map.insert(r, n);
-        }
+        b.clone_inst(func, i, &mut remap)?;
     }
-    let results: Vec<Value> = data.results.iter().map(|r| map[r]).collect();
+    let results: Vec<Value> = (data.results.iter())
+        .map(|v| remap.get(v).copied().unwrap_or(*v))
+        .collect();
     b.finish(&results)
-        .expect("a verified kernel region rebuilds")
 }
 
 /// One elementwise (or broadcast, reduction, …) instruction as a kernel function.

@@ -17,6 +17,7 @@
 
 mod rules;
 
+use crate::simplify::extract::bytes;
 use kiln_ir::{
     BuildError, DType, Function, FunctionBuilder, Inst, Literal, Module, Op, Region, Type, Value,
     ValueDef,
@@ -398,14 +399,17 @@ impl<'a> Sweep<'a> {
             states: &States::Recompute,
         };
         let top_level = self.src.region(self.src.body()).insts.contains(&inst);
-        let counted = counted_trips(self.src, inst).filter(|&(trips, _)| {
-            let state: f64 = data.args.iter().map(|&v| estimated_bytes(self.ty(v))).sum();
-            top_level && (trips + 1) as f64 * state <= KEPT_STATES_BUDGET
+        let counted = counted_loop(self.src, inst).filter(|c| {
+            let state: f64 = data.args.iter().map(|&v| bytes(self.ty(v))).sum();
+            top_level && (c.trips + 1) as f64 * state <= KEPT_STATES_BUDGET
         });
         let (trips, states) = match counted {
-            Some((t, first)) => {
-                let stacks = self.record_states(b, inst, t, first)?;
-                (b.scalar(DType::I32, t as f64)?, States::Stacks(stacks))
+            Some(counted) => {
+                let stacks = self.record_states(b, inst, counted)?;
+                (
+                    b.scalar(DType::I32, counted.trips as f64)?,
+                    States::Stacks(stacks),
+                )
             }
             None => (
                 self.trip_count(b, cond_r, body_r, &init)?,
@@ -480,19 +484,21 @@ impl<'a> Sweep<'a> {
         Ok(out)
     }
 
-    /// Replaces top-level loop `inst`, which makes `trips` trips with its counter starting at
-    /// `first`, by one that also keeps its carried values before each trip in stacks
-    /// (`[trips, …]`, one per carried value); returns the stacks.
+    /// Replaces top-level counted loop `inst` by one that also keeps its carried values in
+    /// stacks (`[trips + 1, …]`, one per carried value: the states before each trip and after
+    /// the last); returns the stacks.
     fn record_states(
         &mut self,
         b: &mut FunctionBuilder,
         inst: Inst,
-        trips: usize,
-        first: i64,
+        Counted {
+            counter,
+            first,
+            trips,
+        }: Counted,
     ) -> Result<Vec<Value>, AutodiffError> {
         let data = self.src.inst(inst);
         let (cond_r, body_r) = (data.regions[0], data.regions[1]);
-        let (counter, _) = counter_of(self.src, inst).expect("a counted loop");
         let n = data.args.len();
         let mut start: Vec<Value> = data.args.iter().map(|&v| self.fwd(v)).collect();
         // Stack `j` holds carried value `j` before trip `k` at `k`, and after the last trip
@@ -685,18 +691,11 @@ impl<'a> Sweep<'a> {
     }
 }
 
-/// What the backward loop of a `while` needs to know about the forward loop.
-/// The most memory a loop's kept states may take (estimated with symbolic sizes at 256);
+/// The most memory a loop's kept states may take (estimated as extraction does, symbolic
+/// sizes at 256);
 /// a loop whose states would take more is differentiated by recomputation. (It also stops a
 /// loop that keeps its states from keeping stacks of stacks when it is differentiated again.)
 const KEPT_STATES_BUDGET: f64 = (256 << 20) as f64;
-
-fn estimated_bytes(ty: &Type) -> f64 {
-    let elements: f64 = (ty.shape.0.iter())
-        .map(|d| d.as_fixed().map_or(256.0, |n| n as f64))
-        .product();
-    elements * ty.dtype.size_bytes() as f64
-}
 
 /// How the backward loop gets the carried values before each forward trip.
 enum States {
@@ -706,25 +705,29 @@ enum States {
     Stacks(Vec<Value>),
 }
 
-/// Which carried value of counted `while` loop `inst` is its counter, and its start: the
-/// condition is `counter < constant`, the body yields `counter + 1`, and the counter starts
-/// at a constant.
-fn counter_of(src: &Function, inst: Inst) -> Option<(usize, i64)> {
+/// A `while` loop that counts a fixed number of trips: the condition is
+/// `counter < constant`, the body yields `counter + 1`, and the counter starts at a constant.
+#[derive(Clone, Copy)]
+struct Counted {
+    /// Which carried value is the counter.
+    counter: usize,
+    /// Its value before the first trip.
+    first: i64,
+    trips: usize,
+}
+
+/// `inst` as a counted loop, if it is one.
+fn counted_loop(src: &Function, inst: Inst) -> Option<Counted> {
     let data = src.inst(inst);
     let (cond, body) = (src.region(data.regions[0]), src.region(data.regions[1]));
-    let constant = |v: Value| -> Option<i64> {
-        let ValueDef::Result(def, _) = src.value(v).def else {
-            return None;
-        };
-        match &src.inst(def).op {
-            Op::Const { value, .. } if value.len() == 1 && !value.dtype().is_float() => {
-                Some(value.get_f64(0) as i64)
-            }
-            _ => None,
-        }
-    };
     let defining = |v: Value| match src.value(v).def {
         ValueDef::Result(def, _) => Some(src.inst(def)),
+        _ => None,
+    };
+    let constant = |v: Value| match &defining(v)?.op {
+        Op::Const { value, .. } if value.len() == 1 && !value.dtype().is_float() => {
+            Some(value.get_f64(0) as i64)
+        }
         _ => None,
     };
     let more = defining(*cond.results.first()?)?;
@@ -732,32 +735,22 @@ fn counter_of(src: &Function, inst: Inst) -> Option<(usize, i64)> {
         return None;
     };
     let counter = cond.args.iter().position(|&a| a == more.args[0])?;
-    constant(more.args[1])?;
+    let bound = constant(more.args[1])?;
     let next = defining(*body.results.get(counter)?)?;
     let steps_by_one = matches!(next.op, Op::Binary(kiln_ir::BinaryOp::Add))
         && next.args[0] == body.args[counter]
         && constant(next.args[1]) == Some(1);
     steps_by_one.then_some(())?;
-    Some((counter, constant(data.args[counter])?))
+    let first = constant(data.args[counter])?;
+    let trips = usize::try_from((bound - first).max(0)).ok()?;
+    Some(Counted {
+        counter,
+        first,
+        trips,
+    })
 }
 
-/// The trips of a counted `while` loop (see [`counter_of`]), and its counter's start.
-fn counted_trips(src: &Function, inst: Inst) -> Option<(usize, i64)> {
-    let (_, first) = counter_of(src, inst)?;
-    let cond = src.region(src.inst(inst).regions[0]);
-    let ValueDef::Result(more, _) = src.value(cond.results[0]).def else {
-        return None;
-    };
-    let ValueDef::Result(def, _) = src.value(src.inst(more).args[1]).def else {
-        return None;
-    };
-    let Op::Const { value, .. } = &src.inst(def).op else {
-        return None;
-    };
-    let trips = (value.get_f64(0) as i64 - first).max(0);
-    Some((usize::try_from(trips).ok()?, first))
-}
-
+/// What the backward loop of a `while` needs to know about the forward loop.
 struct LoopShape<'l> {
     body: Region,
     /// The initial carried values, as the gradient code sees them.

@@ -23,7 +23,8 @@ const SYMBOLIC_SIZE: f64 = 256.0;
 /// reaches its own class always costs more than what the class already has.
 const MIN_COST: f64 = 1e-3;
 
-fn bytes(ty: &Type) -> f64 {
+/// The bytes a value of `ty` takes, with each symbolic dimension at [`SYMBOLIC_SIZE`].
+pub(crate) fn bytes(ty: &Type) -> f64 {
     let elements: f64 = ty
         .shape
         .dims()
