@@ -25,6 +25,7 @@ pub mod jit;
 pub mod limits;
 pub mod random;
 pub mod state;
+pub(crate) mod tile_program;
 pub mod vecmath;
 
 pub use array::{Array, Element};

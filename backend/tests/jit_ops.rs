@@ -608,6 +608,58 @@ fn vector_routines_on_tiles() {
     }
 }
 
+/// Every f32 op again beside an `exp` on rows long enough to vectorise, so that its group
+/// becomes a tile program where the CPU runs them: each op's program form against the
+/// interpreter and (in `check`) against Cranelift's own bits, special values included.
+#[test]
+fn every_op_in_a_tile_program() {
+    let mut g = Gen(3);
+    let f32 = DType::F32;
+    let beside_exp = |b: &mut FunctionBuilder, x: Value, y: Value| -> BuildResult<Vec<Value>> {
+        Ok(vec![y, b.unary(UnaryOp::Exp, x)?])
+    };
+    for shape in [&[3, 37][..], &[2, 130], &[1029]] {
+        let ty = Type::new(f32, fixed(shape));
+        let row = &shape[shape.len() - 1..];
+        for &op in UnaryOp::ALL
+            .iter()
+            .filter(|&&o| accepts(o.operand_class(), f32))
+        {
+            let x = g.array(f32, shape, true, false);
+            let what = format!("{} beside exp {shape:?}", op.name());
+            check(&what, std::slice::from_ref(&ty), vec![x], APPROX, |b, a| {
+                let y = b.unary(op, a[0])?;
+                beside_exp(b, a[0], y)
+            });
+        }
+        for &op in BinaryOp::ALL
+            .iter()
+            .filter(|&&o| accepts(o.operand_class(), f32))
+        {
+            for rhs in [shape, row, &[]] {
+                let types = [ty.clone(), Type::new(f32, fixed(rhs))];
+                let inputs = vec![
+                    g.array(f32, shape, true, false),
+                    g.array(f32, rhs, true, false),
+                ];
+                let what = format!("{} beside exp {shape:?} {rhs:?}", op.name());
+                check(&what, &types, inputs, APPROX, |b, a| {
+                    let y = b.binary(op, a[0], a[1])?;
+                    beside_exp(b, a[0], y)
+                });
+            }
+        }
+        for &op in ReduceOp::ALL {
+            let x = g.array(f32, shape, true, false);
+            let what = format!("{} beside exp {shape:?}", op.name());
+            check(&what, std::slice::from_ref(&ty), vec![x], SUMS, |b, a| {
+                let y = b.reduce(op, a[0], vec![shape.len() - 1], false)?;
+                beside_exp(b, a[0], y)
+            });
+        }
+    }
+}
+
 /// A stage with both codes settles on one after its first timed calls.
 #[test]
 fn a_stage_with_both_codes_chooses_one_by_measurement() {
@@ -622,7 +674,11 @@ fn a_stage_with_both_codes_chooses_one_by_measurement() {
         assert!(stage.routines.is_none());
         return;
     }
-    assert_eq!(stage.routine_ops, ["exp", "tanh"]);
+    let program: &[&str] = match std::env::var("KILN_TILE_PROGRAMS").as_deref() {
+        Ok("off") => &[],
+        _ => &["tile program"],
+    };
+    assert_eq!(stage.routine_ops, [&["exp", "tanh"], program].concat());
     assert_eq!(stage.chosen_path(), None);
     let input = Gen(12).array(DType::F32, &[64, 1024], false, false);
     let first = kernel.call(&[&input]).unwrap();
@@ -643,26 +699,29 @@ fn isa_in_use() {
 
 /// The differential tests again in child processes whose `KILN_VECTOR_MATH` caps the routines
 /// at each lower level — AVX2, and off (Cranelift's code alone, as on a CPU without AVX2) —
-/// so every level shipped is checked against the interpreter on this machine.
+/// and once with `KILN_TILE_PROGRAMS=off` (tiles calling only the transcendental routines),
+/// so every code shipped is checked against the interpreter on this machine.
 #[test]
 fn differential_tests_at_every_isa_level() {
     let exe = std::env::current_exe().expect("the test binary");
-    for cap in [Isa::Off, Isa::Avx2] {
+    for (cap, programs) in [(Isa::Off, "on"), (Isa::Avx2, "on"), (Isa::Avx512, "off")] {
         let expected = (Isa::ALL.into_iter())
             .filter(|&i| i <= cap && i.supported())
             .max()
             .expect("off is always supported");
         let out = std::process::Command::new(&exe)
             .args(["--exact", "isa_in_use", "unary_ops", "fused_patterns"])
-            .args(["vector_routines_on_tiles", "--test-threads", "1"])
+            .args(["vector_routines_on_tiles", "every_op_in_a_tile_program"])
+            .args(["--test-threads", "1"])
             .env("KILN_VECTOR_MATH", cap.name())
             .env("KILN_EXPECT_ISA", expected.name())
+            .env("KILN_TILE_PROGRAMS", programs)
             .output()
             .expect("the test binary runs");
         let stdout = String::from_utf8_lossy(&out.stdout);
         assert!(
-            out.status.success() && stdout.contains("4 passed"),
-            "KILN_VECTOR_MATH={}:\n{stdout}\n{}",
+            out.status.success() && stdout.contains("5 passed"),
+            "KILN_VECTOR_MATH={} KILN_TILE_PROGRAMS={programs}:\n{stdout}\n{}",
             cap.name(),
             String::from_utf8_lossy(&out.stderr)
         );

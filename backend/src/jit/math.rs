@@ -333,6 +333,9 @@ pub(super) fn register_symbols(builder: &mut JITBuilder) {
             builder.symbol(crate::vecmath::symbol(op), routine as *const u8);
         }
     }
+    if let Some(runner) = crate::tile_program::runner(isa) {
+        builder.symbol(crate::tile_program::SYMBOL, runner as *const u8);
+    }
     for &op in UnaryOp::ALL {
         let (f32_helper, f64_helper) = unary_helpers(op);
         if let Some(name) = op.helper_symbol(DType::F32) {

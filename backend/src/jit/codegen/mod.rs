@@ -33,6 +33,7 @@ use std::collections::{HashMap, HashSet};
 mod addresses;
 mod elementwise;
 mod levels;
+mod programs;
 mod reductions;
 mod stage;
 mod tiles;

@@ -406,7 +406,15 @@ impl Gen<'_, '_> {
             } else {
                 Vec::new()
             };
-            if phases.is_empty() {
+            let program = match phases.is_empty() {
+                true => None,
+                false => self.tile_program(works),
+            };
+            if let Some(program) = program {
+                self.run_program(&program, vec_end, &vector_accs);
+                self.routines_called.extend(program.functions());
+                self.routines_called.push("tile program");
+            } else if phases.is_empty() {
                 let l = self.begin_loop(zero, vec_end);
                 for u in 0..UNROLL {
                     self.inner = Some(self.b.ins().iadd_imm_s(l.index, u * LANES));
@@ -561,11 +569,19 @@ impl Gen<'_, '_> {
 
     pub(super) fn finish_reduction(&mut self, v: Value, acc: Variable, n: CValue) -> CValue {
         let total = self.b.use_var(acc);
+        let dtype = self.dtype(v);
         match self.plan.reduce_op(v) {
             Some((ReduceOp::Mean, _)) => {
-                let ty = clif_type(self.dtype(v));
+                let ty = clif_type(dtype);
                 let count = self.b.ins().fcvt_from_sint(ty, n);
                 self.b.ins().fdiv(total, count)
+            }
+            // A max or min is the same in any order but for a NaN's sign and payload: one
+            // NaN, so that a tile program (which combines in its own order) gives these bits.
+            Some((ReduceOp::Max | ReduceOp::Min, _)) if dtype.is_float() => {
+                let nan = self.float_const(dtype, f64::NAN, false);
+                let is_nan = self.b.ins().fcmp(FloatCC::Unordered, total, total);
+                self.b.ins().select(is_nan, nan, total)
             }
             _ => total,
         }

@@ -15,7 +15,7 @@
 //! The scalar tail keeps the Cranelift polynomials, which give the routines' bits.
 
 use super::*;
-use crate::vecmath;
+use crate::{tile_program, vecmath};
 use cranelift_codegen::isa::CallConv;
 
 /// Elements per tile: 2 KiB of f32 per call, so a tile's scratch and its inputs sit in L1.
@@ -188,7 +188,13 @@ impl Gen<'_, '_> {
 
     /// Calls `op`'s routine through its register-preserving trampoline.
     fn call_routine(&mut self, op: UnaryOp, data: CValue, len: CValue) {
-        let name = trampoline_name(op);
+        self.call_preserving(&vecmath::symbol(op), data, len);
+    }
+
+    /// Calls the routine `symbol` (`fn(*mut _, i64)`) through its register-preserving
+    /// trampoline.
+    pub(super) fn call_preserving(&mut self, symbol: &str, data: CValue, len: CValue) {
+        let name = trampoline_name(symbol);
         let callee = match self.imports.get(name.as_str()) {
             Some(&f) => f,
             None => {
@@ -206,8 +212,8 @@ impl Gen<'_, '_> {
     }
 }
 
-fn trampoline_name(op: UnaryOp) -> String {
-    format!("{}_preserving", vecmath::symbol(op))
+fn trampoline_name(symbol: &str) -> String {
+    format!("{symbol}_preserving")
 }
 
 /// `fn(data: *mut f32, len: i64)` in `call_conv`.
@@ -232,16 +238,17 @@ pub(crate) fn define_trampolines(
 ) -> Result<(), JitError> {
     let isa = vecmath::isa();
     let codegen = |e: &dyn std::fmt::Display| JitError::Codegen(e.to_string());
-    for &op in UnaryOp::ALL {
-        if vecmath::routine(op, isa).is_none() {
-            continue;
-        }
+    let routines = (UnaryOp::ALL.iter())
+        .filter(|&&op| vecmath::routine(op, isa).is_some())
+        .map(|&op| vecmath::symbol(op));
+    let runner = tile_program::runner(isa).map(|_| tile_program::SYMBOL.to_string());
+    for symbol in routines.chain(runner) {
         module.clear_context(ctx);
         let sig = routine_signature(module, CallConv::PreserveAll);
-        let id = (module.declare_function(&trampoline_name(op), Linkage::Local, &sig))
+        let id = (module.declare_function(&trampoline_name(&symbol), Linkage::Local, &sig))
             .map_err(|e| codegen(&e))?;
         let target_sig = routine_signature(module, module.isa().default_call_conv());
-        let target = (module.declare_function(&vecmath::symbol(op), Linkage::Import, &target_sig))
+        let target = (module.declare_function(&symbol, Linkage::Import, &target_sig))
             .map_err(|e| codegen(&e))?;
         ctx.func.signature = sig;
         ctx.func.name = cranelift_codegen::ir::UserFuncName::user(0, id.as_u32());

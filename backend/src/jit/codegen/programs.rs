@@ -1,0 +1,375 @@
+//! Tile programs in kernels: a vectorised group whose per-element work is all f32 ops that
+//! [`tile_program`] has becomes a program of whole-tile instructions, and the group's vector
+//! loop becomes one call of the runner per tile:
+//!
+//! ```text
+//! per row:   scalars[k] = row-level operand k;  partials = identities
+//! per tile:  registers[b] = buffer b at the tile's start
+//!            kiln_tile_program(frame, len)      (one call: every instruction, full width)
+//! after:     the f32x4 accumulators loaded from the partials; the scalar tail as before
+//! ```
+//!
+//! Stores to the group's destinations (and stashes) are the program's last instructions, so
+//! an output that shares its buffer with an input is written after the tile's last read.
+
+use super::*;
+use crate::tile_program::{self, FRAME_HEADER, Instr, Operand, PARTIALS};
+use crate::vecmath;
+use tiles::TILE;
+
+/// What a program register points at.
+#[derive(Clone, PartialEq, Eq)]
+enum Register {
+    /// A tile of scratch (virtual until [`Program::assign_scratch`] numbers them).
+    Scratch(usize),
+    /// A buffer (under a mapping, unit stride along the row) from the tile's first element.
+    Buffer(usize, Mapping),
+}
+
+/// A group's tile program, and what the kernel fills its frame with.
+pub(super) struct Program {
+    instrs: Vec<Instr>,
+    registers: Vec<Register>,
+    /// Row-level operands, by scalar index.
+    scalars: Vec<(Value, Mapping)>,
+    /// The group's reductions by accumulator: the work's position in the group, and its op.
+    reductions: Vec<(usize, ReduceOp)>,
+    memo: HashMap<(Value, Mapping), Operand>,
+    scratch_tiles: usize,
+}
+
+impl Program {
+    fn register(&mut self, r: Register) -> u16 {
+        let at = match self.registers.iter().position(|x| *x == r) {
+            Some(at) => at,
+            None => {
+                self.registers.push(r);
+                self.registers.len() - 1
+            }
+        };
+        at as u16
+    }
+
+    fn scratch(&mut self) -> u16 {
+        let k = self.registers.len();
+        self.register(Register::Scratch(k))
+    }
+
+    fn scalar(&mut self, v: Value, map: &Mapping) -> u16 {
+        let key = (v, map.clone());
+        let at = match self.scalars.iter().position(|x| *x == key) {
+            Some(at) => at,
+            None => {
+                self.scalars.push(key);
+                self.scalars.len() - 1
+            }
+        };
+        at as u16
+    }
+
+    /// The tile registers `i` reads.
+    fn reads(i: &Instr) -> Vec<u16> {
+        let tile = |o: &Operand| match o {
+            Operand::Tile(r) => Some(*r),
+            Operand::Scalar(_) => None,
+        };
+        match i {
+            Instr::Copy { a, .. } | Instr::Unary { a, .. } | Instr::Reduce { a, .. } => {
+                tile(a).into_iter().collect()
+            }
+            Instr::Binary { a, b, .. } => tile(a).into_iter().chain(tile(b)).collect(),
+        }
+    }
+
+    /// Lets a routine (which works in place) run over its operand's tile where nothing else
+    /// reads that tile, saving the copy into its own.
+    fn routines_in_place(&mut self, stores: &mut [(u16, Operand)]) {
+        let isa = vecmath::isa();
+        for k in 0..self.instrs.len() {
+            let Instr::Unary {
+                op,
+                dst,
+                a: Operand::Tile(r),
+            } = self.instrs[k]
+            else {
+                continue;
+            };
+            let scratch = matches!(self.registers[r as usize], Register::Scratch(_));
+            let reads = (self.instrs.iter())
+                .flat_map(Self::reads)
+                .chain(stores.iter().filter_map(|(_, a)| match a {
+                    Operand::Tile(x) => Some(*x),
+                    Operand::Scalar(_) => None,
+                }))
+                .filter(|&x| x == r)
+                .count();
+            if !scratch || reads != 1 || vecmath::routine(op, isa).is_none() {
+                continue;
+            }
+            for i in &mut self.instrs[k..] {
+                i.rename(dst, r);
+            }
+            for (_, a) in stores.iter_mut() {
+                if *a == Operand::Tile(dst) {
+                    *a = Operand::Tile(r);
+                }
+            }
+        }
+    }
+
+    /// Lets the instruction that computes a stored value write it to its destination, saving
+    /// a copy, where that is safe: when no later instruction reads a buffer (an output may
+    /// share its buffer with an input, and must not be written before the input's last read).
+    fn write_results_in_place(&mut self, stores: &mut Vec<(u16, Operand)>) {
+        for s in 0..stores.len() {
+            let (to, Operand::Tile(r)) = stores[s] else {
+                continue;
+            };
+            let computed = (self.instrs.iter()).position(
+                |i| matches!(*i, Instr::Unary { dst, .. } | Instr::Binary { dst, .. } if dst == r),
+            );
+            let Some(k) = computed else { continue };
+            let is_buffer = |x: u16| matches!(self.registers[x as usize], Register::Buffer(..));
+            let later_reads_buffer = (self.instrs[k + 1..].iter())
+                .flat_map(Self::reads)
+                .any(|x| x != r && is_buffer(x));
+            if later_reads_buffer || !matches!(self.registers[r as usize], Register::Scratch(_)) {
+                continue;
+            }
+            for i in &mut self.instrs[k..] {
+                i.rename(r, to);
+            }
+            for (_, a) in stores.iter_mut() {
+                if *a == Operand::Tile(r) {
+                    *a = Operand::Tile(to);
+                }
+            }
+        }
+        stores.retain(|&(to, a)| a != Operand::Tile(to));
+    }
+
+    /// Gives the scratch registers tiles, sharing a tile between registers whose lives do
+    /// not overlap, so that a long program's scratch stays in L1.
+    fn assign_scratch(&mut self) {
+        let mut last_read = vec![0; self.registers.len()];
+        for (k, i) in self.instrs.iter().enumerate() {
+            for r in Self::reads(i) {
+                last_read[r as usize] = k;
+            }
+        }
+        let mut free: Vec<usize> = Vec::new();
+        let mut tiles = 0;
+        for (k, i) in self.instrs.iter().enumerate() {
+            if let Instr::Unary { dst, .. } | Instr::Binary { dst, .. } = *i
+                && let Register::Scratch(_) = self.registers[dst as usize]
+            {
+                let tile = free.pop().unwrap_or_else(|| {
+                    tiles += 1;
+                    tiles - 1
+                });
+                self.registers[dst as usize] = Register::Scratch(tile);
+            }
+            for r in Self::reads(i) {
+                if last_read[r as usize] == k
+                    && let Register::Scratch(t) = self.registers[r as usize]
+                {
+                    free.push(t);
+                }
+            }
+        }
+        self.scratch_tiles = tiles;
+    }
+
+    /// The transcendental functions the program applies.
+    pub(super) fn functions(&self) -> Vec<&'static str> {
+        (self.instrs.iter())
+            .filter_map(|i| match i {
+                Instr::Unary { op, .. } if plan::is_transcendental(&Op::Unary(*op)) => {
+                    Some(op.name())
+                }
+                _ => None,
+            })
+            .collect()
+    }
+}
+
+impl Gen<'_, '_> {
+    /// The group's tile program, if every per-element op of it has one (f32 values, stores
+    /// and plain reductions).
+    pub(super) fn tile_program(&mut self, works: &[Work]) -> Option<Program> {
+        if !tile_program::enabled() {
+            return None;
+        }
+        let mut p = Program {
+            instrs: Vec::new(),
+            registers: Vec::new(),
+            scalars: Vec::new(),
+            reductions: Vec::new(),
+            memo: HashMap::new(),
+            scratch_tiles: 0,
+        };
+        let mut stores = Vec::new();
+        for (index, &w) in works.iter().enumerate() {
+            let (root, map) = self.root(w);
+            let x = self.program_operand(&mut p, root, &map)?;
+            match w {
+                Work::Store(_) => {
+                    for (slot, m) in self.work_destinations(w) {
+                        stores.push((p.register(Register::Buffer(slot, m)), x));
+                    }
+                }
+                Work::Reduce(v) => {
+                    let (op, _) = self.plan.reduce_op(v).expect("a reduction");
+                    let acc = p.reductions.len() as u16;
+                    p.instrs.push(Instr::Reduce { op, acc, a: x });
+                    p.reductions.push((index, op));
+                }
+                Work::ReduceInto(_) | Work::Combine(_) => return None,
+            }
+        }
+        for stash in self.stash_in.clone() {
+            let x = self.program_operand(&mut p, stash.value, &stash.map)?;
+            let to = p.register(Register::Buffer(stash.slot, stash.slot_map));
+            stores.push((to, x));
+        }
+        p.routines_in_place(&mut stores);
+        p.write_results_in_place(&mut stores);
+        (p.instrs).extend(stores.into_iter().map(|(dst, a)| Instr::Copy { dst, a }));
+        p.assign_scratch();
+        Some(p)
+    }
+
+    /// Where the program finds `v`'s tile, adding the instructions that compute it.
+    fn program_operand(&mut self, p: &mut Program, v: Value, map: &Mapping) -> Option<Operand> {
+        if let Some(&o) = p.memo.get(&(v, map.clone())) {
+            return Some(o);
+        }
+        let plan = self.plan;
+        let f32 = self.dtype(v) == DType::F32;
+        let stashed = (self.stash_out.iter())
+            .find(|s| s.value == v && s.map == *map)
+            .map(|s| (s.slot, s.slot_map.clone()));
+        let o = if self.level(v, map) < Level::Inner {
+            if !f32 {
+                return None;
+            }
+            Operand::Scalar(p.scalar(v, map))
+        } else if let Some((slot, slot_map)) = stashed {
+            Operand::Tile(p.register(Register::Buffer(slot, slot_map)))
+        } else if plan.is_leaf_in(v, self.stage) {
+            let slot = plan.slot(plan.source[&v]);
+            Operand::Tile(p.register(Register::Buffer(slot, map.clone())))
+        } else {
+            let operands = plan.operand_mappings(v, map);
+            match plan.op(v).expect("an op").0 {
+                Op::Broadcast { .. } | Op::Reshape { .. } => {
+                    let (x, m) = &operands[0];
+                    self.program_operand(p, *x, m)?
+                }
+                Op::Unary(op) if f32 && tile_program::has_unary(*op) => {
+                    let (x, m) = &operands[0];
+                    let a = self.program_operand(p, *x, m)?;
+                    let dst = p.scratch();
+                    p.instrs.push(Instr::Unary { op: *op, dst, a });
+                    Operand::Tile(dst)
+                }
+                Op::Binary(op) if f32 && tile_program::has_binary(*op) => {
+                    let a = self.program_operand(p, operands[0].0, &operands[0].1)?;
+                    let b = self.program_operand(p, operands[1].0, &operands[1].1)?;
+                    let dst = p.scratch();
+                    p.instrs.push(Instr::Binary { op: *op, dst, a, b });
+                    Operand::Tile(dst)
+                }
+                _ => return None,
+            }
+        };
+        p.memo.insert((v, map.clone()), o);
+        Some(o)
+    }
+
+    /// The vectorised part of the row, `0..vec_end`, by the tile program `p`; leaves each
+    /// reduction's f32x4 accumulators (`accs`, by work) as Cranelift's own loop would.
+    pub(super) fn run_program(&mut self, p: &Program, vec_end: CValue, accs: &[Vec<Variable>]) {
+        let ptr = self.module.target_config().pointer_type();
+        let slot = |g: &mut Self, bytes: usize| {
+            let data = StackSlotData::new(StackSlotKind::ExplicitSlot, bytes.max(16) as u32, 6);
+            let s = g.b.create_sized_stack_slot(data);
+            g.b.ins().stack_addr(ptr, s, 0)
+        };
+        let words: Vec<u64> = p.instrs.iter().map(|i| i.encode()).collect();
+        let program_at = (FRAME_HEADER + p.registers.len()) * 8;
+        let frame = slot(self, program_at + words.len() * 8);
+        let scalars = slot(self, p.scalars.len() * 4);
+        let partials = slot(self, p.reductions.len() * PARTIALS * 4);
+        let scratch = slot(self, p.scratch_tiles * TILE as usize * 4);
+        let store = |g: &mut Self, x: CValue, at: CValue, offset: usize| {
+            g.b.ins().store(flags(), x, at, offset as i32);
+        };
+        for (k, &w) in words.iter().enumerate() {
+            let word = self.b.ins().iconst(types::I64, w as i64);
+            store(self, word, frame, program_at + 8 * k);
+        }
+        let program = self.b.ins().iadd_imm_s(frame, program_at as i64);
+        let count = self.b.ins().iconst(types::I64, words.len() as i64);
+        let buffer_bits = (p.registers.iter().enumerate())
+            .filter(|(r, x)| *r < 64 && matches!(x, Register::Buffer(..)))
+            .fold(0u64, |m, (r, _)| m | 1 << r);
+        let mask = self.b.ins().iconst(types::I64, buffer_bits as i64);
+        for (k, x) in [program, count, scalars, partials, mask]
+            .into_iter()
+            .enumerate()
+        {
+            store(self, x, frame, 8 * k);
+        }
+        for (k, (v, map)) in p.scalars.iter().enumerate() {
+            let x = self.emit(*v, map, false);
+            store(self, x, scalars, 4 * k);
+        }
+        for (k, &(_, op)) in p.reductions.iter().enumerate() {
+            let identity = self.identity(op, DType::F32, true);
+            for u in 0..UNROLL as usize {
+                store(
+                    self,
+                    identity,
+                    partials,
+                    (k * PARTIALS + u * LANES as usize) * 4,
+                );
+            }
+        }
+        let mut buffers = Vec::new();
+        for (r, register) in p.registers.iter().enumerate() {
+            let at = (FRAME_HEADER + r) * 8;
+            match register {
+                Register::Scratch(t) => {
+                    let x = self
+                        .b
+                        .ins()
+                        .iadd_imm_s(scratch, (t * TILE as usize * 4) as i64);
+                    store(self, x, frame, at);
+                }
+                Register::Buffer(slot, map) => buffers.push((self.base(*slot, map), at)),
+            }
+        }
+        let zero = self.b.ins().iconst(types::I64, 0);
+        let tiles = self.begin_loop(zero, vec_end);
+        let start = tiles.index;
+        let full = self.b.ins().iadd_imm_s(start, TILE);
+        let short = self.b.ins().icmp(IntCC::SignedLessThan, vec_end, full);
+        let end = self.b.ins().select(short, vec_end, full);
+        let len = self.b.ins().isub(end, start);
+        let offset = self.b.ins().imul_imm_s(start, 4);
+        for &(base, at) in &buffers {
+            let x = self.b.ins().iadd(base, offset);
+            store(self, x, frame, at);
+        }
+        self.call_preserving(tile_program::SYMBOL, frame, len);
+        self.end_loop(tiles, TILE);
+        for (k, &(work, _)) in p.reductions.iter().enumerate() {
+            for (u, &var) in accs[work].iter().enumerate() {
+                let at = ((k * PARTIALS + u * LANES as usize) * 4) as i32;
+                let x = self.b.ins().load(types::F32X4, flags(), partials, at);
+                self.b.def_var(var, x);
+            }
+        }
+    }
+}

@@ -1,0 +1,630 @@
+//! Tile programs: a fused group's per-element work as a short list of whole-tile
+//! instructions, run at the ISA's full width by one routine per tile.
+//!
+//! Cranelift emits nothing wider than 128 bits on x86-64, so besides the transcendental
+//! functions ([`crate::vecmath`]) the cheap parts of a kernel — the multiply-adds around
+//! gelu's tanh, softmax's max, subtract, sum and scale — ran on f32x4 lanes. A kernel's
+//! tiled code now hands the whole group to [`run`]: each instruction reads and writes whole
+//! tiles (a few KiB, in L1), the way numexpr evaluates an expression block by block, so every
+//! step runs on 512-bit (or 256-bit) vectors and costs one dispatch per tile, not per element.
+//!
+//! Every instruction mirrors the kernel's own Cranelift code step for step, so a tile program
+//! gives the same bits (the tests check it):
+//! - elementwise ops are single IEEE operations, or the same sequence Cranelift's x86 backend
+//!   lowers them to (`fmax`/`fmin`, `relu`, `sign`);
+//! - transcendental functions call the vector routines, which mirror `jit/math.rs`;
+//! - a sum keeps Cranelift's 8 partial sums (element `i` into partial `i mod 8`, in order);
+//! - a max or min may combine in any order: it is exact, and its NaN is made canonical when
+//!   the row's reduction finishes (on both paths).
+//!
+//! A call's *frame* is an array of words: the program's address, its length, the scalars'
+//! address, the partial accumulators' address, a mask of the registers that are buffers,
+//! then one pointer per register (a tile of scratch, or a buffer at the tile's first
+//! element).
+//!
+//! Only a program's first instructions read memory beyond L1 and its last ones write it, so
+//! a call prefetches the next tile of every buffer: the loads arrive while this tile computes,
+//! as they would in a loop that interleaved both.
+
+use crate::vecmath::{self, Isa};
+use kiln_ir::{BinaryOp, ReduceOp, UnaryOp};
+use std::sync::OnceLock;
+
+/// Partial accumulators per reduction: Cranelift's 2 unrolled f32x4 accumulators.
+pub(crate) const PARTIALS: usize = 8;
+
+/// Words of a frame before the registers.
+pub(crate) const FRAME_HEADER: usize = 5;
+
+/// Where an instruction reads: a register (a tile), or a scalar broadcast over the tile.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) enum Operand {
+    Tile(u16),
+    Scalar(u16),
+}
+
+/// One instruction over the tile's `len` elements.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Instr {
+    /// `dst = a`.
+    Copy {
+        dst: u16,
+        a: Operand,
+    },
+    Unary {
+        op: UnaryOp,
+        dst: u16,
+        a: Operand,
+    },
+    Binary {
+        op: BinaryOp,
+        dst: u16,
+        a: Operand,
+        b: Operand,
+    },
+    /// Combines `a` into reduction `acc`'s partial accumulators.
+    Reduce {
+        op: ReduceOp,
+        acc: u16,
+        a: Operand,
+    },
+}
+
+/// Whether a tile program has `op` on f32.
+pub(crate) fn has_unary(op: UnaryOp) -> bool {
+    !matches!(op, UnaryOp::Sin | UnaryOp::Cos | UnaryOp::Not)
+}
+
+/// Whether a tile program has `op` on f32.
+pub(crate) fn has_binary(op: BinaryOp) -> bool {
+    matches!(
+        op,
+        BinaryOp::Add
+            | BinaryOp::Sub
+            | BinaryOp::Mul
+            | BinaryOp::Div
+            | BinaryOp::Max
+            | BinaryOp::Min
+    )
+}
+
+const SCALAR_BIT: u16 = 0x8000;
+const COPY: u64 = 0;
+const UNARY: u64 = 1;
+const BINARY: u64 = 2;
+const REDUCE: u64 = 3;
+
+impl Operand {
+    fn encode(self) -> u64 {
+        match self {
+            Operand::Tile(r) => u64::from(r),
+            Operand::Scalar(s) => u64::from(s | SCALAR_BIT),
+        }
+    }
+
+    fn decode(word: u64) -> Operand {
+        let x = word as u16;
+        if x & SCALAR_BIT != 0 {
+            Operand::Scalar(x & !SCALAR_BIT)
+        } else {
+            Operand::Tile(x)
+        }
+    }
+}
+
+fn index_of<T: PartialEq>(all: &[T], x: T) -> u64 {
+    all.iter()
+        .position(|y| *y == x)
+        .expect("an op of the table") as u64
+}
+
+impl Instr {
+    /// The instruction with register `from` read and written as `to`.
+    pub(crate) fn rename(&mut self, from: u16, to: u16) {
+        let reg = |x: &mut u16| {
+            if *x == from {
+                *x = to;
+            }
+        };
+        let operand = |o: &mut Operand| {
+            if let Operand::Tile(x) = o {
+                reg(x);
+            }
+        };
+        match self {
+            Instr::Copy { dst, a } | Instr::Unary { dst, a, .. } => {
+                reg(dst);
+                operand(a);
+            }
+            Instr::Binary { dst, a, b, .. } => {
+                reg(dst);
+                operand(a);
+                operand(b);
+            }
+            Instr::Reduce { a, .. } => operand(a),
+        }
+    }
+
+    /// One word: kind (4 bits), op (8), destination (16), then operands of 16 bits each.
+    pub(crate) fn encode(self) -> u64 {
+        let (kind, op, dst, a, b) = match self {
+            Instr::Copy { dst, a } => (COPY, 0, dst, a, None),
+            Instr::Unary { op, dst, a } => (UNARY, index_of(UnaryOp::ALL, op), dst, a, None),
+            Instr::Binary { op, dst, a, b } => {
+                (BINARY, index_of(BinaryOp::ALL, op), dst, a, Some(b))
+            }
+            Instr::Reduce { op, acc, a } => (REDUCE, index_of(ReduceOp::ALL, op), acc, a, None),
+        };
+        let b = b.map_or(0, Operand::encode);
+        kind | op << 4 | u64::from(dst) << 12 | a.encode() << 28 | b << 44
+    }
+
+    pub(crate) fn decode(word: u64) -> Instr {
+        let op = (word >> 4 & 0xff) as usize;
+        let dst = (word >> 12) as u16;
+        let a = Operand::decode(word >> 28);
+        let b = Operand::decode(word >> 44);
+        match word & 0xf {
+            COPY => Instr::Copy { dst, a },
+            UNARY => Instr::Unary {
+                op: UnaryOp::ALL[op],
+                dst,
+                a,
+            },
+            BINARY => Instr::Binary {
+                op: BinaryOp::ALL[op],
+                dst,
+                a,
+                b,
+            },
+            _ => Instr::Reduce {
+                op: ReduceOp::ALL[op],
+                acc: dst,
+                a,
+            },
+        }
+    }
+}
+
+/// Whether kernels use tile programs: unless `KILN_TILE_PROGRAMS=off` (read once), which
+/// leaves their tiled code calling only the transcendental routines, as before programs.
+pub(crate) fn enabled() -> bool {
+    static ENABLED: OnceLock<bool> = OnceLock::new();
+    *ENABLED.get_or_init(|| std::env::var("KILN_TILE_PROGRAMS").as_deref() != Ok("off"))
+}
+
+/// The symbol kernels call the runner by.
+pub(crate) const SYMBOL: &str = "kiln_tile_program";
+
+/// `fn(frame: *mut u64, len: i64)`.
+pub(crate) type Runner = unsafe extern "C" fn(frame: *mut u64, len: i64);
+
+/// The runner for `isa`, if it has one.
+pub(crate) fn runner(isa: Isa) -> Option<Runner> {
+    if !isa.supported() {
+        return None;
+    }
+    entry::table(isa)
+}
+
+/// A tile operand as the loops read it.
+#[derive(Clone, Copy)]
+enum Src {
+    Tile(*const f32),
+    Scalar(f32),
+}
+
+/// `d[i] = f(i)` for `i < n`. A plain counted loop, which LLVM vectorises at the ISA's width
+/// behind a check that `d` overlaps no source (programs never write a tile they read, so the
+/// check passes).
+#[inline(always)]
+unsafe fn fill(d: *mut f32, n: usize, f: impl Fn(usize) -> f32) {
+    for i in 0..n {
+        // SAFETY: `d` holds `n` elements.
+        unsafe { *d.add(i) = f(i) };
+    }
+}
+
+/// Brings the next tile of every buffer register into cache while this one computes: a
+/// share of the lines before each instruction, since a burst of them would wait for free
+/// line-fill buffers. A prefetch never faults, so past a buffer's end it is harmless.
+struct Prefetch {
+    /// The next tile's first element, per buffer register.
+    next: [*const f32; 64],
+    buffers: usize,
+    /// Lines per buffer, and how many are asked for per step.
+    lines: usize,
+    per_step: usize,
+    done: usize,
+}
+
+impl Prefetch {
+    const LINE: usize = 16;
+
+    #[inline(always)]
+    fn new(mask: u64, registers: *const *mut f32, n: usize, steps: usize) -> Prefetch {
+        let mut next = [std::ptr::null(); 64];
+        let mut buffers = 0;
+        let mut bits = mask;
+        while bits != 0 {
+            let r = bits.trailing_zeros() as usize;
+            bits &= bits - 1;
+            // SAFETY: the mask names registers of the frame.
+            next[buffers] = unsafe { *registers.add(r) }.wrapping_add(n);
+            buffers += 1;
+        }
+        let lines = n.div_ceil(Self::LINE);
+        Prefetch {
+            next,
+            buffers,
+            lines,
+            per_step: lines.div_ceil(steps.max(1)),
+            done: 0,
+        }
+    }
+
+    #[inline(always)]
+    fn step(&mut self) {
+        let end = (self.done + self.per_step).min(self.lines);
+        for b in &self.next[..self.buffers] {
+            for line in self.done..end {
+                let at = b.wrapping_add(line * Self::LINE);
+                #[cfg(target_arch = "x86_64")]
+                // SAFETY: a prefetch reads nothing and faults on no address.
+                unsafe {
+                    use std::arch::x86_64::{_MM_HINT_T0, _mm_prefetch};
+                    _mm_prefetch::<_MM_HINT_T0>(at as *const i8)
+                };
+                #[cfg(not(target_arch = "x86_64"))]
+                let _ = at;
+            }
+        }
+        self.done = end;
+    }
+}
+
+/// `d = a`.
+#[inline(always)]
+unsafe fn copy(d: *mut f32, a: Src, n: usize) {
+    // SAFETY: both hold `n` elements (the same ones, when an output shares an input's buffer).
+    unsafe {
+        match a {
+            Src::Tile(p) => std::ptr::copy(p, d, n),
+            Src::Scalar(s) => fill(d, n, |_| s),
+        }
+    }
+}
+
+/// `d = f(a)` elementwise, with the operand's kind resolved outside the loop.
+#[inline(always)]
+unsafe fn map1(d: *mut f32, a: Src, n: usize, f: impl Fn(f32) -> f32) {
+    // SAFETY: the tiles hold `n` elements.
+    unsafe {
+        match a {
+            // In place (a program's result written over its operand's tile).
+            Src::Tile(p) if std::ptr::eq(p, d) => fill(d, n, |i| f(*d.add(i))),
+            Src::Tile(p) => fill(d, n, |i| f(*p.add(i))),
+            Src::Scalar(s) => fill(d, n, |_| f(s)),
+        }
+    }
+}
+
+/// `d = f(a, b)` elementwise.
+#[inline(always)]
+unsafe fn map2(d: *mut f32, a: Src, b: Src, n: usize, f: impl Fn(f32, f32) -> f32) {
+    let same = |p: *const f32| std::ptr::eq(p, d);
+    // SAFETY: the tiles hold `n` elements.
+    unsafe {
+        match (a, b) {
+            (Src::Tile(p), Src::Tile(q)) if same(p) && same(q) => {
+                fill(d, n, |i| f(*d.add(i), *d.add(i)))
+            }
+            (Src::Tile(p), Src::Tile(q)) if same(p) => fill(d, n, |i| f(*d.add(i), *q.add(i))),
+            (Src::Tile(p), Src::Tile(q)) if same(q) => fill(d, n, |i| f(*p.add(i), *d.add(i))),
+            (Src::Tile(p), Src::Tile(q)) => fill(d, n, |i| f(*p.add(i), *q.add(i))),
+            (Src::Tile(p), Src::Scalar(y)) if same(p) => fill(d, n, |i| f(*d.add(i), y)),
+            (Src::Tile(p), Src::Scalar(y)) => fill(d, n, |i| f(*p.add(i), y)),
+            (Src::Scalar(x), Src::Tile(q)) if same(q) => fill(d, n, |i| f(x, *d.add(i))),
+            (Src::Scalar(x), Src::Tile(q)) => fill(d, n, |i| f(x, *q.add(i))),
+            (Src::Scalar(x), Src::Scalar(y)) => fill(d, n, |_| f(x, y)),
+        }
+    }
+}
+
+/// x86's `maxps x, y`: `y` unless `x > y` (so `y` on NaN and on equal zeros).
+#[inline(always)]
+fn maxps(x: f32, y: f32) -> f32 {
+    if x > y { x } else { y }
+}
+
+#[inline(always)]
+fn minps(x: f32, y: f32) -> f32 {
+    if x < y { x } else { y }
+}
+
+/// The bits below a NaN's quiet bit, where `is_nan` (as an all-ones mask shifted right by 10).
+#[inline(always)]
+fn nan_fraction(is_nan: bool) -> u32 {
+    if is_nan { u32::MAX >> 10 } else { 0 }
+}
+
+/// Cranelift's `fmax.f32x4` on x86, step for step: the larger, `+0` over `-0`, NaN if either
+/// is, with the NaN's payload cleared.
+#[inline(always)]
+fn fmax(x: f32, y: f32) -> f32 {
+    let (m1, m2) = (maxps(x, y), maxps(y, x));
+    let xor = m1.to_bits() ^ m2.to_bits();
+    let blended = f32::from_bits(m1.to_bits() | xor);
+    let positive = blended - f32::from_bits(xor);
+    f32::from_bits(positive.to_bits() & !nan_fraction(blended.is_nan()))
+}
+
+/// Cranelift's `fmin.f32x4` on x86, step for step.
+#[inline(always)]
+fn fmin(x: f32, y: f32) -> f32 {
+    let (m1, m2) = (minps(x, y), minps(y, x));
+    let or = m1.to_bits() | m2.to_bits();
+    let is_nan = f32::from_bits(or).is_nan() || m2.is_nan();
+    let or = or | if is_nan { u32::MAX } else { 0 };
+    f32::from_bits(or & !nan_fraction(is_nan))
+}
+
+/// Cranelift's f32x4 `relu`: `x` where `x > 0` or NaN, else `+0`.
+#[inline(always)]
+fn relu(x: f32) -> f32 {
+    if x <= 0.0 { 0.0 } else { x }
+}
+
+/// Cranelift's f32x4 `sign`: `±1` by `x`'s sign bit where `x` is nonzero, else `x`.
+#[inline(always)]
+fn sign(x: f32) -> f32 {
+    let one = f32::from_bits(x.to_bits() & 0x8000_0000 | 1.0f32.to_bits());
+    if x == 0.0 || x.is_nan() { x } else { one }
+}
+
+/// Runs the frame's program over `len` elements of each register.
+///
+/// # Safety
+/// `frame` is a frame as the module documents it, whose registers hold `len` elements each
+/// and whose accumulators hold [`PARTIALS`] f32s per reduction; `len` is a multiple of 8; the
+/// CPU has `isa`.
+#[inline(always)]
+unsafe fn run(frame: *const u64, len: i64, isa: Isa) {
+    // SAFETY: as the function's contract states.
+    let (program, count, scalars, accs) = unsafe {
+        (
+            *frame as *const u64,
+            *frame.add(1) as usize,
+            *frame.add(2) as *const f32,
+            *frame.add(3) as *mut f32,
+        )
+    };
+    let registers = frame.wrapping_add(FRAME_HEADER) as *const *mut f32;
+    let n = len as usize;
+    debug_assert_eq!(n % PARTIALS, 0);
+    // SAFETY: the frame has its header, and a register for each bit of the mask.
+    let buffers = unsafe { *frame.add(4) };
+    let mut prefetch = Prefetch::new(buffers, registers, n, count);
+    for k in 0..count {
+        prefetch.step();
+        // SAFETY: the program has `count` words, and its registers and scalars are the
+        // frame's; the registers hold `n` elements and the accumulators `PARTIALS` per
+        // reduction, as the contract states.
+        unsafe {
+            let tile = |r: u16| *registers.add(r as usize);
+            let src = |o: Operand| match o {
+                Operand::Tile(r) => Src::Tile(tile(r)),
+                Operand::Scalar(s) => Src::Scalar(*scalars.add(s as usize)),
+            };
+            match Instr::decode(*program.add(k)) {
+                Instr::Copy { dst, a } => copy(tile(dst), src(a), n),
+                Instr::Unary { op, dst, a } => unary(op, tile(dst), src(a), n, isa),
+                Instr::Binary { op, dst, a, b } => binary(op, tile(dst), src(a), src(b), n),
+                Instr::Reduce { op, acc, a } => {
+                    reduce(op, accs.add(acc as usize * PARTIALS), src(a), n)
+                }
+            }
+        }
+    }
+}
+
+#[inline(always)]
+unsafe fn binary(op: BinaryOp, d: *mut f32, a: Src, b: Src, n: usize) {
+    // SAFETY: the tiles hold `n` elements.
+    unsafe {
+        match op {
+            BinaryOp::Add => map2(d, a, b, n, |x, y| x + y),
+            BinaryOp::Sub => map2(d, a, b, n, |x, y| x - y),
+            BinaryOp::Mul => map2(d, a, b, n, |x, y| x * y),
+            BinaryOp::Div => map2(d, a, b, n, |x, y| x / y),
+            BinaryOp::Max => map2(d, a, b, n, fmax),
+            BinaryOp::Min => map2(d, a, b, n, fmin),
+            other => unreachable!("`{}` is not in tile programs", other.name()),
+        }
+    }
+}
+
+/// The transcendental functions call their vector routines (in place: after a copy, unless
+/// the program computes them over their operand's tile) — the routines' bits are the ones
+/// tested against Cranelift's, even in a NaN's sign.
+#[inline(always)]
+unsafe fn unary(op: UnaryOp, d: *mut f32, a: Src, n: usize, isa: Isa) {
+    if let Some(routine) = vecmath::routine(op, isa) {
+        // SAFETY: `d` and `a` hold `n` elements; the routine works in place.
+        unsafe {
+            copy(d, a, n);
+            routine(d, n as i64);
+        }
+        return;
+    }
+    // SAFETY: `d` and `a` hold `n` elements.
+    unsafe {
+        match op {
+            UnaryOp::Neg => map1(d, a, n, |x| -x),
+            UnaryOp::Abs => map1(d, a, n, f32::abs),
+            UnaryOp::Sqrt => map1(d, a, n, f32::sqrt),
+            UnaryOp::Floor => map1(d, a, n, f32::floor),
+            UnaryOp::Ceil => map1(d, a, n, f32::ceil),
+            UnaryOp::Round => map1(d, a, n, f32::round_ties_even),
+            UnaryOp::Recip => map1(d, a, n, |x| 1.0 / x),
+            UnaryOp::Rsqrt => map1(d, a, n, |x| 1.0 / x.sqrt()),
+            UnaryOp::Relu => map1(d, a, n, relu),
+            UnaryOp::Sign => map1(d, a, n, sign),
+            other => unreachable!("`{}` is not in tile programs", other.name()),
+        }
+    }
+}
+
+/// Combines `n` elements of `a` into the 8 partial accumulators at `p`.
+#[inline(always)]
+unsafe fn reduce(op: ReduceOp, p: *mut f32, a: Src, n: usize) {
+    // SAFETY: `p` holds `PARTIALS` f32s and `a` `n` elements, and neither overlaps the other.
+    let (partials, a) = unsafe {
+        let partials = &mut *(p as *mut [f32; PARTIALS]);
+        let a = match a {
+            Src::Tile(x) => Ok(std::slice::from_raw_parts(x, n)),
+            Src::Scalar(s) => Err(s),
+        };
+        (partials, a)
+    };
+    let x = match a {
+        Ok(x) => x,
+        Err(s) => {
+            // A row-level value reduced along the row: rare, and in order is simplest.
+            for i in 0..n {
+                let j = i % PARTIALS;
+                partials[j] = combine(op, partials[j], s);
+            }
+            return;
+        }
+    };
+    match op {
+        // In order, element `i` into partial `i mod 8`: the bits of Cranelift's loop.
+        ReduceOp::Sum | ReduceOp::Mean => {
+            let mut s = *partials;
+            for row in x.chunks_exact(PARTIALS) {
+                for (s, x) in s.iter_mut().zip(row) {
+                    *s += *x;
+                }
+            }
+            *partials = s;
+        }
+        ReduceOp::Max => any_order(partials, x, fmax),
+        ReduceOp::Min => any_order(partials, x, fmin),
+    }
+}
+
+fn combine(op: ReduceOp, acc: f32, x: f32) -> f32 {
+    match op {
+        ReduceOp::Sum | ReduceOp::Mean => acc + x,
+        ReduceOp::Max => fmax(acc, x),
+        ReduceOp::Min => fmin(acc, x),
+    }
+}
+
+/// An order-free reduction (max, min): 64 independent lanes, then folded into the partials.
+#[inline(always)]
+fn any_order(partials: &mut [f32; PARTIALS], x: &[f32], f: impl Fn(f32, f32) -> f32) {
+    const LANES: usize = 64;
+    let mut m = [partials[0]; LANES];
+    let mut rows = x.chunks_exact(LANES);
+    for row in &mut rows {
+        for (m, x) in m.iter_mut().zip(row) {
+            *m = f(*m, *x);
+        }
+    }
+    for (m, x) in m.iter_mut().zip(rows.remainder()) {
+        *m = f(*m, *x);
+    }
+    for (j, m) in m.iter().enumerate() {
+        partials[j % PARTIALS] = f(partials[j % PARTIALS], *m);
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod entry {
+    use super::{Isa, Runner, run};
+
+    /// # Safety
+    /// As [`run`]'s, with AVX-512F/DQ/VL, AVX2 and FMA.
+    #[target_feature(enable = "avx512f,avx512dq,avx512vl,avx2,fma")]
+    unsafe extern "C" fn avx512(frame: *mut u64, len: i64) {
+        // SAFETY: as the function's contract states.
+        unsafe { run(frame, len, Isa::Avx512) }
+    }
+
+    /// # Safety
+    /// As [`run`]'s, with AVX2 and FMA.
+    #[target_feature(enable = "avx2,fma")]
+    unsafe extern "C" fn avx2(frame: *mut u64, len: i64) {
+        // SAFETY: as the function's contract states.
+        unsafe { run(frame, len, Isa::Avx2) }
+    }
+
+    pub(super) fn table(isa: Isa) -> Option<Runner> {
+        match isa {
+            Isa::Avx512 => Some(avx512),
+            Isa::Avx2 => Some(avx2),
+            Isa::Off => None,
+        }
+    }
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+mod entry {
+    use super::{Isa, Runner};
+
+    pub(super) fn table(_: Isa) -> Option<Runner> {
+        None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn instructions_round_trip_through_their_words() {
+        let all = [
+            Instr::Copy {
+                dst: 3,
+                a: Operand::Scalar(2),
+            },
+            Instr::Unary {
+                op: UnaryOp::Tanh,
+                dst: 7,
+                a: Operand::Tile(1),
+            },
+            Instr::Binary {
+                op: BinaryOp::Min,
+                dst: 0x7fff,
+                a: Operand::Tile(0x7ffe),
+                b: Operand::Scalar(0x7fff),
+            },
+            Instr::Reduce {
+                op: ReduceOp::Mean,
+                acc: 4,
+                a: Operand::Tile(9),
+            },
+        ];
+        for i in all {
+            assert_eq!(Instr::decode(i.encode()), i);
+        }
+    }
+
+    #[test]
+    fn max_and_min_follow_cranelifts_sequences() {
+        assert_eq!(fmax(-0.0, 0.0).to_bits(), 0.0f32.to_bits());
+        assert_eq!(fmax(0.0, -0.0).to_bits(), 0.0f32.to_bits());
+        assert_eq!(fmin(-0.0, 0.0).to_bits(), (-0.0f32).to_bits());
+        assert_eq!(fmin(0.0, -0.0).to_bits(), (-0.0f32).to_bits());
+        assert!(fmax(f32::NAN, 1.0).is_nan() && fmax(1.0, f32::NAN).is_nan());
+        assert!(fmin(f32::NAN, 1.0).is_nan() && fmin(1.0, f32::NAN).is_nan());
+        assert_eq!(fmax(2.0, -3.0), 2.0);
+        assert_eq!(fmin(2.0, -3.0), -3.0);
+        assert_eq!(relu(-0.0).to_bits(), 0.0f32.to_bits());
+        assert!(relu(f32::NAN).is_nan());
+        assert_eq!(sign(-2.5), -1.0);
+        assert_eq!(sign(-0.0).to_bits(), (-0.0f32).to_bits());
+    }
+}
