@@ -362,7 +362,9 @@ impl Gen<'_, '_> {
             let x = self.b.ins().iadd(base, offset);
             store(self, x, frame, at);
         }
-        self.call_preserving(tile_program::SYMBOL, frame, len);
+        // In the platform's convention: only the loop's few addresses are live across it,
+        // and they stay in callee-saved registers (a trampoline would save every register).
+        self.call_routine_symbol(tile_program::SYMBOL, frame, len, true);
         self.end_loop(tiles, TILE);
         for (k, &(work, _)) in p.reductions.iter().enumerate() {
             for (u, &var) in accs[work].iter().enumerate() {

@@ -15,7 +15,7 @@
 //! The scalar tail keeps the Cranelift polynomials, which give the routines' bits.
 
 use super::*;
-use crate::{tile_program, vecmath};
+use crate::vecmath;
 use cranelift_codegen::isa::CallConv;
 
 /// Elements per tile: 2 KiB of f32 per call, so a tile's scratch and its inputs sit in L1.
@@ -188,21 +188,35 @@ impl Gen<'_, '_> {
 
     /// Calls `op`'s routine through its register-preserving trampoline.
     fn call_routine(&mut self, op: UnaryOp, data: CValue, len: CValue) {
-        self.call_preserving(&vecmath::symbol(op), data, len);
+        self.call_routine_symbol(&vecmath::symbol(op), data, len, false);
     }
 
-    /// Calls the routine `symbol` (`fn(*mut _, i64)`) through its register-preserving
-    /// trampoline.
-    pub(super) fn call_preserving(&mut self, symbol: &str, data: CValue, len: CValue) {
-        let name = trampoline_name(symbol);
+    /// Calls the routine `symbol` (`fn(*mut _, i64)`): through its register-preserving
+    /// trampoline, or (`direct`) in the platform's convention, where Cranelift saves only what
+    /// is live across the call.
+    pub(super) fn call_routine_symbol(
+        &mut self,
+        symbol: &str,
+        data: CValue,
+        len: CValue,
+        direct: bool,
+    ) {
+        let name = match direct {
+            true => symbol.to_string(),
+            false => trampoline_name(symbol),
+        };
         let callee = match self.imports.get(name.as_str()) {
             Some(&f) => f,
             None => {
-                let sig = routine_signature(self.module, CallConv::PreserveAll);
+                let (call_conv, linkage) = match direct {
+                    true => (self.module.isa().default_call_conv(), Linkage::Import),
+                    false => (CallConv::PreserveAll, Linkage::Local),
+                };
+                let sig = routine_signature(self.module, call_conv);
                 let id = self
                     .module
-                    .declare_function(&name, Linkage::Local, &sig)
-                    .expect("a trampoline is declared with one signature");
+                    .declare_function(&name, linkage, &sig)
+                    .expect("a routine is declared with one signature");
                 let f = self.module.declare_func_in_func(id, self.b.func);
                 self.imports.insert(name, f);
                 f
@@ -241,8 +255,7 @@ pub(crate) fn define_trampolines(
     let routines = (UnaryOp::ALL.iter())
         .filter(|&&op| vecmath::routine(op, isa).is_some())
         .map(|&op| vecmath::symbol(op));
-    let runner = tile_program::runner(isa).map(|_| tile_program::SYMBOL.to_string());
-    for symbol in routines.chain(runner) {
+    for symbol in routines {
         module.clear_context(ctx);
         let sig = routine_signature(module, CallConv::PreserveAll);
         let id = (module.declare_function(&trampoline_name(&symbol), Linkage::Local, &sig))
