@@ -522,7 +522,9 @@ fn combine(op: ReduceOp, acc: f32, x: f32) -> f32 {
     }
 }
 
-/// An order-free reduction (max, min): 64 independent lanes, then folded into the partials.
+/// An order-free reduction (max, min): 64 independent lanes (four 512-bit registers), then
+/// folded into the partials. Every access has a constant index, so the lanes stay in
+/// registers.
 #[inline(always)]
 fn any_order(partials: &mut [f32; PARTIALS], x: &[f32], f: impl Fn(f32, f32) -> f32) {
     const LANES: usize = 64;
@@ -533,12 +535,17 @@ fn any_order(partials: &mut [f32; PARTIALS], x: &[f32], f: impl Fn(f32, f32) -> 
             *m = f(*m, *x);
         }
     }
-    for (m, x) in m.iter_mut().zip(rows.remainder()) {
-        *m = f(*m, *x);
+    let mut p = *partials;
+    for part in rows
+        .remainder()
+        .chunks_exact(PARTIALS)
+        .chain(m.chunks_exact(PARTIALS))
+    {
+        for (p, x) in p.iter_mut().zip(part) {
+            *p = f(*p, *x);
+        }
     }
-    for (j, m) in m.iter().enumerate() {
-        partials[j % PARTIALS] = f(partials[j % PARTIALS], *m);
-    }
+    *partials = p;
 }
 
 #[cfg(target_arch = "x86_64")]

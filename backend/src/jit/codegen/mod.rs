@@ -150,6 +150,7 @@ pub(crate) fn build_stage(
         stash_in: Vec::new(),
         stash_out: Vec::new(),
         routines,
+        programs_everywhere: false,
         tile: None,
         routines_called: Vec::new(),
     };
@@ -200,6 +201,9 @@ struct Gen<'a, 'f> {
     stash_out: Vec<Stash>,
     /// Whether transcendentals on vectorised rows call vector routines on tiles.
     routines: bool,
+    /// Whether every group that can be a tile program is one (the stage has a group with
+    /// routines, so this code is timed against Cranelift's alone anyway).
+    programs_everywhere: bool,
     /// The tile being computed, in a tiled inner loop.
     tile: Option<tiles::Tile>,
     /// The functions given to routines so far.

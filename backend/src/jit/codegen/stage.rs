@@ -114,6 +114,9 @@ impl Gen<'_, '_> {
         self.hoist(&all, Level::Entry, false);
         let segments = self.segments();
         let stashes = self.stashes(&segments);
+        self.programs_everywhere = self.routines
+            && (segments.iter())
+                .any(|s| matches!(s, Segment::Group(w) if !self.routine_calls(w).is_empty()));
         let l = self.begin_loop(begin, end);
         self.scopes.push(HashMap::new());
         self.decompose_row(l.index);
@@ -406,7 +409,7 @@ impl Gen<'_, '_> {
             } else {
                 Vec::new()
             };
-            let program = match phases.is_empty() {
+            let program = match phases.is_empty() && !self.programs_everywhere {
                 true => None,
                 false => self.tile_program(works),
             };
