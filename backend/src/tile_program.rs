@@ -62,6 +62,17 @@ pub(crate) enum Instr {
         a: Operand,
         b: Operand,
     },
+    /// `dst = then(first(a, b), c)`, or `then(c, first(a, b))` with `swap`: two binary ops
+    /// in one pass over the tile, each result rounded as on its own.
+    Fused {
+        first: BinaryOp,
+        then: BinaryOp,
+        swap: bool,
+        dst: u16,
+        a: Operand,
+        b: Operand,
+        c: Operand,
+    },
     /// Combines `a` into reduction `acc`'s partial accumulators.
     Reduce {
         op: ReduceOp,
@@ -73,6 +84,12 @@ pub(crate) enum Instr {
 /// Whether a tile program has `op` on f32.
 pub(crate) fn has_unary(op: UnaryOp) -> bool {
     !matches!(op, UnaryOp::Sin | UnaryOp::Cos | UnaryOp::Not)
+}
+
+/// Whether a [`Instr::Fused`] pair may have these ops.
+pub(crate) fn fusable(first: BinaryOp, then: BinaryOp) -> bool {
+    let cheap = |op| matches!(op, BinaryOp::Add | BinaryOp::Sub | BinaryOp::Mul);
+    cheap(first) && cheap(then)
 }
 
 /// Whether a tile program has `op` on f32.
@@ -93,6 +110,7 @@ const COPY: u64 = 0;
 const UNARY: u64 = 1;
 const BINARY: u64 = 2;
 const REDUCE: u64 = 3;
+const FUSED: u64 = 4;
 
 impl Operand {
     fn encode(self) -> u64 {
@@ -141,30 +159,45 @@ impl Instr {
                 operand(a);
                 operand(b);
             }
+            Instr::Fused { dst, a, b, c, .. } => {
+                reg(dst);
+                operand(a);
+                operand(b);
+                operand(c);
+            }
             Instr::Reduce { a, .. } => operand(a),
         }
     }
 
-    /// One word: kind (4 bits), op (8), destination (16), then operands of 16 bits each.
-    pub(crate) fn encode(self) -> u64 {
+    /// Appends the instruction's words: kind (4 bits), op (8), destination (16), then
+    /// operands of 16 bits each; a fused pair adds a word with its second op, `swap` and `c`.
+    pub(crate) fn encode(self, out: &mut Vec<u64>) {
         let (kind, op, dst, a, b) = match self {
             Instr::Copy { dst, a } => (COPY, 0, dst, a, None),
             Instr::Unary { op, dst, a } => (UNARY, index_of(UnaryOp::ALL, op), dst, a, None),
             Instr::Binary { op, dst, a, b } => {
                 (BINARY, index_of(BinaryOp::ALL, op), dst, a, Some(b))
             }
+            Instr::Fused {
+                first, dst, a, b, ..
+            } => (FUSED, index_of(BinaryOp::ALL, first), dst, a, Some(b)),
             Instr::Reduce { op, acc, a } => (REDUCE, index_of(ReduceOp::ALL, op), acc, a, None),
         };
         let b = b.map_or(0, Operand::encode);
-        kind | op << 4 | u64::from(dst) << 12 | a.encode() << 28 | b << 44
+        out.push(kind | op << 4 | u64::from(dst) << 12 | a.encode() << 28 | b << 44);
+        if let Instr::Fused { then, swap, c, .. } = self {
+            out.push(index_of(BinaryOp::ALL, then) | u64::from(swap) << 8 | c.encode() << 16);
+        }
     }
 
-    pub(crate) fn decode(word: u64) -> Instr {
+    /// The instruction at the start of `words`, and how many words it takes.
+    pub(crate) fn decode(words: &[u64]) -> (Instr, usize) {
+        let word = words[0];
         let op = (word >> 4 & 0xff) as usize;
         let dst = (word >> 12) as u16;
         let a = Operand::decode(word >> 28);
         let b = Operand::decode(word >> 44);
-        match word & 0xf {
+        let instr = match word & 0xf {
             COPY => Instr::Copy { dst, a },
             UNARY => Instr::Unary {
                 op: UnaryOp::ALL[op],
@@ -177,12 +210,26 @@ impl Instr {
                 a,
                 b,
             },
+            FUSED => {
+                let more = words[1];
+                let instr = Instr::Fused {
+                    first: BinaryOp::ALL[op],
+                    then: BinaryOp::ALL[(more & 0xff) as usize],
+                    swap: more >> 8 & 1 == 1,
+                    dst,
+                    a,
+                    b,
+                    c: Operand::decode(more >> 16),
+                };
+                return (instr, 2);
+            }
             _ => Instr::Reduce {
                 op: ReduceOp::ALL[op],
                 acc: dst,
                 a,
             },
-        }
+        };
+        (instr, 1)
     }
 }
 
@@ -405,10 +452,14 @@ unsafe fn run(frame: *const u64, len: i64, isa: Isa) {
     // SAFETY: the frame has its header, and a register for each bit of the mask.
     let buffers = unsafe { *frame.add(4) };
     let mut prefetch = Prefetch::new(buffers, registers, n, count);
-    for k in 0..count {
+    // SAFETY: the program has `count` words.
+    let program = unsafe { std::slice::from_raw_parts(program, count) };
+    let mut k = 0;
+    while k < count {
         prefetch.step();
-        // SAFETY: the program has `count` words, and its registers and scalars are the
-        // frame's; the registers hold `n` elements and the accumulators `PARTIALS` per
+        let (instr, words) = Instr::decode(&program[k..]);
+        k += words;
+        // SAFETY: the program's registers and scalars are the frame's; the registers hold `n` elements and the accumulators `PARTIALS` per
         // reduction, as the contract states.
         unsafe {
             let tile = |r: u16| *registers.add(r as usize);
@@ -416,8 +467,17 @@ unsafe fn run(frame: *const u64, len: i64, isa: Isa) {
                 Operand::Tile(r) => Src::Tile(tile(r)),
                 Operand::Scalar(s) => Src::Scalar(*scalars.add(s as usize)),
             };
-            match Instr::decode(*program.add(k)) {
+            match instr {
                 Instr::Copy { dst, a } => copy(tile(dst), src(a), n),
+                Instr::Fused {
+                    first,
+                    then,
+                    swap,
+                    dst,
+                    a,
+                    b,
+                    c,
+                } => fused([first, then], swap, tile(dst), [src(a), src(b), src(c)], n),
                 Instr::Unary { op, dst, a } => unary(op, tile(dst), src(a), n, isa),
                 Instr::Binary { op, dst, a, b } => binary(op, tile(dst), src(a), src(b), n),
                 Instr::Reduce { op, acc, a } => {
@@ -440,6 +500,57 @@ unsafe fn binary(op: BinaryOp, d: *mut f32, a: Src, b: Src, n: usize) {
             BinaryOp::Max => map2(d, a, b, n, fmax),
             BinaryOp::Min => map2(d, a, b, n, fmin),
             other => unreachable!("`{}` is not in tile programs", other.name()),
+        }
+    }
+}
+
+/// Gives `$f` the closure of the binary op `$op` (one of [`fusable`]'s) in `$body`.
+macro_rules! with_cheap_op {
+    ($op:expr, |$f:ident| $body:expr) => {
+        match $op {
+            BinaryOp::Add => {
+                let $f = |x: f32, y: f32| x + y;
+                $body
+            }
+            BinaryOp::Sub => {
+                let $f = |x: f32, y: f32| x - y;
+                $body
+            }
+            BinaryOp::Mul => {
+                let $f = |x: f32, y: f32| x * y;
+                $body
+            }
+            other => unreachable!("`{}` is not fused in tile programs", other.name()),
+        }
+    };
+}
+
+#[inline(always)]
+unsafe fn fused(ops: [BinaryOp; 2], swap: bool, d: *mut f32, abc: [Src; 3], n: usize) {
+    // SAFETY: the tiles hold `n` elements.
+    unsafe {
+        with_cheap_op!(ops[0], |f| with_cheap_op!(ops[1], |g| match swap {
+            false => map3(d, abc, n, |x, y, z| g(f(x, y), z)),
+            true => map3(d, abc, n, |x, y, z| g(z, f(x, y))),
+        }))
+    }
+}
+
+/// `d = f(a, b, c)` elementwise.
+#[inline(always)]
+unsafe fn map3(d: *mut f32, abc: [Src; 3], n: usize, f: impl Fn(f32, f32, f32) -> f32) {
+    use Src::{Scalar as S, Tile as T};
+    // SAFETY: the tiles hold `n` elements.
+    unsafe {
+        match abc {
+            [T(p), T(q), T(r)] => fill(d, n, |i| f(*p.add(i), *q.add(i), *r.add(i))),
+            [T(p), T(q), S(z)] => fill(d, n, |i| f(*p.add(i), *q.add(i), z)),
+            [T(p), S(y), T(r)] => fill(d, n, |i| f(*p.add(i), y, *r.add(i))),
+            [T(p), S(y), S(z)] => fill(d, n, |i| f(*p.add(i), y, z)),
+            [S(x), T(q), T(r)] => fill(d, n, |i| f(x, *q.add(i), *r.add(i))),
+            [S(x), T(q), S(z)] => fill(d, n, |i| f(x, *q.add(i), z)),
+            [S(x), S(y), T(r)] => fill(d, n, |i| f(x, y, *r.add(i))),
+            [S(x), S(y), S(z)] => fill(d, n, |_| f(x, y, z)),
         }
     }
 }
@@ -613,10 +724,27 @@ mod tests {
                 acc: 4,
                 a: Operand::Tile(9),
             },
+            Instr::Fused {
+                first: BinaryOp::Mul,
+                then: BinaryOp::Sub,
+                swap: true,
+                dst: 5,
+                a: Operand::Tile(1),
+                b: Operand::Scalar(3),
+                c: Operand::Tile(0x7fff),
+            },
         ];
+        let mut words = Vec::new();
         for i in all {
-            assert_eq!(Instr::decode(i.encode()), i);
+            i.encode(&mut words);
         }
+        let mut k = 0;
+        for i in all {
+            let (decoded, used) = Instr::decode(&words[k..]);
+            assert_eq!(decoded, i);
+            k += used;
+        }
+        assert_eq!(k, words.len());
     }
 
     #[test]

@@ -649,6 +649,36 @@ fn every_op_in_a_tile_program() {
                 });
             }
         }
+        // Pairs of cheap ops, which a program runs as one fused pass, the intermediate on
+        // either side of the second op.
+        let cheap = [BinaryOp::Add, BinaryOp::Sub, BinaryOp::Mul];
+        for (first, then, swap) in (cheap.iter()).flat_map(|&f| {
+            cheap
+                .iter()
+                .flat_map(move |&t| [(f, t, false), (f, t, true)])
+        }) {
+            for rhs in [shape, row, &[]] {
+                let types = [ty.clone(), Type::new(f32, fixed(rhs)), ty.clone()];
+                let inputs = vec![
+                    g.array(f32, shape, true, false),
+                    g.array(f32, rhs, true, false),
+                    g.array(f32, shape, true, false),
+                ];
+                let what = format!(
+                    "{} then {} (swapped: {swap}) beside exp {shape:?} {rhs:?}",
+                    first.name(),
+                    then.name()
+                );
+                check(&what, &types, inputs, APPROX, |b, a| {
+                    let t = b.binary(first, a[0], a[1])?;
+                    let y = match swap {
+                        false => b.binary(then, t, a[2])?,
+                        true => b.binary(then, a[2], t)?,
+                    };
+                    beside_exp(b, a[0], y)
+                });
+            }
+        }
         for &op in ReduceOp::ALL {
             let x = g.array(f32, shape, true, false);
             let what = format!("{} beside exp {shape:?}", op.name());

@@ -78,6 +78,77 @@ impl Program {
                 tile(a).into_iter().collect()
             }
             Instr::Binary { a, b, .. } => tile(a).into_iter().chain(tile(b)).collect(),
+            Instr::Fused { a, b, c, .. } => [a, b, c].into_iter().filter_map(tile).collect(),
+        }
+    }
+
+    /// The register an instruction computes, if it computes one.
+    fn defines(i: &Instr) -> Option<u16> {
+        match *i {
+            Instr::Unary { dst, .. } | Instr::Binary { dst, .. } | Instr::Fused { dst, .. } => {
+                Some(dst)
+            }
+            Instr::Copy { .. } | Instr::Reduce { .. } => None,
+        }
+    }
+
+    /// How many times register `r` is read, by instructions and by `stores`.
+    fn read_count(&self, r: u16, stores: &[(u16, Operand)]) -> usize {
+        let by_instrs = self.instrs.iter().flat_map(Self::reads).filter(|&x| x == r);
+        let by_stores = stores.iter().filter(|(_, a)| *a == Operand::Tile(r));
+        by_instrs.count() + by_stores.count()
+    }
+
+    /// Merges a cheap binary op whose only reader is another into one pass over the tile
+    /// ([`Instr::Fused`]): `x·a + b` reads and writes the tile once, not twice.
+    fn fuse_pairs(&mut self, stores: &[(u16, Operand)]) {
+        let mut k = 0;
+        while k < self.instrs.len() {
+            let Instr::Binary {
+                op: first,
+                dst: r,
+                a,
+                b,
+            } = self.instrs[k]
+            else {
+                k += 1;
+                continue;
+            };
+            let reader =
+                (k + 1..self.instrs.len()).find(|&j| Self::reads(&self.instrs[j]).contains(&r));
+            let fusable = match reader.map(|j| self.instrs[j]) {
+                Some(Instr::Binary { op: then, .. }) => {
+                    tile_program::fusable(first, then) && self.read_count(r, stores) == 1
+                }
+                _ => false,
+            };
+            let (Some(j), true) = (reader, fusable) else {
+                k += 1;
+                continue;
+            };
+            let Instr::Binary {
+                op: then,
+                dst,
+                a: x,
+                b: y,
+            } = self.instrs[j]
+            else {
+                unreachable!("the reader is a binary op")
+            };
+            let (c, swap) = match x == Operand::Tile(r) {
+                true => (y, false),
+                false => (x, true),
+            };
+            self.instrs[j] = Instr::Fused {
+                first,
+                then,
+                swap,
+                dst,
+                a,
+                b,
+                c,
+            };
+            self.instrs.remove(k);
         }
     }
 
@@ -95,15 +166,7 @@ impl Program {
                 continue;
             };
             let scratch = matches!(self.registers[r as usize], Register::Scratch(_));
-            let reads = (self.instrs.iter())
-                .flat_map(Self::reads)
-                .chain(stores.iter().filter_map(|(_, a)| match a {
-                    Operand::Tile(x) => Some(*x),
-                    Operand::Scalar(_) => None,
-                }))
-                .filter(|&x| x == r)
-                .count();
-            if !scratch || reads != 1 || vecmath::routine(op, isa).is_none() {
+            if !scratch || self.read_count(r, stores) != 1 || vecmath::routine(op, isa).is_none() {
                 continue;
             }
             for i in &mut self.instrs[k..] {
@@ -125,9 +188,7 @@ impl Program {
             let (to, Operand::Tile(r)) = stores[s] else {
                 continue;
             };
-            let computed = (self.instrs.iter()).position(
-                |i| matches!(*i, Instr::Unary { dst, .. } | Instr::Binary { dst, .. } if dst == r),
-            );
+            let computed = (self.instrs.iter()).position(|i| Self::defines(i) == Some(r));
             let Some(k) = computed else { continue };
             let is_buffer = |x: u16| matches!(self.registers[x as usize], Register::Buffer(..));
             let later_reads_buffer = (self.instrs[k + 1..].iter())
@@ -160,7 +221,7 @@ impl Program {
         let mut free: Vec<usize> = Vec::new();
         let mut tiles = 0;
         for (k, i) in self.instrs.iter().enumerate() {
-            if let Instr::Unary { dst, .. } | Instr::Binary { dst, .. } = *i
+            if let Some(dst) = Self::defines(i)
                 && let Register::Scratch(_) = self.registers[dst as usize]
             {
                 let tile = free.pop().unwrap_or_else(|| {
@@ -232,6 +293,7 @@ impl Gen<'_, '_> {
             let to = p.register(Register::Buffer(stash.slot, stash.slot_map));
             stores.push((to, x));
         }
+        p.fuse_pairs(&stores);
         p.routines_in_place(&mut stores);
         p.write_results_in_place(&mut stores);
         (p.instrs).extend(stores.into_iter().map(|(dst, a)| Instr::Copy { dst, a }));
@@ -296,7 +358,10 @@ impl Gen<'_, '_> {
             let s = g.b.create_sized_stack_slot(data);
             g.b.ins().stack_addr(ptr, s, 0)
         };
-        let words: Vec<u64> = p.instrs.iter().map(|i| i.encode()).collect();
+        let mut words = Vec::new();
+        for i in &p.instrs {
+            i.encode(&mut words);
+        }
         let program_at = (FRAME_HEADER + p.registers.len()) * 8;
         let frame = slot(self, program_at + words.len() * 8);
         let scalars = slot(self, p.scalars.len() * 4);
