@@ -276,8 +276,8 @@ unsafe fn fill(d: *mut f32, n: usize, f: impl Fn(usize) -> f32) {
 /// share of the lines before each instruction, since a burst of them would wait for free
 /// line-fill buffers. A prefetch never faults, so past a buffer's end it is harmless.
 struct Prefetch {
-    /// The next tile's first element, per buffer register.
-    next: [*const f32; 64],
+    /// The next tile's first element, per buffer register (the first [`Prefetch::MAX`]).
+    next: [*const f32; Prefetch::MAX],
     buffers: usize,
     /// Lines per buffer, and how many are asked for per step.
     lines: usize,
@@ -287,13 +287,16 @@ struct Prefetch {
 
 impl Prefetch {
     const LINE: usize = 16;
+    /// Buffers prefetched: few programs read or write more, and a small array stays in
+    /// registers.
+    const MAX: usize = 8;
 
     #[inline(always)]
     fn new(mask: u64, registers: *const *mut f32, n: usize, steps: usize) -> Prefetch {
-        let mut next = [std::ptr::null(); 64];
+        let mut next = [std::ptr::null(); Self::MAX];
         let mut buffers = 0;
         let mut bits = mask;
-        while bits != 0 {
+        while bits != 0 && buffers < Self::MAX {
             let r = bits.trailing_zeros() as usize;
             bits &= bits - 1;
             // SAFETY: the mask names registers of the frame.
