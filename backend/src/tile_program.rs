@@ -13,7 +13,7 @@
 //! - elementwise ops are single IEEE operations, or the same sequence Cranelift's x86 backend
 //!   lowers them to (`fmax`/`fmin`, `relu`, `sign`);
 //! - transcendental functions call the vector routines, which mirror `jit/math.rs`;
-//! - a sum keeps Cranelift's 8 partial sums (element `i` into partial `i mod 8`, in order);
+//! - a sum keeps Cranelift's 16 partial sums (element `i` into partial `i mod 16`, in order);
 //! - a max or min may combine in any order: it is exact, and its NaN is made canonical when
 //!   the row's reduction finishes (on both paths).
 //!
@@ -30,8 +30,9 @@ use crate::vecmath::{self, Isa};
 use kiln_ir::{BinaryOp, ReduceOp, UnaryOp};
 use std::sync::OnceLock;
 
-/// Partial accumulators per reduction: Cranelift's 2 unrolled f32x4 accumulators.
-pub(crate) const PARTIALS: usize = 8;
+/// Partial accumulators per reduction: Cranelift's 4 unrolled f32x4 accumulators of a loop
+/// that reduces.
+pub(crate) const PARTIALS: usize = 16;
 
 /// Words of a frame before the registers.
 pub(crate) const FRAME_HEADER: usize = 5;
@@ -436,7 +437,7 @@ fn sign(x: f32) -> f32 {
 ///
 /// # Safety
 /// `frame` is a frame as the module documents it, whose registers hold `len` elements each
-/// and whose accumulators hold [`PARTIALS`] f32s per reduction; `len` is a multiple of 8; the
+/// and whose accumulators hold [`PARTIALS`] f32s per reduction; `len` is a multiple of 8 (of 16 where it reduces); the
 /// CPU has `isa`.
 #[inline(always)]
 unsafe fn run(frame: *const u64, len: i64, isa: Isa) {
@@ -451,7 +452,6 @@ unsafe fn run(frame: *const u64, len: i64, isa: Isa) {
     };
     let registers = frame.wrapping_add(FRAME_HEADER) as *const *mut f32;
     let n = len as usize;
-    debug_assert_eq!(n % PARTIALS, 0);
     // SAFETY: the frame has its header, and a register for each bit of the mask.
     let buffers = unsafe { *frame.add(4) };
     let mut prefetch = Prefetch::new(buffers, registers, n, count);
@@ -589,9 +589,10 @@ unsafe fn unary(op: UnaryOp, d: *mut f32, a: Src, n: usize, isa: Isa) {
     }
 }
 
-/// Combines `n` elements of `a` into the 8 partial accumulators at `p`.
+/// Combines `n` elements of `a` into the [`PARTIALS`] partial accumulators at `p`.
 #[inline(always)]
 unsafe fn reduce(op: ReduceOp, p: *mut f32, a: Src, n: usize) {
+    debug_assert_eq!(n % PARTIALS, 0, "a reducing loop's tiles are whole trips");
     // SAFETY: `p` holds `PARTIALS` f32s and `a` `n` elements, and neither overlaps the other.
     let (partials, a) = unsafe {
         let partials = &mut *(p as *mut [f32; PARTIALS]);
@@ -613,7 +614,7 @@ unsafe fn reduce(op: ReduceOp, p: *mut f32, a: Src, n: usize) {
         }
     };
     match op {
-        // In order, element `i` into partial `i mod 8`: the bits of Cranelift's loop.
+        // In order, element `i` into partial `i mod 16`: the bits of Cranelift's loop.
         ReduceOp::Sum | ReduceOp::Mean => {
             let mut s = *partials;
             for row in x.chunks_exact(PARTIALS) {
@@ -649,17 +650,23 @@ fn any_order(partials: &mut [f32; PARTIALS], x: &[f32], f: impl Fn(f32, f32) -> 
             *m = f(*m, *x);
         }
     }
-    let mut p = *partials;
-    for part in rows
-        .remainder()
-        .chunks_exact(PARTIALS)
-        .chain(m.chunks_exact(PARTIALS))
-    {
-        for (p, x) in p.iter_mut().zip(part) {
-            *p = f(*p, *x);
+    for part in rows.remainder().chunks_exact(PARTIALS) {
+        for (m, x) in m.iter_mut().zip(part) {
+            *m = f(*m, *x);
         }
     }
-    *partials = p;
+    // Halves folded into halves: three steps at full width, not eight in a chain.
+    let mut width = LANES;
+    while width > PARTIALS {
+        width /= 2;
+        let (low, high) = m.split_at_mut(width);
+        for (m, x) in low.iter_mut().zip(&high[..width]) {
+            *m = f(*m, *x);
+        }
+    }
+    for (p, m) in partials.iter_mut().zip(&m) {
+        *p = f(*p, *m);
+    }
 }
 
 #[cfg(target_arch = "x86_64")]

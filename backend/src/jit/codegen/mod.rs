@@ -45,6 +45,9 @@ mod values;
 const LANES: i64 = 4;
 /// Vector iterations per inner-loop trip.
 const UNROLL: i64 = 2;
+/// Vector iterations per trip of a loop that reduces: its element `i` goes to partial
+/// `i mod 16`, so four independent chains hide the adds' latency.
+const REDUCE_UNROLL: i64 = 4;
 
 /// Where an expression can be computed: once per call, once per row, or per element.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -151,6 +154,7 @@ pub(crate) fn build_stage(
         stash_out: Vec::new(),
         routines,
         programs_everywhere: false,
+        unroll: UNROLL,
         tile: None,
         routines_called: Vec::new(),
     };
@@ -204,6 +208,8 @@ struct Gen<'a, 'f> {
     /// Whether every group that can be a tile program is one (the stage has a group with
     /// routines, so this code is timed against Cranelift's alone anyway).
     programs_everywhere: bool,
+    /// Vector iterations per trip of the current inner loop.
+    unroll: i64,
     /// The tile being computed, in a tiled inner loop.
     tile: Option<tiles::Tile>,
     /// The functions given to routines so far.

@@ -17,6 +17,8 @@ use crate::tile_program::{self, FRAME_HEADER, Instr, Operand, PARTIALS};
 use crate::vecmath;
 use tiles::TILE;
 
+const _: () = assert!(PARTIALS == (LANES * REDUCE_UNROLL) as usize);
+
 /// What a program register points at.
 #[derive(Clone, PartialEq, Eq)]
 enum Register {
@@ -392,7 +394,7 @@ impl Gen<'_, '_> {
         }
         for (k, &(_, op)) in p.reductions.iter().enumerate() {
             let identity = self.identity(op, DType::F32, true);
-            for u in 0..UNROLL as usize {
+            for u in 0..REDUCE_UNROLL as usize {
                 store(
                     self,
                     identity,

@@ -374,7 +374,10 @@ impl Gen<'_, '_> {
         let mut scalar_accs: Vec<Option<Variable>> = Vec::new();
         let mut start = zero;
         if vector {
-            let step = LANES * UNROLL;
+            let reduces =
+                (works.iter()).any(|w| matches!(w, Work::Reduce(_) | Work::ReduceInto(_)));
+            self.unroll = if reduces { REDUCE_UNROLL } else { UNROLL };
+            let step = LANES * self.unroll;
             let vec_end = self.b.ins().band_imm_s(n, !(step - 1));
             let mut vector_accs: Vec<Vec<Variable>> = Vec::new();
             for &w in works {
@@ -382,7 +385,7 @@ impl Gen<'_, '_> {
                     Work::Reduce(v) | Work::ReduceInto(v) => {
                         let (op, _) = plan.reduce_op(v).expect("a reduction");
                         let init = self.identity(op, DType::F32, true);
-                        (0..UNROLL)
+                        (0..self.unroll)
                             .map(|_| {
                                 let var = self.b.declare_var(types::F32X4);
                                 self.b.def_var(var, init);
@@ -419,7 +422,7 @@ impl Gen<'_, '_> {
                 self.routines_called.push("tile program");
             } else if phases.is_empty() {
                 let l = self.begin_loop(zero, vec_end);
-                for u in 0..UNROLL {
+                for u in 0..self.unroll {
                     self.inner = Some(self.b.ins().iadd_imm_s(l.index, u * LANES));
                     body(self, u as u32);
                 }

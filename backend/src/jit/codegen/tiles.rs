@@ -121,7 +121,7 @@ impl Gen<'_, '_> {
         let mut first = 0;
         for phase in phases {
             let l = self.begin_loop(start, end);
-            for u in 0..UNROLL {
+            for u in 0..self.unroll {
                 self.scopes.push(HashMap::new());
                 self.inner = Some(self.b.ins().iadd_imm_s(l.index, u * LANES));
                 for (k, (v, map)) in phase.iter().enumerate() {
@@ -132,7 +132,7 @@ impl Gen<'_, '_> {
                 }
                 self.scopes.pop();
             }
-            self.end_loop(l, LANES * UNROLL);
+            self.end_loop(l, LANES * self.unroll);
             for (k, (v, _)) in phase.iter().enumerate() {
                 let Some((Op::Unary(op), _)) = self.plan.op(*v) else {
                     unreachable!("a routine call is a unary op")
@@ -147,11 +147,11 @@ impl Gen<'_, '_> {
             self.tile.as_mut().expect("a tile").ready = first;
         }
         let l = self.begin_loop(start, end);
-        for u in 0..UNROLL {
+        for u in 0..self.unroll {
             self.inner = Some(self.b.ins().iadd_imm_s(l.index, u * LANES));
             body(self, u as u32);
         }
-        self.end_loop(l, LANES * UNROLL);
+        self.end_loop(l, LANES * self.unroll);
         self.tile = None;
         self.inner = None;
         self.end_loop(tiles, TILE);
