@@ -153,7 +153,8 @@ pub(crate) fn build_stage(
         stash_in: Vec::new(),
         stash_out: Vec::new(),
         routines,
-        programs_everywhere: false,
+        frames: HashMap::new(),
+        segment: None,
         unroll: UNROLL,
         tile: None,
         routines_called: Vec::new(),
@@ -205,9 +206,11 @@ struct Gen<'a, 'f> {
     stash_out: Vec<Stash>,
     /// Whether transcendentals on vectorised rows call vector routines on tiles.
     routines: bool,
-    /// Whether every group that can be a tile program is one (the stage has a group with
-    /// routines, so this code is timed against Cranelift's alone anyway).
-    programs_everywhere: bool,
+    /// The tile programs of the stage's groups (by segment), their frames filled before
+    /// the rows.
+    frames: HashMap<usize, programs::Frame>,
+    /// The segment being emitted.
+    segment: Option<usize>,
     /// Vector iterations per trip of the current inner loop.
     unroll: i64,
     /// The tile being computed, in a tiled inner loop.

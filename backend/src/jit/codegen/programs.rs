@@ -20,12 +20,14 @@ use tiles::TILE;
 const _: () = assert!(PARTIALS == (LANES * REDUCE_UNROLL) as usize);
 
 /// What a program register points at.
-#[derive(Clone, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 enum Register {
     /// A tile of scratch (virtual until [`Program::assign_scratch`] numbers them).
     Scratch(usize),
     /// A buffer (under a mapping, unit stride along the row) from the tile's first element.
     Buffer(usize, Mapping),
+    /// No instruction uses it any more.
+    Unused,
 }
 
 /// A group's tile program, and what the kernel fills its frame with.
@@ -222,9 +224,12 @@ impl Program {
         }
         let mut free: Vec<usize> = Vec::new();
         let mut tiles = 0;
+        let mut assigned = vec![false; self.registers.len()];
         for (k, i) in self.instrs.iter().enumerate() {
+            // A register written again (a routine in place) keeps its tile.
             if let Some(dst) = Self::defines(i)
                 && let Register::Scratch(_) = self.registers[dst as usize]
+                && !std::mem::replace(&mut assigned[dst as usize], true)
             {
                 let tile = free.pop().unwrap_or_else(|| {
                     tiles += 1;
@@ -241,6 +246,12 @@ impl Program {
             }
         }
         self.scratch_tiles = tiles;
+        // Registers whose instructions were fused or renamed away.
+        for (r, assigned) in assigned.into_iter().enumerate() {
+            if !assigned && matches!(self.registers[r], Register::Scratch(_)) {
+                self.registers[r] = Register::Unused;
+            }
+        }
     }
 
     /// The transcendental functions the program applies.
@@ -351,15 +362,25 @@ impl Gen<'_, '_> {
         Some(o)
     }
 
-    /// The vectorised part of the row, `0..vec_end`, by the tile program `p`; leaves each
-    /// reduction's f32x4 accumulators (`accs`, by work) as Cranelift's own loop would.
-    pub(super) fn run_program(&mut self, p: &Program, vec_end: CValue, accs: &[Vec<Variable>]) {
+    /// Fills, before the rows, what a program's frame keeps from row to row: the program,
+    /// the header, the scratch tiles' addresses.
+    pub(super) fn prepare_frame(&mut self, program: Program) -> Frame {
         let ptr = self.module.target_config().pointer_type();
         let slot = |g: &mut Self, bytes: usize| {
             let data = StackSlotData::new(StackSlotKind::ExplicitSlot, bytes.max(16) as u32, 6);
             let s = g.b.create_sized_stack_slot(data);
             g.b.ins().stack_addr(ptr, s, 0)
         };
+        let p = &program;
+        if crate::debug::level() >= 2 {
+            eprintln!("// tile program of a group of stage {}:", self.stage);
+            for (r, register) in p.registers.iter().enumerate() {
+                eprintln!("//   register {r}: {register:?}");
+            }
+            for i in &p.instrs {
+                eprintln!("//   {i:?}");
+            }
+        }
         let mut words = Vec::new();
         for i in &p.instrs {
             i.encode(&mut words);
@@ -369,52 +390,62 @@ impl Gen<'_, '_> {
         let scalars = slot(self, p.scalars.len() * 4);
         let partials = slot(self, p.reductions.len() * PARTIALS * 4);
         let scratch = slot(self, p.scratch_tiles * TILE as usize * 4);
-        let store = |g: &mut Self, x: CValue, at: CValue, offset: usize| {
-            g.b.ins().store(flags(), x, at, offset as i32);
-        };
         for (k, &w) in words.iter().enumerate() {
             let word = self.b.ins().iconst(types::I64, w as i64);
-            store(self, word, frame, program_at + 8 * k);
+            self.b
+                .ins()
+                .store(flags(), word, frame, (program_at + 8 * k) as i32);
         }
-        let program = self.b.ins().iadd_imm_s(frame, program_at as i64);
+        let code = self.b.ins().iadd_imm_s(frame, program_at as i64);
         let count = self.b.ins().iconst(types::I64, words.len() as i64);
         let buffer_bits = (p.registers.iter().enumerate())
             .filter(|(r, x)| *r < 64 && matches!(x, Register::Buffer(..)))
             .fold(0u64, |m, (r, _)| m | 1 << r);
         let mask = self.b.ins().iconst(types::I64, buffer_bits as i64);
-        for (k, x) in [program, count, scalars, partials, mask]
+        for (k, x) in [code, count, scalars, partials, mask]
             .into_iter()
             .enumerate()
         {
-            store(self, x, frame, 8 * k);
+            self.b.ins().store(flags(), x, frame, 8 * k as i32);
         }
+        for (r, register) in p.registers.iter().enumerate() {
+            if let Register::Scratch(t) = register {
+                let at = self
+                    .b
+                    .ins()
+                    .iadd_imm_s(scratch, (t * TILE as usize * 4) as i64);
+                self.b
+                    .ins()
+                    .store(flags(), at, frame, ((FRAME_HEADER + r) * 8) as i32);
+            }
+        }
+        Frame {
+            program,
+            frame,
+            scalars,
+            partials,
+        }
+    }
+
+    /// The vectorised part of the row, `0..vec_end`, by the prepared program `f`; leaves each
+    /// reduction's f32x4 accumulators (`accs`, by work) as Cranelift's own loop would.
+    pub(super) fn run_program(&mut self, f: &Frame, vec_end: CValue, accs: &[Vec<Variable>]) {
+        let (p, frame, partials) = (&f.program, f.frame, f.partials);
         for (k, (v, map)) in p.scalars.iter().enumerate() {
             let x = self.emit(*v, map, false);
-            store(self, x, scalars, 4 * k);
+            self.b.ins().store(flags(), x, f.scalars, 4 * k as i32);
         }
         for (k, &(_, op)) in p.reductions.iter().enumerate() {
             let identity = self.identity(op, DType::F32, true);
             for u in 0..REDUCE_UNROLL as usize {
-                store(
-                    self,
-                    identity,
-                    partials,
-                    (k * PARTIALS + u * LANES as usize) * 4,
-                );
+                let at = (k * PARTIALS + u * LANES as usize) * 4;
+                self.b.ins().store(flags(), identity, partials, at as i32);
             }
         }
         let mut buffers = Vec::new();
         for (r, register) in p.registers.iter().enumerate() {
-            let at = (FRAME_HEADER + r) * 8;
-            match register {
-                Register::Scratch(t) => {
-                    let x = self
-                        .b
-                        .ins()
-                        .iadd_imm_s(scratch, (t * TILE as usize * 4) as i64);
-                    store(self, x, frame, at);
-                }
-                Register::Buffer(slot, map) => buffers.push((self.base(*slot, map), at)),
+            if let Register::Buffer(slot, map) = register {
+                buffers.push((self.base(*slot, map), ((FRAME_HEADER + r) * 8) as i32));
             }
         }
         let zero = self.b.ins().iconst(types::I64, 0);
@@ -427,7 +458,7 @@ impl Gen<'_, '_> {
         let offset = self.b.ins().imul_imm_s(start, 4);
         for &(base, at) in &buffers {
             let x = self.b.ins().iadd(base, offset);
-            store(self, x, frame, at);
+            self.b.ins().store(flags(), x, frame, at);
         }
         // In the platform's convention: only the loop's few addresses are live across it,
         // and they stay in callee-saved registers (a trampoline would save every register).
@@ -440,5 +471,15 @@ impl Gen<'_, '_> {
                 self.b.def_var(var, x);
             }
         }
+        self.routines_called.extend(p.functions());
+        self.routines_called.push("tile program");
     }
+}
+
+/// A program and its frame's stack slots, filled before the rows.
+pub(super) struct Frame {
+    program: Program,
+    frame: CValue,
+    scalars: CValue,
+    partials: CValue,
 }

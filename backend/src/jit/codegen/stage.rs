@@ -114,9 +114,7 @@ impl Gen<'_, '_> {
         self.hoist(&all, Level::Entry, false);
         let segments = self.segments();
         let stashes = self.stashes(&segments);
-        self.programs_everywhere = self.routines
-            && (segments.iter())
-                .any(|s| matches!(s, Segment::Group(w) if !self.routine_calls(w).is_empty()));
+        self.prepare_programs(&segments, &stashes);
         let l = self.begin_loop(begin, end);
         self.scopes.push(HashMap::new());
         self.decompose_row(l.index);
@@ -128,21 +126,52 @@ impl Gen<'_, '_> {
                     self.store_to_destinations(*v, &map, x, false);
                 }
                 Segment::Group(works) => {
-                    self.stash_in = stashes.iter().filter(|s| s.by == index).cloned().collect();
-                    self.stash_out = stashes
-                        .iter()
-                        .filter(|s| s.for_group == index)
-                        .cloned()
-                        .collect();
+                    self.use_stashes(&stashes, index);
+                    self.segment = Some(index);
                     self.inner_loop(works);
-                    self.stash_in.clear();
-                    self.stash_out.clear();
+                    self.segment = None;
+                    self.use_stashes(&[], index);
                 }
             }
         }
         self.scopes.pop();
         self.row_index.clear();
         self.end_loop(l, 1);
+    }
+
+    /// Sets the stashes group `index` stores and loads.
+    fn use_stashes(&mut self, stashes: &[Stash], index: usize) {
+        self.stash_in = stashes.iter().filter(|s| s.by == index).cloned().collect();
+        self.stash_out = (stashes.iter())
+            .filter(|s| s.for_group == index)
+            .cloned()
+            .collect();
+    }
+
+    /// Makes tile programs of the groups that can be ones (where this code calls routines:
+    /// in a stage with a transcendental function, every group it can), their frames filled
+    /// before the rows.
+    fn prepare_programs(&mut self, segments: &[Segment], stashes: &[Stash]) {
+        let has_routines = |g: &mut Self, s: &Segment| match s {
+            Segment::Group(works) => !g.routine_calls(works).is_empty(),
+            Segment::Row(_) => false,
+        };
+        if !self.routines || !segments.iter().any(|s| has_routines(self, s)) {
+            return;
+        }
+        for (index, segment) in segments.iter().enumerate() {
+            let Segment::Group(works) = segment else {
+                continue;
+            };
+            self.use_stashes(stashes, index);
+            if self.vectorizable(works)
+                && let Some(program) = self.tile_program(works)
+            {
+                let frame = self.prepare_frame(program);
+                self.frames.insert(index, frame);
+            }
+            self.use_stashes(&[], index);
+        }
     }
 
     /// The stage's values in the order they are computed along a row: groups of values that
@@ -412,14 +441,9 @@ impl Gen<'_, '_> {
             } else {
                 Vec::new()
             };
-            let program = match phases.is_empty() && !self.programs_everywhere {
-                true => None,
-                false => self.tile_program(works),
-            };
-            if let Some(program) = program {
-                self.run_program(&program, vec_end, &vector_accs);
-                self.routines_called.extend(program.functions());
-                self.routines_called.push("tile program");
+            let frame = self.segment.and_then(|s| self.frames.remove(&s));
+            if let Some(frame) = frame {
+                self.run_program(&frame, vec_end, &vector_accs);
             } else if phases.is_empty() {
                 let l = self.begin_loop(zero, vec_end);
                 for u in 0..self.unroll {
