@@ -42,16 +42,18 @@ pub(super) struct Program {
     scratch_tiles: usize,
 }
 
+/// `x`'s index in `all`, added at the end if it is not there.
+fn index_in<T: PartialEq>(all: &mut Vec<T>, x: T) -> u16 {
+    let at = all.iter().position(|y| *y == x).unwrap_or_else(|| {
+        all.push(x);
+        all.len() - 1
+    });
+    at as u16
+}
+
 impl Program {
     fn register(&mut self, r: Register) -> u16 {
-        let at = match self.registers.iter().position(|x| *x == r) {
-            Some(at) => at,
-            None => {
-                self.registers.push(r);
-                self.registers.len() - 1
-            }
-        };
-        at as u16
+        index_in(&mut self.registers, r)
     }
 
     fn scratch(&mut self) -> u16 {
@@ -60,15 +62,7 @@ impl Program {
     }
 
     fn scalar(&mut self, v: Value, map: &Mapping) -> u16 {
-        let key = (v, map.clone());
-        let at = match self.scalars.iter().position(|x| *x == key) {
-            Some(at) => at,
-            None => {
-                self.scalars.push(key);
-                self.scalars.len() - 1
-            }
-        };
-        at as u16
+        index_in(&mut self.scalars, (v, map.clone()))
     }
 
     /// The tile registers `i` reads.
@@ -459,14 +453,8 @@ impl Gen<'_, '_> {
                 buffers.push((self.base(*slot, map), ((FRAME_HEADER + r) * 8) as i32));
             }
         }
-        let zero = self.b.ins().iconst(types::I64, 0);
-        let tiles = self.begin_loop(zero, vec_end);
-        let start = tiles.index;
-        let full = self.b.ins().iadd_imm_s(start, TILE);
-        let short = self.b.ins().icmp(IntCC::SignedLessThan, vec_end, full);
-        let end = self.b.ins().select(short, vec_end, full);
-        let len = self.b.ins().isub(end, start);
-        let offset = self.b.ins().imul_imm_s(start, 4);
+        let (tiles, _, len) = self.begin_tiles(vec_end);
+        let offset = self.b.ins().imul_imm_s(tiles.index, 4);
         for &(base, at) in &buffers {
             let x = self.b.ins().iadd(base, offset);
             self.b.ins().store(flags(), x, frame, at);

@@ -105,13 +105,8 @@ impl Gen<'_, '_> {
         let raw = self.b.ins().stack_addr(ptr, slot, 0);
         let raw = self.b.ins().iadd_imm_s(raw, 63);
         let scratch = self.b.ins().band_imm_s(raw, !63);
-        let zero = self.b.ins().iconst(types::I64, 0);
-        let tiles = self.begin_loop(zero, vec_end);
+        let (tiles, end, len) = self.begin_tiles(vec_end);
         let start = tiles.index;
-        let full = self.b.ins().iadd_imm_s(start, TILE);
-        let short = self.b.ins().icmp(IntCC::SignedLessThan, vec_end, full);
-        let end = self.b.ins().select(short, vec_end, full);
-        let len = self.b.ins().isub(end, start);
         self.tile = Some(Tile {
             start,
             scratch,
@@ -160,6 +155,17 @@ impl Gen<'_, '_> {
                 Some((Op::Unary(op), _)) => Some(op.name()),
                 _ => None,
             }));
+    }
+
+    /// Opens the loop over the tiles of `0..vec_end`; returns it, the tile's end and its length.
+    pub(super) fn begin_tiles(&mut self, vec_end: CValue) -> (Loop, CValue, CValue) {
+        let zero = self.b.ins().iconst(types::I64, 0);
+        let tiles = self.begin_loop(zero, vec_end);
+        let full = self.b.ins().iadd_imm_s(tiles.index, TILE);
+        let short = self.b.ins().icmp(IntCC::SignedLessThan, vec_end, full);
+        let end = self.b.ins().select(short, vec_end, full);
+        let len = self.b.ins().isub(end, tiles.index);
+        (tiles, end, len)
     }
 
     /// Where call `k`'s result for the current inner position is.
