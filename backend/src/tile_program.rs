@@ -82,28 +82,10 @@ pub(crate) enum Instr {
     },
 }
 
-/// Whether a tile program has `op` on f32.
-pub(crate) fn has_unary(op: UnaryOp) -> bool {
-    !matches!(op, UnaryOp::Sin | UnaryOp::Cos | UnaryOp::Not)
-}
-
 /// Whether a [`Instr::Fused`] pair may have these ops.
 pub(crate) fn fusable(first: BinaryOp, then: BinaryOp) -> bool {
     let cheap = |op| matches!(op, BinaryOp::Add | BinaryOp::Sub | BinaryOp::Mul);
     cheap(first) && cheap(then)
-}
-
-/// Whether a tile program has `op` on f32.
-pub(crate) fn has_binary(op: BinaryOp) -> bool {
-    matches!(
-        op,
-        BinaryOp::Add
-            | BinaryOp::Sub
-            | BinaryOp::Mul
-            | BinaryOp::Div
-            | BinaryOp::Max
-            | BinaryOp::Min
-    )
 }
 
 const SCALAR_BIT: u16 = 0x8000;
@@ -129,12 +111,6 @@ impl Operand {
             Operand::Tile(x)
         }
     }
-}
-
-fn index_of<T: PartialEq>(all: &[T], x: T) -> u64 {
-    all.iter()
-        .position(|y| *y == x)
-        .expect("an op of the table") as u64
 }
 
 impl Instr {
@@ -170,24 +146,23 @@ impl Instr {
         }
     }
 
-    /// Appends the instruction's words: kind (4 bits), op (8), destination (16), then
-    /// operands of 16 bits each; a fused pair adds a word with its second op, `swap` and `c`.
+    /// Appends the instruction's words: kind (4 bits), op (8: its index in the op table's
+    /// `ALL`, which is its discriminant), destination (16), then operands of 16 bits each; a
+    /// fused pair adds a word with its second op, `swap` and `c`.
     pub(crate) fn encode(self, out: &mut Vec<u64>) {
         let (kind, op, dst, a, b) = match self {
             Instr::Copy { dst, a } => (COPY, 0, dst, a, None),
-            Instr::Unary { op, dst, a } => (UNARY, index_of(UnaryOp::ALL, op), dst, a, None),
-            Instr::Binary { op, dst, a, b } => {
-                (BINARY, index_of(BinaryOp::ALL, op), dst, a, Some(b))
-            }
+            Instr::Unary { op, dst, a } => (UNARY, op as u64, dst, a, None),
+            Instr::Binary { op, dst, a, b } => (BINARY, op as u64, dst, a, Some(b)),
             Instr::Fused {
                 first, dst, a, b, ..
-            } => (FUSED, index_of(BinaryOp::ALL, first), dst, a, Some(b)),
-            Instr::Reduce { op, acc, a } => (REDUCE, index_of(ReduceOp::ALL, op), acc, a, None),
+            } => (FUSED, first as u64, dst, a, Some(b)),
+            Instr::Reduce { op, acc, a } => (REDUCE, op as u64, acc, a, None),
         };
         let b = b.map_or(0, Operand::encode);
         out.push(kind | op << 4 | u64::from(dst) << 12 | a.encode() << 28 | b << 44);
         if let Instr::Fused { then, swap, c, .. } = self {
-            out.push(index_of(BinaryOp::ALL, then) | u64::from(swap) << 8 | c.encode() << 16);
+            out.push(then as u64 | u64::from(swap) << 8 | c.encode() << 16);
         }
     }
 
@@ -263,8 +238,9 @@ enum Src {
 }
 
 /// `d[i] = f(i)` for `i < n`. A plain counted loop, which LLVM vectorises at the ISA's width
-/// behind a check that `d` overlaps no source (programs never write a tile they read, so the
-/// check passes).
+/// behind a check that `d` overlaps none of the pointers `f` reads: a result written over its
+/// own operand (a routine in place, an output over its stash) reads `d` itself, which the
+/// callers spell as such, so the check passes.
 #[inline(always)]
 unsafe fn fill(d: *mut f32, n: usize, f: impl Fn(usize) -> f32) {
     for i in 0..n {
@@ -280,9 +256,9 @@ struct Prefetch {
     /// The next tile's first element, per buffer register (the first [`Prefetch::MAX`]).
     next: [*const f32; Prefetch::MAX],
     buffers: usize,
-    /// Lines per buffer, and how many are asked for per step.
+    /// Lines per buffer, and how many are asked for per word of the program.
     lines: usize,
-    per_step: usize,
+    per_word: usize,
     done: usize,
 }
 
@@ -293,7 +269,7 @@ impl Prefetch {
     const MAX: usize = 8;
 
     #[inline(always)]
-    fn new(mask: u64, registers: *const *mut f32, n: usize, steps: usize) -> Prefetch {
+    fn new(mask: u64, registers: *const *mut f32, n: usize, words: usize) -> Prefetch {
         let mut next = [std::ptr::null(); Self::MAX];
         let mut buffers = 0;
         let mut bits = mask;
@@ -309,14 +285,16 @@ impl Prefetch {
             next,
             buffers,
             lines,
-            per_step: lines.div_ceil(steps.max(1)),
+            per_word: lines.div_ceil(words.max(1)),
             done: 0,
         }
     }
 
+    /// Asks for the share of an instruction of `words` words, so that the last instruction
+    /// has asked for every line.
     #[inline(always)]
-    fn step(&mut self) {
-        let end = (self.done + self.per_step).min(self.lines);
+    fn step(&mut self, words: usize) {
+        let end = (self.done + self.per_word * words).min(self.lines);
         for b in &self.next[..self.buffers] {
             for line in self.done..end {
                 let at = b.wrapping_add(line * Self::LINE);
@@ -437,8 +415,8 @@ fn sign(x: f32) -> f32 {
 ///
 /// # Safety
 /// `frame` is a frame as the module documents it, whose registers hold `len` elements each
-/// and whose accumulators hold [`PARTIALS`] f32s per reduction; `len` is a multiple of 8 (of 16 where it reduces); the
-/// CPU has `isa`.
+/// and whose accumulators hold [`PARTIALS`] f32s per reduction; `len` is a multiple of 8 (of
+/// 16 where the program reduces); the CPU has `isa`.
 #[inline(always)]
 unsafe fn run(frame: *const u64, len: i64, isa: Isa) {
     // SAFETY: as the function's contract states.
@@ -459,11 +437,11 @@ unsafe fn run(frame: *const u64, len: i64, isa: Isa) {
     let program = unsafe { std::slice::from_raw_parts(program, count) };
     let mut k = 0;
     while k < count {
-        prefetch.step();
         let (instr, words) = Instr::decode(&program[k..]);
         k += words;
-        // SAFETY: the program's registers and scalars are the frame's; the registers hold `n` elements and the accumulators `PARTIALS` per
-        // reduction, as the contract states.
+        prefetch.step(words);
+        // SAFETY: the program's registers and scalars are the frame's; the registers hold `n`
+        // elements and the accumulators `PARTIALS` per reduction, as the contract states.
         unsafe {
             let tile = |r: u16| *registers.add(r as usize);
             let src = |o: Operand| match o {
@@ -502,7 +480,10 @@ unsafe fn binary(op: BinaryOp, d: *mut f32, a: Src, b: Src, n: usize) {
             BinaryOp::Div => map2(d, a, b, n, |x, y| x / y),
             BinaryOp::Max => map2(d, a, b, n, fmax),
             BinaryOp::Min => map2(d, a, b, n, fmin),
-            other => unreachable!("`{}` is not in tile programs", other.name()),
+            // No f32 vector form (the op table's), so never in a program.
+            BinaryOp::Pow | BinaryOp::And | BinaryOp::Or | BinaryOp::Xor => {
+                unreachable!("`{}` is not in tile programs", op.name())
+            }
         }
     }
 }
@@ -584,7 +565,16 @@ unsafe fn unary(op: UnaryOp, d: *mut f32, a: Src, n: usize, isa: Isa) {
             UnaryOp::Rsqrt => map1(d, a, n, |x| 1.0 / x.sqrt()),
             UnaryOp::Relu => map1(d, a, n, relu),
             UnaryOp::Sign => map1(d, a, n, sign),
-            other => unreachable!("`{}` is not in tile programs", other.name()),
+            UnaryOp::Exp
+            | UnaryOp::Log
+            | UnaryOp::Tanh
+            | UnaryOp::Sigmoid
+            | UnaryOp::Softplus
+            | UnaryOp::Erf => unreachable!("`{}` has a routine at every level", op.name()),
+            // No f32 vector form (the op table's), so never in a program.
+            UnaryOp::Sin | UnaryOp::Cos | UnaryOp::Not => {
+                unreachable!("`{}` is not in tile programs", op.name())
+            }
         }
     }
 }
@@ -755,6 +745,23 @@ mod tests {
             k += used;
         }
         assert_eq!(k, words.len());
+        // Every op of the tables, by the discriminant the encoding uses as its index.
+        let a = Operand::Tile(1);
+        let every = (UnaryOp::ALL
+            .iter()
+            .map(|&op| Instr::Unary { op, dst: 2, a }))
+        .chain((BinaryOp::ALL.iter()).map(|&op| Instr::Binary {
+            op,
+            dst: 2,
+            a,
+            b: a,
+        }))
+        .chain((ReduceOp::ALL.iter()).map(|&op| Instr::Reduce { op, acc: 0, a }));
+        for i in every {
+            let mut words = Vec::new();
+            i.encode(&mut words);
+            assert_eq!(Instr::decode(&words), (i, 1));
+        }
     }
 
     #[test]

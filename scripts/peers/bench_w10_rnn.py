@@ -102,19 +102,10 @@ def run_jax(fw, x, y, params, loss0):
             h = jax.lax.fori_loop(0, T, lambda t, h: cell(h, xs[t]), h0)
         return jnp.mean((h - yy) ** 2)
 
-    def train_step(p, xs, yy):
-        l, g = jax.value_and_grad(lossf)(p, xs, yy)
-        return jax.tree_util.tree_map(lambda a, d: a - LR * d, p, g), l
-    train_step = jax.jit(train_step, donate_argnums=0)
-    st = {"p": p}
-
-    def step():
-        st["p"], st["l"] = train_step(st["p"], jx, jy)
-        jax.block_until_ready(st["p"])
-    first, summ = timed_loop(step)
+    first, summ, final = training_steps.jax_sgd(jax, lossf, p, jx, jy, LR)
     loop = "lax.scan" if fw == "jax_scan" else "lax.fori_loop"
     report("jax.jit", f"jit(value_and_grad({loop}) + SGD update), donated params", first, summ,
-           float(jax.jit(lossf)(st["p"], jx, jy)), loss0)
+           final, loss0)
 
 
 def run(fw):

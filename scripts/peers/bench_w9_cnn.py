@@ -123,18 +123,9 @@ def run_jax(x, y, convs, dense, loss0):
         lp = jax.nn.log_softmax(h, axis=-1)
         return -jnp.mean(jnp.take_along_axis(lp, yy[:, None], axis=1))
 
-    def train_step(p, xx, yy):
-        l, g = jax.value_and_grad(lossf)(p, xx, yy)
-        return jax.tree_util.tree_map(lambda a, b: a - LR * b, p, g), l
-    train_step = jax.jit(train_step, donate_argnums=0)
-    st = {"p": params}
-
-    def step():
-        st["p"], st["l"] = train_step(st["p"], jx, jy)
-        jax.block_until_ready(st["p"])
-    first, summ = timed_loop(step)
-    report("jax.jit", "jit(value_and_grad + SGD update), donated params", first, summ,
-           float(jax.jit(lossf)(st["p"], jx, jy)), loss0)
+    first, summ, final = training_steps.jax_sgd(jax, lossf, params, jx, jy, LR)
+    report("jax.jit", "jit(value_and_grad + SGD update), donated params", first, summ, final,
+           loss0)
 
 
 def run_paddle(x, y, convs, dense, loss0):

@@ -153,9 +153,6 @@ pub(crate) fn build_stage(
         stash_in: Vec::new(),
         stash_out: Vec::new(),
         routines,
-        frames: HashMap::new(),
-        segment: None,
-        unroll: UNROLL,
         tile: None,
         routines_called: Vec::new(),
     };
@@ -206,13 +203,6 @@ struct Gen<'a, 'f> {
     stash_out: Vec<Stash>,
     /// Whether transcendentals on vectorised rows call vector routines on tiles.
     routines: bool,
-    /// The tile programs of the stage's groups (by segment), their frames filled before
-    /// the rows.
-    frames: HashMap<usize, programs::Frame>,
-    /// The segment being emitted.
-    segment: Option<usize>,
-    /// Vector iterations per trip of the current inner loop.
-    unroll: i64,
     /// The tile being computed, in a tiled inner loop.
     tile: Option<tiles::Tile>,
     /// The functions given to routines so far.

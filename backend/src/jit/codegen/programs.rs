@@ -346,14 +346,14 @@ impl Gen<'_, '_> {
                     let (x, m) = &operands[0];
                     self.program_operand(p, *x, m)?
                 }
-                Op::Unary(op) if f32 && tile_program::has_unary(*op) => {
+                Op::Unary(op) if f32 && op.vector_form() == VectorForm::F32x4 => {
                     let (x, m) = &operands[0];
                     let a = self.program_operand(p, *x, m)?;
                     let dst = p.scratch();
                     p.instrs.push(Instr::Unary { op: *op, dst, a });
                     Operand::Tile(dst)
                 }
-                Op::Binary(op) if f32 && tile_program::has_binary(*op) => {
+                Op::Binary(op) if f32 && op.vector_form() == VectorForm::F32x4 => {
                     let a = self.program_operand(p, operands[0].0, &operands[0].1)?;
                     let b = self.program_operand(p, operands[1].0, &operands[1].1)?;
                     let dst = p.scratch();

@@ -114,7 +114,7 @@ impl Gen<'_, '_> {
         self.hoist(&all, Level::Entry, false);
         let segments = self.segments();
         let stashes = self.stashes(&segments);
-        self.prepare_programs(&segments, &stashes);
+        let mut programs = self.prepare_programs(&segments, &stashes);
         let l = self.begin_loop(begin, end);
         self.scopes.push(HashMap::new());
         self.decompose_row(l.index);
@@ -127,9 +127,7 @@ impl Gen<'_, '_> {
                 }
                 Segment::Group(works) => {
                     self.use_stashes(&stashes, index);
-                    self.segment = Some(index);
-                    self.inner_loop(works);
-                    self.segment = None;
+                    self.inner_loop(works, programs[index].take());
                     self.use_stashes(&[], index);
                 }
             }
@@ -150,14 +148,19 @@ impl Gen<'_, '_> {
 
     /// Makes tile programs of the groups that can be ones (where this code calls routines:
     /// in a stage with a transcendental function, every group it can), their frames filled
-    /// before the rows.
-    fn prepare_programs(&mut self, segments: &[Segment], stashes: &[Stash]) {
+    /// before the rows; by segment.
+    fn prepare_programs(
+        &mut self,
+        segments: &[Segment],
+        stashes: &[Stash],
+    ) -> Vec<Option<programs::Frame>> {
+        let mut frames: Vec<_> = segments.iter().map(|_| None).collect();
         let has_routines = |g: &mut Self, s: &Segment| match s {
             Segment::Group(works) => !g.routine_calls(works).is_empty(),
             Segment::Row(_) => false,
         };
         if !self.routines || !segments.iter().any(|s| has_routines(self, s)) {
-            return;
+            return frames;
         }
         for (index, segment) in segments.iter().enumerate() {
             let Segment::Group(works) = segment else {
@@ -167,11 +170,11 @@ impl Gen<'_, '_> {
             if self.vectorizable(works)
                 && let Some(program) = self.tile_program(works)
             {
-                let frame = self.prepare_frame(program);
-                self.frames.insert(index, frame);
+                frames[index] = Some(self.prepare_frame(program));
             }
             self.use_stashes(&[], index);
         }
+        frames
     }
 
     /// The stage's values in the order they are computed along a row: groups of values that
@@ -318,7 +321,7 @@ impl Gen<'_, '_> {
         let l = self.begin_loop(begin, end);
         self.scopes.push(HashMap::new());
         self.decompose_row(l.index);
-        self.inner_loop(&[work]);
+        self.inner_loop(&[work], None);
         self.scopes.pop();
         self.row_index.clear();
         self.end_loop(l, 1);
@@ -383,8 +386,8 @@ impl Gen<'_, '_> {
     }
 
     /// One inner loop computing `works` along the current row: vectorised (unrolled) when it
-    /// can be, then a scalar tail.
-    pub(super) fn inner_loop(&mut self, works: &[Work]) {
+    /// can be — by the group's tile `program` when it has one — then a scalar tail.
+    pub(super) fn inner_loop(&mut self, works: &[Work], program: Option<programs::Frame>) {
         if works.is_empty() {
             return;
         }
@@ -405,8 +408,8 @@ impl Gen<'_, '_> {
         if vector {
             let reduces =
                 (works.iter()).any(|w| matches!(w, Work::Reduce(_) | Work::ReduceInto(_)));
-            self.unroll = if reduces { REDUCE_UNROLL } else { UNROLL };
-            let step = LANES * self.unroll;
+            let unroll = if reduces { REDUCE_UNROLL } else { UNROLL };
+            let step = LANES * unroll;
             let vec_end = self.b.ins().band_imm_s(n, !(step - 1));
             let mut vector_accs: Vec<Vec<Variable>> = Vec::new();
             for &w in works {
@@ -414,7 +417,7 @@ impl Gen<'_, '_> {
                     Work::Reduce(v) | Work::ReduceInto(v) => {
                         let (op, _) = plan.reduce_op(v).expect("a reduction");
                         let init = self.identity(op, DType::F32, true);
-                        (0..self.unroll)
+                        (0..unroll)
                             .map(|_| {
                                 let var = self.b.declare_var(types::F32X4);
                                 self.b.def_var(var, init);
@@ -436,23 +439,21 @@ impl Gen<'_, '_> {
                 g.store_stashes(true);
                 g.scopes.pop();
             };
-            let phases = if self.routines {
-                self.routine_calls(works)
-            } else {
-                Vec::new()
+            let phases = match (&program, self.routines) {
+                (None, true) => self.routine_calls(works),
+                _ => Vec::new(),
             };
-            let frame = self.segment.and_then(|s| self.frames.remove(&s));
-            if let Some(frame) = frame {
-                self.run_program(&frame, vec_end, &vector_accs);
+            if let Some(program) = program {
+                self.run_program(&program, vec_end, &vector_accs);
             } else if phases.is_empty() {
                 let l = self.begin_loop(zero, vec_end);
-                for u in 0..self.unroll {
+                for u in 0..unroll {
                     self.inner = Some(self.b.ins().iadd_imm_s(l.index, u * LANES));
                     body(self, u as u32);
                 }
                 self.end_loop(l, step);
             } else {
-                self.tiled_vector_loop(&phases, vec_end, &mut body);
+                self.tiled_vector_loop(&phases, vec_end, unroll, &mut body);
             }
             for (i, &w) in works.iter().enumerate() {
                 if let Work::Reduce(v) | Work::ReduceInto(v) = w {

@@ -87,11 +87,13 @@ impl Gen<'_, '_> {
     }
 
     /// The vectorised part of a row, `0..vec_end`, in tiles, with the calls of `phases` made
-    /// by routines; `body` emits one vector step of the group at `self.inner`.
+    /// by routines; `body` emits one vector step of the group at `self.inner` (`unroll` per
+    /// trip).
     pub(super) fn tiled_vector_loop(
         &mut self,
         phases: &[Vec<(Value, Mapping)>],
         vec_end: CValue,
+        unroll: i64,
         body: &mut dyn FnMut(&mut Self, u32),
     ) {
         let calls: Vec<(Value, Mapping)> = phases.concat();
@@ -116,7 +118,7 @@ impl Gen<'_, '_> {
         let mut first = 0;
         for phase in phases {
             let l = self.begin_loop(start, end);
-            for u in 0..self.unroll {
+            for u in 0..unroll {
                 self.scopes.push(HashMap::new());
                 self.inner = Some(self.b.ins().iadd_imm_s(l.index, u * LANES));
                 for (k, (v, map)) in phase.iter().enumerate() {
@@ -127,7 +129,7 @@ impl Gen<'_, '_> {
                 }
                 self.scopes.pop();
             }
-            self.end_loop(l, LANES * self.unroll);
+            self.end_loop(l, LANES * unroll);
             for (k, (v, _)) in phase.iter().enumerate() {
                 let Some((Op::Unary(op), _)) = self.plan.op(*v) else {
                     unreachable!("a routine call is a unary op")
@@ -142,11 +144,11 @@ impl Gen<'_, '_> {
             self.tile.as_mut().expect("a tile").ready = first;
         }
         let l = self.begin_loop(start, end);
-        for u in 0..self.unroll {
+        for u in 0..unroll {
             self.inner = Some(self.b.ins().iadd_imm_s(l.index, u * LANES));
             body(self, u as u32);
         }
-        self.end_loop(l, LANES * self.unroll);
+        self.end_loop(l, LANES * unroll);
         self.tile = None;
         self.inner = None;
         self.end_loop(tiles, TILE);
