@@ -9,6 +9,7 @@
 //! - [`comm`]: communicators between ranks (threads of one process, or MPI processes) that
 //!   collective and point-to-point ops run on.
 //! - [`vecmath`]: exp, log, tanh, … over slices at AVX-512 or AVX2 width, which kernels call.
+//! - [`team`]: the threads kernels split their work over (helpers that spin between regions).
 //! - [`limits`]: the memory a run may ask for and the trips a loop may make.
 //! - [`debug`]: `KILN_DEBUG` levels.
 //!
@@ -25,6 +26,7 @@ pub mod jit;
 pub mod limits;
 pub mod random;
 pub mod state;
+pub mod team;
 pub(crate) mod tile_program;
 pub mod vecmath;
 

@@ -15,14 +15,13 @@
 //! interpreter's direct loops are the oracle these are tested against
 //! (`runtime/tests/op_info.rs`, and the chunking test below).
 
-use super::matmul::PARALLEL_FLOPS;
+use super::matmul::{PARALLEL_FLOPS, Product};
 use crate::Array;
 use crate::interp::window::ConvDims;
-use gemm::Parallelism;
+use crate::team::for_each_chunk;
 use kiln_ir::{Conv2dAttrs, ConvKind};
 use ndarray::ArrayD;
 use num_traits::{One, Zero};
-use rayon::prelude::*;
 use std::cell::RefCell;
 
 thread_local! {
@@ -209,11 +208,7 @@ impl Run {
 
     fn gemm(&self, flops: usize) -> Gemm {
         Gemm {
-            parallelism: if self.threads && flops >= PARALLEL_FLOPS {
-                Parallelism::Rayon(0)
-            } else {
-                Parallelism::None
-            },
+            threads: self.threads && flops >= PARALLEL_FLOPS,
         }
     }
 
@@ -344,16 +339,14 @@ impl Run {
         let dw = &mut dw[c.group * og * k..(c.group + 1) * og * k];
         let parallel = self.threads && og * k * positions >= PARALLEL_FLOPS;
         let parts = if parallel {
-            rayon::current_num_threads().min(positions)
+            crate::team::width().min(positions)
         } else {
             1
         };
         let per_part = positions.div_ceil(parts);
         let part = |lo: usize, dst: &mut [T]| {
             let hi = (lo + per_part).min(positions);
-            let single = Gemm {
-                parallelism: Parallelism::None,
-            };
+            let single = Gemm { threads: false };
             let (grad, patches) = (&grad[lo..], &patches[lo * k..]);
             single.run(
                 dst,
@@ -366,14 +359,10 @@ impl Run {
         if parts <= 1 {
             return part(0, dw);
         }
-        let partials: Vec<Vec<T>> = (0..parts)
-            .into_par_iter()
-            .map(|i| {
-                let mut sum = vec![T::zero(); og * k];
-                part(i * per_part, &mut sum);
-                sum
-            })
-            .collect();
+        let mut partials = vec![vec![T::zero(); og * k]; parts];
+        for_each_chunk(&mut partials, 1, true, |i, sum| {
+            part(i * per_part, &mut sum[0])
+        });
         for sum in partials {
             for (to, v) in dw.iter_mut().zip(sum) {
                 *to += v;
@@ -557,26 +546,6 @@ impl Run {
     }
 }
 
-/// Calls `f(index, chunk)` on each `size`-element chunk of `data`, on rayon's threads when
-/// `threads` allows and there is more than one chunk.
-fn for_each_chunk<T: Send>(
-    data: &mut [T],
-    size: usize,
-    threads: bool,
-    f: impl Fn(usize, &mut [T]) + Send + Sync,
-) {
-    if size == 0 {
-        return;
-    }
-    if threads && data.len() > size {
-        data.par_chunks_mut(size)
-            .enumerate()
-            .for_each(|(i, c)| f(i, c));
-    } else {
-        data.chunks_mut(size).enumerate().for_each(|(i, c)| f(i, c));
-    }
-}
-
 /// The first `len` elements of `v`, grown if it is shorter (never shrunk, so a buffer is
 /// zeroed once, not each time a larger convolution follows a smaller one). Every element is
 /// written before it is read, so values left from an earlier call do not matter.
@@ -590,7 +559,8 @@ fn prefix<T: Zero + Clone>(v: &mut Vec<T>, len: usize) -> &mut [T] {
 /// One gemm call: `dst (m×n) = [dst +] lhs (m×k) · rhs (k×n)`, operands given with their
 /// (column, row) element strides.
 struct Gemm {
-    parallelism: Parallelism,
+    /// Split the columns over the team's threads.
+    threads: bool,
 }
 
 impl Gemm {
@@ -614,32 +584,18 @@ impl Gemm {
             k * n == 0 || last(rhs_cs, rhs_rs, k, n) < rhs.len(),
             "rhs out of bounds"
         );
-        let alpha = if accumulate { T::one() } else { T::zero() };
+        let product = Product {
+            m,
+            k,
+            a: lhs.as_ptr(),
+            a_strides: (lhs_cs as isize, lhs_rs as isize),
+            b: rhs.as_ptr(),
+            b_strides: (rhs_cs as isize, rhs_rs as isize),
+            accumulate,
+        };
         // SAFETY: the asserts above keep every element gemm reads within `lhs` and `rhs` and
         // every element it writes within `dst`, which borrows exclusively (so no overlap).
-        unsafe {
-            gemm::gemm(
-                m,
-                n,
-                k,
-                dst.as_mut_ptr(),
-                1,
-                n as isize,
-                accumulate,
-                lhs.as_ptr(),
-                lhs_cs as isize,
-                lhs_rs as isize,
-                rhs.as_ptr(),
-                rhs_cs as isize,
-                rhs_rs as isize,
-                alpha,
-                T::one(),
-                false,
-                false,
-                false,
-                self.parallelism,
-            );
-        }
+        unsafe { product.run(n, dst.as_mut_ptr(), n, self.threads) }
     }
 }
 

@@ -5,11 +5,12 @@
 use crate::Array;
 use gemm::Parallelism;
 use ndarray::ArrayD;
-use rayon::prelude::*;
 
-/// Below this many multiply-adds a second thread costs more than it saves (measured on the
-/// 2-core machines: gemm's two-thread mode pays from about 256³).
-pub(crate) const PARALLEL_FLOPS: usize = 256 * 256 * 256;
+/// Below this many multiply-adds a second thread costs more than it saves. (256³ while the
+/// threads were rayon's, whose wake-up cost 25–60 µs; with the team's spinning helpers a
+/// 64×256×256 product takes 27 µs on two threads against 47 on one, and W10's step went
+/// from 22.7 to 17.5–18.0 ms with this threshold at 2²⁰ or 2²².)
+pub(crate) const PARALLEL_FLOPS: usize = 1 << 20;
 
 /// Computes `a @ b` (each operand's last two axes transposed first when asked) into `out`,
 /// which has the result's shape.
@@ -117,11 +118,7 @@ unsafe fn batched<T: Copy + 'static + num_traits::Zero + num_traits::One>(
     };
     let a_strides = batch_strides(a_shape, a_rows * a_cols);
     let b_strides = batch_strides(b_shape, b_rows * b_cols);
-    let parallelism = if threads && m * n * k >= PARALLEL_FLOPS {
-        Parallelism::Rayon(0)
-    } else {
-        Parallelism::None
-    };
+    let threads = threads && m * n * k >= PARALLEL_FLOPS;
     let mut index = vec![0usize; batch.len()];
     for i in 0..count {
         let (mut a_off, mut b_off) = (0, 0);
@@ -129,36 +126,19 @@ unsafe fn batched<T: Copy + 'static + num_traits::Zero + num_traits::One>(
             a_off += x * a_strides[axis];
             b_off += x * b_strides[axis];
         }
-        // SAFETY: within the operand.
-        let b_matrix = unsafe { b.add(b_off) };
         let product = Product {
             m,
             k,
             // SAFETY: the offsets stay within the operands (batch indices are in range).
             a: unsafe { a.add(a_off) },
             a_strides: (a_cs, a_rs),
-            b: b_matrix,
+            // SAFETY: as for `a`.
+            b: unsafe { b.add(b_off) },
             b_strides: (b_cs, b_rs),
+            accumulate: false,
         };
         // SAFETY: the output matrix `i` is within `out` and disjoint from the operands.
-        let dst = unsafe { out.add(i * m * n) };
-        match parallelism {
-            // Each thread a run of the columns (measured faster than gemm's own split for every
-            // W5 product but `aᵀ·b`, on 2 threads: 325 against 349 µs for 256×512×512, 406
-            // against 539 µs with `b` transposed).
-            Parallelism::Rayon(_) if !transpose_a => {
-                let threads = rayon::current_num_threads().max(1);
-                let width = n.div_ceil(threads).next_multiple_of(16);
-                let (dst, product) = (SendPtr(dst), &product);
-                (0..n.div_ceil(width)).into_par_iter().for_each(|c| {
-                    let columns = c * width..((c + 1) * width).min(n);
-                    // SAFETY: each task writes its own columns; the operands are only read.
-                    unsafe { product.columns(columns, dst.get(), n, Parallelism::None) }
-                });
-            }
-            // SAFETY: as above.
-            _ => unsafe { product.columns(0..n, dst, n, parallelism) },
-        }
+        unsafe { product.run(n, out.add(i * m * n), n, threads) };
         // The next batch index, last axis fastest.
         for axis in (0..batch.len()).rev() {
             index[axis] += 1;
@@ -170,14 +150,17 @@ unsafe fn batched<T: Copy + 'static + num_traits::Zero + num_traits::One>(
     }
 }
 
-/// One matrix product `a·b` (`m×k` by `k×n`), operands given by pointers and strides.
-struct Product<T> {
-    m: usize,
-    k: usize,
-    a: *const T,
-    a_strides: (isize, isize),
-    b: *const T,
-    b_strides: (isize, isize),
+/// One matrix product `dst [+]= a·b` (`m×k` by `k×n`), operands given by pointers and
+/// (column, row) element strides.
+pub(crate) struct Product<T> {
+    pub m: usize,
+    pub k: usize,
+    pub a: *const T,
+    pub a_strides: (isize, isize),
+    pub b: *const T,
+    pub b_strides: (isize, isize),
+    /// Add to `dst` instead of overwriting it.
+    pub accumulate: bool,
 }
 
 // SAFETY: the operands are only read, by threads writing disjoint columns of the output.
@@ -197,18 +180,34 @@ impl<T> SendPtr<T> {
 }
 
 impl<T: Copy + 'static + num_traits::Zero + num_traits::One> Product<T> {
+    /// Computes all `n` columns into `dst` (row stride `ld`); with `threads`, each of the
+    /// team's threads a run of them (measured faster than gemm's own split for every W5
+    /// product but `aᵀ·b` with rayon's threads, on 2 threads: 325 against 349 µs for
+    /// 256×512×512, 406 against 539 µs with `b` transposed).
+    ///
+    /// # Safety
+    /// As for [`Product::columns`], for all `n` columns.
+    pub(crate) unsafe fn run(&self, n: usize, dst: *mut T, ld: usize, threads: bool) {
+        let parts = if threads { crate::team::width() } else { 1 };
+        if parts <= 1 {
+            // SAFETY: the caller's contract.
+            return unsafe { self.columns(0..n, dst, ld) };
+        }
+        let width = n.div_ceil(parts).next_multiple_of(16);
+        let dst = SendPtr(dst);
+        crate::team::for_each(n.div_ceil(width), |c| {
+            let columns = c * width..((c + 1) * width).min(n);
+            // SAFETY: each task writes its own columns; the operands are only read.
+            unsafe { self.columns(columns, dst.get(), ld) }
+        });
+    }
+
     /// Computes the output's `columns` into `dst` (row stride `ld`).
     ///
     /// # Safety
     /// `dst` holds `m` rows of `ld` elements, no other thread writes these columns, and the
     /// operands are valid for the product's shape.
-    unsafe fn columns(
-        &self,
-        columns: std::ops::Range<usize>,
-        dst: *mut T,
-        ld: usize,
-        p: Parallelism,
-    ) {
+    unsafe fn columns(&self, columns: std::ops::Range<usize>, dst: *mut T, ld: usize) {
         if columns.is_empty() {
             return;
         }
@@ -223,19 +222,19 @@ impl<T: Copy + 'static + num_traits::Zero + num_traits::One> Product<T> {
                 dst.add(columns.start),
                 1,
                 ld as isize,
-                false,
+                self.accumulate,
                 self.a,
                 a_cs,
                 a_rs,
                 self.b.offset(columns.start as isize * b_cs),
                 b_cs,
                 b_rs,
-                T::zero(),
+                if self.accumulate { T::one() } else { T::zero() },
                 T::one(),
                 false,
                 false,
                 false,
-                p,
+                Parallelism::None,
             );
         }
     }

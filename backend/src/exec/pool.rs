@@ -8,11 +8,10 @@ use crate::interp::kernels::{FloatElem, nan_max};
 use crate::interp::window::first_max;
 use kiln_ir::{Pool2dAttrs, PoolKind};
 use ndarray::{ArrayD, CowArray, IxDyn};
-use rayon::prelude::*;
 use std::ops::Range;
 
 /// Runs a pooling op (or its gradient, by `kind`) on `args` into `out`, which has the
-/// result's shape, one plane (sample and channel) per task, on rayon's threads when `threads`
+/// result's shape, one plane (sample and channel) per task, on the team's threads when `threads`
 /// allows. Float arrays of one dtype (the schedule sends no others).
 pub(crate) fn pool2d(
     kind: PoolKind,
@@ -120,9 +119,9 @@ impl<'a, T: FloatElem + Send + Sync> Planes<'a, T> {
             }
         };
         if parallel {
-            out.par_chunks_mut(out_plane * per_task)
-                .enumerate()
-                .for_each(task);
+            crate::team::for_each_chunk(out, out_plane * per_task, true, |t, planes| {
+                task((t, planes))
+            });
         } else {
             task((0, out));
         }

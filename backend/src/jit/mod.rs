@@ -35,7 +35,6 @@ use cranelift_jit::{JITBuilder, JITModule};
 use cranelift_module::{FuncId, Linkage, Module, default_libcall_names};
 use kiln_ir::{Function, SymbolBindings, Value};
 use plan::KernelPlan;
-use rayon::prelude::*;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
@@ -224,7 +223,7 @@ impl Kernel {
             .collect()
     }
 
-    /// Runs every stage, splitting large parallel stages across rayon's threads when
+    /// Runs every stage, splitting large parallel stages across the team's threads when
     /// `threads` allows.
     ///
     /// # Safety
@@ -267,7 +266,7 @@ impl Kernel {
             };
             let started = timed.then(std::time::Instant::now);
             let chunks = if threads && stage.parallel() && work >= PARALLEL_WORK {
-                rayon::current_num_threads().min(rows.max(1) as usize)
+                crate::team::width().min(rows.max(1) as usize)
             } else {
                 1
             };
@@ -277,15 +276,23 @@ impl Kernel {
             } else {
                 let shared = SharedBuffers(buffers);
                 let per = (rows + chunks as i64 - 1) / chunks as i64;
-                (0..chunks as i64)
-                    .into_par_iter()
-                    .map(|c| {
-                        let shared = &shared;
-                        let (begin, end) = (c * per, ((c + 1) * per).min(rows));
-                        // SAFETY: forwarded from the caller; the chunks' rows are disjoint.
-                        unsafe { Self::run_stage(f, shared.0, sizes, begin, end) }
-                    })
-                    .reduce(|| 0, |a, b| if a != 0 { a } else { b })
+                let first_failure = std::sync::atomic::AtomicI32::new(0);
+                crate::team::for_each(chunks, |c| {
+                    let shared = &shared;
+                    let c = c as i64;
+                    let (begin, end) = (c * per, ((c + 1) * per).min(rows));
+                    // SAFETY: forwarded from the caller; the chunks' rows are disjoint.
+                    let code = unsafe { Self::run_stage(f, shared.0, sizes, begin, end) };
+                    if code != 0 {
+                        let _ = first_failure.compare_exchange(
+                            0,
+                            code,
+                            Ordering::SeqCst,
+                            Ordering::SeqCst,
+                        );
+                    }
+                });
+                first_failure.into_inner()
             };
             if let Some(started) = started {
                 compiled.choice.record(path, started.elapsed(), || {
