@@ -552,6 +552,79 @@ fn counted_while_with_huge_states_recomputes() {
     assert!(!func.to_string().contains("update_slice"));
 }
 
+/// A recurrent cell of products in a counted loop: `h ← tanh(xs[t]·w + h·u + h·vᵀ + u₀)` for
+/// `t` in `1..5` (the sequence has a row no trip reads), with `u` also used outside a
+/// product. The weight gradients of the three products are computed after the backward loop
+/// (one product of the stacked operands each); they agree with finite differences, and the
+/// backward loop keeps no per-trip sum for `w` and `v`.
+#[test]
+fn counted_while_defers_weight_gradients() {
+    let inputs = vec![
+        input(&[2, 3], 120),
+        input(&[4, 3], 121),
+        input(&[3, 3], 122),
+        input(&[3, 3], 123),
+        input(&[5, 2, 4], 124),
+    ];
+    let cell = |b: &mut FunctionBuilder, a: &[Value]| -> BuildResult<Value> {
+        let (h0, w, u, v, xs) = (a[0], a[1], a[2], a[3], a[4]);
+        let one = b.scalar(DType::I32, 1.0)?;
+        let out = b.while_loop(
+            &[one, h0],
+            |b, c| {
+                let five = b.scalar(DType::I32, 5.0)?;
+                b.compare(CompareOp::Lt, c[0], five)
+            },
+            |b, c| {
+                let x = b.gather(xs, c[0], 0)?;
+                let xw = b.matmul(x, w)?;
+                let hu = b.matmul(c[1], u)?;
+                let hv = b.matmul_t(c[1], v, false, true)?;
+                let u0 = b.slice(
+                    u,
+                    vec![
+                        AxisSlice::Range {
+                            start: 0,
+                            end: 1,
+                            step: 1,
+                        },
+                        AxisSlice::Full,
+                    ],
+                )?;
+                let z = b.add(xw, hu)?;
+                let z = b.add(z, hv)?;
+                let z = b.add(z, u0)?;
+                let one = b.scalar(DType::I32, 1.0)?;
+                Ok(vec![b.add(c[0], one)?, b.tanh(z)?])
+            },
+        )?;
+        Ok(out[1])
+    };
+    check(inputs.clone(), cell);
+    let mut builder = FunctionBuilder::new("f");
+    let args: Vec<Value> = ["h", "w", "u", "v", "xs"]
+        .iter()
+        .zip(&inputs)
+        .map(|(n, a)| builder.arg(n, Type::new(DType::F64, Shape::fixed(a.shape()))))
+        .collect();
+    let h = cell(&mut builder, &args).unwrap();
+    let loss = builder.reduce(ReduceOp::Sum, h, vec![0, 1], false).unwrap();
+    let mut func = builder.finish(&[loss]).unwrap();
+    append_gradients(&mut func, loss, &args).unwrap();
+    let text = func.to_string();
+    let backward = text.lines().rfind(|l| l.contains("= while"));
+    let carried = backward
+        .and_then(|l| l.split_once(" : "))
+        .and_then(|(_, rest)| rest.split_once(" cond("))
+        .map_or("", |(types, _)| types);
+    // The count, `h`'s adjoint, per-trip sums for `xs` and for `u` (also used by the slice),
+    // and the three products' adjoint stacks; no per-trip sum for `w` or `v`.
+    assert_eq!(
+        carried, "i32[], f64[2,3], f64[5,2,4], f64[3,3], f64[5,2,3], f64[5,2,3], f64[5,2,3]",
+        "{text}"
+    );
+}
+
 /// `h ← tanh(h·w + xs[t])` for `t` in `2..5`, the counter carried second.
 fn counted_rnn(b: &mut FunctionBuilder, a: &[Value]) -> Result<Value, kiln_ir::BuildError> {
     let (h0, w, xs) = (a[0], a[1], a[2]);

@@ -12,43 +12,53 @@ use ndarray::ArrayD;
 /// from 22.7 to 17.5–18.0 ms with this threshold at 2²⁰ or 2²².)
 pub(crate) const PARALLEL_FLOPS: usize = 1 << 20;
 
-/// Computes `a @ b` (each operand's last two axes transposed first when asked) into `out`,
-/// which has the result's shape.
+/// Computes `a @ b` (each operand's last two axes transposed first when `transposed` says)
+/// into `out`, which has the result's shape. An operand with a shape in `seen_as` is read
+/// as that shape (the same number of elements).
 pub(crate) fn matmul(
     a: &Array,
     b: &Array,
     out: &mut Array,
-    transpose_a: bool,
-    transpose_b: bool,
+    transposed: [bool; 2],
+    seen_as: [Option<Vec<usize>>; 2],
     threads: bool,
 ) {
     match (a, b, out) {
         (Array::F32(x), Array::F32(y), Array::F32(z)) => {
-            typed(x, y, z, transpose_a, transpose_b, threads)
+            typed([x, y], z, transposed, seen_as, threads)
         }
         (Array::F64(x), Array::F64(y), Array::F64(z)) => {
-            typed(x, y, z, transpose_a, transpose_b, threads)
+            typed([x, y], z, transposed, seen_as, threads)
         }
         _ => unreachable!("the executor runs only float matmuls through gemm"),
     }
 }
 
 fn typed<T: Copy + 'static + num_traits::Zero + num_traits::One>(
-    x: &ArrayD<T>,
-    y: &ArrayD<T>,
+    [x, y]: [&ArrayD<T>; 2],
     z: &mut ArrayD<T>,
-    transpose_a: bool,
-    transpose_b: bool,
+    [transpose_a, transpose_b]: [bool; 2],
+    seen_as: [Option<Vec<usize>>; 2],
     threads: bool,
 ) {
+    let [x_shape, y_shape] = [(x, &seen_as[0]), (y, &seen_as[1])].map(|(array, shape)| {
+        let shape = shape.as_deref().unwrap_or(array.shape());
+        assert_eq!(
+            shape.iter().product::<usize>(),
+            array.len(),
+            "a reshape's size"
+        );
+        shape
+    });
     let zp = z.as_mut_ptr();
-    // SAFETY: the three arrays are contiguous with the shapes passed.
+    // SAFETY: the three arrays are contiguous with the shapes passed (a reshaped operand's
+    // shape has its element count).
     unsafe {
         batched(
             x.as_ptr(),
-            x.shape(),
+            x_shape,
             y.as_ptr(),
-            y.shape(),
+            y_shape,
             zp,
             z.shape(),
             transpose_a,

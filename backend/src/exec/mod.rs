@@ -13,6 +13,7 @@ mod conv;
 pub(crate) mod matmul;
 mod pool;
 pub(crate) mod schedule;
+mod spare;
 
 use crate::interp::{Env, InterpError, Interpreter, kernels};
 use crate::{Array, StateStore, debug};
@@ -299,11 +300,12 @@ impl Executable {
                 p[index].1 += 1;
             }
             for &(v, slot) in &step.release {
-                let array = rt.env[v.index()].take();
-                if let (Some(array), Some(s)) = (array, slot)
-                    && Arc::strong_count(&array) == 1
-                {
-                    rt.arena[s] = Some(array);
+                match (rt.env[v.index()].take(), slot) {
+                    (Some(array), Some(s)) if Arc::strong_count(&array) == 1 => {
+                        rt.arena[s] = Some(array)
+                    }
+                    (Some(array), None) => spare::keep(array),
+                    _ => {}
                 }
             }
         }
@@ -472,6 +474,11 @@ impl Executable {
             add(&self.counters.reuses, 1);
             return array;
         }
+        if let Some(mut array) = spare::take(dtype, len) {
+            array.reshape_in_place(&rt.shape);
+            add(&self.counters.reuses, 1);
+            return Arc::new(array);
+        }
         add(&self.counters.allocations, 1);
         if debug::level() >= 3 {
             eprintln!(
@@ -508,7 +515,8 @@ impl Executable {
             StepKind::MatMul {
                 transpose_a,
                 transpose_b,
-            } => self.run_matmul(rt, step, *transpose_a, *transpose_b),
+                reshaped,
+            } => self.run_matmul(rt, step, [*transpose_a, *transpose_b], reshaped),
             StepKind::Conv2d {
                 kind,
                 attrs,
@@ -684,9 +692,22 @@ impl Executable {
     }
 
     /// A matmul through gemm into a slot's buffer.
-    fn run_matmul(&self, rt: &mut Runtime, step: &Step, transpose_a: bool, transpose_b: bool) {
+    fn run_matmul(
+        &self,
+        rt: &mut Runtime,
+        step: &Step,
+        transposed: [bool; 2],
+        reshaped: &[Option<ShapeRecipe>; 2],
+    ) {
+        let seen_as = reshaped.each_ref().map(|recipe| {
+            recipe.as_ref().map(|r| {
+                let mut shape = Vec::new();
+                r.resolve_into(&rt.sizes, &mut shape);
+                shape
+            })
+        });
         self.two_operands_into_slot(rt, step, |a, b, out, threads| {
-            matmul::matmul(a, b, out, transpose_a, transpose_b, threads)
+            matmul::matmul(a, b, out, transposed, seen_as, threads)
         });
     }
 

@@ -15,9 +15,11 @@
 //!   recompute the forward branch and then run the reverse sweep over it, yielding the
 //!   gradients of the values the branch captured.
 
+mod deferred;
 mod rules;
 
 use crate::simplify::extract::bytes;
+use deferred::{Deferred, only_deferred_uses};
 use kiln_ir::{
     BuildError, DType, Function, FunctionBuilder, Inst, Literal, Module, Op, Region, Type, Value,
     ValueDef,
@@ -89,6 +91,7 @@ pub fn append_gradients(
             active: &active,
             remap: HashMap::new(),
             adjoints: HashMap::new(),
+            deferred: HashSet::new(),
         };
         let one = b.constant(literal(loss_ty.dtype, 1.0), loss_ty.clone())?;
         sweep.adjoints.insert(loss, one);
@@ -262,9 +265,22 @@ pub(crate) struct Sweep<'a> {
     active: &'a HashSet<Value>,
     remap: HashMap<Value, Value>,
     adjoints: HashMap<Value, Value>,
+    /// Products whose right operand's gradient the enclosing loop computes after it.
+    deferred: HashSet<Inst>,
 }
 
 impl<'a> Sweep<'a> {
+    /// A sweep over a region nested in this one's: the same forward values, no adjoints yet.
+    fn nested(&self) -> Sweep<'a> {
+        Sweep {
+            src: self.src,
+            active: self.active,
+            remap: self.remap.clone(),
+            adjoints: HashMap::new(),
+            deferred: HashSet::new(),
+        }
+    }
+
     /// The value computing forward value `v` in the region being built.
     pub(crate) fn fwd(&self, v: Value) -> Value {
         self.remap.get(&v).copied().unwrap_or(v)
@@ -310,12 +326,17 @@ impl<'a> Sweep<'a> {
             if grads.iter().all(Option::is_none) {
                 continue;
             }
-            let contributions = match self.src.inst(inst).op {
+            let mut contributions = match self.src.inst(inst).op {
                 Op::Cond => self.cond(b, inst, &grads)?,
                 Op::While => self.while_loop(b, inst, &grads)?,
                 Op::Fused => self.fused(b, inst, &grads)?,
                 _ => rules::vjp(self, b, inst, &grads)?,
             };
+            if self.deferred.contains(&inst) {
+                // Its weight's share comes after the loop (the product built for it is dead).
+                let weight = self.src.inst(inst).args[1];
+                contributions.retain(|&(v, _)| v != weight);
+            }
             for (v, g) in contributions {
                 if self.is_active(v) {
                     self.accumulate(b, v, g)?;
@@ -391,34 +412,38 @@ impl<'a> Sweep<'a> {
         if floats.is_empty() && captured.is_empty() {
             return Ok(Vec::new());
         }
-        let loop_shape = LoopShape {
-            body: body_r,
-            init: &init,
-            floats: &floats,
-            captured: &captured,
-            states: &States::Recompute,
-        };
         let top_level = self.src.region(self.src.body()).insts.contains(&inst);
         let counted = counted_loop(self.src, inst).filter(|c| {
             let state: f64 = data.args.iter().map(|&v| bytes(self.ty(v))).sum();
             top_level && (c.trips + 1) as f64 * state <= KEPT_STATES_BUDGET
         });
-        let (trips, states) = match counted {
+        let (trips, states, deferred) = match counted {
             Some(counted) => {
                 let stacks = self.record_states(b, inst, counted)?;
                 (
                     b.scalar(DType::I32, counted.trips as f64)?,
-                    States::Stacks(stacks),
+                    States::Stacks(stacks, counted),
+                    self.deferred_products(body_r, &captured, counted),
                 )
             }
             None => (
                 self.trip_count(b, cond_r, body_r, &init)?,
                 States::Recompute,
+                Vec::new(),
             ),
         };
+        // A captured value used only by deferred products needs no sum across the trips.
+        let captured: Vec<Value> = captured
+            .into_iter()
+            .filter(|&v| !only_deferred_uses(self, body_r, v, &deferred))
+            .collect();
         let loop_shape = LoopShape {
+            body: body_r,
+            init: &init,
+            floats: &floats,
+            captured: &captured,
             states: &states,
-            ..loop_shape
+            deferred: &deferred,
         };
         let mut start = vec![trips];
         for &i in &floats {
@@ -429,6 +454,9 @@ impl<'a> Sweep<'a> {
         }
         for &v in &captured {
             start.push(zeros(b, self.ty(v))?);
+        }
+        for d in &deferred {
+            start.push(self.adjoint_stack(b, d)?);
         }
         let results = b.while_loop(
             &start,
@@ -445,6 +473,11 @@ impl<'a> Sweep<'a> {
         for (j, &v) in captured.iter().enumerate() {
             out.push((v, results[1 + floats.len() + j]));
         }
+        let filled = &results[1 + floats.len() + captured.len()..];
+        for (d, &adjoints) in deferred.iter().zip(filled) {
+            let g = self.deferred_gradient(b, d, states.stacks(), adjoints)?;
+            out.push((d.weight, g));
+        }
         Ok(out)
     }
 
@@ -457,12 +490,7 @@ impl<'a> Sweep<'a> {
     ) -> Result<Vec<(Value, Value)>, AutodiffError> {
         let data = self.src.inst(inst);
         let body = self.src.region(data.regions[0]);
-        let mut inner = Sweep {
-            src: self.src,
-            active: self.active,
-            remap: self.remap.clone(),
-            adjoints: HashMap::new(),
-        };
+        let mut inner = self.nested();
         for (&arg, &operand) in body.args.iter().zip(&data.args) {
             inner.remap.insert(arg, self.fwd(operand));
         }
@@ -579,7 +607,7 @@ impl<'a> Sweep<'a> {
         // The carried values before iteration k: kept, or the body run k times from the start.
         let mut after = Vec::new();
         let state = match l.states {
-            States::Stacks(stacks) => {
+            States::Stacks(stacks, _) => {
                 let mut state = vec![k];
                 for &stack in stacks {
                     state.push(b.gather(stack, k, 0)?);
@@ -604,15 +632,11 @@ impl<'a> Sweep<'a> {
             }
         };
         let body = self.src.region(l.body);
-        let mut inner = Sweep {
-            src: self.src,
-            active: self.active,
-            remap: self.remap.clone(),
-            adjoints: HashMap::new(),
-        };
+        let mut inner = self.nested();
         for (&arg, &v) in body.args.iter().zip(&state[1..]) {
             inner.remap.insert(arg, v);
         }
+        inner.deferred = l.deferred.iter().map(|d| d.inst).collect();
         for &inst in &body.insts {
             b.clone_inst(self.src, inst, &mut inner.remap)?;
         }
@@ -632,6 +656,17 @@ impl<'a> Sweep<'a> {
         for (j, &v) in l.captured.iter().enumerate() {
             let g = inner.adjoint_or_zeros(b, v)?;
             next.push(b.add(c[1 + l.floats.len() + j], g)?);
+        }
+        let filled = &c[1 + l.floats.len() + l.captured.len()..];
+        for (d, &stack) in l.deferred.iter().zip(filled) {
+            let y = self.src.inst(d.inst).results[0];
+            next.push(match (inner.adjoints.get(&y), l.states) {
+                (Some(&g), &States::Stacks(_, counted)) => {
+                    let row = self.stack_row(b, d, counted, k)?;
+                    b.update_slice(stack, g, row, 0)?
+                }
+                _ => stack,
+            });
         }
         Ok(next)
     }
@@ -669,12 +704,7 @@ impl<'a> Sweep<'a> {
         seeds: &[(Value, Option<Value>)],
         captured: &[Value],
     ) -> Result<Vec<Value>, AutodiffError> {
-        let mut inner = Sweep {
-            src: self.src,
-            active: self.active,
-            remap: self.remap.clone(),
-            adjoints: HashMap::new(),
-        };
+        let mut inner = self.nested();
         for &inst in &self.src.region(region).insts {
             b.clone_inst(self.src, inst, &mut inner.remap)?;
         }
@@ -695,20 +725,30 @@ impl<'a> Sweep<'a> {
 /// sizes at 256);
 /// a loop whose states would take more is differentiated by recomputation. (It also stops a
 /// loop that keeps its states from keeping stacks of stacks when it is differentiated again.)
-const KEPT_STATES_BUDGET: f64 = (256 << 20) as f64;
+pub(crate) const KEPT_STATES_BUDGET: f64 = (256 << 20) as f64;
 
 /// How the backward loop gets the carried values before each forward trip.
 enum States {
     /// Run the body again from the initial values.
     Recompute,
     /// Read them from the stacks the forward loop filled, one per carried value.
-    Stacks(Vec<Value>),
+    Stacks(Vec<Value>, Counted),
+}
+
+impl States {
+    /// The kept stacks (none when recomputing).
+    fn stacks(&self) -> &[Value] {
+        match self {
+            States::Stacks(stacks, _) => stacks,
+            States::Recompute => &[],
+        }
+    }
 }
 
 /// A `while` loop that counts a fixed number of trips: the condition is
 /// `counter < constant`, the body yields `counter + 1`, and the counter starts at a constant.
 #[derive(Clone, Copy)]
-struct Counted {
+pub(crate) struct Counted {
     /// Which carried value is the counter.
     counter: usize,
     /// Its value before the first trip.
@@ -760,6 +800,8 @@ struct LoopShape<'l> {
     /// Active float values the body captures from outside the loop.
     captured: &'l [Value],
     states: &'l States,
+    /// Products whose weight gradients are computed after the loop (kept states only).
+    deferred: &'l [Deferred],
 }
 
 /// A splat of zeros of type `ty`.

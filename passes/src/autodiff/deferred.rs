@@ -1,0 +1,189 @@
+//! Weight gradients of a counted loop's products, deferred to one product after the loop.
+//!
+//! In a loop body, `y = a · w` with `w` captured from outside contributes `aₖᵀ · gₖ` to
+//! `w`'s gradient on every trip `k`. Summed over the trips that is one product of the stacked
+//! left operands and the stacked adjoints, `Aᵀ · G` — what cuDNN-style recurrent layers do.
+//! The backward loop then only writes `gₖ` into a stack (in place) instead of running a
+//! small product and a sum every trip, and the one large product splits across threads.
+//!
+//! A left operand is stacked already when it is a carried value (the forward loop keeps its
+//! states) or a row of a table from outside the loop gathered by the counter (the table is
+//! the stack). The adjoint stack has as many rows as that source, rows no trip wrote staying
+//! zero, so `A` is the source itself and nothing is copied.
+
+use super::{Counted, KEPT_STATES_BUDGET, Sweep, zeros};
+use crate::simplify::extract::bytes;
+use kiln_ir::{BuildError, Dim, FunctionBuilder, Inst, Op, Region, Shape, Type, Value, ValueDef};
+
+/// A product in the loop body whose contribution to its right operand's gradient is
+/// computed after the loop.
+pub(super) struct Deferred {
+    /// The `matmul` in the forward body.
+    pub inst: Inst,
+    /// Its right operand, captured from outside the loop.
+    pub weight: Value,
+    /// Where its left operands of every trip are, stacked.
+    pub lhs: Stacked,
+    /// The rows of that stack (and of the adjoints' stack).
+    pub rows: usize,
+}
+
+/// A left operand's stack.
+#[derive(Clone, Copy)]
+pub(super) enum Stacked {
+    /// Carried value `j`: row `k` of the states' stack `j` is its value on trip `k`.
+    State(usize),
+    /// `gather(table, counter, 0)`: row `first + k` of `table` on trip `k`.
+    Table(Value),
+}
+
+impl Sweep<'_> {
+    /// The products of loop body `body` whose weight gradients can be deferred: `a · w` or
+    /// `a · wᵀ`, 2-D with fixed shapes, `w` in `captured`, `a` stacked.
+    pub(super) fn deferred_products(
+        &self,
+        body: Region,
+        captured: &[Value],
+        counted: Counted,
+    ) -> Vec<Deferred> {
+        let region = self.src.region(body);
+        let counter = region.args[counted.counter];
+        let mut found = Vec::new();
+        for &inst in &region.insts {
+            let data = self.src.inst(inst);
+            let Op::MatMul {
+                transpose_a: false, ..
+            } = data.op
+            else {
+                continue;
+            };
+            let (a, w) = (data.args[0], data.args[1]);
+            let fixed_2d = |v: Value| {
+                let shape = &self.ty(v).shape;
+                shape.rank() == 2 && shape.as_fixed().is_some()
+            };
+            if a == w || !captured.contains(&w) || !fixed_2d(a) || !fixed_2d(w) {
+                continue;
+            }
+            let (lhs, rows) = if let Some(j) = region.args.iter().position(|&v| v == a) {
+                (Stacked::State(j), counted.trips + 1)
+            } else if let Some(table) = self.gathered_by(a, counter) {
+                let rows = self.ty(table).shape.dims()[0].as_fixed().unwrap_or(0);
+                // Rows no trip reads cost flops in the product: at most as many as it reads.
+                let fits = counted.first >= 0
+                    && counted.first as usize + counted.trips <= rows
+                    && rows <= 2 * counted.trips;
+                if !fits || !self.src.free_values(body).contains(&table) {
+                    continue;
+                }
+                (Stacked::Table(table), rows)
+            } else {
+                continue;
+            };
+            let stack_bytes = (counted.trips + 1) as f64 * bytes(self.ty(data.results[0]));
+            if stack_bytes > KEPT_STATES_BUDGET {
+                continue;
+            }
+            found.push(Deferred {
+                inst,
+                weight: w,
+                lhs,
+                rows,
+            });
+        }
+        found
+    }
+
+    /// `table` when `v` is `gather(table, counter, 0)`.
+    fn gathered_by(&self, v: Value, counter: Value) -> Option<Value> {
+        let ValueDef::Result(def, _) = self.src.value(v).def else {
+            return None;
+        };
+        let data = self.src.inst(def);
+        matches!(data.op, Op::Gather { axis: 0 })
+            .then_some(())
+            .filter(|_| data.args[1] == counter)
+            .map(|_| data.args[0])
+    }
+
+    /// The zero stack of trip adjoints of deferred product `d`'s result.
+    pub(super) fn adjoint_stack(
+        &self,
+        b: &mut FunctionBuilder,
+        d: &Deferred,
+    ) -> Result<Value, BuildError> {
+        let y = self.ty(self.src.inst(d.inst).results[0]);
+        let mut dims = vec![Dim::Fixed(d.rows)];
+        dims.extend(y.shape.dims().iter().cloned());
+        zeros(b, &Type::new(y.dtype, Shape(dims)))
+    }
+
+    /// Which row of `d`'s stacks trip `k` (counting from 0) reads and writes.
+    pub(super) fn stack_row(
+        &self,
+        b: &mut FunctionBuilder,
+        d: &Deferred,
+        counted: Counted,
+        k: Value,
+    ) -> Result<Value, BuildError> {
+        match d.lhs {
+            Stacked::State(_) => Ok(k),
+            Stacked::Table(_) => {
+                let first = b.scalar(b.value_type(k).dtype, counted.first as f64)?;
+                b.add(k, first)
+            }
+        }
+    }
+
+    /// `d`'s contribution to its weight's gradient from the filled adjoint stack: `Aᵀ · G`
+    /// (`Gᵀ · A` for a transposed weight), the stacks flattened to matrices.
+    pub(super) fn deferred_gradient(
+        &self,
+        b: &mut FunctionBuilder,
+        d: &Deferred,
+        stacks: &[Value],
+        adjoints: Value,
+    ) -> Result<Value, BuildError> {
+        let data = self.src.inst(d.inst);
+        let Op::MatMul { transpose_b, .. } = data.op else {
+            unreachable!("a deferred product is a matmul");
+        };
+        let source = match d.lhs {
+            Stacked::State(j) => stacks[j],
+            Stacked::Table(table) => self.fwd(table),
+        };
+        let rows = d.rows;
+        let flat = |b: &mut FunctionBuilder, v: Value, per_trip: Value| {
+            let dims = self.ty(per_trip).shape.as_fixed().unwrap_or_default();
+            b.reshape(v, Shape::fixed(&[rows * dims[0], dims[1]]))
+        };
+        let a = flat(b, source, data.args[0])?;
+        let g = flat(b, adjoints, data.results[0])?;
+        if transpose_b {
+            b.matmul_t(g, a, true, false)
+        } else {
+            b.matmul_t(a, g, true, false)
+        }
+    }
+}
+
+/// Whether every use of `w` in `region` (nested regions included) is as the right operand
+/// of one of the `deferred` products.
+pub(super) fn only_deferred_uses(
+    s: &Sweep<'_>,
+    region: Region,
+    w: Value,
+    deferred: &[Deferred],
+) -> bool {
+    let data = s.src.region(region);
+    let yields_w = data.results.contains(&w);
+    !yields_w
+        && data.insts.iter().all(|&inst| {
+            let i = s.src.inst(inst);
+            let is_deferred = deferred.iter().any(|d| d.inst == inst && d.weight == w);
+            (is_deferred || !i.args.contains(&w))
+                && i.regions
+                    .iter()
+                    .all(|&r| only_deferred_uses(s, r, w, deferred))
+        })
+}
