@@ -115,7 +115,7 @@ enum Command {
         kiln opt tests/programs/layer_norm.kir\n  \
         kiln opt tests/programs/mlp.kir --passes canonicalize,cse,simplify,dce --print-after-all\n  \
         kiln opt tests/programs/softmax_xent.kir --stats\n\n\
-        Passes: canonicalize, fold, cse, simplify, dce, fuse. Pipelines: default, simplify, none.")]
+        Passes: canonicalize, fold, cse, simplify, loops, dce, fuse. Pipelines: default, simplify, none.")]
     Opt {
         file: PathBuf,
         /// Passes to run, in order, separated by commas.

@@ -265,7 +265,7 @@ fn opt_prints_the_ir_after_each_pass_and_statistics() {
     let bad = kiln(&["opt", "tests/programs/mlp.kir", "--passes", "cse,inline"]);
     assert_eq!(bad.status.code(), Some(1));
     assert!(stderr(&bad).contains(
-        "unknown pass `inline`; the passes are: canonicalize, fold, cse, simplify, dce, fuse"
+        "unknown pass `inline`; the passes are: canonicalize, fold, cse, simplify, loops, dce, fuse"
     ));
 }
 

@@ -4,6 +4,8 @@
 //!   verification and IR dumps after each pass.
 //! - [`canonicalize`], [`fold`], [`cse`], [`dce`]: the classic passes.
 //! - [`simplify`]: e-graph rewriting with egg, rules by topic, memory-traffic extraction.
+//! - `loops`: invariant code motion, transposed invariant operands and batched input
+//!   projections in `while` bodies.
 //! - [`fusion`]: elementwise, broadcast and reduction ops grouped into `fused` kernels.
 //! - [`autodiff`]: reverse-mode gradients as a pass; one vector-Jacobian rule per op.
 //! - [`prune`]: the slice of a function that chosen outputs and stores need.
@@ -20,6 +22,7 @@ mod cse;
 mod dce;
 mod fold;
 mod fusion;
+mod loops;
 pub mod manager;
 pub mod prune;
 pub mod simplify;
@@ -30,6 +33,7 @@ pub use cse::Cse;
 pub use dce::Dce;
 pub use fold::ConstantFold;
 pub use fusion::Fuse;
+pub use loops::Loops;
 pub use manager::{Pass, PassError, PassManager, PassReport, Stats};
 pub use prune::{prune, prune_fed};
 pub use simplify::Simplify;

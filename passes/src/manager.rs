@@ -5,7 +5,7 @@
 //! skip it unless asked. `--print-after-all` is an instrumentation hook: the manager calls back
 //! with the module after each pass, headed like MLIR's `// -----// IR Dump After cse //----- //`.
 
-use crate::{canonicalize, cse, dce, fold, fusion, simplify};
+use crate::{canonicalize, cse, dce, fold, fusion, loops, simplify};
 use kiln_ir::{Module, verify_module};
 use std::fmt;
 use std::time::{Duration, Instant};
@@ -129,6 +129,10 @@ pub const PASSES: &[(&str, &str)] = &[
         "e-graph rewriting (egg): algebra, layout, broadcasts, matmul transposes; memory-traffic cost",
     ),
     (
+        "loops",
+        "in `while` bodies: hoist invariant ops, pre-transpose invariant operands, batch input projections",
+    ),
+    (
         "dce",
         "remove instructions whose results are unused and that have no effects",
     ),
@@ -150,6 +154,7 @@ pub const PIPELINES: &[(&str, &[&str])] = &[
             "canonicalize",
             "fold",
             "cse",
+            "loops",
             "dce",
             "fuse",
         ],
@@ -178,6 +183,7 @@ pub fn pass_by_name(name: &str) -> Result<Box<dyn Pass>, PassError> {
         "cse" => Box::new(cse::Cse),
         "simplify" => Box::new(simplify::Simplify::default()),
         "dce" => Box::new(dce::Dce),
+        "loops" => Box::new(loops::Loops),
         "fuse" => Box::new(fusion::Fuse),
         _ => {
             return Err(PassError::UnknownPass {

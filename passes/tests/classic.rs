@@ -268,7 +268,7 @@ fn unknown_passes_and_pipelines_are_named() {
         .to_string();
     assert_eq!(
         err,
-        "unknown pass `inline`; the passes are: canonicalize, fold, cse, simplify, dce, fuse"
+        "unknown pass `inline`; the passes are: canonicalize, fold, cse, simplify, loops, dce, fuse"
     );
     let err = PassManager::pipeline("O3").err().unwrap().to_string();
     assert_eq!(

@@ -104,14 +104,23 @@ keeps_communication! {
     fold: ["fold"];
     cse: ["cse"];
     simplify: ["simplify"];
+    loops: ["loops"];
     dce: ["dce"];
     fuse: ["fuse"];
-    default_pipeline: ["canonicalize", "fold", "cse", "simplify", "canonicalize", "fold", "cse", "dce", "fuse"];
+    default_pipeline: ["canonicalize", "fold", "cse", "simplify", "canonicalize", "fold", "cse", "loops", "dce", "fuse"];
 }
 
 #[test]
 fn the_tests_cover_every_pass() {
-    let tested = ["canonicalize", "fold", "cse", "simplify", "dce", "fuse"];
+    let tested = [
+        "canonicalize",
+        "fold",
+        "cse",
+        "simplify",
+        "loops",
+        "dce",
+        "fuse",
+    ];
     for (name, _) in kiln_passes::manager::PASSES {
         assert!(
             tested.contains(name),

@@ -11,7 +11,8 @@
 //! the stack). The adjoint stack has as many rows as that source, rows no trip wrote staying
 //! zero, so `A` is the source itself and nothing is copied.
 
-use super::{Counted, KEPT_STATES_BUDGET, Sweep, zeros};
+use super::{KEPT_STATES_BUDGET, Sweep, zeros};
+use crate::loops::Counted;
 use crate::simplify::extract::bytes;
 use kiln_ir::{BuildError, Dim, FunctionBuilder, Inst, Op, Region, Shape, Type, Value, ValueDef};
 

@@ -18,11 +18,11 @@
 mod deferred;
 mod rules;
 
+use crate::loops::{Counted, counted_loop};
 use crate::simplify::extract::bytes;
 use deferred::{Deferred, only_deferred_uses};
 use kiln_ir::{
     BuildError, DType, Function, FunctionBuilder, Inst, Literal, Module, Op, Region, Type, Value,
-    ValueDef,
 };
 use std::collections::{HashMap, HashSet};
 
@@ -743,51 +743,6 @@ impl States {
             States::Recompute => &[],
         }
     }
-}
-
-/// A `while` loop that counts a fixed number of trips: the condition is
-/// `counter < constant`, the body yields `counter + 1`, and the counter starts at a constant.
-#[derive(Clone, Copy)]
-pub(crate) struct Counted {
-    /// Which carried value is the counter.
-    counter: usize,
-    /// Its value before the first trip.
-    first: i64,
-    trips: usize,
-}
-
-/// `inst` as a counted loop, if it is one.
-fn counted_loop(src: &Function, inst: Inst) -> Option<Counted> {
-    let data = src.inst(inst);
-    let (cond, body) = (src.region(data.regions[0]), src.region(data.regions[1]));
-    let defining = |v: Value| match src.value(v).def {
-        ValueDef::Result(def, _) => Some(src.inst(def)),
-        _ => None,
-    };
-    let constant = |v: Value| match &defining(v)?.op {
-        Op::Const { value, .. } if value.len() == 1 && !value.dtype().is_float() => {
-            Some(value.get_f64(0) as i64)
-        }
-        _ => None,
-    };
-    let more = defining(*cond.results.first()?)?;
-    let Op::Compare(kiln_ir::CompareOp::Lt) = more.op else {
-        return None;
-    };
-    let counter = cond.args.iter().position(|&a| a == more.args[0])?;
-    let bound = constant(more.args[1])?;
-    let next = defining(*body.results.get(counter)?)?;
-    let steps_by_one = matches!(next.op, Op::Binary(kiln_ir::BinaryOp::Add))
-        && next.args[0] == body.args[counter]
-        && constant(next.args[1]) == Some(1);
-    steps_by_one.then_some(())?;
-    let first = constant(data.args[counter])?;
-    let trips = usize::try_from((bound - first).max(0)).ok()?;
-    Some(Counted {
-        counter,
-        first,
-        trips,
-    })
 }
 
 /// What the backward loop of a `while` needs to know about the forward loop.
