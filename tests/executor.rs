@@ -5,7 +5,7 @@
 use kiln::backend::Array;
 use kiln::ir::{DType, Shape};
 use kiln::runtime::layers::{self, Activation, Dense};
-use kiln::runtime::{Adam, Backend, Fetch, Optimizer, Program, Session, Target};
+use kiln::runtime::{Adam, Backend, Fetch, Optimizer, Program, Session, Sgd, Target};
 use kiln::workloads::normal;
 use std::sync::Arc;
 
@@ -134,9 +134,14 @@ fn fetching_only_a_target_allocates_nothing_once_warm() {
     assert_eq!(session.exec_stats().allocations, warm.allocations);
 }
 
-/// Trains the classifier for `steps` steps on `backend`; returns the losses and the parameters.
-fn train(backend: Backend, steps: usize) -> (Vec<f64>, Vec<(String, Vec<f64>)>) {
-    let (program, train, loss) = classifier(&mut Adam::new(0.02));
+/// Trains the classifier for `steps` steps on `backend` with `optimizer`; returns the losses
+/// and the parameters.
+fn train(
+    backend: Backend,
+    steps: usize,
+    optimizer: &mut dyn Optimizer,
+) -> (Vec<f64>, Vec<(String, Vec<f64>)>) {
+    let (program, train, loss) = classifier(optimizer);
     let mut session = Session::new(&program).unwrap().with_backend(backend);
     let feeds = batch();
     let losses = (0..steps)
@@ -155,9 +160,20 @@ fn train(backend: Backend, steps: usize) -> (Vec<f64>, Vec<(String, Vec<f64>)>) 
 
 #[test]
 fn compiled_training_follows_the_interpreter() {
+    follows_the_interpreter(&mut || Box::new(Adam::new(0.02)));
+}
+
+/// Plain SGD: each weight's update is folded into its gradient's product (gemm adds
+/// `−lr·xᵀg` onto the weight's buffer), and the run still follows the interpreter.
+#[test]
+fn compiled_sgd_training_follows_the_interpreter() {
+    follows_the_interpreter(&mut || Box::new(Sgd::new(0.5)));
+}
+
+fn follows_the_interpreter(optimizer: &mut dyn FnMut() -> Box<dyn Optimizer>) {
     let steps = 30;
-    let (compiled, compiled_params) = train(Backend::Compiled, steps);
-    let (oracle, oracle_params) = train(Backend::Interpreter, steps);
+    let (compiled, compiled_params) = train(Backend::Compiled, steps, &mut *optimizer());
+    let (oracle, oracle_params) = train(Backend::Interpreter, steps, &mut *optimizer());
     assert!(
         oracle[steps - 1] < oracle[0] * 0.8,
         "the run learns: {oracle:?}"

@@ -15,7 +15,7 @@
 //! interpreter's direct loops are the oracle these are tested against
 //! (`runtime/tests/op_info.rs`, and the chunking test below).
 
-use super::matmul::{PARALLEL_FLOPS, Product};
+use super::matmul::{PARALLEL_FLOPS, Product, Scale};
 use crate::Array;
 use crate::interp::window::ConvDims;
 use crate::team::for_each_chunk;
@@ -591,7 +591,11 @@ impl Gemm {
             a_strides: (lhs_cs as isize, lhs_rs as isize),
             b: rhs.as_ptr(),
             b_strides: (rhs_cs as isize, rhs_rs as isize),
-            accumulate,
+            scale: if accumulate {
+                Scale::Onto(T::one())
+            } else {
+                Scale::Overwrite
+            },
         };
         // SAFETY: the asserts above keep every element gemm reads within `lhs` and `rhs` and
         // every element it writes within `dst`, which borrows exclusively (so no overlap).

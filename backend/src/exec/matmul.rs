@@ -25,13 +25,42 @@ pub(crate) fn matmul(
 ) {
     match (a, b, out) {
         (Array::F32(x), Array::F32(y), Array::F32(z)) => {
-            typed([x, y], z, transposed, seen_as, threads)
+            typed([x, y], z, transposed, seen_as, Scale::Overwrite, threads)
         }
         (Array::F64(x), Array::F64(y), Array::F64(z)) => {
-            typed([x, y], z, transposed, seen_as, threads)
+            typed([x, y], z, transposed, seen_as, Scale::Overwrite, threads)
         }
         _ => unreachable!("the executor runs only float matmuls through gemm"),
     }
+}
+
+/// `out += scale · (a @ b)` (each operand's last two axes transposed first when
+/// `transposed` says), `out` having the result's shape.
+pub(crate) fn matmul_onto(
+    a: &Array,
+    b: &Array,
+    out: &mut Array,
+    (transposed, seen_as): ([bool; 2], [Option<Vec<usize>>; 2]),
+    scale: f64,
+    threads: bool,
+) {
+    match (a, b, out) {
+        (Array::F32(x), Array::F32(y), Array::F32(z)) => {
+            let scale = Scale::Onto(scale as f32);
+            typed([x, y], z, transposed, seen_as, scale, threads)
+        }
+        (Array::F64(x), Array::F64(y), Array::F64(z)) => {
+            typed([x, y], z, transposed, seen_as, Scale::Onto(scale), threads)
+        }
+        _ => unreachable!("the executor runs only float matmuls through gemm"),
+    }
+}
+
+/// Whether a product overwrites its output or is added onto it, scaled.
+#[derive(Clone, Copy)]
+pub(crate) enum Scale<T> {
+    Overwrite,
+    Onto(T),
 }
 
 fn typed<T: Copy + 'static + num_traits::Zero + num_traits::One>(
@@ -39,6 +68,7 @@ fn typed<T: Copy + 'static + num_traits::Zero + num_traits::One>(
     z: &mut ArrayD<T>,
     [transpose_a, transpose_b]: [bool; 2],
     seen_as: [Option<Vec<usize>>; 2],
+    scale: Scale<T>,
     threads: bool,
 ) {
     let [x_shape, y_shape] = [(x, &seen_as[0]), (y, &seen_as[1])].map(|(array, shape)| {
@@ -63,6 +93,7 @@ fn typed<T: Copy + 'static + num_traits::Zero + num_traits::One>(
             z.shape(),
             transpose_a,
             transpose_b,
+            scale,
             threads,
         )
     }
@@ -81,6 +112,7 @@ unsafe fn batched<T: Copy + 'static + num_traits::Zero + num_traits::One>(
     out_shape: &[usize],
     transpose_a: bool,
     transpose_b: bool,
+    scale: Scale<T>,
     threads: bool,
 ) {
     let (ra, rb, ro) = (a_shape.len(), b_shape.len(), out_shape.len());
@@ -105,6 +137,9 @@ unsafe fn batched<T: Copy + 'static + num_traits::Zero + num_traits::One>(
         return;
     }
     if k == 0 {
+        if let Scale::Onto(_) = scale {
+            return;
+        }
         // An empty sum: zeros (the buffer may hold an earlier run's values).
         for i in 0..count * m * n {
             // SAFETY: `out` holds `count·m·n` elements.
@@ -145,7 +180,7 @@ unsafe fn batched<T: Copy + 'static + num_traits::Zero + num_traits::One>(
             // SAFETY: as for `a`.
             b: unsafe { b.add(b_off) },
             b_strides: (b_cs, b_rs),
-            accumulate: false,
+            scale,
         };
         // SAFETY: the output matrix `i` is within `out` and disjoint from the operands.
         unsafe { product.run(n, out.add(i * m * n), n, threads) };
@@ -169,8 +204,8 @@ pub(crate) struct Product<T> {
     pub a_strides: (isize, isize),
     pub b: *const T,
     pub b_strides: (isize, isize),
-    /// Add to `dst` instead of overwriting it.
-    pub accumulate: bool,
+    /// Whether `dst` is overwritten or added to.
+    pub scale: Scale<T>,
 }
 
 // SAFETY: the operands are only read, by threads writing disjoint columns of the output.
@@ -223,6 +258,11 @@ impl<T: Copy + 'static + num_traits::Zero + num_traits::One> Product<T> {
         }
         let (a_cs, a_rs) = self.a_strides;
         let (b_cs, b_rs) = self.b_strides;
+        // gemm computes `dst = α·dst + β·a·b`.
+        let (alpha, beta) = match self.scale {
+            Scale::Overwrite => (T::zero(), T::one()),
+            Scale::Onto(scale) => (T::one(), scale),
+        };
         // SAFETY: the caller's contract; column `j` of `b` starts `j·b_cs` in.
         unsafe {
             gemm::gemm(
@@ -232,15 +272,15 @@ impl<T: Copy + 'static + num_traits::Zero + num_traits::One> Product<T> {
                 dst.add(columns.start),
                 1,
                 ld as isize,
-                self.accumulate,
+                matches!(self.scale, Scale::Onto(_)),
                 self.a,
                 a_cs,
                 a_rs,
                 self.b.offset(columns.start as isize * b_cs),
                 b_cs,
                 b_rs,
-                if self.accumulate { T::one() } else { T::zero() },
-                T::one(),
+                alpha,
+                beta,
                 false,
                 false,
                 false,

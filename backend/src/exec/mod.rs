@@ -516,7 +516,23 @@ impl Executable {
                 transpose_a,
                 transpose_b,
                 reshaped,
-            } => self.run_matmul(rt, step, [*transpose_a, *transpose_b], reshaped),
+                onto,
+            } => {
+                let transposed = [*transpose_a, *transpose_b];
+                let seen_as = reshaped.each_ref().map(|recipe| {
+                    recipe.as_ref().map(|r| {
+                        let mut shape = Vec::new();
+                        r.resolve_into(&rt.sizes, &mut shape);
+                        shape
+                    })
+                });
+                match onto {
+                    None => self.run_matmul(rt, step, transposed, seen_as),
+                    Some(scale) => {
+                        self.run_matmul_onto(rt, step, state, (transposed, seen_as), *scale)
+                    }
+                }
+            }
             StepKind::Conv2d {
                 kind,
                 attrs,
@@ -697,18 +713,46 @@ impl Executable {
         rt: &mut Runtime,
         step: &Step,
         transposed: [bool; 2],
-        reshaped: &[Option<ShapeRecipe>; 2],
+        seen_as: [Option<Vec<usize>>; 2],
     ) {
-        let seen_as = reshaped.each_ref().map(|recipe| {
-            recipe.as_ref().map(|r| {
-                let mut shape = Vec::new();
-                r.resolve_into(&rt.sizes, &mut shape);
-                shape
-            })
-        });
         self.two_operands_into_slot(rt, step, |a, b, out, threads| {
             matmul::matmul(a, b, out, transposed, seen_as, threads)
         });
+    }
+
+    /// `w + scale·(a·b)` for inputs `a, b, w`: over `w`'s buffer when the step may take it
+    /// (a parameter's update in place), else over a copy of `w`.
+    fn run_matmul_onto(
+        &self,
+        rt: &mut Runtime,
+        step: &Step,
+        state: &mut StateStore,
+        (transposed, seen_as): ([bool; 2], [Option<Vec<usize>>; 2]),
+        scale: f64,
+    ) {
+        let (a, b) = (
+            Self::value(rt, step.inputs[0]).clone(),
+            Self::value(rt, step.inputs[1]).clone(),
+        );
+        rt.pointers.clear();
+        for &v in &step.inputs {
+            rt.pointers.push(Self::value(rt, v).data_ptr().cast_mut());
+        }
+        let (mut out, in_place) = self.kernel_output(rt, step, state, 0);
+        let target = Arc::get_mut(&mut out).expect("the step's own buffer");
+        if in_place {
+            add(&self.counters.in_place, 1);
+        } else {
+            // `w` is still bound, or held aside when it was shared.
+            let w = match step.out[0] {
+                Output::Slot(_) => Self::value(rt, step.inputs[2]),
+                _ => rt.held.last().expect("the shared input"),
+            };
+            target.assign(w);
+        }
+        matmul::matmul_onto(&a, &b, target, (transposed, seen_as), scale, self.threads);
+        rt.outputs.push(out);
+        self.kernel_done(rt, step, state, 1);
     }
 
     /// A convolution (or a transpose) through im2col and gemm into a slot's buffer, keeping or
