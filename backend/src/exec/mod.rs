@@ -738,18 +738,8 @@ impl Executable {
         for &v in &step.inputs {
             rt.pointers.push(Self::value(rt, v).data_ptr().cast_mut());
         }
-        let (mut out, in_place) = self.kernel_output(rt, step, state, 0);
+        let mut out = self.output_over_input(rt, step, state, 2);
         let target = Arc::get_mut(&mut out).expect("the step's own buffer");
-        if in_place {
-            add(&self.counters.in_place, 1);
-        } else {
-            // `w` is still bound, or held aside when it was shared.
-            let w = match step.out[0] {
-                Output::Slot(_) => Self::value(rt, step.inputs[2]),
-                _ => rt.held.last().expect("the shared input"),
-            };
-            target.assign(w);
-        }
         matmul::matmul_onto(&a, &b, target, (transposed, seen_as), scale, self.threads);
         rt.outputs.push(out);
         self.kernel_done(rt, step, state, 1);
@@ -879,6 +869,31 @@ impl Executable {
         Ok(())
     }
 
+    /// Output 0 of `step`, holding input `j`'s values: input `j`'s own buffer when the step
+    /// may take it and no one else holds it, else a copy of it.
+    fn output_over_input(
+        &self,
+        rt: &mut Runtime,
+        step: &Step,
+        state: &mut StateStore,
+        j: usize,
+    ) -> Arc<Array> {
+        let (mut out, in_place) = self.kernel_output(rt, step, state, 0);
+        if in_place {
+            add(&self.counters.in_place, 1);
+        } else {
+            // The input is still bound, or held aside when it was shared.
+            let source = match step.out[0] {
+                Output::Slot(_) => Self::value(rt, step.inputs[j]),
+                _ => rt.held.last().expect("the shared input"),
+            };
+            Arc::get_mut(&mut out)
+                .expect("a fresh or free buffer")
+                .assign(source);
+        }
+        out
+    }
+
     /// `update_slice`: in place over the array when its buffer is free (O(slice)), else a copy
     /// of it with the slice written.
     fn run_update_slice(
@@ -890,18 +905,8 @@ impl Executable {
     ) -> Result<(), InterpError> {
         let value = Self::value(rt, step.inputs[1]).clone();
         let index = Self::value(rt, step.inputs[2]).clone();
-        let (mut out, in_place) = self.kernel_output(rt, step, state, 0);
+        let mut out = self.output_over_input(rt, step, state, 0);
         let target = Arc::get_mut(&mut out).expect("a fresh or free buffer");
-        if in_place {
-            add(&self.counters.in_place, 1);
-        } else {
-            // The array is still bound, or held aside when it was shared.
-            let source = match step.out[0] {
-                Output::InPlace { .. } => rt.held.last().expect("the shared array"),
-                _ => Self::value(rt, step.inputs[0]),
-            };
-            target.assign(source);
-        }
         let done = kernels::update_slice_in_place(target, &value, &index, axis);
         rt.held.clear();
         done.map_err(|m| self.fail(step.inst, m))?;
