@@ -339,3 +339,32 @@ fn products_read_reshaped_operands_in_place() {
     let insts = func.region(func.body()).insts.len();
     assert_eq!(steps, insts - (reshapes - 3), "{optimised}");
 }
+
+/// Products large enough to split across threads (by rows when the left operand is
+/// transposed, by columns otherwise), with sizes that are no multiple of the split's
+/// granularity, each transpose, and an SGD-style update folded into one. Each agrees with
+/// the interpreter.
+#[test]
+fn large_products_split_across_threads_agree() {
+    let module = kiln::ir::parse_module(
+        "module {
+  state @w : f32[200,70] = constant(value=0.25)
+  func @f(%a: f32[200,300], %at: f32[300,200], %b: f32[300,70], %bt: f32[70,300]) -> (f32[200,70], f32[200,70], f32[200,70], f32[200,70]) {
+    %p = matmul %a, %b : f32[200,70]
+    %q = matmul %at, %b {transpose_a=true} : f32[200,70]
+    %r = matmul %a, %bt {transpose_b=true} : f32[200,70]
+    %s = matmul %at, %bt {transpose_a=true, transpose_b=true} : f32[200,70]
+    %w = load @w : f32[200,70]
+    %g = matmul %at, %b {transpose_a=true} : f32[200,70]
+    %lr = const 0.01 : f32[200,70]
+    %step = mul %g, %lr : f32[200,70]
+    %next = sub %w, %step : f32[200,70]
+    store @w, %next
+    return %p, %q, %r, %s
+  }
+}",
+    )
+    .unwrap();
+    let tally = check_module(&module, 11).unwrap();
+    assert_eq!(tally.compared, 1);
+}

@@ -596,6 +596,7 @@ impl Gemm {
             } else {
                 Scale::Overwrite
             },
+            split_rows: false,
         };
         // SAFETY: the asserts above keep every element gemm reads within `lhs` and `rhs` and
         // every element it writes within `dst`, which borrows exclusively (so no overlap).
