@@ -211,59 +211,33 @@ fn batch_projections(
         ) else {
             continue;
         };
-        // Rows no trip reads would be computed for nothing: at most as many as it reads.
         let rows = dims[0];
-        let visits = counted.first >= 0 && counted.first as usize + counted.trips <= rows;
         if dims.len() != 3
             || w_dims.len() != 2
-            || !visits
-            || rows > 2 * counted.trips
+            || !counted.reads_most_of(rows)
             || inside.contains(&table)
             || inside.contains(&w)
         {
             continue;
         }
-        let loc = func.inst(product).loc;
+        let (loc, dtype) = (func.inst(product).loc, table_ty.dtype);
+        let (batch, k) = (dims[1], dims[2]);
         let n = if transpose_b { w_dims[0] } else { w_dims[1] };
-        let dtype = table_ty.dtype;
-        let flat = Shape::fixed(&[rows * dims[1], dims[2]]);
-        let steps = [
-            (
-                Op::Reshape {
-                    shape: flat.clone(),
-                },
-                vec![table],
-                Shape::fixed(&[rows * dims[1], dims[2]]),
-            ),
-            (
-                Op::MatMul {
-                    transpose_a: false,
-                    transpose_b,
-                },
-                vec![],
-                Shape::fixed(&[rows * dims[1], n]),
-            ),
-            (
-                Op::Reshape {
-                    shape: Shape::fixed(&[rows, dims[1], n]),
-                },
-                vec![],
-                Shape::fixed(&[rows, dims[1], n]),
-            ),
-        ];
-        let mut last: Option<Value> = None;
-        for (op, mut args, shape) in steps {
-            if let Some(prev) = last {
-                args.insert(0, prev);
-            }
-            if matches!(op, Op::MatMul { .. }) {
-                args.push(w);
-            }
-            let made = func.create_inst(op, args, vec![Type::new(dtype, shape)], Vec::new(), loc);
+        let before_loop = |func: &mut Function, op: Op, args: Vec<Value>, dims: &[usize]| {
+            let ty = Type::new(dtype, Shape::fixed(dims));
+            let made = func.create_inst(op, args, vec![ty], Vec::new(), loc);
             place_before(func, outer, inst, made);
-            last = Some(func.inst(made).results[0]);
-        }
-        let projected = last.expect("three steps");
+            func.inst(made).results[0]
+        };
+        let (all_rows, shape) = (rows * batch, Shape::fixed(&[rows * batch, k]));
+        let flat = before_loop(func, Op::Reshape { shape }, vec![table], &[all_rows, k]);
+        let matmul = Op::MatMul {
+            transpose_a: false,
+            transpose_b,
+        };
+        let all = before_loop(func, matmul, vec![flat, w], &[all_rows, n]);
+        let shape = Shape::fixed(&[rows, batch, n]);
+        let projected = before_loop(func, Op::Reshape { shape }, vec![all], &[rows, batch, n]);
         let data = func.inst_mut(product);
         data.op = Op::Gather { axis: 0 };
         data.args = vec![projected, counter];
@@ -273,7 +247,7 @@ fn batch_projections(
 }
 
 /// `table` when `v` is `gather(table, counter, 0)`.
-fn gathered_by(func: &Function, v: Value, counter: Value) -> Option<Value> {
+pub(crate) fn gathered_by(func: &Function, v: Value, counter: Value) -> Option<Value> {
     let ValueDef::Result(def, _) = func.value(v).def else {
         return None;
     };
@@ -290,6 +264,14 @@ pub(crate) struct Counted {
     /// Its value before the first trip.
     pub first: i64,
     pub trips: usize,
+}
+
+impl Counted {
+    /// Whether the counter, as a row index, stays within `rows` rows and reads at least half
+    /// of them: work done for every row before the loop is not mostly wasted.
+    pub(crate) fn reads_most_of(&self, rows: usize) -> bool {
+        self.first >= 0 && self.first as usize + self.trips <= rows && rows <= 2 * self.trips
+    }
 }
 
 /// `inst` as a counted loop, if it is one.

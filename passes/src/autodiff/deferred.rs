@@ -12,9 +12,9 @@
 //! zero, so `A` is the source itself and nothing is copied.
 
 use super::{KEPT_STATES_BUDGET, Sweep, zeros};
-use crate::loops::Counted;
+use crate::loops::{Counted, gathered_by};
 use crate::simplify::extract::bytes;
-use kiln_ir::{BuildError, Dim, FunctionBuilder, Inst, Op, Region, Shape, Type, Value, ValueDef};
+use kiln_ir::{BuildError, Dim, FunctionBuilder, Inst, Op, Region, Shape, Type, Value};
 
 /// A product in the loop body whose contribution to its right operand's gradient is
 /// computed after the loop.
@@ -68,13 +68,10 @@ impl Sweep<'_> {
             }
             let (lhs, rows) = if let Some(j) = region.args.iter().position(|&v| v == a) {
                 (Stacked::State(j), counted.trips + 1)
-            } else if let Some(table) = self.gathered_by(a, counter) {
+            } else if let Some(table) = gathered_by(self.src, a, counter) {
+                // Rows no trip reads cost flops in the product.
                 let rows = self.ty(table).shape.dims()[0].as_fixed().unwrap_or(0);
-                // Rows no trip reads cost flops in the product: at most as many as it reads.
-                let fits = counted.first >= 0
-                    && counted.first as usize + counted.trips <= rows
-                    && rows <= 2 * counted.trips;
-                if !fits || !self.src.free_values(body).contains(&table) {
+                if !counted.reads_most_of(rows) || !self.src.free_values(body).contains(&table) {
                     continue;
                 }
                 (Stacked::Table(table), rows)
@@ -93,18 +90,6 @@ impl Sweep<'_> {
             });
         }
         found
-    }
-
-    /// `table` when `v` is `gather(table, counter, 0)`.
-    fn gathered_by(&self, v: Value, counter: Value) -> Option<Value> {
-        let ValueDef::Result(def, _) = self.src.value(v).def else {
-            return None;
-        };
-        let data = self.src.inst(def);
-        matches!(data.op, Op::Gather { axis: 0 })
-            .then_some(())
-            .filter(|_| data.args[1] == counter)
-            .map(|_| data.args[0])
     }
 
     /// The zero stack of trip adjoints of deferred product `d`'s result.
