@@ -163,8 +163,9 @@ fn compiled_training_follows_the_interpreter() {
     follows_the_interpreter(&mut || Box::new(Adam::new(0.02)));
 }
 
-/// Plain SGD: each weight's update is folded into its gradient's product (gemm adds
-/// `−lr·xᵀg` onto the weight's buffer), and the run still follows the interpreter.
+/// Plain SGD, whose weight updates the schedule folds into their gradients' products (gemm
+/// adds `−lr·xᵀg` onto the weight's buffer; `exec/schedule.rs` tests that the fold happens):
+/// the run still follows the interpreter.
 #[test]
 fn compiled_sgd_training_follows_the_interpreter() {
     follows_the_interpreter(&mut || Box::new(Sgd::new(0.5)));

@@ -2,8 +2,9 @@
 //! between parallel regions instead of sleeping.
 //!
 //! Why not rayon's pool: its workers sleep a few microseconds after their last job, and
-//! waking one costs 25–60 µs on the 2-core VMs (a 64×256×256 product split in two through
-//! `rayon::join` took 70 µs against 47 on one thread; with a spinning helper, 27 µs). A
+//! waking one is slow on the 2-core VMs: a 64×256×256 product split in two through
+//! `rayon::join` took 51–111 µs (with 0–100 µs of other work between products), against 47
+//! on one thread and 25–29 µs with a spinning helper. A
 //! training step runs hundreds of short kernels, so the wake-up was paid every time. The
 //! helpers here spin for [`SPIN`] after their last region — as OpenMP runtimes do — and park
 //! after that, so an idle program does not hold a core.

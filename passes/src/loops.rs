@@ -66,11 +66,21 @@ fn loops_in(func: &mut Function, region: Region, done: &mut Done) {
 
 fn optimise_loop(func: &mut Function, outer: Region, inst: Inst, done: &mut Done) {
     let body = func.inst(inst).regions[1];
-    done.hoisted += hoist_invariants(func, outer, inst, body);
-    done.transposed += transpose_invariant_operands(func, outer, inst, body);
+    let mut inside = defined_in(func, body);
+    let at = Loop { outer, inst, body };
+    done.hoisted += hoist_invariants(func, at, &mut inside);
+    done.transposed += transpose_invariant_operands(func, at, &inside);
     if let Some(counted) = counted_loop(func, inst) {
-        done.batched += batch_projections(func, outer, inst, body, counted);
+        done.batched += batch_projections(func, at, &inside, counted);
     }
+}
+
+/// A `while` instruction, the region it is in, and its body.
+#[derive(Clone, Copy)]
+struct Loop {
+    outer: Region,
+    inst: Inst,
+    body: Region,
 }
 
 /// The values defined in `region` and the regions nested in it: everything else is the
@@ -102,15 +112,17 @@ fn movable(func: &Function, inst: Inst) -> bool {
             .all(|&r| func.value_type(r).dtype.is_float())
 }
 
-/// Places `moved` just before `inst` in `outer`.
-fn place_before(func: &mut Function, outer: Region, inst: Inst, moved: Inst) {
-    let insts = &mut func.region_mut(outer).insts;
-    let at = insts.iter().position(|&i| i == inst).unwrap_or(0);
+/// Places `moved` just before loop `l`.
+fn place_before(func: &mut Function, l: Loop, moved: Inst) {
+    let insts = &mut func.region_mut(l.outer).insts;
+    let at = insts.iter().position(|&i| i == l.inst).unwrap_or(0);
     insts.insert(at, moved);
 }
 
-fn hoist_invariants(func: &mut Function, outer: Region, inst: Inst, body: Region) -> usize {
-    let mut inside = defined_in(func, body);
+/// Moves the body's invariant instructions before the loop (`inside`: the values the body
+/// defines, kept up to date).
+fn hoist_invariants(func: &mut Function, l: Loop, inside: &mut HashSet<Value>) -> usize {
+    let body = l.body;
     let mut hoisted = 0;
     loop {
         let found =
@@ -124,21 +136,15 @@ fn hoist_invariants(func: &mut Function, outer: Region, inst: Inst, body: Region
             inside.remove(r);
         }
         func.region_mut(body).insts.retain(|&i| i != moved);
-        place_before(func, outer, inst, moved);
+        place_before(func, l, moved);
         hoisted += 1;
     }
 }
 
-fn transpose_invariant_operands(
-    func: &mut Function,
-    outer: Region,
-    inst: Inst,
-    body: Region,
-) -> usize {
-    let inside = defined_in(func, body);
+fn transpose_invariant_operands(func: &mut Function, l: Loop, inside: &HashSet<Value>) -> usize {
     let mut count = 0;
     let mut copies: Vec<(Value, Value)> = Vec::new();
-    for product in func.region(body).insts.clone() {
+    for product in func.region(l.body).insts.clone() {
         let data = func.inst(product);
         let Op::MatMul {
             transpose_a,
@@ -164,7 +170,7 @@ fn transpose_invariant_operands(
                     Vec::new(),
                     func.inst(product).loc,
                 );
-                place_before(func, outer, inst, t);
+                place_before(func, l, t);
                 let copy = func.inst(t).results[0];
                 copies.push((w, copy));
                 copy
@@ -183,15 +189,13 @@ fn transpose_invariant_operands(
 
 fn batch_projections(
     func: &mut Function,
-    outer: Region,
-    inst: Inst,
-    body: Region,
+    l: Loop,
+    inside: &HashSet<Value>,
     counted: Counted,
 ) -> usize {
-    let counter = func.region(body).args[counted.counter];
-    let inside = defined_in(func, body);
+    let counter = func.region(l.body).args[counted.counter];
     let mut count = 0;
-    for product in func.region(body).insts.clone() {
+    for product in func.region(l.body).insts.clone() {
         let data = func.inst(product);
         let Op::MatMul {
             transpose_a: false,
@@ -226,7 +230,7 @@ fn batch_projections(
         let before_loop = |func: &mut Function, op: Op, args: Vec<Value>, dims: &[usize]| {
             let ty = Type::new(dtype, Shape::fixed(dims));
             let made = func.create_inst(op, args, vec![ty], Vec::new(), loc);
-            place_before(func, outer, inst, made);
+            place_before(func, l, made);
             func.inst(made).results[0]
         };
         let (all_rows, shape) = (rows * batch, Shape::fixed(&[rows * batch, k]));

@@ -623,6 +623,10 @@ fn counted_while_defers_weight_gradients() {
         carried, "i32[], f64[2,3], f64[5,2,4], f64[3,3], f64[5,2,3], f64[5,2,3], f64[5,2,3]",
         "{text}"
     );
+    // Nor does the backward loop build the per-trip weight products (`aᵀ·g`) at all.
+    let after = text.rsplit(" body(").next().unwrap_or_default();
+    let backward_body = after.split("\n  }").next().unwrap_or_default();
+    assert!(!backward_body.contains("transpose_a=true"), "{text}");
 }
 
 /// `h ← tanh(h·w + xs[t])` for `t` in `2..5`, the counter carried second.

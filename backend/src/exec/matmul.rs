@@ -7,50 +7,38 @@ use gemm::Parallelism;
 use ndarray::ArrayD;
 
 /// Below this many multiply-adds a second thread costs more than it saves. (256³ while the
-/// threads were rayon's, whose wake-up cost 25–60 µs; with the team's spinning helpers a
-/// 64×256×256 product takes 27 µs on two threads against 47 on one, and W10's step went
-/// from 22.7 to 17.5–18.0 ms with this threshold at 2²⁰ or 2²².)
+/// threads were rayon's, which made a two-thread product 26–82 µs slower than a spinning
+/// helper does; with the team's helpers a 64×256×256 product takes 27 µs on two threads
+/// against 47 on one, and W10's step went from 22.7 to 17.5–18.0 ms with this threshold at
+/// 2²⁰ or 2²².)
 pub(crate) const PARALLEL_FLOPS: usize = 1 << 20;
 
-/// Computes `a @ b` (each operand's last two axes transposed first when `transposed` says)
-/// into `out`, which has the result's shape. An operand with a shape in `seen_as` is read
-/// as that shape (the same number of elements).
+/// How a product reads its operands: each one's last two axes transposed first when
+/// `transposed` says, and read as the shape in `seen_as` when there is one (a reshape's
+/// source, with the same number of elements).
+pub(crate) struct Operands {
+    pub transposed: [bool; 2],
+    pub seen_as: [Option<Vec<usize>>; 2],
+}
+
+/// Computes `a @ b` into `out`, which has the result's shape: overwriting it, or with
+/// `onto: Some(scale)` adding `scale · (a @ b)` to it.
 pub(crate) fn matmul(
     a: &Array,
     b: &Array,
     out: &mut Array,
-    transposed: [bool; 2],
-    seen_as: [Option<Vec<usize>>; 2],
+    operands: Operands,
+    onto: Option<f64>,
     threads: bool,
 ) {
     match (a, b, out) {
         (Array::F32(x), Array::F32(y), Array::F32(z)) => {
-            typed([x, y], z, transposed, seen_as, Scale::Overwrite, threads)
+            let scale = onto.map_or(Scale::Overwrite, |s| Scale::Onto(s as f32));
+            typed([x, y], z, operands, scale, threads)
         }
         (Array::F64(x), Array::F64(y), Array::F64(z)) => {
-            typed([x, y], z, transposed, seen_as, Scale::Overwrite, threads)
-        }
-        _ => unreachable!("the executor runs only float matmuls through gemm"),
-    }
-}
-
-/// `out += scale · (a @ b)` (each operand's last two axes transposed first when
-/// `transposed` says), `out` having the result's shape.
-pub(crate) fn matmul_onto(
-    a: &Array,
-    b: &Array,
-    out: &mut Array,
-    (transposed, seen_as): ([bool; 2], [Option<Vec<usize>>; 2]),
-    scale: f64,
-    threads: bool,
-) {
-    match (a, b, out) {
-        (Array::F32(x), Array::F32(y), Array::F32(z)) => {
-            let scale = Scale::Onto(scale as f32);
-            typed([x, y], z, transposed, seen_as, scale, threads)
-        }
-        (Array::F64(x), Array::F64(y), Array::F64(z)) => {
-            typed([x, y], z, transposed, seen_as, Scale::Onto(scale), threads)
+            let scale = onto.map_or(Scale::Overwrite, Scale::Onto);
+            typed([x, y], z, operands, scale, threads)
         }
         _ => unreachable!("the executor runs only float matmuls through gemm"),
     }
@@ -66,8 +54,10 @@ pub(crate) enum Scale<T> {
 fn typed<T: Copy + 'static + num_traits::Zero + num_traits::One>(
     [x, y]: [&ArrayD<T>; 2],
     z: &mut ArrayD<T>,
-    [transpose_a, transpose_b]: [bool; 2],
-    seen_as: [Option<Vec<usize>>; 2],
+    Operands {
+        transposed: [transpose_a, transpose_b],
+        seen_as,
+    }: Operands,
     scale: Scale<T>,
     threads: bool,
 ) {

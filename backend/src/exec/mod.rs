@@ -518,19 +518,21 @@ impl Executable {
                 reshaped,
                 onto,
             } => {
-                let transposed = [*transpose_a, *transpose_b];
-                let seen_as = reshaped.each_ref().map(|recipe| {
-                    recipe.as_ref().map(|r| {
-                        let mut shape = Vec::new();
-                        r.resolve_into(&rt.sizes, &mut shape);
-                        shape
-                    })
-                });
+                let operands = matmul::Operands {
+                    transposed: [*transpose_a, *transpose_b],
+                    seen_as: reshaped.each_ref().map(|recipe| {
+                        recipe.as_ref().map(|r| {
+                            let mut shape = Vec::new();
+                            r.resolve_into(&rt.sizes, &mut shape);
+                            shape
+                        })
+                    }),
+                };
                 match onto {
-                    None => self.run_matmul(rt, step, transposed, seen_as),
-                    Some(scale) => {
-                        self.run_matmul_onto(rt, step, state, (transposed, seen_as), *scale)
-                    }
+                    None => self.two_operands_into_slot(rt, step, |a, b, out, threads| {
+                        matmul::matmul(a, b, out, operands, None, threads)
+                    }),
+                    Some(scale) => self.run_matmul_onto(rt, step, state, operands, *scale),
                 }
             }
             StepKind::Conv2d {
@@ -707,19 +709,6 @@ impl Executable {
         }
     }
 
-    /// A matmul through gemm into a slot's buffer.
-    fn run_matmul(
-        &self,
-        rt: &mut Runtime,
-        step: &Step,
-        transposed: [bool; 2],
-        seen_as: [Option<Vec<usize>>; 2],
-    ) {
-        self.two_operands_into_slot(rt, step, |a, b, out, threads| {
-            matmul::matmul(a, b, out, transposed, seen_as, threads)
-        });
-    }
-
     /// `w + scale·(a·b)` for inputs `a, b, w`: over `w`'s buffer when the step may take it
     /// (a parameter's update in place), else over a copy of `w`.
     fn run_matmul_onto(
@@ -727,20 +716,20 @@ impl Executable {
         rt: &mut Runtime,
         step: &Step,
         state: &mut StateStore,
-        (transposed, seen_as): ([bool; 2], [Option<Vec<usize>>; 2]),
+        operands: matmul::Operands,
         scale: f64,
     ) {
         let (a, b) = (
             Self::value(rt, step.inputs[0]).clone(),
             Self::value(rt, step.inputs[1]).clone(),
         );
+        // `kernel_output` redirects a kernel's read of a shared state through these; a
+        // product reads its operands directly, so they only need to exist.
         rt.pointers.clear();
-        for &v in &step.inputs {
-            rt.pointers.push(Self::value(rt, v).data_ptr().cast_mut());
-        }
+        rt.pointers.resize(step.inputs.len(), std::ptr::null_mut());
         let mut out = self.output_over_input(rt, step, state, 2);
         let target = Arc::get_mut(&mut out).expect("the step's own buffer");
-        matmul::matmul_onto(&a, &b, target, (transposed, seen_as), scale, self.threads);
+        matmul::matmul(&a, &b, target, operands, Some(scale), self.threads);
         rt.outputs.push(out);
         self.kernel_done(rt, step, state, 1);
     }

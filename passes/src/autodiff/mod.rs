@@ -294,6 +294,12 @@ impl<'a> Sweep<'a> {
         self.active.contains(&v)
     }
 
+    /// Whether `inst`'s rule gives operand `i` a gradient: it is active, and not the weight
+    /// of a product whose gradient the enclosing loop computes after it.
+    pub(crate) fn wants_gradient(&self, inst: Inst, i: usize) -> bool {
+        self.is_active(self.src.inst(inst).args[i]) && !(i == 1 && self.deferred.contains(&inst))
+    }
+
     fn accumulate(
         &mut self,
         b: &mut FunctionBuilder,
@@ -326,17 +332,12 @@ impl<'a> Sweep<'a> {
             if grads.iter().all(Option::is_none) {
                 continue;
             }
-            let mut contributions = match self.src.inst(inst).op {
+            let contributions = match self.src.inst(inst).op {
                 Op::Cond => self.cond(b, inst, &grads)?,
                 Op::While => self.while_loop(b, inst, &grads)?,
                 Op::Fused => self.fused(b, inst, &grads)?,
                 _ => rules::vjp(self, b, inst, &grads)?,
             };
-            if self.deferred.contains(&inst) {
-                // Its weight's share comes after the loop (the product built for it is dead).
-                let weight = self.src.inst(inst).args[1];
-                contributions.retain(|&(v, _)| v != weight);
-            }
             for (v, g) in contributions {
                 if self.is_active(v) {
                     self.accumulate(b, v, g)?;

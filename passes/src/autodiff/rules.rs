@@ -21,7 +21,7 @@ pub(super) fn vjp(
     let args = &data.args;
     let x = |i: usize| s.fwd(args[i]);
     let y = |i: usize| s.fwd(data.results[i]);
-    let active = |i: usize| s.is_active(args[i]);
+    let active = |i: usize| s.wants_gradient(inst, i);
     let no_rule = || AutodiffError::NoRule {
         op: data.op.name(),
         line: kiln_ir::print::inst_line(s.src, inst),
