@@ -16,24 +16,28 @@ use std::sync::Arc;
 /// `sqrt(2/π)`, the constant of the tanh form of gelu.
 const GELU_K: f64 = 0.797_884_560_802_865_4;
 
+/// An f32 array of `shape` whose element `i` (row-major) is `f(i)`, allocated as Kiln
+/// allocates its own buffers (cache-line aligned), as a framework's tensors are.
+fn filled(shape: &[usize], f: impl Fn(u64) -> f64) -> Array {
+    let mut a = Array::zeros(DType::F32, shape);
+    if let Array::F32(x) = &mut a {
+        for (i, v) in x.iter_mut().enumerate() {
+            *v = f(i as u64) as f32;
+        }
+    }
+    a
+}
+
 /// Normal samples (mean 0, std `scale`), seeded.
 pub fn normal(shape: &[usize], scale: f64, seed: u64) -> Array {
     let stream = Stream::new(seed, 0);
-    let n: usize = shape.iter().product();
-    let values = (0..n as u64)
-        .map(|i| stream.normal(i, 0.0, scale) as f32)
-        .collect();
-    Array::F32(ArrayD::from_shape_vec(IxDyn(shape), values).expect("the shape's size"))
+    filled(shape, |i| stream.normal(i, 0.0, scale))
 }
 
 /// Uniform samples in `[low, high)`, seeded.
 pub fn uniform(shape: &[usize], low: f64, high: f64, seed: u64) -> Array {
     let stream = Stream::new(seed, 0);
-    let n: usize = shape.iter().product();
-    let values = (0..n as u64)
-        .map(|i| stream.uniform(i, low, high) as f32)
-        .collect();
-    Array::F32(ArrayD::from_shape_vec(IxDyn(shape), values).expect("the shape's size"))
+    filled(shape, |i| stream.uniform(i, low, high))
 }
 
 /// A program computing one value from fed arrays, run in a session: W2, W3 and W4.

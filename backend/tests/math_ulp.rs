@@ -66,7 +66,7 @@ fn run(op: UnaryOp, xs: &[f32]) -> Vec<f32> {
         .unwrap()
         .remove(0)
     {
-        Array::F32(a) => a.into_raw_vec_and_offset().0,
+        Array::F32(a) => a.iter().copied().collect(),
         _ => unreachable!(),
     }
 }
