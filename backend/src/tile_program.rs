@@ -64,8 +64,9 @@ pub(crate) enum Instr {
         a: Operand,
         b: Operand,
     },
-    /// `dst = then(first(a, b), c)`, or `then(c, first(a, b))` with `swap`: two binary ops
-    /// in one pass over the tile, each result rounded as on its own.
+    /// `dst = then(first(a, b), c)`, or `then(c, first(a, b))` with `swap`, times scalar
+    /// `scale` if it has one: two or three binary ops in one pass over the tile, each result
+    /// rounded as on its own.
     Fused {
         first: BinaryOp,
         then: BinaryOp,
@@ -74,6 +75,7 @@ pub(crate) enum Instr {
         a: Operand,
         b: Operand,
         c: Operand,
+        scale: Option<u16>,
     },
     /// Combines `a` into reduction `acc`'s partial accumulators.
     Reduce {
@@ -162,7 +164,8 @@ impl Instr {
 
     /// Appends the instruction's words: kind (4 bits), op (8: its index in the op table's
     /// `ALL`, which is its discriminant), destination (16), then operands of 16 bits each; a
-    /// fused pair adds a word with its second op, `swap` and `c`.
+    /// fused pair adds a word with its second op, `swap`, `c`, and its scale (bit 48 set when
+    /// it has one, its scalar in bits 32–47).
     pub(crate) fn encode(self, out: &mut Vec<u64>) {
         let (kind, op, dst, a, b) = match self {
             Instr::Copy { dst, a } => (COPY, 0, dst, a, None),
@@ -175,8 +178,16 @@ impl Instr {
         };
         let b = b.map_or(0, Operand::encode);
         out.push(kind | op << 4 | u64::from(dst) << 12 | a.encode() << 28 | b << 44);
-        if let Instr::Fused { then, swap, c, .. } = self {
-            out.push(then as u64 | u64::from(swap) << 8 | c.encode() << 16);
+        if let Instr::Fused {
+            then,
+            swap,
+            c,
+            scale,
+            ..
+        } = self
+        {
+            let scale = scale.map_or(0, |s| 1 << 48 | u64::from(s) << 32);
+            out.push(then as u64 | u64::from(swap) << 8 | c.encode() << 16 | scale);
         }
     }
 
@@ -210,6 +221,7 @@ impl Instr {
                     a,
                     b,
                     c: Operand::decode(more >> 16),
+                    scale: (more >> 48 & 1 == 1).then_some((more >> 32) as u16),
                 };
                 return (instr, 2);
             }
@@ -484,7 +496,12 @@ unsafe fn run(frame: *const u64, len: i64, isa: Isa) {
                     a,
                     b,
                     c,
-                } => fused([first, then], swap, tile(dst), [src(a), src(b), src(c)], n),
+                    scale,
+                } => {
+                    let abc = [src(a), src(b), src(c)];
+                    let scale = scale.map(|s| *scalars.add(s as usize));
+                    fused([first, then], swap, scale, tile(dst), abc, n)
+                }
                 Instr::Unary { op, dst, a } => unary(op, tile(dst), src(a), n, isa),
                 Instr::Binary { op, dst, a, b } => binary(op, tile(dst), src(a), src(b), n),
                 Instr::Reduce { op, acc, a } => {
@@ -536,13 +553,25 @@ macro_rules! with_cheap_op {
 }
 
 #[inline(always)]
-unsafe fn fused(ops: [BinaryOp; 2], swap: bool, d: *mut f32, abc: [Src; 3], n: usize) {
+unsafe fn fused(
+    ops: [BinaryOp; 2],
+    swap: bool,
+    scale: Option<f32>,
+    d: *mut f32,
+    abc: [Src; 3],
+    n: usize,
+) {
     // SAFETY: the tiles hold `n` elements.
     unsafe {
-        with_cheap_op!(ops[0], |f| with_cheap_op!(ops[1], |g| match swap {
-            false => map3(d, abc, n, |x, y, z| g(f(x, y), z)),
-            true => map3(d, abc, n, |x, y, z| g(z, f(x, y))),
-        }))
+        with_cheap_op!(ops[0], |f| with_cheap_op!(
+            ops[1],
+            |g| match (swap, scale) {
+                (false, None) => map3(d, abc, n, |x, y, z| g(f(x, y), z)),
+                (true, None) => map3(d, abc, n, |x, y, z| g(z, f(x, y))),
+                (false, Some(s)) => map3(d, abc, n, |x, y, z| g(f(x, y), z) * s),
+                (true, Some(s)) => map3(d, abc, n, |x, y, z| g(z, f(x, y)) * s),
+            }
+        ))
     }
 }
 
@@ -758,6 +787,17 @@ mod tests {
                 a: Operand::Tile(1),
                 b: Operand::Scalar(3),
                 c: Operand::Tile(0x7fff),
+                scale: None,
+            },
+            Instr::Fused {
+                first: BinaryOp::Add,
+                then: BinaryOp::Mul,
+                swap: false,
+                dst: 0x7fff,
+                a: Operand::Scalar(0x7fff),
+                b: Operand::Tile(2),
+                c: Operand::Scalar(0),
+                scale: Some(0x7fff),
             },
         ];
         let mut words = Vec::new();

@@ -678,6 +678,33 @@ fn every_op_in_a_tile_program() {
                     beside_exp(b, a[0], y)
                 });
             }
+            // The pair then scaled, by a scalar on either side (one pass with its scale),
+            // and by a tile (no scale: two passes).
+            for (by, scale_first) in [(&[][..], false), (&[][..], true), (shape, false)] {
+                let types = [ty.clone(), ty.clone(), Type::new(f32, fixed(by))];
+                let inputs = vec![
+                    g.array(f32, shape, true, false),
+                    g.array(f32, shape, true, false),
+                    g.array(f32, by, true, false),
+                ];
+                let what = format!(
+                    "{} then {} (swapped: {swap}) scaled by {by:?} (scale first: {scale_first})",
+                    first.name(),
+                    then.name()
+                );
+                check(&what, &types, inputs, APPROX, |b, a| {
+                    let t = b.binary(first, a[0], a[1])?;
+                    let y = match swap {
+                        false => b.binary(then, t, a[0])?,
+                        true => b.binary(then, a[0], t)?,
+                    };
+                    let z = match scale_first {
+                        false => b.binary(BinaryOp::Mul, y, a[2])?,
+                        true => b.binary(BinaryOp::Mul, a[2], y)?,
+                    };
+                    beside_exp(b, a[0], z)
+                });
+            }
         }
         for &op in ReduceOp::ALL {
             let x = g.array(f32, shape, true, false);

@@ -145,8 +145,53 @@ impl Program {
                 a,
                 b,
                 c,
+                scale: None,
             };
             self.instrs.remove(k);
+        }
+    }
+
+    /// Merges a product by a scalar into the fused pair it scales, where that pair's result
+    /// has no other reader: gelu's `0.5·(x·(1 + tanh u))` is one pass, not two.
+    fn fuse_scales(&mut self, stores: &[(u16, Operand)]) {
+        let mut k = 0;
+        while k < self.instrs.len() {
+            let Instr::Fused {
+                dst: r,
+                scale: None,
+                ..
+            } = self.instrs[k]
+            else {
+                k += 1;
+                continue;
+            };
+            let reader =
+                (k + 1..self.instrs.len()).find(|&j| Self::reads(&self.instrs[j]).contains(&r));
+            let scaled = match reader.map(|j| self.instrs[j]) {
+                Some(Instr::Binary {
+                    op: BinaryOp::Mul,
+                    dst,
+                    a,
+                    b,
+                }) if self.read_count(r, stores) == 1 => match (a, b) {
+                    (Operand::Tile(x), Operand::Scalar(s))
+                    | (Operand::Scalar(s), Operand::Tile(x))
+                        if x == r =>
+                    {
+                        Some((dst, s))
+                    }
+                    _ => None,
+                },
+                _ => None,
+            };
+            let (Some(j), Some((to, s))) = (reader, scaled) else {
+                k += 1;
+                continue;
+            };
+            if let Instr::Fused { dst, scale, .. } = &mut self.instrs[k] {
+                (*dst, *scale) = (to, Some(s));
+            }
+            self.instrs.remove(j);
         }
     }
 
@@ -312,6 +357,7 @@ impl Gen<'_, '_> {
             stores.push((to, x));
         }
         p.fuse_pairs(&stores);
+        p.fuse_scales(&stores);
         p.routines_in_place(&mut stores);
         p.write_results_in_place(&mut stores);
         (p.instrs).extend(stores.into_iter().map(|(dst, a)| Instr::Copy { dst, a }));
