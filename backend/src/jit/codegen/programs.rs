@@ -80,13 +80,12 @@ impl Program {
         }
     }
 
-    /// The register an instruction computes, if it computes one.
+    /// The register an instruction computes, if it computes one (a copy stores a value
+    /// computed before).
     fn defines(i: &Instr) -> Option<u16> {
-        match *i {
-            Instr::Unary { dst, .. } | Instr::Binary { dst, .. } | Instr::Fused { dst, .. } => {
-                Some(dst)
-            }
-            Instr::Copy { .. } | Instr::Reduce { .. } => None,
+        match i {
+            Instr::Copy { .. } => None,
+            _ => i.destination(),
         }
     }
 
