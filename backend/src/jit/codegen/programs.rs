@@ -96,6 +96,14 @@ impl Program {
         by_instrs.count() + by_stores.count()
     }
 
+    /// The instruction after the `k`th that reads register `r`, when it is `r`'s only
+    /// reader (no store reads `r` either).
+    fn sole_reader(&self, k: usize, r: u16, stores: &[(u16, Operand)]) -> Option<usize> {
+        let reader =
+            (k + 1..self.instrs.len()).find(|&j| Self::reads(&self.instrs[j]).contains(&r));
+        reader.filter(|_| self.read_count(r, stores) == 1)
+    }
+
     /// Merges a cheap binary op whose only reader is another into one pass over the tile
     /// ([`Instr::Fused`]): `x·a + b` reads and writes the tile once, not twice.
     fn fuse_pairs(&mut self, stores: &[(u16, Operand)]) {
@@ -111,12 +119,9 @@ impl Program {
                 k += 1;
                 continue;
             };
-            let reader =
-                (k + 1..self.instrs.len()).find(|&j| Self::reads(&self.instrs[j]).contains(&r));
+            let reader = self.sole_reader(k, r, stores);
             let fusable = match reader.map(|j| self.instrs[j]) {
-                Some(Instr::Binary { op: then, .. }) => {
-                    tile_program::fusable(first, then) && self.read_count(r, stores) == 1
-                }
+                Some(Instr::Binary { op: then, .. }) => tile_program::fusable(first, then),
                 _ => false,
             };
             let (Some(j), true) = (reader, fusable) else {
@@ -164,15 +169,14 @@ impl Program {
                 k += 1;
                 continue;
             };
-            let reader =
-                (k + 1..self.instrs.len()).find(|&j| Self::reads(&self.instrs[j]).contains(&r));
+            let reader = self.sole_reader(k, r, stores);
             let scaled = match reader.map(|j| self.instrs[j]) {
                 Some(Instr::Binary {
                     op: BinaryOp::Mul,
                     dst,
                     a,
                     b,
-                }) if self.read_count(r, stores) == 1 => match (a, b) {
+                }) => match (a, b) {
                     (Operand::Tile(x), Operand::Scalar(s))
                     | (Operand::Scalar(s), Operand::Tile(x))
                         if x == r =>
