@@ -18,10 +18,9 @@
 //!   the row's reduction finishes (on both paths).
 //!
 //! A call's *frame* is an array of words: the program's address, its length, the scalars'
-//! address, the partial accumulators' address, the masks of the buffer registers streamed
-//! from row to row that the program only reads and that it writes (the ones it prefetches),
-//! then one pointer per register (a tile of scratch, or a buffer at the tile's first
-//! element).
+//! address, the partial accumulators' address, a mask of the buffer registers streamed from
+//! row to row (the ones it prefetches), then one pointer per register (a tile of scratch, or
+//! a buffer at the tile's first element).
 //!
 //! Only a program's first instructions read memory beyond L1 and its last ones write it, so
 //! a call prefetches the next tile of every buffer: the loads arrive while this tile computes,
@@ -36,7 +35,7 @@ use std::sync::OnceLock;
 pub(crate) const PARTIALS: usize = 16;
 
 /// Words of a frame before the registers.
-pub(crate) const FRAME_HEADER: usize = 6;
+pub(crate) const FRAME_HEADER: usize = 5;
 
 /// Where an instruction reads: a register (a tile), or a scalar broadcast over the tile.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -277,14 +276,10 @@ unsafe fn fill(d: *mut f32, n: usize, f: impl Fn(usize) -> f32) {
 
 /// Brings the next tile of the streamed buffers into cache while this one computes: a share
 /// of the lines before each instruction, since a burst of them would wait for free line-fill
-/// buffers. Buffers the program writes are asked for with intent to write (`prefetchw`), so
-/// their stores find the lines owned instead of asking for them again. A prefetch never
-/// faults, so past a buffer's end it is harmless.
+/// buffers. A prefetch never faults, so past a buffer's end it is harmless.
 struct Prefetch {
-    /// The next tile's first element per streamed buffer (the first [`Prefetch::MAX`]): the
-    /// read ones, then the written ones.
+    /// The next tile's first element, per streamed buffer (the first [`Prefetch::MAX`]).
     next: [*const f32; Prefetch::MAX],
-    reads: usize,
     buffers: usize,
     /// Lines per buffer, and how many are asked for per word of the program.
     lines: usize,
@@ -298,26 +293,20 @@ impl Prefetch {
     const MAX: usize = 8;
 
     #[inline(always)]
-    fn new(masks: [u64; 2], registers: *const *mut f32, n: usize, words: usize) -> Prefetch {
+    fn new(mask: u64, registers: *const *mut f32, n: usize, words: usize) -> Prefetch {
         let mut next = [std::ptr::null(); Self::MAX];
         let mut buffers = 0;
-        let mut reads = 0;
-        for (k, mut bits) in masks.into_iter().enumerate() {
-            while bits != 0 && buffers < Self::MAX {
-                let r = bits.trailing_zeros() as usize;
-                bits &= bits - 1;
-                // SAFETY: the masks name registers of the frame.
-                next[buffers] = unsafe { *registers.add(r) }.wrapping_add(n);
-                buffers += 1;
-            }
-            if k == 0 {
-                reads = buffers;
-            }
+        let mut bits = mask;
+        while bits != 0 && buffers < Self::MAX {
+            let r = bits.trailing_zeros() as usize;
+            bits &= bits - 1;
+            // SAFETY: the mask names registers of the frame.
+            next[buffers] = unsafe { *registers.add(r) }.wrapping_add(n);
+            buffers += 1;
         }
         let lines = n.div_ceil(Self::LINE);
         Prefetch {
             next,
-            reads,
             buffers,
             lines,
             per_word: lines.div_ceil(words.max(1)),
@@ -330,17 +319,14 @@ impl Prefetch {
     #[inline(always)]
     fn step(&mut self, words: usize) {
         let end = (self.done + self.per_word * words).min(self.lines);
-        for (k, b) in self.next[..self.buffers].iter().enumerate() {
+        for b in &self.next[..self.buffers] {
             for line in self.done..end {
-                let at = b.wrapping_add(line * Self::LINE) as *const i8;
+                let at = b.wrapping_add(line * Self::LINE);
                 #[cfg(target_arch = "x86_64")]
                 // SAFETY: a prefetch reads nothing and faults on no address.
                 unsafe {
-                    use std::arch::x86_64::{_MM_HINT_ET0, _MM_HINT_T0, _mm_prefetch};
-                    match k < self.reads {
-                        true => _mm_prefetch::<_MM_HINT_T0>(at),
-                        false => _mm_prefetch::<_MM_HINT_ET0>(at),
-                    }
+                    use std::arch::x86_64::{_MM_HINT_T0, _mm_prefetch};
+                    _mm_prefetch::<_MM_HINT_T0>(at as *const i8)
                 };
                 #[cfg(not(target_arch = "x86_64"))]
                 let _ = at;
@@ -468,8 +454,8 @@ unsafe fn run(frame: *const u64, len: i64, isa: Isa) {
     };
     let registers = frame.wrapping_add(FRAME_HEADER) as *const *mut f32;
     let n = len as usize;
-    // SAFETY: the frame has its header, and a register for each bit of the masks.
-    let streamed = unsafe { [*frame.add(4), *frame.add(5)] };
+    // SAFETY: the frame has its header, and a register for each bit of the mask.
+    let streamed = unsafe { *frame.add(4) };
     let mut prefetch = Prefetch::new(streamed, registers, n, count);
     // SAFETY: the program has `count` words.
     let program = unsafe { std::slice::from_raw_parts(program, count) };

@@ -452,10 +452,9 @@ impl Gen<'_, '_> {
         }
         let code = self.b.ins().iadd_imm_s(frame, program_at as i64);
         let count = self.b.ins().iconst(types::I64, words.len() as i64);
-        let (reads, writes) = self.streamed_buffers(p);
-        let reads = self.b.ins().iconst(types::I64, reads as i64);
-        let writes = self.b.ins().iconst(types::I64, writes as i64);
-        for (k, x) in [code, count, scalars, partials, reads, writes]
+        let streamed = self.streamed_buffers(p);
+        let mask = self.b.ins().iconst(types::I64, streamed as i64);
+        for (k, x) in [code, count, scalars, partials, mask]
             .into_iter()
             .enumerate()
         {
@@ -480,29 +479,20 @@ impl Gen<'_, '_> {
         }
     }
 
-    /// The masks of the buffer registers a call prefetches the next tile of: those it only
-    /// reads, and those it writes. A buffer the same for every row (a broadcast bias, say)
-    /// stays in cache from row to row and is left out.
-    fn streamed_buffers(&mut self, p: &Program) -> (u64, u64) {
-        let written: HashSet<u16> = p.instrs.iter().filter_map(Instr::destination).collect();
-        let (mut reads, mut writes) = (0u64, 0u64);
+    /// The mask of the buffer registers a call prefetches the next tile of: those streamed
+    /// from row to row. A buffer the same for every row (a broadcast bias, say) stays in
+    /// cache from row to row and is left out.
+    fn streamed_buffers(&mut self, p: &Program) -> u64 {
+        let rows = self.dims.len() - 1;
+        let mut mask = 0u64;
         for (r, register) in p.registers.iter().enumerate().take(64) {
-            let Register::Buffer(slot, map) = register else {
-                continue;
-            };
-            let rows = self.dims.len() - 1;
-            if self.strides(*slot, map)[..rows]
-                .iter()
-                .all(|s| matches!(s, Stride::Zero))
+            if let Register::Buffer(slot, map) = register
+                && !(self.strides(*slot, map)[..rows].iter()).all(|s| matches!(s, Stride::Zero))
             {
-                continue;
-            }
-            match written.contains(&(r as u16)) {
-                true => writes |= 1 << r,
-                false => reads |= 1 << r,
+                mask |= 1 << r;
             }
         }
-        (reads, writes)
+        mask
     }
 
     /// The vectorised part of the row, `0..vec_end`, by the prepared program `f`; leaves each
