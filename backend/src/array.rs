@@ -21,7 +21,7 @@ pub const ALIGNED_FROM: usize = 4096;
 fn aligned_zeros<T: Clone + num_traits::Zero>(shape: &[usize]) -> ArrayD<T> {
     let len: usize = shape.iter().product();
     let size = std::mem::size_of::<T>();
-    if len * size < ALIGNED_FROM {
+    if len.saturating_mul(size) < ALIGNED_FROM {
         return ArrayD::zeros(IxDyn(shape));
     }
     let padded = vec![T::zero(); len + ALIGN / size];

@@ -203,6 +203,15 @@ pub(crate) struct Product<T> {
     pub split_rows: bool,
 }
 
+/// `0..len` in at most `parts` pieces of a multiple of 16 (the last may be shorter): how many,
+/// and the `i`th.
+fn pieces(len: usize, parts: usize) -> (usize, impl Fn(usize) -> std::ops::Range<usize>) {
+    let size = len.div_ceil(parts).next_multiple_of(16);
+    (len.div_ceil(size), move |i| {
+        i * size..((i + 1) * size).min(len)
+    })
+}
+
 // SAFETY: the operands are only read, by threads writing disjoint columns of the output.
 unsafe impl<T> Sync for Product<T> {}
 
@@ -235,9 +244,9 @@ impl<T: Copy + 'static + num_traits::Zero + num_traits::One> Product<T> {
         }
         let dst = SendPtr(dst);
         if self.split_rows {
-            let height = self.m.div_ceil(parts).next_multiple_of(16);
-            crate::team::for_each(self.m.div_ceil(height), |r| {
-                let rows = r * height..((r + 1) * height).min(self.m);
+            let (count, rows_of) = pieces(self.m, parts);
+            crate::team::for_each(count, |r| {
+                let rows = rows_of(r);
                 let part = Product {
                     m: rows.len(),
                     // SAFETY: row `i` of `a` starts `i·a_rs` in, within the operand.
@@ -249,11 +258,10 @@ impl<T: Copy + 'static + num_traits::Zero + num_traits::One> Product<T> {
             });
             return;
         }
-        let width = n.div_ceil(parts).next_multiple_of(16);
-        crate::team::for_each(n.div_ceil(width), |c| {
-            let columns = c * width..((c + 1) * width).min(n);
+        let (count, columns_of) = pieces(n, parts);
+        crate::team::for_each(count, |c| {
             // SAFETY: each task writes its own columns; the operands are only read.
-            unsafe { self.columns(columns, dst.get(), ld) }
+            unsafe { self.columns(columns_of(c), dst.get(), ld) }
         });
     }
 

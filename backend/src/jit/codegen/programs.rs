@@ -42,6 +42,76 @@ pub(super) struct Program {
     scratch_tiles: usize,
 }
 
+/// `first` and `reader`, the only reader of `first`'s result, as one instruction: two cheap
+/// binary ops as a fused pair ([`Instr::Fused`]), or a fused pair and a product of its result
+/// by a scalar as the pair with that scale.
+fn fused_with(first: Instr, reader: Instr) -> Option<Instr> {
+    match (first, reader) {
+        (
+            Instr::Binary {
+                op: first,
+                dst: r,
+                a,
+                b,
+            },
+            Instr::Binary {
+                op: then,
+                dst,
+                a: x,
+                b: y,
+            },
+        ) if tile_program::fusable(first, then) => {
+            let (c, swap) = match x == Operand::Tile(r) {
+                true => (y, false),
+                false => (x, true),
+            };
+            Some(Instr::Fused {
+                first,
+                then,
+                swap,
+                dst,
+                a,
+                b,
+                c,
+                scale: None,
+            })
+        }
+        (
+            Instr::Fused {
+                first,
+                then,
+                swap,
+                a,
+                b,
+                c,
+                scale: None,
+                ..
+            },
+            Instr::Binary {
+                op: BinaryOp::Mul,
+                dst,
+                a: x,
+                b: y,
+            },
+        ) => {
+            let ((Operand::Scalar(s), _) | (_, Operand::Scalar(s))) = (x, y) else {
+                return None;
+            };
+            Some(Instr::Fused {
+                first,
+                then,
+                swap,
+                dst,
+                a,
+                b,
+                c,
+                scale: Some(s),
+            })
+        }
+        _ => None,
+    }
+}
+
 /// `x`'s index in `all`, added at the end if it is not there.
 fn index_in<T: PartialEq>(all: &mut Vec<T>, x: T) -> u16 {
     let at = all.iter().position(|y| *y == x).unwrap_or_else(|| {
@@ -104,97 +174,22 @@ impl Program {
         reader.filter(|_| self.read_count(r, stores) == 1)
     }
 
-    /// Merges a cheap binary op whose only reader is another into one pass over the tile
-    /// ([`Instr::Fused`]): `x·a + b` reads and writes the tile once, not twice.
-    fn fuse_pairs(&mut self, stores: &[(u16, Operand)]) {
+    /// Merges an instruction into its only reader where the two make one instruction
+    /// ([`fused_with`]): `x·a + b` reads and writes the tile once, not twice, and gelu's
+    /// `0.5·(x·(1 + tanh u))` is one pass.
+    fn fuse(&mut self, stores: &[(u16, Operand)]) {
         let mut k = 0;
         while k < self.instrs.len() {
-            let Instr::Binary {
-                op: first,
-                dst: r,
-                a,
-                b,
-            } = self.instrs[k]
-            else {
-                k += 1;
-                continue;
-            };
-            let reader = self.sole_reader(k, r, stores);
-            let fusable = match reader.map(|j| self.instrs[j]) {
-                Some(Instr::Binary { op: then, .. }) => tile_program::fusable(first, then),
-                _ => false,
-            };
-            let (Some(j), true) = (reader, fusable) else {
-                k += 1;
-                continue;
-            };
-            let Instr::Binary {
-                op: then,
-                dst,
-                a: x,
-                b: y,
-            } = self.instrs[j]
-            else {
-                unreachable!("the reader is a binary op")
-            };
-            let (c, swap) = match x == Operand::Tile(r) {
-                true => (y, false),
-                false => (x, true),
-            };
-            self.instrs[j] = Instr::Fused {
-                first,
-                then,
-                swap,
-                dst,
-                a,
-                b,
-                c,
-                scale: None,
-            };
-            self.instrs.remove(k);
-        }
-    }
-
-    /// Merges a product by a scalar into the fused pair it scales, where that pair's result
-    /// has no other reader: gelu's `0.5·(x·(1 + tanh u))` is one pass, not two.
-    fn fuse_scales(&mut self, stores: &[(u16, Operand)]) {
-        let mut k = 0;
-        while k < self.instrs.len() {
-            let Instr::Fused {
-                dst: r,
-                scale: None,
-                ..
-            } = self.instrs[k]
-            else {
-                k += 1;
-                continue;
-            };
-            let reader = self.sole_reader(k, r, stores);
-            let scaled = match reader.map(|j| self.instrs[j]) {
-                Some(Instr::Binary {
-                    op: BinaryOp::Mul,
-                    dst,
-                    a,
-                    b,
-                }) => match (a, b) {
-                    (Operand::Tile(x), Operand::Scalar(s))
-                    | (Operand::Scalar(s), Operand::Tile(x))
-                        if x == r =>
-                    {
-                        Some((dst, s))
-                    }
-                    _ => None,
-                },
-                _ => None,
-            };
-            let (Some(j), Some((to, s))) = (reader, scaled) else {
-                k += 1;
-                continue;
-            };
-            if let Instr::Fused { dst, scale, .. } = &mut self.instrs[k] {
-                (*dst, *scale) = (to, Some(s));
+            let merged = Self::defines(&self.instrs[k])
+                .and_then(|r| self.sole_reader(k, r, stores))
+                .and_then(|j| Some((j, fused_with(self.instrs[k], self.instrs[j])?)));
+            match merged {
+                Some((j, instr)) => {
+                    self.instrs[j] = instr;
+                    self.instrs.remove(k);
+                }
+                None => k += 1,
             }
-            self.instrs.remove(j);
         }
     }
 
@@ -359,8 +354,7 @@ impl Gen<'_, '_> {
             let to = p.register(Register::Buffer(stash.slot, stash.slot_map));
             stores.push((to, x));
         }
-        p.fuse_pairs(&stores);
-        p.fuse_scales(&stores);
+        p.fuse(&stores);
         p.routines_in_place(&mut stores);
         p.write_results_in_place(&mut stores);
         (p.instrs).extend(stores.into_iter().map(|(dst, a)| Instr::Copy { dst, a }));
