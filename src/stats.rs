@@ -19,22 +19,27 @@ pub struct FunctionStats {
     /// Bytes read and written by the top-level instructions in one call: every operand read
     /// once and every result written once (a fused kernel's body moves nothing to memory).
     /// Loads, stores, constants and reshapes count nothing.
-    pub traffic_bytes: u64,
+    /// Saturating: a huge `--bind` gives a huge figure, never a wrapped one.
+    pub traffic_bytes: u128,
 }
 
 /// The size in bytes of a value of `ty`, with symbolic sizes taken from `bindings` (1 when
 /// unbound).
-fn bytes(ty: &Type, bindings: &SymbolBindings) -> u64 {
-    elements(ty, bindings) * ty.dtype.size_bytes() as u64
+fn bytes(ty: &Type, bindings: &SymbolBindings) -> u128 {
+    elements(ty, bindings).saturating_mul(ty.dtype.size_bytes() as u128)
 }
 
-fn elements(ty: &Type, bindings: &SymbolBindings) -> u64 {
+fn elements(ty: &Type, bindings: &SymbolBindings) -> u128 {
     (ty.shape.dims().iter())
         .map(|d| match d {
-            Dim::Fixed(n) => *n as u64,
-            Dim::Sym(s) => bindings.get(s).map_or(1, |&n| n as u64),
+            Dim::Fixed(n) => *n as u128,
+            Dim::Sym(s) => bindings.get(s).map_or(1, |&n| n as u128),
         })
-        .product()
+        .fold(1, u128::saturating_mul)
+}
+
+fn saturating_sum(values: impl Iterator<Item = u128>) -> u128 {
+    values.fold(0, u128::saturating_add)
 }
 
 /// The statistics of `func` with its symbols bound by `bindings`.
@@ -60,16 +65,18 @@ pub fn function_stats(func: &Function, bindings: &SymbolBindings) -> FunctionSta
         );
         if moves {
             let values = data.args.iter().chain(&data.results);
-            stats.traffic_bytes += values
-                .map(|&v| bytes(func.value_type(v), bindings))
-                .sum::<u64>();
+            let moved = saturating_sum(values.map(|&v| bytes(func.value_type(v), bindings)));
+            stats.traffic_bytes = stats.traffic_bytes.saturating_add(moved);
         }
     }
     stats
 }
 
-fn human(bytes: u64) -> String {
+fn human(bytes: u128) -> String {
     match bytes {
+        u128::MAX => "more than 2^128 B".to_owned(),
+        b if b >= 1 << 40 => format!("{:.1} TiB", b as f64 / (1u64 << 40) as f64),
+        b if b >= 1 << 30 => format!("{:.1} GiB", b as f64 / (1 << 30) as f64),
         b if b >= 1 << 20 => format!("{:.1} MiB", b as f64 / (1 << 20) as f64),
         b if b >= 1 << 10 => format!("{:.1} KiB", b as f64 / 1024.0),
         b => format!("{b} B"),
@@ -81,10 +88,8 @@ pub fn report(module: &Module, bindings: &SymbolBindings) -> Result<String, Pass
     let mut optimized = module.clone();
     PassManager::pipeline("default")?.run(&mut optimized)?;
     let mut out = String::new();
-    let total: u64 = (module.states.iter())
-        .map(|s| elements(&s.ty, bindings))
-        .sum();
-    let total_bytes: u64 = module.states.iter().map(|s| bytes(&s.ty, bindings)).sum();
+    let total = saturating_sum(module.states.iter().map(|s| elements(&s.ty, bindings)));
+    let total_bytes = saturating_sum(module.states.iter().map(|s| bytes(&s.ty, bindings)));
     let _ = writeln!(
         out,
         "state: {} values, {total} elements, {}",

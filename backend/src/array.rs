@@ -285,6 +285,11 @@ impl Array {
         }
     }
 
+    /// Whether the elements lie row-major and contiguous (what native kernels read).
+    pub fn is_standard_layout(&self) -> bool {
+        with_array!(self, a => a.is_standard_layout())
+    }
+
     /// The same array in standard (row-major, contiguous) layout.
     pub fn into_standard_layout(self) -> Array {
         map_array!(self, a => if a.is_standard_layout() { a } else { a.as_standard_layout().into_owned() })

@@ -8,6 +8,7 @@
 
 use crate::interp::InterpError;
 use kiln_ir::{Dim, Function, Symbol, Type};
+use std::cell::Cell;
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -45,22 +46,62 @@ pub fn set_memory_limit(bytes: Option<u64>) {
     MEMORY_LIMIT.store(bytes.map_or(0, |b| b.max(1)), Ordering::Relaxed);
 }
 
-/// The trips one `while` loop may make before the run fails: unlimited unless set.
+/// The trips all `while` loops of one run may make together (nested loops count every inner
+/// trip): unlimited unless set. A loop of exactly this many trips runs.
 pub fn max_trips() -> u64 {
     MAX_TRIPS.load(Ordering::Relaxed)
-}
-
-/// Why a loop that reached [`max_trips`] fails.
-pub(crate) fn too_many_trips(max_trips: u64) -> String {
-    format!(
-        "the loop did not end within {max_trips} trips (the limit set with \
-         `kiln run --max-trips` or `kiln_backend::limits::set_max_trips`)"
-    )
 }
 
 /// Sets [`max_trips`]; `None` removes the limit.
 pub fn set_max_trips(trips: Option<u64>) {
     MAX_TRIPS.store(trips.unwrap_or(u64::MAX), Ordering::Relaxed);
+}
+
+thread_local! {
+    /// The run on this thread: how deeply runs nest (a compiled region is a run inside its
+    /// program's, an interpreted instruction inside a compiled one) and the trips made since
+    /// the outermost began.
+    static RUN: Cell<(u32, u64)> = const { Cell::new((0, 0)) };
+}
+
+/// Marks a run on this thread while it lives; the outermost starts a fresh trip count.
+pub(crate) struct RunScope(());
+
+impl RunScope {
+    pub(crate) fn enter() -> RunScope {
+        RUN.with(|run| {
+            let (depth, trips) = run.get();
+            run.set((depth + 1, if depth == 0 { 0 } else { trips }));
+        });
+        RunScope(())
+    }
+}
+
+impl Drop for RunScope {
+    fn drop(&mut self) {
+        RUN.with(|run| {
+            let (depth, trips) = run.get();
+            run.set((depth.saturating_sub(1), trips));
+        });
+    }
+}
+
+/// Counts one more trip of a loop of this thread's run: an error once the run's loops
+/// together pass [`max_trips`].
+pub(crate) fn count_trip() -> Result<(), String> {
+    let max_trips = max_trips();
+    RUN.with(|run| {
+        let (depth, trips) = run.get();
+        if trips >= max_trips {
+            return Err(format!(
+                "the loop did not end within {max_trips} trips (the run's loops together may \
+                 make at most {max_trips}: the limit set with `kiln run --max-trips` or \
+                 `kiln_backend::limits::set_max_trips`)"
+            ));
+        }
+        run.set((depth, trips + 1));
+        Ok(())
+    })
 }
 
 /// The machine's memory (`MemTotal` in `/proc/meminfo`), or no limit where that is unknown.

@@ -53,13 +53,18 @@ impl StateStore {
         self.values.get_mut(name)
     }
 
-    /// Sets state `name` to `value`.
+    /// Sets state `name` to `value` (laid out row-major: compiled code reads it in place).
     pub fn insert(&mut self, name: impl Into<String>, value: Array) {
-        self.values.insert(name.into(), Arc::new(value));
+        self.values
+            .insert(name.into(), Arc::new(value.into_standard_layout()));
     }
 
-    /// Sets state `name` to a shared `value`.
+    /// Sets state `name` to a shared `value` (copied if it is not laid out row-major).
     pub fn insert_shared(&mut self, name: impl Into<String>, value: Arc<Array>) {
+        let value = match value.is_standard_layout() {
+            true => value,
+            false => Arc::new((*value).clone().into_standard_layout()),
+        };
         self.values.insert(name.into(), value);
     }
 

@@ -6,7 +6,7 @@
 //! ops, so the IR itself only ever sees operands of one shape.
 
 use crate::entities::{Inst, Region, Value};
-use crate::function::Function;
+use crate::function::{Function, ValueDef};
 use crate::infer::{RegionTypes, TypeError, infer};
 use crate::literal::Literal;
 use crate::loc::Loc;
@@ -895,6 +895,10 @@ impl FunctionBuilder {
             op => b.insert(op.clone(), &args)?,
         };
         for (&old, new) in data.results.iter().zip(results) {
+            // The copy reports errors at the original's line, not at this function's.
+            if let ValueDef::Result(copy, _) = b.func.value(new).def {
+                b.func.inst_mut(copy).loc = data.loc;
+            }
             remap.insert(old, new);
         }
         Ok(())

@@ -286,8 +286,9 @@ fn rule(op: &Op, args: &[&Type], regions: &[RegionTypes<'_>]) -> Result<Vec<Type
                             "axis {axis} of {t} has symbolic size {s} and cannot be padded"
                         ));
                     }
-                    &Dim::Fixed(0) => Dim::Fixed(lo + hi),
-                    &Dim::Fixed(n) => Dim::Fixed(lo + n + (n - 1) * mid + hi),
+                    &Dim::Fixed(n) => Dim::Fixed(padded_size(n, lo, hi, mid).ok_or_else(|| {
+                        format!("axis {axis} of {t} padded by ({lo}, {hi}) with interior {mid} has more elements than memory can address")
+                    })?),
                 });
             }
             one(t.with_shape(Shape(dims)))
@@ -319,7 +320,15 @@ fn rule(op: &Op, args: &[&Type], regions: &[RegionTypes<'_>]) -> Result<Vec<Type
                 let sizes: Option<Vec<usize>> =
                     args.iter().map(|t| t.shape.0[*axis].as_fixed()).collect();
                 match sizes {
-                    Some(sizes) => Dim::Fixed(sizes.iter().sum()),
+                    Some(sizes) => Dim::Fixed(
+                        (sizes.iter().try_fold(0usize, |acc, &n| acc.checked_add(n)))
+                            .ok_or_else(|| {
+                                format!(
+                                    "the sizes along axis {axis} add up to more than memory can address: {}",
+                                    Types(args)
+                                )
+                            })?,
+                    ),
                     None => {
                         return Err(format!(
                             "cannot concatenate along symbolic axis {axis}: {}",
@@ -591,7 +600,18 @@ fn same_element_count(a: &Shape, b: &Shape) -> bool {
         // Zero elements either way, whatever the symbols are.
         return zero(a) && zero(b);
     }
-    fixed(a) == fixed(b) && symbols(a) == symbols(b)
+    // An overflowing product (`None`) matches nothing: such a type is refused anyway.
+    fixed(a).is_some() && fixed(a) == fixed(b) && symbols(a) == symbols(b)
+}
+
+/// `n` elements with `interior` between neighbours, `low` before and `high` after, if that
+/// size is a `usize`.
+pub fn padded_size(n: usize, low: usize, high: usize, interior: usize) -> Option<usize> {
+    let inside = match n {
+        0 => 0,
+        n => (n - 1).checked_mul(interior)?.checked_add(n)?,
+    };
+    inside.checked_add(low)?.checked_add(high)
 }
 
 /// The dimensions of an NCHW operand: `N` as it is, `C`, `H`, `W` fixed.
@@ -669,7 +689,9 @@ fn conv2d_type(kind: ConvKind, attrs: &Conv2dAttrs, args: &[&Type]) -> Result<Ty
         ConvKind::InputGrad { input } => {
             let (n, [o, h2, w2]) = nchw("gradient", a)?;
             let (_, [cg, _, _]) = nchw("weights", b)?;
-            let c = cg * groups;
+            let c = cg.checked_mul(groups).ok_or_else(|| {
+                format!("{cg} channels per group times {groups} groups overflows")
+            })?;
             let x = Type::new(
                 a.dtype,
                 vec![n.clone(), c.into(), input[0].into(), input[1].into()],

@@ -361,19 +361,22 @@ impl Type {
     /// An error if no value of this type can exist in memory: its fixed dimensions alone need
     /// more than `isize::MAX` bytes (the most one allocation can hold), so element counts and
     /// byte sizes computed from it would overflow.
+    ///
+    /// A zero-sized dimension does not make the others free: an array's shape must still
+    /// describe addressable memory (`f32[0,2^62,2^62]` has no element but is refused), since
+    /// strides and row counts are computed from the nonzero sizes.
     pub fn check_addressable(&self) -> Result<(), TooLarge> {
-        if self.fixed_bytes() <= isize::MAX as u128 {
+        let fixed = self.shape.dims().iter().filter_map(Dim::as_fixed);
+        let extent =
+            (fixed.clone().filter(|&n| n != 0)).fold(1u128, |acc, n| acc.saturating_mul(n as u128));
+        if extent.saturating_mul(self.dtype.size_bytes() as u128) <= isize::MAX as u128 {
             return Ok(());
         }
-        let elements = self
-            .shape
-            .dims()
-            .iter()
-            .filter_map(Dim::as_fixed)
-            .fold(1u128, |acc, n| acc.saturating_mul(n as u128));
+        let elements = fixed.fold(1u128, |acc, n| acc.saturating_mul(n as u128));
         Err(TooLarge {
             ty: self.clone(),
             elements,
+            extent,
         })
     }
 }
@@ -422,8 +425,8 @@ pub enum BindError {
 /// A type no memory can hold: its fixed dimensions need more than `isize::MAX` bytes.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[error(
-    "type {ty} has {} elements, more than memory can address ({} bytes at most)",
-    count(*elements),
+    "type {ty} has {}, more than memory can address ({} bytes at most)",
+    count(*elements, *extent),
     isize::MAX
 )]
 pub struct TooLarge {
@@ -431,13 +434,25 @@ pub struct TooLarge {
     pub ty: Type,
     /// Its element count (saturating at `u128::MAX`).
     pub elements: u128,
+    /// The product of its nonzero fixed sizes (the elements its strides span).
+    pub extent: u128,
 }
 
-fn count(elements: u128) -> String {
-    if elements == u128::MAX {
-        "more than 2^128".to_owned()
+fn count(elements: u128, extent: u128) -> String {
+    let n = |n: u128| {
+        if n == u128::MAX {
+            "more than 2^128".to_owned()
+        } else {
+            n.to_string()
+        }
+    };
+    if elements == 0 {
+        format!(
+            "no elements, but its nonzero sizes span {} elements",
+            n(extent)
+        )
     } else {
-        elements.to_string()
+        format!("{} elements", n(elements))
     }
 }
 

@@ -77,7 +77,8 @@ impl Conv2dAttrs {
             .saturating_sub(offset)
             .div_ceil(stride)
             .clamp(first, outputs);
-        (first..end, (first * stride + offset).saturating_sub(low))
+        let start = first.saturating_mul(stride).saturating_add(offset);
+        (first..end, start.saturating_sub(low))
     }
 
     /// What is wrong with the attributes themselves, if anything.
@@ -120,6 +121,12 @@ impl Pool2dAttrs {
             strides,
             padding: [(0, 0), (0, 0)],
         }
+    }
+
+    /// The window's area, the divisor of average pooling (padding counts), in `f64` so that
+    /// no window size overflows it.
+    pub fn window_area(&self) -> f64 {
+        self.window[0] as f64 * self.window[1] as f64
     }
 
     /// The output size along spatial axis `axis` for an input of `size`; `None` if the

@@ -114,15 +114,13 @@ impl Executable {
     ) -> Result<(), InterpError> {
         let mut carried = Self::control_inputs(rt, step);
         let free = carried.split_off(self.func.inst(step.inst).args.len());
-        let max_trips = crate::limits::max_trips();
-        for trips in 0.. {
-            if trips >= max_trips {
-                return Err(self.fail(step.inst, crate::limits::too_many_trips(max_trips)));
-            }
+        loop {
             let args = carried.iter().chain(&free).cloned().collect();
             let go = cond.run(args, state, interp, true)?;
             match go.first().and_then(|a| a.as_bool_scalar()) {
-                Some(true) => {}
+                Some(true) => {
+                    crate::limits::count_trip().map_err(|message| self.fail(step.inst, message))?
+                }
                 Some(false) => break,
                 None => {
                     let message = "the `cond` region did not yield a bool scalar";

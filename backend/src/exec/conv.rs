@@ -97,6 +97,43 @@ impl<'a> Kept<'a> {
     }
 }
 
+/// The bytes of scratch space one call of `conv2d` (or a transpose) takes beyond its operands
+/// and output — the offsets table, one chunk's channels-last image, patch matrix and product
+/// rows, the weights in patch order, the filter gradient's partial sums per thread — and the
+/// patch matrix's shape, for shapes `[a, b, out]` as the executor passes them; or why the
+/// call cannot run here at all. A patch matrix grows with weights × outputs, which no value's
+/// size bounds, so this is checked against the memory limit before anything is allocated.
+pub(crate) fn scratch(
+    kind: ConvKind,
+    groups: usize,
+    [a, b, out]: [&[usize]; 3],
+    elem_bytes: usize,
+) -> Result<(u128, [u128; 2]), String> {
+    let (x, w, y) = match kind {
+        ConvKind::Forward => (a, b, out),
+        ConvKind::InputGrad { .. } => (out, b, a),
+        ConvKind::FilterGrad { .. } => (a, out, b),
+    };
+    let d = ConvDims::of(x, w, y, groups).map_err(|e| e.0)?;
+    if d.image() >= PADDING as usize {
+        return Err(format!(
+            "one sample's channel group has {} elements, more than the compiled \
+             convolution's 32-bit offsets reach (run it with the interpreter)",
+            d.image()
+        ));
+    }
+    let n = |v: usize| v as u128;
+    let (k, p) = (n(d.k()), n(d.p()));
+    // As `typed` chunks the samples (a kept patch matrix is a whole batch in one chunk).
+    let per_chunk = (n(PATCH_BUDGET) / (k * p).max(1)).clamp(1, n(d.n).max(1));
+    let rows = per_chunk * p;
+    let elements = rows * (k + n(d.og()))
+        + per_chunk * n(d.image())
+        + n(d.o) * k * (1 + n(crate::team::width()));
+    let bytes = elements.saturating_mul(n(elem_bytes)) + 4 * p * n(d.taps());
+    Ok((bytes, [rows, k]))
+}
+
 /// Runs `conv2d` (or a transpose, by `kind`) of `a` and `b` into `out`, which has the
 /// result's shape. Float arrays of one dtype (the schedule sends no others).
 pub(crate) fn conv2d(

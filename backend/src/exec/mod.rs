@@ -20,7 +20,8 @@ use crate::{Array, StateStore, debug};
 use cranelift_entity::EntityRef;
 use kiln_ir::print::{ValueNames, inst_line};
 use kiln_ir::{
-    Conv2dAttrs, ConvKind, DType, Function, Inst, Op, Pool2dAttrs, PoolKind, SymbolBindings, Value,
+    Conv2dAttrs, ConvKind, DType, Function, Inst, Op, Pool2dAttrs, PoolKind, Shape, SymbolBindings,
+    Type, Value,
 };
 use schedule::{DimRecipe, Output, Schedule, ShapeRecipe, Step, StepKind};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -245,6 +246,7 @@ impl Executable {
         interp: &Interpreter<'_>,
         retain_results: bool,
     ) -> Result<Vec<Arc<Array>>, InterpError> {
+        let _run = crate::limits::RunScope::enter();
         let taken = self
             .runtime
             .lock()
@@ -283,6 +285,12 @@ impl Executable {
         self.check_memory(rt)?;
         self.check_loads(state)?;
         for (&a, array) in self.func.args().iter().zip(args) {
+            // Kernels read buffers in memory order: an argument in another layout (a
+            // Fortran-ordered `.npy`, a transposed view) is laid out row-major first.
+            let array = match array.is_standard_layout() {
+                true => array,
+                false => Arc::new((*array).clone().into_standard_layout()),
+            };
             rt.env[a.index()] = Some(array);
         }
         let mut bindings: Option<SymbolBindings> = None;
@@ -539,10 +547,15 @@ impl Executable {
                 kind,
                 attrs,
                 patches,
-            } => self.run_conv(rt, step, *kind, attrs, *patches),
+            } => self.run_conv(rt, step, *kind, attrs, *patches)?,
             StepKind::Pool2d { kind, attrs } => self.run_pool(rt, step, *kind, attrs),
             StepKind::Reshape => self.run_reshape(rt, step),
-            StepKind::Const(array) => rt.env[step.outputs[0].index()] = Some(array.clone()),
+            StepKind::Const { value, shape, made } => {
+                let array = made.get_or_init(|| {
+                    Arc::new(Array::from_literal(value, shape).expect("a literal of its shape"))
+                });
+                rt.env[step.outputs[0].index()] = Some(array.clone());
+            }
             StepKind::Load { state: name } => {
                 let value = state.get_shared(name).expect("a checked load").clone();
                 rt.env[step.outputs[0].index()] = Some(value);
@@ -743,7 +756,8 @@ impl Executable {
         kind: ConvKind,
         attrs: &Conv2dAttrs,
         patches: Option<usize>,
-    ) {
+    ) -> Result<(), InterpError> {
+        self.check_conv_scratch(rt, step, kind, attrs)?;
         let mut kept = std::mem::take(&mut rt.kept_patches);
         self.two_operands_into_slot(rt, step, |a, b, out, threads| {
             let kept = match (kind, patches) {
@@ -754,6 +768,38 @@ impl Executable {
             conv::conv2d(kind, attrs, a, b, out, threads, kept)
         });
         rt.kept_patches = kept;
+        Ok(())
+    }
+
+    /// Refuses a convolution whose scratch space would pass the memory limit.
+    fn check_conv_scratch(
+        &self,
+        rt: &mut Runtime,
+        step: &Step,
+        kind: ConvKind,
+        attrs: &Conv2dAttrs,
+    ) -> Result<(), InterpError> {
+        step.shapes[0].resolve_into(&rt.sizes, &mut rt.shape);
+        let (a, b) = (
+            Self::value(rt, step.inputs[0]),
+            Self::value(rt, step.inputs[1]),
+        );
+        let dtype = a.dtype();
+        let shapes = [a.shape(), b.shape(), &rt.shape[..]];
+        let (bytes, [rows, cols]) = conv::scratch(kind, attrs.groups, shapes, dtype.size_bytes())
+            .map_err(|message| self.fail(step.inst, message))?;
+        if bytes <= u128::from(crate::limits::memory_limit()) {
+            return Ok(());
+        }
+        let patch_matrix = Type::new(
+            dtype,
+            Shape::fixed(&[rows.min(usize::MAX as u128) as usize, cols as usize]),
+        );
+        let what = format!(
+            "the scratch space of {} (patch matrix, offsets, channels-last image)",
+            inst_line(&self.func, step.inst)
+        );
+        crate::limits::check_bytes(&what, &patch_matrix, bytes)
     }
 
     /// A pooling op (or its gradient) by direct loops into a slot's buffer.

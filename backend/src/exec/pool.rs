@@ -95,7 +95,7 @@ impl<'a, T: FloatElem + Send + Sync> Planes<'a, T> {
             .collect();
         // Planes of small images are tiny: a task takes enough of them to outweigh its own
         // cost.
-        let per_task = PARALLEL_ELEMENTS.div_ceil(self.h * self.w).max(1);
+        let per_task = PARALLEL_ELEMENTS.div_ceil((self.h * self.w).max(1));
         let this = &self;
         // 2×2 windows that tile the planes tile a task's run of planes too (its rows pair up
         // within each plane): one call per task, not per plane.
@@ -151,7 +151,7 @@ impl<'a, T: FloatElem + Send + Sync> Planes<'a, T> {
         out: &mut [T],
     ) {
         let (h, w, oh, ow) = (self.h, self.w, self.oh, self.ow);
-        let area = T::from_f64((self.attrs.window[0] * self.attrs.window[1]) as f64);
+        let area = T::from_f64(self.attrs.window_area());
         let windows = (0..oh).flat_map(|y| {
             let rows = self.attrs.input_range(0, y, h);
             (columns.iter()).map(move |cols| (rows.clone(), cols.clone()))

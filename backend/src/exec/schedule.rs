@@ -6,11 +6,11 @@
 use crate::Array;
 use crate::jit::{self, Kernel};
 use kiln_ir::{
-    BinaryOp, BuildResult, Conv2dAttrs, ConvKind, DType, Dim, Function, FunctionBuilder, Inst, Op,
-    Pool2dAttrs, PoolKind, Region, Shape, Symbol, Value, ValueDef,
+    BinaryOp, BuildResult, Conv2dAttrs, ConvKind, DType, Dim, Function, FunctionBuilder, Inst,
+    Literal, Op, Pool2dAttrs, PoolKind, Region, Shape, Symbol, Value, ValueDef,
 };
 use std::collections::{HashMap, HashSet};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 /// What a step does.
 pub(crate) enum StepKind {
@@ -45,8 +45,13 @@ pub(crate) enum StepKind {
     },
     /// The same elements, another shape: moved when the input dies here, else copied.
     Reshape,
-    /// A constant made once, shared by every run.
-    Const(Arc<Array>),
+    /// A constant made once, by the first run (after its memory check: a program may declare
+    /// a constant larger than memory), and shared by every run.
+    Const {
+        value: Literal,
+        shape: Vec<usize>,
+        made: OnceLock<Arc<Array>>,
+    },
     Load {
         state: String,
     },
@@ -589,13 +594,15 @@ fn step_kind(
             kernel_of(kernel, fallbacks)
         }
         Op::Const { value, ty } if value.len() != 1 || ty.shape.is_static() => {
-            match ty
-                .shape
-                .as_fixed()
-                .and_then(|s| Array::from_literal(value, &s))
-            {
-                Some(a) => StepKind::Const(Arc::new(a)),
-                None => StepKind::Interpret,
+            match ty.shape.as_fixed() {
+                Some(shape) if value.len() == 1 || Some(value.len()) == ty.shape.num_elements() => {
+                    StepKind::Const {
+                        value: value.clone(),
+                        shape,
+                        made: OnceLock::new(),
+                    }
+                }
+                _ => StepKind::Interpret,
             }
         }
         Op::Reshape { .. } => StepKind::Reshape,

@@ -448,18 +448,18 @@ pub fn pad(x: &Array, low: &[usize], high: &[usize], interior: &[usize]) -> Kern
     if low.len() != rank || high.len() != rank || interior.len() != rank {
         return Err(format!("padding needs one entry per axis of rank {rank}").into());
     }
-    let out_shape: Vec<usize> = x
-        .shape()
-        .iter()
-        .enumerate()
-        .map(|(a, &n)| low[a] + high[a] + if n == 0 { 0 } else { n + (n - 1) * interior[a] })
-        .collect();
+    let out_shape: Vec<usize> = (x.shape().iter().enumerate())
+        .map(|(a, &n)| kiln_ir::infer::padded_size(n, low[a], high[a], interior[a]))
+        .collect::<Option<_>>()
+        .ok_or("the padded size overflows")?;
     if x.is_empty() {
         return Ok(Array::zeros(x.dtype(), &out_shape));
     }
+    // Every bound below is at most the padded size, which the output's allocation bounds; a
+    // step past `isize::MAX` only happens on an axis of one element, where it is never taken.
     let place = |d: ndarray::AxisDescription| {
         let a = d.axis.index();
-        let step = interior[a] + 1;
+        let step = interior[a].saturating_add(1).min(isize::MAX as usize);
         let end = low[a] + (x.shape()[a] - 1) * step + 1;
         Slice::new(low[a] as isize, Some(end as isize), step as isize)
     };
@@ -514,6 +514,17 @@ fn fold_axes<T: Clone, A: Clone>(
     lift: impl Fn(&T) -> A,
     fold: impl Fn(&A, &A) -> A,
 ) -> ArrayD<A> {
+    if x.is_empty() {
+        // Every fold is of nothing: `init` everywhere, without walking a huge empty axis
+        // (`[0, 2^40]` folded over its second axis would take 2^40 steps).
+        let shape: Vec<usize> = (x.shape().iter().enumerate())
+            .filter_map(|(a, &n)| match axes.contains(&a) {
+                true => keep_dims.then_some(1),
+                false => Some(n),
+            })
+            .collect();
+        return ArrayD::from_elem(IxDyn(&shape), init);
+    }
     let mut acc: ArrayD<A> = x.map(lift);
     let mut sorted = axes.to_vec();
     sorted.sort_unstable_by(|a, b| b.cmp(a));
@@ -535,7 +546,7 @@ pub fn reduce(op: ReduceOp, x: &Array, axes: &[usize], keep_dims: bool) -> Kerne
     if let Some(&bad) = axes.iter().find(|&&a| a >= rank) {
         return Err(format!("axis {bad} is out of range for rank {rank}").into());
     }
-    let count: usize = axes.iter().map(|&a| x.shape()[a]).product();
+    let count = (axes.iter()).fold(1usize, |acc, &a| acc.saturating_mul(x.shape()[a]));
     if count == 0 && matches!(op, ReduceOp::Max | ReduceOp::Min) {
         return Err(format!("`{}` over an empty axis has no value", op.name()).into());
     }

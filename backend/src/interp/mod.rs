@@ -15,7 +15,7 @@ use crate::interp::kernels::{KernelResult, OpError};
 use crate::random::Stream;
 use crate::state::StateStore;
 use kiln_ir::print::{ValueNames, inst_line};
-use kiln_ir::{Function, Inst, Loc, Module, Op, Region, SymbolBindings, Type, Value};
+use kiln_ir::{Function, Inst, Loc, Module, Op, Region, SymbolBindings, Type, Value, ValueDef};
 use std::collections::HashMap;
 use std::sync::Arc;
 
@@ -124,6 +124,9 @@ struct Frame<'f> {
     values: Env,
     bindings: SymbolBindings,
     stores: Stores,
+    /// Per `update_slice`: whether its array operand dies there, so that the array (a loop's
+    /// stack of states) is updated in place rather than copied on every trip.
+    donates: HashMap<Inst, bool>,
 }
 
 impl<'a> Interpreter<'a> {
@@ -203,11 +206,13 @@ impl<'a> Interpreter<'a> {
                 found: args.len(),
             });
         }
+        let _run = crate::limits::RunScope::enter();
         let mut frame = Frame {
             func,
             values: Env::new(),
             bindings: SymbolBindings::new(),
             stores: Vec::new(),
+            donates: HashMap::new(),
         };
         for (&v, array) in func.args().iter().zip(args) {
             let expected = func.value_type(v);
@@ -245,11 +250,13 @@ impl<'a> Interpreter<'a> {
         env: &mut Env,
         state: &StateStore,
     ) -> Result<(), InterpError> {
+        let _run = crate::limits::RunScope::enter();
         let mut frame = Frame {
             func,
             values: std::mem::take(env),
             bindings: SymbolBindings::new(),
             stores: Vec::new(),
+            donates: HashMap::new(),
         };
         let result = insts
             .iter()
@@ -270,11 +277,13 @@ impl<'a> Interpreter<'a> {
         bindings: &SymbolBindings,
         state: &StateStore,
     ) -> Result<(Vec<Arc<Array>>, Stores), InterpError> {
+        let _run = crate::limits::RunScope::enter();
         let mut frame = Frame {
             func,
             values,
             bindings: bindings.clone(),
             stores: Vec::new(),
+            donates: HashMap::new(),
         };
         self.inst(&mut frame, inst, state)?;
         let results = (func.inst(inst).results.iter())
@@ -290,7 +299,15 @@ impl<'a> Interpreter<'a> {
         state: &StateStore,
     ) -> Result<Vec<Arc<Array>>, InterpError> {
         let func = frame.func;
-        for &inst in &func.region(region).insts {
+        for (i, &inst) in func.region(region).insts.iter().enumerate() {
+            if let Op::UpdateSlice { axis } = func.inst(inst).op
+                && *(frame.donates)
+                    .entry(inst)
+                    .or_insert_with(|| dies_at(func, region, i))
+            {
+                self.update_slice_in_place(frame, inst, axis)?;
+                continue;
+            }
             self.inst(frame, inst, state)?;
         }
         func.region(region)
@@ -542,19 +559,16 @@ impl<'a> Interpreter<'a> {
             .iter()
             .map(|v| operand(frame, Some(v)))
             .collect::<Result<_, _>>()?;
-        let max_trips = crate::limits::max_trips();
-        for trips in 0.. {
-            if trips >= max_trips {
-                return Err(Eval::Kernel(crate::limits::too_many_trips(max_trips)));
-            }
+        loop {
             for (&a, v) in func.region(cond).args.iter().zip(&carried) {
                 frame.values.insert(a, v.clone());
             }
             let keep_going = self
                 .region(frame, cond, state)
                 .map_err(|e| Eval::Nested(Box::new(e)))?;
+            forget(frame, cond);
             match keep_going.first().and_then(|a| a.as_bool_scalar()) {
-                Some(true) => {}
+                Some(true) => crate::limits::count_trip().map_err(Eval::Kernel)?,
                 Some(false) => return Ok(carried),
                 None => {
                     return Err(Eval::Kernel(
@@ -568,9 +582,74 @@ impl<'a> Interpreter<'a> {
             carried = self
                 .region(frame, body, state)
                 .map_err(|e| Eval::Nested(Box::new(e)))?;
+            // Only `carried` holds the next trip's values, so a stack updated in place on
+            // this trip is not shared on the next.
+            forget(frame, body);
         }
-        unreachable!("a u64 trip count outlasts any loop")
     }
+}
+
+impl Interpreter<'_> {
+    /// `update_slice` whose array operand dies here: that array, taken out of the frame, is
+    /// updated in place when nothing else holds it (O(slice) per trip, not O(array)).
+    fn update_slice_in_place(
+        &self,
+        frame: &mut Frame<'_>,
+        inst: Inst,
+        axis: usize,
+    ) -> Result<(), InterpError> {
+        let data = frame.func.inst(inst);
+        let fail = |frame: &Frame<'_>, e: String| self.fail(frame, inst, e);
+        let [array, value, index] = data.args[..] else {
+            return Err(fail(frame, "`update_slice` takes three operands".into()));
+        };
+        let Some(target) = frame.values.remove(&array) else {
+            return Err(fail(frame, "an operand has no value".into()));
+        };
+        let mut target = unshare(target).into_standard_layout();
+        let (value, index) = (frame.values.get(&value), frame.values.get(&index));
+        let (Some(value), Some(index)) = (value, index) else {
+            return Err(fail(frame, "an operand has no value".into()));
+        };
+        kernels::update_slice_in_place(&mut target, value, index, axis)
+            .map_err(|e| fail(frame, e.0))?;
+        frame.values.insert(data.results[0], Arc::new(target));
+        Ok(())
+    }
+}
+
+/// Drops the values `region` (and the regions in it) defined from the frame.
+fn forget(frame: &mut Frame<'_>, region: Region) {
+    let func = frame.func;
+    let data = func.region(region);
+    for v in &data.args {
+        frame.values.remove(v);
+    }
+    for &inst in &data.insts {
+        for v in &func.inst(inst).results {
+            frame.values.remove(v);
+        }
+        for &r in &func.inst(inst).regions {
+            forget(frame, r);
+        }
+    }
+}
+
+/// Whether the first operand of instruction `at` of `region` is defined in that region and
+/// read by nothing after it there (nor yielded): then it may be consumed.
+fn dies_at(func: &Function, region: Region, at: usize) -> bool {
+    let insts = &func.region(region).insts;
+    let v = func.inst(insts[at]).args[0];
+    let local = match func.value(v).def {
+        ValueDef::Arg(r, _) => r == region,
+        ValueDef::Result(def, _) => insts[..at].contains(&def),
+    };
+    let read_later = insts[at + 1..].iter().any(|&later| {
+        let d = func.inst(later);
+        d.args.contains(&v) || d.regions.iter().any(|&r| func.free_values(r).contains(&v))
+    });
+    let read_here = func.inst(insts[at]).args[1..].contains(&v);
+    local && !read_here && !read_later && !func.region(region).results.contains(&v)
 }
 
 fn operand(frame: &Frame<'_>, v: Option<&Value>) -> Result<Arc<Array>, Eval> {

@@ -210,7 +210,7 @@ fn pool_typed<T: FloatElem>(
     let a = a.as_slice().expect("standard");
     let g = g.map(|g| g.as_standard_layout().into_owned());
     let g = g.as_ref().map(|g| g.as_slice().expect("standard"));
-    let area = (attrs.window[0] * attrs.window[1]) as f64;
+    let area = attrs.window_area();
     let mut acc = vec![0.0f64; out_shape.iter().product()];
     for plane in 0..n * c {
         for y in 0..oh {
@@ -223,7 +223,10 @@ fn pool_typed<T: FloatElem>(
                             .map(|i| a[i].as_f64())
                             .fold(f64::NEG_INFINITY, super::kernels::nan_max)
                     }
-                    PoolKind::Avg => acc[out] = taps.map(|i| a[i].as_f64()).sum::<f64>() / area,
+                    // From +0 as the compiled loops start (`sum` of nothing is -0).
+                    PoolKind::Avg => {
+                        acc[out] = taps.map(|i| a[i].as_f64()).fold(0.0, |s, v| s + v) / area
+                    }
                     PoolKind::MaxGrad => {
                         let g = g.expect("max_pool2d_grad has a gradient operand");
                         if let Some(at) = first_max(taps, a) {

@@ -275,7 +275,7 @@ impl Kernel {
                 unsafe { Self::run_stage(f, buffers, sizes, 0, rows) }
             } else {
                 let shared = SharedBuffers(buffers);
-                let per = (rows + chunks as i64 - 1) / chunks as i64;
+                let per = (rows as u64).div_ceil(chunks as u64) as i64;
                 let first_failure = std::sync::atomic::AtomicI32::new(0);
                 crate::team::for_each(chunks, |c| {
                     let shared = &shared;

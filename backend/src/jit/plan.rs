@@ -53,7 +53,7 @@ impl Stage {
         self.domain.0[..rank.saturating_sub(1)]
             .iter()
             .map(|d| plan.extent(d, sizes))
-            .product()
+            .fold(1, i64::saturating_mul)
     }
 
     /// The length of each row (1 for a scalar domain).

@@ -119,7 +119,8 @@ pub(super) fn vjp(
                     .map(|(a, d)| match d.as_fixed() {
                         None => AxisSlice::Full,
                         Some(n) => {
-                            let step = interior[a] + 1;
+                            // Saturating: a step past the end is never taken (n = 1).
+                            let step = interior[a].saturating_add(1);
                             let end = if n == 0 {
                                 low[a]
                             } else {
