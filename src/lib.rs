@@ -135,6 +135,7 @@ pub use kiln_runtime as runtime;
 #[doc(hidden)]
 pub mod demos;
 pub mod dot;
+pub mod fuzz;
 pub mod npy;
 pub mod plot;
 pub mod serve;

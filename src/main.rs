@@ -142,6 +142,35 @@ enum Command {
         #[arg(long = "bind", value_name = "NAME=SIZE")]
         bindings: Vec<String>,
     },
+    /// Fuzz Kiln: mutate programs, `.npy` feeds and checkpoints, drive every command's code on
+    /// each, and report any panic or any difference between compiled and interpreted runs.
+    /// Exits 1 on a finding; each is written to OUT to reproduce.
+    #[command(after_help = "Examples:\n  \
+        kiln fuzz --seconds 60                       a minute, from the repository's corpus\n  \
+        kiln fuzz --cases 5000 --seed 7              a reproducible budget\n  \
+        kiln fuzz --corpus my_programs/ --out findings/")]
+    Fuzz {
+        /// The run is a function of the seed (with a budget in cases).
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
+        /// Stop after this many cases.
+        #[arg(long)]
+        cases: Option<u64>,
+        /// Stop after this many seconds (default: 60 when no --cases is given).
+        #[arg(long)]
+        seconds: Option<f64>,
+        /// Programs to mutate: .kir files or folders of them (default: the repository's
+        /// tests/programs, tests/diagnostics, tests/runtime_limits, tests/fuzz_regressions).
+        #[arg(long, value_name = "PATH")]
+        corpus: Vec<PathBuf>,
+        /// Where the input being tried and the findings are written.
+        #[arg(long, value_name = "DIR", default_value = "target/fuzz")]
+        out: PathBuf,
+        /// Instead of fuzzing, try these programs (files or folders) as they are: every
+        /// command, and both runs compared — to check a finding again.
+        #[arg(long, value_name = "PATH", num_args = 1..)]
+        replay: Vec<PathBuf>,
+    },
     /// Draw a function's dataflow as Graphviz DOT (render with `dot -Tsvg`).
     #[command(after_help = "Example:\n  kiln dot tests/programs/mlp.kir | dot -Tsvg > mlp.svg")]
     Dot {
@@ -235,6 +264,14 @@ fn main() -> ExitCode {
             stats,
         } => opt(&file, &passes, &pipeline, print_after_all, stats),
         Command::Stats { file, bindings } => stats(&file, &bindings),
+        Command::Fuzz {
+            seed,
+            cases,
+            seconds,
+            corpus,
+            out,
+            replay,
+        } => fuzz(seed, cases, seconds, corpus, out, &replay),
         Command::Dot { file, func } => load(&file).and_then(|m| {
             let f = pick_function(&m, func.as_deref())?;
             print!("{}", kiln::dot::function_to_dot(f));
@@ -373,6 +410,63 @@ fn stats(path: &Path, bindings: &[String]) -> Result<(), Failed> {
         kiln::stats::report(&module, &bound).map_err(|e| Failed(format!("error: {e}")))?
     );
     Ok(())
+}
+
+fn fuzz(
+    seed: u64,
+    cases: Option<u64>,
+    seconds: Option<f64>,
+    corpus: Vec<PathBuf>,
+    out: PathBuf,
+    replay: &[PathBuf],
+) -> Result<(), Failed> {
+    let defaults = kiln::fuzz::Config::default();
+    let config = kiln::fuzz::Config {
+        seed,
+        cases,
+        seconds: seconds.or(cases.is_none().then_some(60.0)),
+        corpus: if corpus.is_empty() {
+            defaults.corpus.clone()
+        } else {
+            corpus
+        },
+        out,
+        ..defaults
+    };
+    let summary = if replay.is_empty() {
+        println!(
+            "kiln fuzz: seed {seed}, {}; inputs in {}",
+            match (config.cases, config.seconds) {
+                (Some(n), _) => format!("{n} cases"),
+                (None, Some(s)) => format!("{s} s"),
+                (None, None) => "no budget".to_owned(),
+            },
+            config.out.display()
+        );
+        kiln::fuzz::run(&config, |line| println!("{line}"))
+    } else {
+        kiln::fuzz::replay(replay, &config)
+    }
+    .map_err(|e| Failed(format!("error: {e}")))?;
+    println!("{summary}");
+    if summary.findings.is_empty() {
+        return Ok(());
+    }
+    let mut report = String::new();
+    for f in &summary.findings {
+        report += &format!(
+            "finding: {} ({})
+  {}
+",
+            f.what,
+            f.input.display(),
+            f.detail
+        );
+    }
+    Err(Failed(format!(
+        "{report}error: {} findings",
+        summary.findings.len()
+    )))
 }
 
 fn tour(out: PathBuf, epochs: usize, gan_iterations: usize) -> Result<(), Failed> {

@@ -86,6 +86,8 @@ pub fn read_npy(path: &Path, dtype: DType) -> Result<Array, ArrayIoError> {
         )));
     }
     let ty = kiln_ir::Type::new(dtype, kiln_ir::Shape::fixed(&header.shape));
+    // An empty array whose other sizes overflow (`(0, 2^63)`) is not an array either.
+    ty.check_addressable().map_err(|e| invalid(e.to_string()))?;
     kiln_backend::limits::check_bytes(&format!("{}", path.display()), &ty, claimed)
         .map_err(|e| invalid(e.to_string()))?;
     file.seek(std::io::SeekFrom::Start(0))

@@ -250,6 +250,20 @@ fn npy_headers_that_claim_more_than_the_file_holds_are_errors() {
     let overflowing = dir.join("overflowing.npy");
     write_npy_raw(&overflowing, "<f8", false, &[u64::MAX, u64::MAX], &[]);
     assert!(kiln::npy::read_npy(&overflowing, DType::F64).is_err());
+    // No data and no elements, but a shape no array can have: ndarray's reader panicked.
+    let empty_overflowing = dir.join("empty_overflowing.npy");
+    write_npy_raw(
+        &empty_overflowing,
+        "<f4",
+        false,
+        &[0, 1 << 62, 1 << 62],
+        &[],
+    );
+    let err = kiln::npy::read_npy(&empty_overflowing, DType::F32).unwrap_err();
+    assert!(
+        err.to_string().contains("more than memory can address"),
+        "{err}"
+    );
     // Within the file, but past the memory limit: refused by the limit (set for the tool).
     let out = kiln(&[
         "run",

@@ -1,0 +1,74 @@
+//! The mutation fuzzer (`kiln fuzz`, `src/fuzz.rs`) for a fixed budget: programs, `.npy`
+//! feeds and checkpoints mutated from the repository's corpus, every command's code driven on
+//! each, compiled runs compared with the interpreter's. It must find nothing. CI runs a longer
+//! budget with the release build (`.ci/run`); `kiln fuzz --seconds N --seed S` runs more.
+
+mod common;
+
+use kiln::fuzz::{Config, run};
+
+#[test]
+fn a_fixed_budget_of_mutants_finds_nothing() {
+    let root = common::root();
+    let defaults = Config::default();
+    let config = Config {
+        seed: 0,
+        cases: Some(
+            std::env::var("KILN_FUZZ_CASES")
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(20_000),
+        ),
+        seconds: None,
+        corpus: defaults.corpus.iter().map(|p| root.join(p)).collect(),
+        out: root.join("target/fuzz-test"),
+        ..defaults
+    };
+    let summary = run(&config, |line| eprintln!("{line}")).unwrap();
+    eprintln!("{summary}");
+    let findings: Vec<String> = (summary.findings.iter())
+        .map(|f| format!("{} ({}): {}", f.what, f.input.display(), f.detail))
+        .collect();
+    assert!(findings.is_empty(), "{}", findings.join("\n"));
+    // The budget reached every part: valid mutants run both ways, feeds and checkpoints.
+    assert!(summary.valid >= 20, "{summary}");
+    assert!(summary.compared >= 10, "{summary}");
+    assert!(
+        summary.npy_files >= 100 && summary.checkpoints >= 100,
+        "{summary}"
+    );
+}
+
+#[test]
+fn kept_findings_and_the_corpus_replay_clean() {
+    let root = common::root();
+    let paths = ["tests/fuzz_regressions", "tests/programs"].map(|p| root.join(p));
+    let config = Config {
+        out: root.join("target/fuzz-replay"),
+        ..Config::default()
+    };
+    let summary = kiln::fuzz::replay(&paths, &config).unwrap();
+    assert!(summary.findings.is_empty(), "{:?}", summary.findings);
+    assert!(summary.valid >= 10 && summary.compared >= 10, "{summary}");
+}
+
+/// A fuzzer finding not fixed yet (see the file's comment): run with `--ignored` to see it.
+#[test]
+#[ignore = "compiled f32 sums over long rows accumulate in f32 (issue 25 rewrites them)"]
+fn known_long_f32_sum_matches_the_interpreter() {
+    let text = std::fs::read_to_string(common::root().join("tests/known_issues/long_f32_sum.kir"))
+        .unwrap();
+    let module = kiln::ir::parse_and_verify(&text).unwrap();
+    let mut state = kiln::backend::StateStore::new();
+    let interpreted = kiln::backend::Interpreter::new(&module)
+        .run("f", vec![], &mut state)
+        .unwrap();
+    let mut compiled =
+        kiln::serve::Predictor::compile(module, "f", kiln::backend::StateStore::new()).unwrap();
+    let compiled = compiled.predict(vec![]).unwrap();
+    let (i, c) = (interpreted[0].to_f64_vec()[0], compiled[0].to_f64_vec()[0]);
+    assert!(
+        (i - c).abs() <= 2e-4 * i.abs(),
+        "interpreted {i}, compiled {c}"
+    );
+}
