@@ -866,7 +866,7 @@ fn differential(module: &Module, func: &Function, args: Vec<Array>) -> Outcome {
 /// `args` with each float element moved by up to 4·10⁻⁷ of itself (about three f32 roundings),
 /// the same way every time.
 fn nudge(args: &[Array]) -> Vec<Array> {
-    let mut rng = Rng(0x6e75_6467_65);
+    let mut rng = Rng(0x006e_7564_6765);
     (args.iter())
         .map(|a| {
             if !a.dtype().is_float() {

@@ -176,7 +176,7 @@ pub fn parse_array_literal(text: &str, dtype: DType) -> Result<Array, ArrayIoErr
         ArrayD::from_shape_vec(IxDyn(shape), values).map_err(|e| e.to_string())
     }
     let array = match dtype {
-        DType::F32 => build(&shape, &values, |w| float(w)).map(Array::F32),
+        DType::F32 => build(&shape, &values, float).map(Array::F32),
         DType::F64 => build(&shape, &values, float).map(Array::F64),
         DType::I32 => build(&shape, &values, |w| integer(w, dtype)).map(Array::I32),
         DType::I64 => build(&shape, &values, |w| integer(w, dtype)).map(Array::I64),

@@ -342,45 +342,47 @@ fn max_trips_allows_exactly_that_many_trips_in_all_of_a_runs_loops() {
         &["run", counted, "--feed", "x=0", "--max-trips", "2"],
         "the loop did not end within 2 trips",
     );
-    // Nested endless loops: each inner loop was counted afresh, so with a limit per loop
-    // 64 nested loops were never stopped. The run's trips are counted together now.
+    // Nested loops: each loop was counted on its own, so 30 trips of a loop of 30 trips ran
+    // under a limit of 100 (and 64 nested loops were never stopped). The run's trips are
+    // counted together now: 930 trips in all pass a limit of 100, or of 929.
     let nested = dir.join("nested.kir");
     std::fs::write(
         &nested,
         "module {
   func @f(%x: f32[]) -> f32[] {
     %r = while %x : f32[] cond(%a: f32[]) {
-      %t = const true : bool[]
+      %thirty = const 30.0 : f32[]
+      %t = lt %a, %thirty : bool[]
       yield %t
     } body(%b: f32[]) {
-      %r2 = while %b : f32[] cond(%c: f32[]) {
-        %small = const 2.0 : f32[]
-        %lt = lt %c, %small : bool[]
+      %zero = const 0.0 : f32[]
+      %r2 = while %zero : f32[] cond(%c: f32[]) {
+        %thirty2 = const 30.0 : f32[]
+        %lt = lt %c, %thirty2 : bool[]
         yield %lt
       } body(%d: f32[]) {
         %one = const 1.0 : f32[]
         %e = add %d, %one : f32[]
         yield %e
       }
-      %zero = const 0.0 : f32[]
-      yield %zero
+      %one3 = const 1.0 : f32[]
+      %next = add %b, %one3 : f32[]
+      yield %next
     }
     return %r
   }
 }",
     )
     .unwrap();
-    refused_both_ways(
-        &[
-            "run",
-            nested.to_str().unwrap(),
-            "--feed",
-            "x=0",
-            "--max-trips",
-            "1000",
-        ],
-        "the loop did not end within 1000 trips (the run's loops together may make at most 1000",
-    );
+    let nested = nested.to_str().unwrap();
+    for limit in ["100", "929"] {
+        refused_both_ways(
+            &["run", nested, "--feed", "x=0", "--max-trips", limit],
+            &format!("the loop did not end within {limit} trips (the run's loops together"),
+        );
+    }
+    let out = same_both_ways(&["run", nested, "--feed", "x=0", "--max-trips", "930"]);
+    assert!(out.contains("result 0 (%r): f32[]\n30\n"), "{out}");
     std::fs::remove_dir_all(&dir).ok();
 }
 

@@ -103,14 +103,13 @@ fn evaluate(
         return Some(out.first()?.to_literal());
     }
     let result_shape = result.shape.as_fixed()?;
-    if result_shape.iter().product::<usize>() > MAX_ELEMENTS {
-        return None;
-    }
+    // `num_elements` is `None` past `usize`: too large to fold as well.
+    (result.shape.num_elements()? <= MAX_ELEMENTS).then_some(())?;
     let args: Vec<Array> = operands
         .iter()
         .map(|(lit, ty)| {
             let shape = ty.shape.as_fixed()?;
-            (shape.iter().product::<usize>() <= MAX_ELEMENTS).then_some(())?;
+            (ty.shape.num_elements()? <= MAX_ELEMENTS).then_some(())?;
             Array::from_literal(lit, &shape)
         })
         .collect::<Option<_>>()?;

@@ -304,7 +304,7 @@ pub(crate) fn counted_loop(src: &Function, inst: Inst) -> Option<Counted> {
         && constant(next.args[1]) == Some(1);
     steps_by_one.then_some(())?;
     let first = constant(data.args[counter])?;
-    let trips = usize::try_from((bound - first).max(0)).ok()?;
+    let trips = usize::try_from(bound.checked_sub(first)?.max(0)).ok()?;
     Some(Counted {
         counter,
         first,
