@@ -502,19 +502,11 @@ impl Fuzzer {
             2 => order = self.rng.pick(&["1", "None", "'x'"]).to_string(),
             _ => {}
         }
-        let mut header = format!(
-            "{{'descr': '{header_descr}', 'fortran_order': {order}, 'shape': ({}), }}",
-            dims.concat()
-        );
-        while (10 + header.len() + 1) % 64 != 0 {
-            header.push(' ');
-        }
-        header.push('\n');
-        let mut bytes = b"\x93NUMPY\x01\x00".to_vec();
-        bytes.extend((header.len() as u16).to_le_bytes());
-        bytes.extend(header.as_bytes());
         let data_bytes = elements as usize * dtype.size_bytes();
-        bytes.extend((0..data_bytes).map(|_| (self.rng.next() % 2) as u8));
+        let data: Vec<u8> = (0..data_bytes)
+            .map(|_| (self.rng.next() % 2) as u8)
+            .collect();
+        let mut bytes = raw_npy(&header_descr, &order, &dims.concat(), &data);
         match self.rng.below(5) {
             0 => bytes.truncate(self.rng.below(bytes.len() + 1)),
             1 => {
@@ -595,6 +587,22 @@ impl Fuzzer {
         }
         Ok(())
     }
+}
+
+/// A version 1 `.npy` file written by hand, its header's fields as given (`'<f4'`, `False`,
+/// `2,3,`), however wrong: for tests of hostile files.
+pub fn raw_npy(descr: &str, fortran_order: &str, shape: &str, data: &[u8]) -> Vec<u8> {
+    let mut header =
+        format!("{{'descr': '{descr}', 'fortran_order': {fortran_order}, 'shape': ({shape}), }}");
+    while (10 + header.len() + 1) % 64 != 0 {
+        header.push(' ');
+    }
+    header.push('\n');
+    let mut bytes = b"\x93NUMPY\x01\x00".to_vec();
+    bytes.extend((header.len() as u16).to_le_bytes());
+    bytes.extend(header.as_bytes());
+    bytes.extend(data);
+    bytes
 }
 
 /// Text as tokens whose concatenation is the text: words, numbers, single punctuation, and
