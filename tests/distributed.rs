@@ -5,7 +5,7 @@
 
 use kiln::backend::comm::{CommError, Communicator, local};
 use kiln::backend::{Array, Interpreter, StateStore};
-use kiln::demos::data_parallel::{Config, Mode, run_threads};
+use kiln::demos::data_parallel::{Config, Mode, Rule, run_threads};
 use kiln::ir::{AllReduceOp, DType, Dim, Shape, Type, parse_and_verify};
 use kiln::runtime::distributed::DataParallel;
 use kiln::runtime::eager::nn::{self, Layer, Linear, Relu, Sequential};
@@ -72,6 +72,43 @@ fn parameter_servers_match_one_process_on_the_global_batch() {
     assert_close(final_loss(&one_server, 4), alone, "1 server, 3 trainers");
     let two_servers = small(Mode::ParameterServer { servers: 2 });
     assert_close(final_loss(&two_servers, 4), alone, "2 servers, 2 trainers");
+}
+
+/// With SGD the step is proportional to the gradient, so ranks that summed their gradients
+/// where they must average (all-reduce, or a server over its trainers) would move 2–3 times
+/// as far as one process: Adam's normalised step hides a uniform scale.
+#[test]
+fn gradients_are_averaged_over_ranks_and_trainers_with_sgd() {
+    let sgd = |mode| Config {
+        rule: Rule::Sgd,
+        learning_rate: 0.5,
+        ..small(mode)
+    };
+    let alone = final_loss(&sgd(Mode::AllReduce), 1);
+    let untrained = final_loss(
+        &Config {
+            steps: 1,
+            ..sgd(Mode::AllReduce)
+        },
+        1,
+    );
+    assert!(
+        alone < untrained - 0.1,
+        "{alone} after SGD, {untrained} before"
+    );
+    for ranks in [2, 3] {
+        let all_reduce = final_loss(&sgd(Mode::AllReduce), ranks);
+        assert_close(
+            all_reduce,
+            alone,
+            &format!("all-reduce over {ranks} ranks, SGD"),
+        );
+    }
+    for (servers, ranks) in [(1, 3), (1, 4), (2, 4)] {
+        let served = final_loss(&sgd(Mode::ParameterServer { servers }), ranks);
+        let what = format!("{servers} servers, {} trainers, SGD", ranks - servers);
+        assert_close(served, alone, &what);
+    }
 }
 
 #[test]

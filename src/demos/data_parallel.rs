@@ -8,7 +8,7 @@ use kiln_ir::{DType, Dim, Value};
 use kiln_runtime::data;
 use kiln_runtime::distributed::{DataParallel, ParameterServer};
 use kiln_runtime::layers::{self, Activation};
-use kiln_runtime::{Adam, Fetch, Optimizer, Program, RuntimeError, RuntimeResult, Session};
+use kiln_runtime::{Adam, Fetch, Optimizer, Program, RuntimeError, RuntimeResult, Session, Sgd};
 
 /// How the ranks share the work.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -32,9 +32,20 @@ pub struct Config {
     pub learning_rate: f64,
     pub seed: u64,
     pub mode: Mode,
+    /// The update rule: Adam (the default) or plain SGD, whose step is proportional to the
+    /// gradient (so a sum where a mean belongs shows in the loss; Adam's normalised step
+    /// hides a uniform scale).
+    pub rule: Rule,
     pub bucket_bytes: usize,
     /// Fault injection, to see how the others stop: this rank fails at step 2.
     pub fault: Option<(usize, Fault)>,
+}
+
+/// The optimizer every rank (or server) applies.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Rule {
+    Adam,
+    Sgd,
 }
 
 /// How an injected fault ends a rank.
@@ -55,6 +66,7 @@ impl Default for Config {
             learning_rate: 0.003,
             seed: 0,
             mode: Mode::AllReduce,
+            rule: Rule::Adam,
             bucket_bytes: kiln_runtime::distributed::DEFAULT_BUCKET_BYTES,
             fault: None,
         }
@@ -89,17 +101,20 @@ pub fn train_rank(config: &Config) -> RuntimeResult<RankReport> {
     let comm = Communicator::current();
     let (rank, ranks) = comm.as_ref().map_or((0, 1), |c| (c.rank(), c.size()));
     let (mut p, loss) = model(config)?;
-    let adam = Adam::new(config.learning_rate);
+    let mut optimizer: Box<dyn Optimizer> = match config.rule {
+        Rule::Adam => Box::new(Adam::new(config.learning_rate)),
+        Rule::Sgd => Box::new(Sgd::new(config.learning_rate)),
+    };
     let (target, trainer, trainers) = match config.mode {
         Mode::AllReduce => {
-            let mut rule = DataParallel::new(adam).with_bucket_bytes(config.bucket_bytes);
+            let mut rule = DataParallel::new(optimizer).with_bucket_bytes(config.bucket_bytes);
             (rule.minimize(&mut p, loss)?, Some(rank), ranks)
         }
         Mode::ParameterServer { servers } => {
             let ps = ParameterServer::new(servers, ranks)?;
             if ps.is_server(rank) {
                 (
-                    ps.server_step(&mut p, &mut { adam }, rank)?,
+                    ps.server_step(&mut p, &mut *optimizer, rank)?,
                     None,
                     ranks - servers,
                 )
