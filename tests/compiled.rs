@@ -97,6 +97,14 @@ fn check_module(module: &Module, seed: u64) -> Result<Tally, String> {
         let executable = Executable::new(optimised_func);
         let shared: Vec<Arc<Array>> = args.into_iter().map(Arc::new).collect();
         let compiled = executable.run(shared, &mut s3, &interp_optimised, false);
+        if let Some((op, how)) = (executable.fallbacks().into_iter())
+            .find(|&(op, how)| !kiln::backend::exec::expected_fallback(op, how))
+        {
+            return Err(format!(
+                "`{op}` ran as {how:?} in a compiled run\n{}",
+                module
+            ));
+        }
         let stats = executable.stats();
         tally.kernel_steps += stats.kernels as u64 * stats.runs;
         let context = || {
@@ -367,4 +375,45 @@ fn large_products_split_across_threads_agree() {
     .unwrap();
     let tally = check_module(&module, 11).unwrap();
     assert_eq!(tally.compared, 1);
+}
+
+/// The generator draws every op but those listed, each with the test that covers it.
+#[test]
+fn random_programs_draw_every_op() {
+    const NOT_DRAWN: &[(&str, &str)] = &[
+        ("fused", "made by the fusion pass from what is drawn"),
+        (
+            "conv2d_input_grad",
+            "gradients of drawn convolutions: passes/tests/grad_check.rs, runtime/tests/oracles.rs",
+        ),
+        (
+            "conv2d_filter_grad",
+            "gradients of drawn convolutions: passes/tests/grad_check.rs, runtime/tests/oracles.rs",
+        ),
+        (
+            "max_pool2d_grad",
+            "gradients of drawn pooling: passes/tests/grad_check.rs, runtime/tests/oracles.rs",
+        ),
+        (
+            "avg_pool2d_grad",
+            "gradients of drawn pooling: passes/tests/grad_check.rs, runtime/tests/oracles.rs",
+        ),
+        ("all_reduce_sum", "needs ranks: tests/distributed.rs"),
+        ("all_reduce_mean", "needs ranks: tests/distributed.rs"),
+        ("collective_broadcast", "needs ranks: tests/distributed.rs"),
+        ("send", "needs a peer rank: tests/distributed.rs"),
+        ("recv", "needs a peer rank: tests/distributed.rs"),
+    ];
+    let mut seen = std::collections::BTreeSet::new();
+    for seed in 0..1500 {
+        for f in &random_module(seed, 24).functions {
+            for inst in f.walk_insts() {
+                seen.insert(f.inst(inst).op.name());
+            }
+        }
+    }
+    let missing: Vec<&str> = (kiln::ir::Op::all_names().into_iter())
+        .filter(|name| !seen.contains(name) && !NOT_DRAWN.iter().any(|(n, _)| n == name))
+        .collect();
+    assert!(missing.is_empty(), "never drawn: {missing:?}");
 }

@@ -1088,52 +1088,175 @@ impl Op {
         Ok(op)
     }
 
-    /// Every op name the text form knows, for error messages and completions.
+    /// Every op name the text form knows, for error messages, completions and coverage
+    /// tests: the names of [`Op::representatives`], so a new op cannot be left out.
     pub fn all_names() -> Vec<&'static str> {
         let mut names: Vec<&'static str> = Vec::new();
-        names.extend(UnaryOp::ALL.iter().map(|o| o.name()));
-        names.extend(BinaryOp::ALL.iter().map(|o| o.name()));
-        names.extend(CompareOp::ALL.iter().map(|o| o.name()));
-        names.extend(ReduceOp::ALL.iter().map(|o| o.name()));
-        names.extend(ArgOp::ALL.iter().map(|o| o.name()));
-        names.extend([
-            "const",
-            "select",
-            "cast",
-            "broadcast",
-            "reshape",
-            "transpose",
-            "slice",
-            "pad",
-            "concat",
-            "matmul",
-            "gather",
-            "update_slice",
-            "scatter_add",
-            "conv2d",
-            "conv2d_input_grad",
-            "conv2d_filter_grad",
-            "max_pool2d",
-            "avg_pool2d",
-            "max_pool2d_grad",
-            "avg_pool2d_grad",
-            "one_hot",
-            "iota",
-            "random_uniform",
-            "random_normal",
-            "load",
-            "store",
-            "cond",
-            "while",
-            "fused",
-            "call",
-            "all_reduce_sum",
-            "all_reduce_mean",
-            "collective_broadcast",
-            "send",
-            "recv",
-        ]);
+        for op in Op::representatives() {
+            if !names.contains(&op.name()) {
+                names.push(op.name());
+            }
+        }
         names
+    }
+
+    /// One op of every name: each variant, with each kind a variant has under its own name
+    /// (every unary, binary, compare, reduce and arg op of the tables, each convolution and
+    /// pooling kind, each distribution and all-reduce). The exhaustive `match` below makes a
+    /// new variant a compile error here until it has a representative.
+    pub fn representatives() -> Vec<Op> {
+        let scalar = Type::new(DType::F32, Shape::fixed(&[]));
+        let shape = Shape::fixed(&[]);
+        let uniform = Distribution::Uniform {
+            low: F64Attr(0.0),
+            high: F64Attr(1.0),
+        };
+        let normal = Distribution::Normal {
+            mean: F64Attr(0.0),
+            std: F64Attr(1.0),
+        };
+        let conv = |kind| Op::Conv2d {
+            kind,
+            attrs: Conv2dAttrs::default(),
+        };
+        let pool = |kind| Op::Pool2d {
+            kind,
+            attrs: Pool2dAttrs::new([1, 1], [1, 1]),
+        };
+        let mut ops: Vec<Op> = Vec::new();
+        ops.extend(UnaryOp::ALL.iter().map(|&o| Op::Unary(o)));
+        ops.extend(BinaryOp::ALL.iter().map(|&o| Op::Binary(o)));
+        ops.extend(CompareOp::ALL.iter().map(|&o| Op::Compare(o)));
+        ops.extend(ReduceOp::ALL.iter().map(|&op| Op::Reduce {
+            op,
+            axes: vec![],
+            keep_dims: false,
+        }));
+        ops.extend(ArgOp::ALL.iter().map(|&op| Op::ArgReduce {
+            op,
+            axis: 0,
+            keep_dims: false,
+        }));
+        ops.extend([
+            Op::Const {
+                value: Literal::F32(vec![0.0]),
+                ty: scalar.clone(),
+            },
+            Op::Select,
+            Op::Cast { to: DType::F32 },
+            Op::Broadcast {
+                shape: shape.clone(),
+            },
+            Op::Reshape {
+                shape: shape.clone(),
+            },
+            Op::Transpose { perm: vec![] },
+            Op::Slice { axes: vec![] },
+            Op::Pad {
+                low: vec![],
+                high: vec![],
+                interior: vec![],
+            },
+            Op::Concat { axis: 0 },
+            Op::MatMul {
+                transpose_a: false,
+                transpose_b: false,
+            },
+            Op::Gather { axis: 0 },
+            Op::UpdateSlice { axis: 0 },
+            Op::ScatterAdd { axis: 0, shape },
+            conv(ConvKind::Forward),
+            conv(ConvKind::InputGrad { input: [1, 1] }),
+            conv(ConvKind::FilterGrad { kernel: [1, 1] }),
+            pool(PoolKind::Max),
+            pool(PoolKind::Avg),
+            pool(PoolKind::MaxGrad),
+            pool(PoolKind::AvgGrad { input: [1, 1] }),
+            Op::OneHot {
+                depth: 1,
+                dtype: DType::F32,
+            },
+            Op::Iota {
+                axis: 0,
+                ty: scalar.clone(),
+            },
+            Op::Random {
+                dist: uniform,
+                seed: 0,
+                ty: scalar.clone(),
+            },
+            Op::Random {
+                dist: normal,
+                seed: 0,
+                ty: scalar.clone(),
+            },
+            Op::Load {
+                state: String::new(),
+                ty: scalar,
+            },
+            Op::Store {
+                state: String::new(),
+            },
+            Op::Cond,
+            Op::While,
+            Op::Fused,
+            Op::Call {
+                callee: String::new(),
+                results: vec![],
+            },
+            Op::AllReduce {
+                op: AllReduceOp::Sum,
+            },
+            Op::AllReduce {
+                op: AllReduceOp::Mean,
+            },
+            Op::CollectiveBroadcast { root: 0 },
+            Op::Send { peer: 0, tag: 0 },
+            Op::Recv {
+                peer: 0,
+                tag: 0,
+                results: vec![],
+            },
+        ]);
+        // No wildcard: a new variant fails to compile here, next to the list it joins.
+        for op in &ops {
+            match op {
+                Op::Const { .. }
+                | Op::Unary(_)
+                | Op::Binary(_)
+                | Op::Compare(_)
+                | Op::Select
+                | Op::Cast { .. }
+                | Op::Broadcast { .. }
+                | Op::Reshape { .. }
+                | Op::Transpose { .. }
+                | Op::Slice { .. }
+                | Op::Pad { .. }
+                | Op::Concat { .. }
+                | Op::Reduce { .. }
+                | Op::ArgReduce { .. }
+                | Op::MatMul { .. }
+                | Op::Gather { .. }
+                | Op::UpdateSlice { .. }
+                | Op::ScatterAdd { .. }
+                | Op::Conv2d { .. }
+                | Op::Pool2d { .. }
+                | Op::OneHot { .. }
+                | Op::Iota { .. }
+                | Op::Random { .. }
+                | Op::Load { .. }
+                | Op::Store { .. }
+                | Op::Cond
+                | Op::While
+                | Op::Fused
+                | Op::Call { .. }
+                | Op::AllReduce { .. }
+                | Op::CollectiveBroadcast { .. }
+                | Op::Send { .. }
+                | Op::Recv { .. } => {}
+            }
+        }
+        ops
     }
 }
 

@@ -108,6 +108,18 @@ impl Runner {
         }
     }
 
+    /// The steps of every prepared slice that do not run native code (see
+    /// [`Executable::fallbacks`]), each once.
+    pub fn fallbacks(&self) -> Vec<(&'static str, kiln_backend::exec::Fallback)> {
+        let mut all: Vec<_> = (self.cache.values())
+            .filter_map(|p| p.executable.as_ref())
+            .flat_map(Executable::fallbacks)
+            .collect();
+        all.sort();
+        all.dedup();
+        all
+    }
+
     /// What the compiled runs did so far, summed over every prepared slice.
     pub fn exec_stats(&self) -> ExecStats {
         let mut total = ExecStats::default();
@@ -408,6 +420,12 @@ impl Session {
         }
         self.scope.save(path)?;
         Ok(true)
+    }
+
+    /// The steps of the compiled runs so far that do not run native code, each once (see
+    /// [`Executable::fallbacks`]).
+    pub fn fallbacks(&self) -> Vec<(&'static str, kiln_backend::exec::Fallback)> {
+        self.runner.fallbacks()
     }
 
     /// How many times a run had to prune and verify a new slice of the program.

@@ -359,6 +359,21 @@ fn weighted(b: &mut FunctionBuilder, out: Value) -> BuildResult<Value> {
     b.reduce(ReduceOp::Sum, y, axes, false)
 }
 
+/// Every step of the session's compiled runs is native code, but for the documented
+/// fallbacks (`kiln_backend::exec::INTERPRETER_KERNELS`): a compiled result that silently
+/// came from the interpreter would make "compiled against interpreter" the interpreter
+/// against itself.
+#[track_caller]
+fn assert_native(session: &Session, case: &str) {
+    for (op, how) in session.fallbacks() {
+        assert!(
+            kiln_backend::exec::expected_fallback(op, how),
+            "{case}: `{op}` ran as {how:?} in a compiled session; if that is intended, list it \
+             in INTERPRETER_KERNELS with hand-computed cases in backend/tests/interp_ops.rs"
+        );
+    }
+}
+
 fn run_case(c: &Case) {
     // The interpreter: the oracle.
     let mut b = FunctionBuilder::new("f");
@@ -390,6 +405,7 @@ fn run_case(c: &Case) {
         .collect();
     let mut session = Session::new(&p).unwrap();
     let compiled = session.run(&[Fetch::Value(out)], &feeds).unwrap().remove(0);
+    assert_native(&session, &c.name);
 
     // Eager tensors, and a trace of the same code.
     eager::reset();
@@ -447,6 +463,7 @@ fn run_case(c: &Case) {
     let mut session = Session::new(&p).unwrap();
     let fetches: Vec<Fetch> = grads.iter().map(|&g| Fetch::Value(g)).collect();
     let static_grads = session.run(&fetches, &feeds).unwrap();
+    assert_native(&session, &format!("{} (gradients)", c.name));
     let (_, traced_grads) = traced.gradients(&refs, 1).unwrap();
     for (k, &i) in float_inputs.iter().enumerate() {
         let eager_grad = tensors[i].grad().unwrap().to_array().unwrap();

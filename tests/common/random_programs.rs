@@ -1,12 +1,16 @@
 //! A seeded generator of random well-typed modules, built through the `FunctionBuilder` so that
 //! every op is typed as it is added. It covers every op of the IR, every dtype, fixed and
 //! symbolic dimensions, size-0 and size-1 dimensions, nested regions, state, odd names and
-//! awkward constants (NaN, infinities, -0.0, extreme integers and seeds).
+//! awkward constants (NaN, infinities, -0.0, extreme integers and seeds) — in forms that can
+//! go wrong: predicates computed from data (either branch runs), loop bodies that change what
+//! they carry, products of two different values, gathers and scatters with repeated indices,
+//! convolutions (strides, padding, dilation, groups) and pooling (overlapping, strided,
+//! asymmetrically padded windows), and `update_slice`.
 
 use kiln::backend::random::Stream;
 use kiln::ir::{
-    ArgOp, AxisSlice, BinaryOp, BuildResult, CompareOp, DType, Dim, FunctionBuilder, Initializer,
-    Literal, Module, ReduceOp, Shape, StateDecl, Type, UnaryOp, Value,
+    ArgOp, AxisSlice, BinaryOp, BuildResult, CompareOp, Conv2dAttrs, DType, Dim, FunctionBuilder,
+    Initializer, Literal, Module, Pool2dAttrs, ReduceOp, Shape, StateDecl, Type, UnaryOp, Value,
 };
 
 pub(crate) struct Gen {
@@ -183,13 +187,14 @@ fn random_op(
     let x = g.pick(pool);
     let y = g.pick(pool);
     let tx = b.value_type(x).clone();
-    let v = match g.below(25) {
+    let v = match g.below(28) {
         0 | 1 => b.unary(g.pick(UnaryOp::ALL), x)?,
         2 | 3 => b.binary(g.pick(BinaryOp::ALL), x, y)?,
         4 => b.compare(g.pick(CompareOp::ALL), x, y)?,
         5 => {
-            let c = b.compare(CompareOp::Eq, x, x)?;
-            b.select(c, x, x)?
+            // A real choice: elements of x where x < y, else y's.
+            let c = b.compare(CompareOp::Lt, x, y)?;
+            b.select(c, x, y)?
         }
         6 => b.cast(x, g.dtype())?,
         7 => match tx.shape.as_fixed() {
@@ -234,12 +239,28 @@ fn random_op(
             g.below(tx.rank().max(1)),
             g.chance(50),
         )?,
-        13 => b.matmul_t(x, x, false, true)?,
+        // A general product of two values when their shapes allow, else x·xᵀ.
+        13 => {
+            let (ta, tb) = (g.chance(30), g.chance(30));
+            match b.matmul_t(x, y, ta, tb) {
+                Ok(v) => v,
+                Err(_) => b.matmul_t(x, x, false, true)?,
+            }
+        }
         14 => {
-            let n = tx.shape.dims().first().and_then(Dim::as_fixed).unwrap_or(0);
-            let idx_ty = Type::new(DType::I64, Shape::fixed(&[2.min(n), 1]));
-            let idx = b.iota(idx_ty, 0)?;
-            b.gather(x, idx, 0)?
+            // Indices in range, repeats likely, along any axis.
+            let axis = g.below(tx.rank().max(1));
+            let n = tx
+                .shape
+                .dims()
+                .get(axis)
+                .and_then(Dim::as_fixed)
+                .unwrap_or(0);
+            let count = 1 + g.below(4);
+            let picks: Vec<i64> = (0..count).map(|_| g.below(n.max(1)) as i64).collect();
+            let idx_ty = Type::new(DType::I64, Shape::fixed(&[count]));
+            let idx = b.constant(Literal::I64(picks), idx_ty)?;
+            b.gather(x, idx, axis)?
         }
         15 => {
             let labels_ty = Type::new(g.pick(&[DType::I32, DType::I64]), g.shape(false));
@@ -289,7 +310,15 @@ fn random_op(
             loaded
         }
         20 if depth < 2 => {
-            let p = b.scalar(DType::Bool, 1.0)?;
+            // A predicate computed from the data, so either branch may run.
+            let all: Vec<usize> = (0..tx.rank()).collect();
+            let p = match b.reduce(ReduceOp::Sum, x, all, false) {
+                Ok(total) => {
+                    let zero = b.scalar(b.value_type(total).dtype, 0.0)?;
+                    b.compare(CompareOp::Gt, total, zero)?
+                }
+                Err(_) => b.scalar(DType::Bool, 1.0)?,
+            };
             let then_pool = pool.to_vec();
             let mut inner = Vec::new();
             let results = b.cond::<kiln::ir::BuildError>(
@@ -320,7 +349,9 @@ fn random_op(
                 |b, c| {
                     let one = b.scalar(DType::I32, 1.0)?;
                     let i = b.add(c[0], one)?;
-                    let next = b.binary(BinaryOp::Max, c[1], c[1]).unwrap_or(c[1]);
+                    // A body that changes what it carries.
+                    let op = g.pick(&[UnaryOp::Tanh, UnaryOp::Neg, UnaryOp::Abs, UnaryOp::Sin]);
+                    let next = b.unary(op, c[1]).unwrap_or(c[1]);
                     Ok(vec![i, next])
                 },
             )?;
@@ -337,14 +368,75 @@ fn random_op(
             b.pad(x, low, high, interior)?
         }
         23 => {
+            // Repeated indices accumulate.
             let n = tx.shape.dims().first().and_then(Dim::as_fixed).unwrap_or(0);
+            let picks: Vec<i32> = (0..n).map(|_| g.below(n.max(1)) as i32).collect();
             let idx_ty = Type::new(DType::I32, Shape::fixed(&[n]));
-            let idx = b.iota(idx_ty, 0)?;
+            let idx = b.constant(Literal::I32(picks), idx_ty)?;
             let mut shape = tx.shape.clone();
             if let Some(first) = shape.0.first_mut() {
                 *first = Dim::Fixed(n + g.below(2));
             }
             b.scatter_add(x, idx, 0, shape)?
+        }
+        25 => {
+            // A convolution of a small NCHW draw: strides, padding, dilation and groups.
+            let dtype = g.pick(&[DType::F32, DType::F64]);
+            let groups = 1 + g.below(2);
+            let (c, o) = (groups * (1 + g.below(2)), groups * (1 + g.below(2)));
+            let [h, w] = [2 + g.below(4), 2 + g.below(4)];
+            let x_ty = Type::new(dtype, Shape::fixed(&[1 + g.below(2), c, h, w]));
+            let input = b.random_normal(x_ty, 0.0, 1.0, g.bits())?;
+            let k = [1 + g.below(3), 1 + g.below(3)];
+            let w_ty = Type::new(dtype, Shape::fixed(&[o, c / groups, k[0], k[1]]));
+            let weights = b.random_normal(w_ty, 0.0, 1.0, g.bits())?;
+            let attrs = Conv2dAttrs {
+                strides: [1 + g.below(2), 1 + g.below(2)],
+                padding: [(g.below(2), g.below(2)), (g.below(2), g.below(2))],
+                dilation: [1 + g.below(2), 1 + g.below(2)],
+                groups,
+            };
+            b.conv2d(input, weights, attrs)?
+        }
+        26 => {
+            // Max or average pooling: overlapping windows, strides apart from the window,
+            // asymmetric padding.
+            let dtype = g.pick(&[DType::F32, DType::F64]);
+            let shape = [
+                1 + g.below(2),
+                1 + g.below(2),
+                3 + g.below(4),
+                3 + g.below(4),
+            ];
+            let input =
+                b.random_uniform(Type::new(dtype, Shape::fixed(&shape)), -1.0, 1.0, g.bits())?;
+            let window = [1 + g.below(3), 1 + g.below(3)];
+            let attrs = Pool2dAttrs {
+                window,
+                strides: [1 + g.below(3), 1 + g.below(3)],
+                padding: [
+                    (g.below(window[0]), g.below(window[0])),
+                    (g.below(window[1]), g.below(window[1])),
+                ],
+            };
+            match g.chance(50) {
+                true => b.max_pool2d(input, attrs)?,
+                false => b.avg_pool2d(input, attrs)?,
+            }
+        }
+        27 => {
+            // A slice of x along its first axis replaced by another value of that shape.
+            let n = tx.shape.dims().first().and_then(Dim::as_fixed).unwrap_or(0);
+            let slice = Type::new(
+                tx.dtype,
+                Shape(tx.shape.0.iter().skip(1).cloned().collect()),
+            );
+            let value = match tx.dtype.is_float() {
+                true => b.random_normal(slice, 0.0, 1.0, g.bits())?,
+                false => b.iota(slice, 0)?,
+            };
+            let at = b.scalar(DType::I64, g.below(n.max(1)) as f64)?;
+            b.update_slice(x, value, at, 0)?
         }
         _ => b.broadcast_to(
             x,

@@ -136,6 +136,42 @@ pub struct ExecStats {
     pub slots: usize,
 }
 
+/// How a step that is not native code runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Fallback {
+    /// The interpreter's kernel for the op, called on the step's buffers (no frame): the ops
+    /// of [`INTERPRETER_KERNELS`].
+    InterpreterKernel,
+    /// The interpreter, instruction and regions (custom-op calls; regions that touch state
+    /// or communicate; kernels the JIT could not compile).
+    Interpreted,
+}
+
+/// The ops whose compiled form is the interpreter's own kernel (for some or all dtypes), in
+/// one list: compiled-against-interpreter tests cannot check these (both sides run the same
+/// code), so each has hand-computed cases of its own in `backend/tests/interp_ops.rs`, and
+/// `runtime/tests/op_info.rs` fails when a compiled run uses the interpreter for an op not
+/// listed here.
+/// (`matmul` only for integer operands: float products run in gemm.)
+pub const INTERPRETER_KERNELS: &[&str] = &[
+    "transpose",
+    "slice",
+    "pad",
+    "concat",
+    "argmax",
+    "argmin",
+    "matmul",
+];
+
+/// Whether a fallback is one the executor documents: an op of [`INTERPRETER_KERNELS`], or a
+/// custom-op `call` (which only the interpreter can run).
+pub fn expected_fallback(op: &str, how: Fallback) -> bool {
+    match how {
+        Fallback::InterpreterKernel => INTERPRETER_KERNELS.contains(&op),
+        Fallback::Interpreted => op == "call",
+    }
+}
+
 fn add(counter: &AtomicU64, n: u64) {
     counter.fetch_add(n, Ordering::Relaxed);
 }
@@ -211,6 +247,23 @@ impl Executable {
             StepKind::Cond { branches, .. } => branches.iter().map(|b| &**b).collect(),
             _ => Vec::new(),
         })
+    }
+
+    /// The steps (its compiled regions' included) that do not run native code: each one's op
+    /// and how it runs instead. A test asserts that every one is expected (see
+    /// [`INTERPRETER_KERNELS`]), so that nothing falls back to the interpreter unseen.
+    pub fn fallbacks(&self) -> Vec<(&'static str, Fallback)> {
+        let own = self.schedule.steps.iter().filter_map(|s| {
+            let op = self.func.inst(s.inst).op.name();
+            match s.kind {
+                StepKind::Direct => Some((op, Fallback::InterpreterKernel)),
+                StepKind::Interpret => Some((op, Fallback::Interpreted)),
+                _ => None,
+            }
+        });
+        let mut all: Vec<_> = own.collect();
+        all.extend(self.regions().flat_map(Executable::fallbacks));
+        all
     }
 
     /// What the executable has done so far: allocations, reuses, in-place writes (the counts
