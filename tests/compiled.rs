@@ -51,8 +51,14 @@ fn close(x: f64, y: f64, tol: f64) -> bool {
     (x.is_nan() && y.is_nan()) || x == y || (x - y).abs() <= tol * (1.0 + x.abs().max(y.abs()))
 }
 
+/// Equal types and elements within `tol` (relative) for f32, within 1e-9 for f64 (f64 is
+/// not held to f32's tolerance), exactly for integers and bools.
 fn agree(a: &Array, b: &Array, tol: f64) -> bool {
-    let tol = if a.dtype().is_float() { tol } else { 0.0 };
+    let tol = match a.dtype() {
+        DType::F32 => tol,
+        DType::F64 => tol.min(1e-9),
+        _ => 0.0,
+    };
     a.ty() == b.ty()
         && a.to_f64_vec()
             .iter()

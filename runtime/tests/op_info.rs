@@ -335,8 +335,14 @@ const ELSEWHERE: &[(&str, &str)] = &[
 #[track_caller]
 fn assert_close(what: &str, got: &Array, want: &Array) {
     assert_eq!(got.ty(), want.ty(), "{what}: types");
+    // f64 is held to f64's precision, not f32's.
+    let tol = if got.dtype() == DType::F64 {
+        1e-9
+    } else {
+        2e-5
+    };
     for (i, (g, w)) in got.to_f64_vec().iter().zip(want.to_f64_vec()).enumerate() {
-        let close = (g - w).abs() <= 2e-5 * (1.0 + w.abs()) || (g.is_nan() && w.is_nan());
+        let close = (g - w).abs() <= tol * (1.0 + w.abs()) || (g.is_nan() && w.is_nan());
         assert!(close, "{what}: element {i} is {g}, expected {w}");
     }
 }
