@@ -579,3 +579,160 @@ fn pooling_with_overlapping_strided_asymmetrically_padded_windows_matches_its_de
         }
     }
 }
+
+#[test]
+fn linear_matches_its_definition() {
+    let [rows, inputs, outputs] = [3, 4, 2];
+    let linear = nn::Linear::new("fc", inputs, outputs).unwrap();
+    check(
+        "linear",
+        &[rows, inputs],
+        &linear.parameters(),
+        |x| linear.forward(x).unwrap(),
+        |args| {
+            let y = matmul(&args[0], &args[1], [rows, inputs, outputs]);
+            (y.iter().enumerate())
+                .map(|(i, v)| v + args[2][i % outputs])
+                .collect()
+        },
+    );
+}
+
+/// erf by its Maclaurin series, to f64 precision for |x| ≤ 3.
+fn erf(x: f64) -> f64 {
+    let (mut term, mut sum) = (x, x);
+    for n in 1..80 {
+        term *= -x * x / n as f64;
+        sum += term / (2 * n + 1) as f64;
+    }
+    sum * 2.0 / std::f64::consts::PI.sqrt()
+}
+
+#[test]
+fn elementwise_composites_match_their_definitions() {
+    let shape = [3, 4];
+    // GELU (the erf form, as PyTorch's default).
+    check(
+        "gelu",
+        &shape,
+        &[],
+        |x| x.gelu().unwrap(),
+        |args| {
+            (args[0].iter())
+                .map(|&v| 0.5 * v * (1.0 + erf(v / std::f64::consts::SQRT_2)))
+                .collect()
+        },
+    );
+    // Softmax and log-softmax along the last axis.
+    let softmax_rows = |x: &[f64], log: bool| -> Vec<f64> {
+        x.chunks(shape[1])
+            .flat_map(|row| {
+                let total: f64 = row.iter().map(|v| v.exp()).sum();
+                row.iter()
+                    .map(move |v| if log { v - total.ln() } else { v.exp() / total })
+                    .collect::<Vec<_>>()
+            })
+            .collect()
+    };
+    check(
+        "softmax",
+        &shape,
+        &[],
+        |x| x.softmax(1).unwrap(),
+        |a| softmax_rows(&a[0], false),
+    );
+    check(
+        "log_softmax",
+        &shape,
+        &[],
+        |x| x.log_softmax(1).unwrap(),
+        |a| softmax_rows(&a[0], true),
+    );
+    // Mean squared error and binary cross-entropy with logits, against fixed targets.
+    let targets = data(12, 5).iter().map(|v| v.abs()).collect::<Vec<f64>>();
+    let target_tensor = tensor(&shape, &targets);
+    check(
+        "mse",
+        &shape,
+        &[],
+        |x| nn::mse(x, &target_tensor).unwrap(),
+        |a| {
+            let sum: f64 = a[0]
+                .iter()
+                .zip(&targets)
+                .map(|(p, t)| (p - t).powi(2))
+                .sum();
+            vec![sum / 12.0]
+        },
+    );
+    check(
+        "binary_cross_entropy_with_logits",
+        &shape,
+        &[],
+        |x| nn::binary_cross_entropy_with_logits(x, &target_tensor).unwrap(),
+        |a| {
+            let sum: f64 = (a[0].iter().zip(&targets))
+                .map(|(&z, &t)| {
+                    let p = sigmoid(z);
+                    -(t * p.ln() + (1.0 - t) * (1.0 - p).ln())
+                })
+                .sum();
+            vec![sum / 12.0]
+        },
+    );
+    // The spatial mean of NCHW.
+    check(
+        "global_avg_pool",
+        &[2, 3, 2, 2],
+        &[],
+        |x| nn::GlobalAvgPool.forward(x).unwrap(),
+        |a| {
+            a[0].chunks(4)
+                .map(|p| p.iter().sum::<f64>() / 4.0)
+                .collect()
+        },
+    );
+}
+
+#[test]
+fn embedding_rows_and_their_gradient_with_repeated_indices() {
+    let emb = nn::Embedding::new("emb", 4, 3).unwrap();
+    let table = data(12, 3);
+    set(&emb.table, &table);
+    emb.table.zero_grad();
+    let indices = [2i64, 0, 2, 3, 2];
+    let idx = Tensor::new(Array::I64(ndarray::arr1(&indices).into_dyn()));
+    let y = emb.forward(&idx).unwrap();
+    let want: Vec<f64> = (indices.iter())
+        .flat_map(|&i| table[i as usize * 3..][..3].to_vec())
+        .collect();
+    close("embedding", &y.to_f64_vec().unwrap(), &want, 1e-7);
+    let weights = data(15, 4);
+    let loss = y
+        .mul(&tensor(&[5, 3], &weights))
+        .unwrap()
+        .sum_all()
+        .unwrap();
+    loss.backward().unwrap();
+    // Row r's gradient: the weights of every position that read row r, added.
+    let mut grad = vec![0.0; 12];
+    for (position, &i) in indices.iter().enumerate() {
+        for j in 0..3 {
+            grad[i as usize * 3 + j] += weights[position * 3 + j];
+        }
+    }
+    let got = emb.table.grad().unwrap().to_f64_vec().unwrap();
+    close("embedding gradient", &got, &grad, 1e-6);
+}
+
+#[test]
+fn accuracy_counts_rows_whose_argmax_is_the_label() {
+    let logits = tensor(
+        &[4, 3],
+        &[0.1, 0.9, 0.0, 0.5, 0.2, 0.3, 0.0, 0.0, 1.0, 0.3, 0.2, 0.1],
+    );
+    let labels = Tensor::new(Array::I64(ndarray::arr1(&[1i64, 2, 2, 0]).into_dyn()));
+    let acc = nn::accuracy(&logits, &labels).unwrap().item().unwrap();
+    // Rows 0, 2 and 3 are right; row 1's arg-max is 0, not 2.
+    assert!((acc - 0.75).abs() < 1e-7, "{acc}");
+}
