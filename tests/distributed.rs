@@ -111,6 +111,38 @@ fn gradients_are_averaged_over_ranks_and_trainers_with_sgd() {
     }
 }
 
+/// Servers share the parameters by bytes: with parameter `i` on server `i % 2`, server 0 of
+/// the digits MLP held both weight matrices (98.5 % of the floats).
+#[test]
+fn parameter_servers_share_the_parameters_by_bytes() {
+    use kiln::runtime::distributed::ParameterServer;
+    let mut p = Program::with_seed(0);
+    let x = p
+        .placeholder("x", DType::F32, vec![Dim::sym("N"), Dim::Fixed(64)])
+        .unwrap();
+    let h = layers::dense(&mut p, "fc1", x, 64, Activation::Relu).unwrap();
+    layers::dense(&mut p, "fc2", h, 10, Activation::Identity).unwrap();
+    let decls: Vec<_> = (p.params().iter())
+        .map(|q| p.module().state(&q.name).unwrap().clone())
+        .collect();
+    let largest = decls.iter().map(|d| d.ty.fixed_bytes()).max().unwrap();
+    for servers in [2, 3] {
+        let shares = ParameterServer::new(servers, servers + 1)
+            .unwrap()
+            .shares(&decls);
+        let total: u128 = shares.iter().sum();
+        let (most, least) = (shares.iter().max().unwrap(), shares.iter().min().unwrap());
+        assert!(
+            most - least <= largest,
+            "{servers} servers hold {shares:?} bytes"
+        );
+        assert!(*most <= total / servers as u128 + largest, "{shares:?}");
+    }
+    // The 4,096-float weight matrix alone on one server, the rest on the other.
+    let two = ParameterServer::new(2, 3).unwrap();
+    assert_eq!(two.shares(&decls), [64 * 64 * 4, (64 + 64 * 10 + 10) * 4]);
+}
+
 #[test]
 fn data_parallel_minimize_places_each_bucket_after_its_last_gradient() {
     let mut p = Program::with_seed(3);

@@ -166,7 +166,8 @@ pub fn broadcast_scope(scope: &mut Scope, names: &[String], root: usize) -> Runt
 }
 
 /// The parameter-server split of one training step. Ranks `0..servers` are servers, the rest
-/// trainers; parameter `i` (in the program's order) lives on server `i % servers`.
+/// trainers; the parameters are shared out by bytes ([`ParameterServer::placement`]), so
+/// every server holds about as much (within one tensor's size) whatever the layers' shapes.
 #[derive(Clone, Debug)]
 pub struct ParameterServer {
     servers: usize,
@@ -195,23 +196,52 @@ impl ParameterServer {
         rank < self.servers
     }
 
-    /// The server holding parameter `index`.
-    pub fn server_of(&self, index: usize) -> usize {
-        index % self.servers
+    /// The server of each parameter of `params` (in the program's order): largest first, each
+    /// to the server holding the fewest bytes so far (the lowest rank on a tie), so that no
+    /// server holds more than an equal share plus one tensor. Every rank computes the same
+    /// placement from the same program.
+    pub fn placement(&self, params: &[StateDecl]) -> Vec<usize> {
+        let mut order: Vec<usize> = (0..params.len()).collect();
+        order.sort_by_key(|&i| std::cmp::Reverse(params[i].ty.fixed_bytes()));
+        let mut held = vec![0u128; self.servers];
+        let mut placed = vec![0; params.len()];
+        for i in order {
+            let server = (0..self.servers)
+                .min_by_key(|&s| (held[s], s))
+                .expect("at least one server");
+            held[server] += params[i].ty.fixed_bytes();
+            placed[i] = server;
+        }
+        placed
+    }
+
+    /// The bytes of `params` each server holds under [`ParameterServer::placement`].
+    pub fn shares(&self, params: &[StateDecl]) -> Vec<u128> {
+        let mut held = vec![0u128; self.servers];
+        for (decl, server) in params.iter().zip(self.placement(params)) {
+            held[server] += decl.ty.fixed_bytes();
+        }
+        held
+    }
+
+    fn placement_of(&self, p: &Program) -> Vec<usize> {
+        let decls: Vec<StateDecl> = parameters(p).into_iter().map(|(d, _)| d).collect();
+        self.placement(&decls)
     }
 
     /// The trainer's step, added to `p`: the gradients of `loss` sent to their servers, the
     /// new parameter values received and stored. Returns the target `ps.train`.
     pub fn trainer_step(&self, p: &mut Program, loss: Value) -> RuntimeResult<Target> {
         let params: Vec<(StateDecl, Value)> = parameters(p);
+        let server_of = self.placement_of(p);
         let values: Vec<Value> = params.iter().map(|(_, v)| *v).collect();
         let grads = p.gradients(loss, &values)?;
         let mut effects = Vec::new();
         for (i, &g) in grads.iter().enumerate() {
-            effects.push(p.send(&[g], self.server_of(i), i as u64)?);
+            effects.push(p.send(&[g], server_of[i], i as u64)?);
         }
         for (i, (decl, _)) in params.iter().enumerate() {
-            let new = p.recv(vec![decl.ty.clone()], self.server_of(i), i as u64)?[0];
+            let new = p.recv(vec![decl.ty.clone()], server_of[i], i as u64)?[0];
             effects.push(p.store(decl, new)?);
         }
         p.add_target("ps.train", effects)
@@ -227,8 +257,9 @@ impl ParameterServer {
         rule: &mut dyn Optimizer,
         rank: usize,
     ) -> RuntimeResult<Target> {
+        let server_of = self.placement_of(p);
         let params: Vec<(usize, StateDecl, Value)> = (parameters(p).into_iter().enumerate())
-            .filter(|(i, _)| self.server_of(*i) == rank)
+            .filter(|(i, _)| server_of[*i] == rank)
             .map(|(i, (decl, v))| (i, decl, v))
             .collect();
         let trainers = self.ranks - self.servers;
