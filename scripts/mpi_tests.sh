@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The MPI checks (CI runs them; they need OpenMPI, and libclang to build rsmpi):
 # `examples/data_parallel` under `mpirun -n 2` and `-n 3`, all-reduce and parameter-server
-# modes, must print the final loss of one process on the whole global batch (to 1e-5
-# relative), and a rank that fails or dies must stop the job with an error, not a hang.
+# modes, must print one report per rank and the final loss of one process on the whole global
+# batch (to 1e-5 relative); a rank that fails or dies must stop the job with an error, not a
+# hang; and a build without MPI must refuse to run under mpirun.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -11,6 +12,25 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 export OMPI_MCA_btl_vader_single_copy_mechanism=none
 # Fail a stuck run instead of waiting on it.
 export KILN_COMM_TIMEOUT=60
+
+expect_stop() {
+  local label="$1" pattern="$2"; shift 2
+  echo "== $label: mpirun $*"
+  local status=0 log
+  log=$(mktemp)
+  timeout 120 mpirun "$@" >"$log" 2>&1 || status=$?
+  cat "$log"
+  if [[ $status -eq 0 ]]; then echo "FAIL: $label: the job succeeded"; exit 1; fi
+  if [[ $status -eq 124 ]]; then echo "FAIL: $label: the job hung"; exit 1; fi
+  grep -q "$pattern" "$log" || { echo "FAIL: $label: no \`$pattern\` in the output"; exit 1; }
+  echo "ok: $label: stopped with status $status"
+}
+
+# A build without MPI under mpirun: each copy would train alone and print the one-process
+# loss. It must refuse, naming the build command.
+cargo build --release --locked --example data_parallel
+expect_stop "a build without MPI under mpirun" "no MPI support" \
+  -n 2 target/release/examples/data_parallel --steps 2
 
 cargo build --release --locked --features mpi --example data_parallel
 bin=target/release/examples/data_parallel
@@ -31,6 +51,16 @@ run_and_compare() {
   out=$(timeout 300 mpirun "$@" "$bin" --steps "$steps" "${EXTRA[@]}")
   echo "$out"
   [[ "$(echo "$out" | tail -1)" == final\ loss* ]] || { echo "FAIL: $label: the last line is not the final loss"; exit 1; }
+  # One report of each rank, gathered by rank 0, and one final loss: copies that each trained
+  # alone (a build without MPI) would print rank 0 N times.
+  local ranks="$2" reported finals
+  reported=$(echo "$out" | grep -c '^rank [0-9]*:' || true)
+  finals=$(echo "$out" | grep -c '^final loss' || true)
+  local distinct
+  distinct=$(echo "$out" | grep -o '^rank [0-9]*:' | sort -u | wc -l)
+  if [[ "$reported" -ne "$ranks" || "$distinct" -ne "$ranks" || "$finals" -ne 1 ]]; then
+    echo "FAIL: $label: $reported rank lines ($distinct distinct) and $finals final losses for $ranks ranks"; exit 1
+  fi
   local got
   got=$(echo "$out" | final_loss)
   awk -v a="$got" -v b="$alone" -v l="$label" 'BEGIN {
@@ -46,18 +76,6 @@ EXTRA=(--mode ps);          run_and_compare "parameter server, 1 trainer" -n 2
 EXTRA=(--mode ps);          run_and_compare "parameter server, 2 trainers" -n 3 --oversubscribe
 EXTRA=(--mode ps --servers 2); run_and_compare "2 parameter servers, 2 trainers" -n 4 --oversubscribe
 
-expect_stop() {
-  local label="$1" pattern="$2"; shift 2
-  echo "== $label: mpirun $*"
-  local status=0 log
-  log=$(mktemp)
-  timeout 120 mpirun "$@" >"$log" 2>&1 || status=$?
-  cat "$log"
-  if [[ $status -eq 0 ]]; then echo "FAIL: $label: the job succeeded"; exit 1; fi
-  if [[ $status -eq 124 ]]; then echo "FAIL: $label: the job hung"; exit 1; fi
-  grep -q "$pattern" "$log" || { echo "FAIL: $label: no \`$pattern\` in the output"; exit 1; }
-  echo "ok: $label: stopped with status $status"
-}
 
 expect_stop "a rank that fails" "rank 1: injected failure at step 2" \
   -n 3 --oversubscribe "$bin" --steps "$steps" --fail-rank 1

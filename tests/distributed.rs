@@ -111,6 +111,49 @@ fn gradients_are_averaged_over_ranks_and_trainers_with_sgd() {
     }
 }
 
+/// A build without MPI started by `mpirun -n 3` ran three copies, each training alone and
+/// printing the one-process loss (and the MPI checks passed on it). Now it refuses, with the
+/// build command. The child process pretends mpirun started it.
+#[cfg(not(feature = "mpi"))]
+#[test]
+fn a_build_without_mpi_refuses_to_run_under_mpirun() {
+    let exe = std::env::current_exe().expect("the test binary");
+    for var in ["OMPI_COMM_WORLD_SIZE", "PMI_SIZE"] {
+        let out = std::process::Command::new(&exe)
+            .args(["--exact", "child_under_a_pretend_mpirun", "--nocapture"])
+            .env(var, "3")
+            .output()
+            .expect("the test binary runs");
+        let text = String::from_utf8_lossy(&out.stdout).to_string()
+            + &String::from_utf8_lossy(&out.stderr);
+        assert!(
+            out.status.success() && text.contains("1 passed"),
+            "{var}: {text}"
+        );
+        assert!(
+            text.contains("refused: mpirun started this process as one of 3"),
+            "{text}"
+        );
+    }
+}
+
+/// Run by the test above in a child process with mpirun's variables set: in-process ranks
+/// (and one process alone) must refuse to train. Without those variables it checks nothing.
+#[test]
+fn child_under_a_pretend_mpirun() {
+    if kiln::backend::comm::mpirun_world_size().is_none() {
+        return;
+    }
+    for threads in [1, 2] {
+        let err = run_threads(&small(Mode::AllReduce), threads).unwrap_err();
+        println!(
+            "refused: {}",
+            err.to_string().split("rank 0: ").last().unwrap()
+        );
+        assert!(err.to_string().contains("--features mpi"), "{err}");
+    }
+}
+
 /// Servers share the parameters by bytes: with parameter `i` on server `i % 2`, server 0 of
 /// the digits MLP held both weight matrices (98.5 % of the floats).
 #[test]

@@ -141,6 +141,8 @@ fn all_reduce_mean_buckets(
 /// on every rank of the same program). Nothing happens without a communicator.
 pub fn broadcast_scope(scope: &mut Scope, names: &[String], root: usize) -> RuntimeResult<()> {
     let Some(comm) = Communicator::current() else {
+        // Alone is right, unless mpirun started several copies of a build without MPI.
+        kiln_backend::comm::check_launch()?;
         return Ok(());
     };
     if comm.size() == 1 || names.is_empty() {

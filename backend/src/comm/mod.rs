@@ -111,6 +111,43 @@ type Reply = mpsc::Sender<Result<Array, CommError>>;
 pub struct Communicator {
     shared: Arc<Shared>,
     timeout: Duration,
+    /// Why this communicator's operations are refused: it was made in a process that mpirun
+    /// started as one of several, in a build without MPI (see [`check_launch`]).
+    refused: Option<String>,
+}
+
+/// The number of processes mpirun (OpenMPI, MPICH's PMI, PMIx) started this one among, if it
+/// did.
+pub fn mpirun_world_size() -> Option<usize> {
+    ["OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE"]
+        .iter()
+        .find_map(|v| std::env::var(v).ok()?.trim().parse().ok())
+        .or_else(|| std::env::var_os("PMIX_RANK").map(|_| 0))
+}
+
+/// An error when mpirun started this process as one of several but this build has no MPI
+/// transport: each process would train alone on its share and report a one-process result
+/// as the job's. Builds with the `mpi` feature pass.
+pub fn check_launch() -> Result<(), CommError> {
+    if cfg!(feature = "mpi") {
+        return Ok(());
+    }
+    match mpirun_world_size() {
+        Some(n) if n != 1 => Err(CommError::Transport {
+            rank: 0,
+            message: format!(
+                "mpirun started this process as one of {}, but this build of Kiln has no MPI \
+                 support, so each process would run alone; build with `--features mpi` (the \
+                 example: `cargo build --release --features mpi --example data_parallel`)",
+                if n == 0 {
+                    "several".to_owned()
+                } else {
+                    n.to_string()
+                }
+            ),
+        }),
+        _ => Ok(()),
+    }
 }
 
 struct Shared {
@@ -126,8 +163,10 @@ struct Shared {
 impl Communicator {
     /// A communicator over `transport`, whose calls run on a new worker thread.
     pub fn new(transport: impl Transport + Send) -> Communicator {
-        Communicator::spawn(move || Ok(transport))
-            .expect("a transport that exists opens without fail")
+        let mut comm = Communicator::spawn(move || Ok(transport))
+            .expect("a transport that exists opens without fail");
+        comm.refused = check_launch().err().map(|e| e.to_string());
+        comm
     }
 
     /// A communicator whose transport is made on the worker thread by `open` (MPI must be
@@ -157,6 +196,7 @@ impl Communicator {
                 stuck: Default::default(),
             }),
             timeout: timeout_from_env(),
+            refused: None,
         })
     }
 
@@ -212,6 +252,12 @@ impl Communicator {
         scale: Option<usize>,
         job: impl Fn(Array) -> Job,
     ) -> Result<Pending, CommError> {
+        if let Some(message) = &self.refused {
+            return Err(CommError::Transport {
+                rank: self.rank(),
+                message: message.clone(),
+            });
+        }
         let layout = Packed::of(arrays);
         let replies = (layout.pack(arrays).into_iter())
             .map(|m| self.submit(job(m)))
@@ -580,6 +626,7 @@ pub fn start(
 ) -> Result<Started, String> {
     use kiln_ir::{AllReduceOp, Op};
     let Some(comm) = Communicator::current() else {
+        check_launch().map_err(|e| e.to_string())?;
         return match op {
             Op::AllReduce { .. } | Op::CollectiveBroadcast { root: 0 } => {
                 Ok(Started::Done(args.iter().map(|&a| a.clone()).collect()))

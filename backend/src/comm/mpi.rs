@@ -15,9 +15,7 @@ use mpi::traits::{Communicator as _, CommunicatorCollectives, Destination, Root,
 
 /// Whether this process was started by `mpirun` (OpenMPI, MPICH or PMIx variables are set).
 pub fn launched_by_mpirun() -> bool {
-    ["OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK"]
-        .iter()
-        .any(|v| std::env::var_os(v).is_some())
+    super::mpirun_world_size().is_some()
 }
 
 /// This process's communicator over `MPI_COMM_WORLD`. MPI may be initialised once per process.
