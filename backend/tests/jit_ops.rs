@@ -179,7 +179,15 @@ fn check(
             for (g, w) in got.iter().zip(&want) {
                 assert_eq!(g.dtype(), w.dtype(), "{what}");
                 assert_eq!(g.shape(), w.shape(), "{what}");
-                let tol = if g.dtype().is_float() { tol } else { EXACT };
+                // f64 at f64's precision, not f32's.
+                let tol = match g.dtype() {
+                    DType::F32 => tol,
+                    DType::F64 => Tolerance {
+                        abs: tol.abs.min(1e-12),
+                        rel: tol.rel.min(1e-10),
+                    },
+                    _ => EXACT,
+                };
                 for (i, (a, e)) in g.to_f64_vec().iter().zip(w.to_f64_vec()).enumerate() {
                     assert!(
                         close(*a, e, tol),
