@@ -137,6 +137,55 @@ fn all_reduce_mean_buckets(
     Ok(averaged)
 }
 
+/// Makes every rank start a session from rank `root`'s state (nothing happens without a
+/// communicator of several ranks): all of the program's state — parameters, optimizer moments
+/// and step counts, running statistics — when every rank declares the same state (data
+/// parallel), so that a checkpoint only rank 0 loaded resumes exactly as an uninterrupted run;
+/// else the parameters alone (parameter servers, whose servers keep optimizer state of their
+/// own). Two small collectives find out which: rank `root`'s fingerprint of its declarations
+/// broadcast, then a count of the ranks that match it.
+pub fn broadcast_start_state(
+    scope: &mut Scope,
+    program: &Program,
+    root: usize,
+) -> RuntimeResult<()> {
+    let params: Vec<String> = program.params().iter().map(|q| q.name.clone()).collect();
+    let Some(comm) = Communicator::current() else {
+        return broadcast_scope(scope, &params, root);
+    };
+    if comm.size() == 1 {
+        return Ok(());
+    }
+    let states = &program.module().states;
+    let mine = Array::I64(ndarray::arr1(&[fingerprint(states)]).into_dyn());
+    let roots = comm.broadcast(&[&mine], root)?.wait()?;
+    let same = i64::from(roots.first() == Some(&mine));
+    let agree = Array::I64(ndarray::arr1(&[same]).into_dyn());
+    let count = comm.all_reduce(&[&agree], false)?.wait()?;
+    let everyone = count
+        .first()
+        .is_some_and(|c| c.to_f64_vec() == [comm.size() as f64]);
+    let names: Vec<String> = match everyone {
+        true => states.iter().map(|s| s.name.clone()).collect(),
+        false => params,
+    };
+    broadcast_scope(scope, &names, root)
+}
+
+/// A hash of state declarations' names and types, the same on every rank that declares the
+/// same state (FNV-1a over their text, in name order).
+fn fingerprint(states: &[StateDecl]) -> i64 {
+    let mut text: Vec<String> = states
+        .iter()
+        .map(|s| format!("{}:{};", s.name, s.ty))
+        .collect();
+    text.sort();
+    let hash = (text.concat().bytes()).fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    });
+    hash as i64
+}
+
 /// Sends every value of `scope` from rank `root` to the other ranks, in name order (the same
 /// on every rank of the same program). Nothing happens without a communicator.
 pub fn broadcast_scope(scope: &mut Scope, names: &[String], root: usize) -> RuntimeResult<()> {

@@ -377,12 +377,13 @@ impl Session {
 
     /// A session over `program` that uses (and initialises what is missing in) `scope`: how
     /// parameters trained elsewhere are run by another program.
-    /// With a communicator of several ranks installed (data-parallel training), the
-    /// parameters are broadcast from rank 0, so that every rank starts from the same values.
+    /// With a communicator of several ranks installed (data-parallel training), rank 0's state
+    /// is broadcast, so that every rank starts from the same values — all of it (optimizer
+    /// moments too) when the ranks declare the same state, so a checkpoint rank 0 alone loaded
+    /// resumes exactly (see [`crate::distributed::broadcast_start_state`]).
     pub fn with_scope(program: &Program, mut scope: Scope) -> RuntimeResult<Session> {
         scope.declare(program.module())?;
-        let params: Vec<String> = program.params().iter().map(|q| q.name.clone()).collect();
-        crate::distributed::broadcast_scope(&mut scope, &params, 0)?;
+        crate::distributed::broadcast_start_state(&mut scope, program, 0)?;
         Ok(Session {
             program: program.clone(),
             scope,
