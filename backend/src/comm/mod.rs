@@ -31,8 +31,11 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-/// How long an operation may wait for the other ranks before it fails.
-pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(120);
+/// How long an operation may wait for the other ranks before it fails: 30 minutes, as
+/// PyTorch's default process group waits (its NCCL one 10). A failing or dying rank stops the
+/// others at once, whatever this is; the wait only bounds a rank that silently never arrives,
+/// and it must outlast work one rank does alone (rank 0 evaluating for minutes, say).
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30 * 60);
 
 /// Why a communication failed.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
