@@ -217,6 +217,31 @@ fn a_checkpoint_rank_zero_alone_loads_resumes_exactly() {
     std::fs::remove_dir_all(&dir).ok();
 }
 
+/// A parameter server that fails ends every trainer with an error naming it, rather than
+/// leaving them waiting for parameters that never come.
+#[test]
+fn a_parameter_server_that_fails_stops_every_trainer_naming_it() {
+    for (servers, ranks, failing) in [(1, 3, 0), (2, 4, 1)] {
+        let config = Config {
+            fault: Some((failing, kiln::demos::data_parallel::Fault::Error)),
+            ..small(Mode::ParameterServer { servers })
+        };
+        let started = std::time::Instant::now();
+        let results = local::run(ranks, |_| kiln::demos::data_parallel::train_rank(&config));
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "stopped by a timeout"
+        );
+        for trainer in servers..ranks {
+            let err = results[trainer].as_ref().unwrap_err().to_string();
+            assert!(
+                err.contains(&format!("rank {failing} failed: rank {failing}: injected")),
+                "trainer {trainer}: {err}"
+            );
+        }
+    }
+}
+
 /// Servers share the parameters by bytes: with parameter `i` on server `i % 2`, server 0 of
 /// the digits MLP held both weight matrices (98.5 % of the floats).
 #[test]
