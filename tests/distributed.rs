@@ -232,8 +232,8 @@ fn a_parameter_server_that_fails_stops_every_trainer_naming_it() {
             started.elapsed() < Duration::from_secs(30),
             "stopped by a timeout"
         );
-        for trainer in servers..ranks {
-            let err = results[trainer].as_ref().unwrap_err().to_string();
+        for (trainer, result) in results.iter().enumerate().skip(servers) {
+            let err = result.as_ref().unwrap_err().to_string();
             assert!(
                 err.contains(&format!("rank {failing} failed: rank {failing}: injected")),
                 "trainer {trainer}: {err}"
