@@ -2,15 +2,9 @@
 
 mod common;
 
-use std::process::{Command, Output};
+use common::kiln;
 
-fn kiln(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_kiln"))
-        .args(args)
-        .current_dir(common::root())
-        .output()
-        .expect("the kiln binary runs")
-}
+use std::process::Output;
 
 fn stdout(o: &Output) -> String {
     String::from_utf8_lossy(&o.stdout).into_owned()

@@ -4,18 +4,12 @@
 
 mod common;
 
+use common::kiln;
+
 use kiln::backend::Array;
 use kiln::ir::DType;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
-
-fn kiln(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_kiln"))
-        .args(args)
-        .current_dir(common::root())
-        .output()
-        .expect("the kiln binary runs")
-}
+use std::process::Output;
 
 fn text(o: &Output) -> String {
     String::from_utf8_lossy(&o.stdout).into_owned() + &String::from_utf8_lossy(&o.stderr)

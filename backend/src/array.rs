@@ -5,6 +5,7 @@
 use kiln_ir::{DType, Literal, Shape, Type};
 use ndarray::{ArrayD, IxDyn};
 use std::fmt;
+use std::sync::Arc;
 
 /// The alignment of a large array's first element: a cache line, so that no 512-bit load or
 /// store of a row that starts it straddles two lines. The allocator's own is 16 bytes, and a
@@ -288,6 +289,15 @@ impl Array {
     /// Whether the elements lie row-major and contiguous (what native kernels read).
     pub fn is_standard_layout(&self) -> bool {
         with_array!(self, a => a.is_standard_layout())
+    }
+
+    /// `array` itself if it is laid out row-major, else a row-major copy (one copy, however
+    /// shared the array is): what native kernels and stored state need.
+    pub fn standard_shared(array: Arc<Array>) -> Arc<Array> {
+        if array.is_standard_layout() {
+            return array;
+        }
+        Arc::new(map_array!(&*array, a => a.as_standard_layout().into_owned()))
     }
 
     /// The same array in standard (row-major, contiguous) layout.

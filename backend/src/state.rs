@@ -61,11 +61,8 @@ impl StateStore {
 
     /// Sets state `name` to a shared `value` (copied if it is not laid out row-major).
     pub fn insert_shared(&mut self, name: impl Into<String>, value: Arc<Array>) {
-        let value = match value.is_standard_layout() {
-            true => value,
-            false => Arc::new((*value).clone().into_standard_layout()),
-        };
-        self.values.insert(name.into(), value);
+        self.values
+            .insert(name.into(), Array::standard_shared(value));
     }
 
     /// Sets a value, returning the one it replaces.

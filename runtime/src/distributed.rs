@@ -252,6 +252,16 @@ impl ParameterServer {
     /// server holds more than an equal share plus one tensor. Every rank computes the same
     /// placement from the same program.
     pub fn placement(&self, params: &[StateDecl]) -> Vec<usize> {
+        self.share_out(params).0
+    }
+
+    /// The bytes of `params` each server holds under [`ParameterServer::placement`].
+    pub fn shares(&self, params: &[StateDecl]) -> Vec<u128> {
+        self.share_out(params).1
+    }
+
+    /// Each parameter's server, and the bytes each server then holds.
+    fn share_out(&self, params: &[StateDecl]) -> (Vec<usize>, Vec<u128>) {
         let mut order: Vec<usize> = (0..params.len()).collect();
         order.sort_by_key(|&i| std::cmp::Reverse(params[i].ty.fixed_bytes()));
         let mut held = vec![0u128; self.servers];
@@ -263,16 +273,7 @@ impl ParameterServer {
             held[server] += params[i].ty.fixed_bytes();
             placed[i] = server;
         }
-        placed
-    }
-
-    /// The bytes of `params` each server holds under [`ParameterServer::placement`].
-    pub fn shares(&self, params: &[StateDecl]) -> Vec<u128> {
-        let mut held = vec![0u128; self.servers];
-        for (decl, server) in params.iter().zip(self.placement(params)) {
-            held[server] += decl.ty.fixed_bytes();
-        }
-        held
+        (placed, held)
     }
 
     fn placement_of(&self, p: &Program) -> Vec<usize> {

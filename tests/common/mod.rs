@@ -12,6 +12,15 @@ pub(crate) fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
 
+/// Runs the `kiln` tool from the repository's root, as a user runs it.
+pub(crate) fn kiln(args: &[&str]) -> std::process::Output {
+    std::process::Command::new(env!("CARGO_BIN_EXE_kiln"))
+        .args(args)
+        .current_dir(root())
+        .output()
+        .expect("the kiln binary runs")
+}
+
 /// Reads, parses and verifies a corpus program, failing the test with the rendered error.
 pub(crate) fn load(path: &Path) -> Module {
     let source = std::fs::read_to_string(path).unwrap();

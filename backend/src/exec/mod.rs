@@ -340,11 +340,7 @@ impl Executable {
         for (&a, array) in self.func.args().iter().zip(args) {
             // Kernels read buffers in memory order: an argument in another layout (a
             // Fortran-ordered `.npy`, a transposed view) is laid out row-major first.
-            let array = match array.is_standard_layout() {
-                true => array,
-                false => Arc::new((*array).clone().into_standard_layout()),
-            };
-            rt.env[a.index()] = Some(array);
+            rt.env[a.index()] = Some(Array::standard_shared(array));
         }
         let mut bindings: Option<SymbolBindings> = None;
         for (index, step) in self.schedule.steps.iter().enumerate() {
@@ -394,7 +390,8 @@ impl Executable {
         Ok(results)
     }
 
-    /// Refuses the run if a value would pass the memory limit at the bound sizes (checked once
+    /// Refuses the run if a value, or a convolution's scratch space, would pass the memory
+    /// limit at the bound sizes (checked once
     /// per set of sizes, so a warm step does no work here).
     fn check_memory(&self, rt: &mut Runtime) -> Result<(), InterpError> {
         if rt.checked_sizes.as_ref() == Some(&rt.sizes) {
@@ -402,10 +399,16 @@ impl Executable {
         }
         let symbols = &self.schedule.symbols;
         let sizes = &rt.sizes;
-        crate::limits::check_function(&self.func, |s| {
+        let size = |s: &kiln_ir::Symbol| {
             let i = symbols.iter().position(|x| x == s)?;
             usize::try_from(sizes[i]).ok()
-        })?;
+        };
+        crate::limits::check_function(&self.func, size)?;
+        for step in &self.schedule.steps {
+            if let StepKind::Conv2d { kind, attrs, .. } = &step.kind {
+                self.check_conv_scratch(step, *kind, attrs, size)?;
+            }
+        }
         rt.checked_sizes = Some(rt.sizes.clone());
         Ok(())
     }
@@ -810,7 +813,6 @@ impl Executable {
         attrs: &Conv2dAttrs,
         patches: Option<usize>,
     ) -> Result<(), InterpError> {
-        self.check_conv_scratch(rt, step, kind, attrs)?;
         let mut kept = std::mem::take(&mut rt.kept_patches);
         self.two_operands_into_slot(rt, step, |a, b, out, threads| {
             let kept = match (kind, patches) {
@@ -824,23 +826,28 @@ impl Executable {
         Ok(())
     }
 
-    /// Refuses a convolution whose scratch space would pass the memory limit.
+    /// Refuses a convolution whose scratch space would pass the memory limit at the sizes
+    /// `size` gives the symbols (checked with the values', once per set of sizes).
     fn check_conv_scratch(
         &self,
-        rt: &mut Runtime,
         step: &Step,
         kind: ConvKind,
         attrs: &Conv2dAttrs,
+        size: impl Fn(&kiln_ir::Symbol) -> Option<usize>,
     ) -> Result<(), InterpError> {
-        step.shapes[0].resolve_into(&rt.sizes, &mut rt.shape);
-        let (a, b) = (
-            Self::value(rt, step.inputs[0]),
-            Self::value(rt, step.inputs[1]),
-        );
-        let dtype = a.dtype();
-        let shapes = [a.shape(), b.shape(), &rt.shape[..]];
-        let (bytes, [rows, cols]) = conv::scratch(kind, attrs.groups, shapes, dtype.size_bytes())
-            .map_err(|message| self.fail(step.inst, message))?;
+        let shape = |v: Value| -> Vec<usize> {
+            (self.func.value_type(v).shape.dims().iter())
+                .map(|d| match d {
+                    kiln_ir::Dim::Fixed(n) => *n,
+                    kiln_ir::Dim::Sym(s) => size(s).unwrap_or(0),
+                })
+                .collect()
+        };
+        let [a, b, out] = [step.inputs[0], step.inputs[1], step.outputs[0]].map(shape);
+        let dtype = self.func.value_type(step.outputs[0]).dtype;
+        let (bytes, [rows, cols]) =
+            conv::scratch(kind, attrs.groups, [&a, &b, &out], dtype.size_bytes())
+                .map_err(|message| self.fail(step.inst, message))?;
         if bytes <= u128::from(crate::limits::memory_limit()) {
             return Ok(());
         }

@@ -587,9 +587,7 @@ impl<'a> Interpreter<'a> {
             forget(frame, body);
         }
     }
-}
 
-impl Interpreter<'_> {
     /// `update_slice` whose array operand dies here: that array, taken out of the frame, is
     /// updated in place when nothing else holds it (O(slice) per trip, not O(array)).
     fn update_slice_in_place(
