@@ -10,7 +10,9 @@
 //!         (rank 0 the parameter server; `--servers K` for K server ranks)
 //!
 //! Options: `--batch B` (the global batch, 240; a multiple of the training ranks),
-//! `--bucket-kib K` (the all-reduce bucket size).
+//! `--bucket-kib K` (the all-reduce bucket size), `--save PATH` (rank 0 saves the state after
+//! the last step), `--resume PATH --from-step S` (rank 0 alone loads that checkpoint; steps
+//! S.. follow, as in an uninterrupted run).
 
 use kiln::demos::data_parallel::{parse_args, print_reports, run_threads};
 

@@ -61,10 +61,12 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         }
         return w5_rank(0, 1, steps, 0).map_err(Into::into);
     }
-    for result in local::run(threads, |comm| {
-        measure(what, comm, steps, bucket_bytes, "kiln-local")
+    let what = what.to_owned();
+    for result in local::run(threads, move |comm| {
+        measure(&what, comm, steps, bucket_bytes, "kiln-local")
+            .map_err(Box::<dyn std::error::Error + Send + Sync>::from)
     }) {
-        result?;
+        result.map_err(|e| e.to_string())?;
     }
     Ok(())
 }

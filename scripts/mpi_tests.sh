@@ -3,7 +3,9 @@
 # `examples/data_parallel` under `mpirun -n 2` and `-n 3`, all-reduce and parameter-server
 # modes, must print one report per rank and the final loss of one process on the whole global
 # batch (to 1e-5 relative); a rank that fails or dies must stop the job with an error, not a
-# hang; and a build without MPI must refuse to run under mpirun.
+# hang; ranks whose programs differ must be refused before data moves; a resume from rank 0's
+# checkpoint must end where an uninterrupted run ends; and a build without MPI must refuse to
+# run under mpirun.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -76,6 +78,20 @@ EXTRA=(--mode ps);          run_and_compare "parameter server, 1 trainer" -n 2
 EXTRA=(--mode ps);          run_and_compare "parameter server, 2 trainers" -n 3 --oversubscribe
 EXTRA=(--mode ps --servers 2); run_and_compare "2 parameter servers, 2 trainers" -n 4 --oversubscribe
 
+
+# Resuming from a checkpoint that rank 0 alone loads continues exactly as an uninterrupted
+# run: the session start broadcasts the optimizer's moments and step with the parameters.
+checkpoint=$(mktemp -d)/half.safetensors
+timeout 300 mpirun -n 2 "$bin" --steps 15 --save "$checkpoint" >/dev/null
+EXTRA=(--resume "$checkpoint" --from-step 15)
+run_and_compare "all-reduce, 2 ranks, resumed at step 15 from rank 0's checkpoint" -n 2
+
+# Ranks whose programs differ are refused on every rank before any data moves, naming the
+# first difference (MPI alone would truncate a message on one rank and return Ok on another).
+expect_stop "ranks that bucket gradients differently" "communication does not match" \
+  -n 2 "$bin" --steps 4 --skew-buckets-rank 1
+expect_stop "ranks that build different models" "the ranks run different models" \
+  -n 2 "$bin" --steps 4 --skew-width-rank 1
 
 expect_stop "a rank that fails" "rank 1: injected failure at step 2" \
   -n 3 --oversubscribe "$bin" --steps "$steps" --fail-rank 1

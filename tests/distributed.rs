@@ -14,6 +14,9 @@ use kiln::runtime::layers::{self, Activation};
 use kiln::runtime::{Backend, Fetch, Optimizer, Program, RuntimeError, Session, Sgd};
 use std::time::Duration;
 
+/// Any error, for ranks whose failures are of several kinds.
+type Failure = Box<dyn std::error::Error + Send + Sync>;
+
 fn small(mode: Mode) -> Config {
     Config {
         steps: 9,
@@ -234,7 +237,10 @@ fn a_parameter_server_that_fails_stops_every_trainer_naming_it() {
             ..small(Mode::ParameterServer { servers })
         };
         let started = std::time::Instant::now();
-        let results = local::run(ranks, |_| kiln::demos::data_parallel::train_rank(&config));
+        let shared = config.clone();
+        let results = local::run(ranks, move |_| {
+            kiln::demos::data_parallel::train_rank(&shared)
+        });
         assert!(
             started.elapsed() < Duration::from_secs(30),
             "stopped by a timeout"
@@ -345,7 +351,7 @@ module {
 #[test]
 fn collectives_and_messages_run_alike_interpreted_and_compiled() {
     for backend in [Backend::Interpreter, Backend::Compiled] {
-        let results = local::run(3, |comm| -> Result<Vec<Array>, String> {
+        let results = local::run(3, move |comm| -> Result<Vec<Array>, Failure> {
             let rank = comm.rank();
             let text = COLLECTIVES
                 .replace("PEER_NEXT", &((rank + 1) % 3).to_string())
@@ -357,7 +363,7 @@ fn collectives_and_messages_run_alike_interpreted_and_compiled() {
             match backend {
                 Backend::Interpreter => Interpreter::new(&module)
                     .run("talk", vec![x, r], &mut state)
-                    .map_err(|e| e.to_string()),
+                    .map_err(|e| e.to_string().into()),
                 Backend::Compiled => {
                     let exe = kiln::backend::exec::Executable::new(&module.functions[0]);
                     let args = vec![x.into(), r.into()];
@@ -413,45 +419,48 @@ fn eager_and_to_static_data_parallel_match_one_process() {
     let batch = kiln::runtime::data::digits()
         .unwrap()
         .select(&(0..64).collect::<Vec<_>>());
-    let train = |rank: usize, ranks: usize, traced: bool| -> Result<Vec<f64>, eager::EagerError> {
-        eager::reset();
-        eager::manual_seed(4 + rank as u64);
-        let model = Sequential::new()
-            .push(Linear::new("fc1", 64, 12)?)
-            .push(Relu)
-            .push(Linear::new("fc2", 12, 10)?);
-        eager::broadcast_parameters(0)?;
-        let share = 64 / ranks;
-        let part = batch
-            .select(&(rank * share..(rank + 1) * share).collect::<Vec<_>>())
-            .all();
-        let (x, y) = (Tensor::new(part.x), Tensor::new(part.y));
-        if traced {
-            let types = [
-                ("x", Type::new(DType::F32, Shape::fixed(&[share, 64]))),
-                ("y", Type::new(DType::I64, Shape::fixed(&[share]))),
-            ];
-            let mut step = eager::to_static(&types, |t| {
-                Ok(vec![nn::cross_entropy(&model.forward(&t[0])?, &t[1])?])
-            })?;
-            let update = step.minimize(&mut DataParallel::new(Sgd::new(0.5)), 0)?;
-            for _ in 0..3 {
-                step.call_and_update(&[&x, &y], &[update])?;
+    let train =
+        move |rank: usize, ranks: usize, traced: bool| -> Result<Vec<f64>, eager::EagerError> {
+            eager::reset();
+            eager::manual_seed(4 + rank as u64);
+            let model = Sequential::new()
+                .push(Linear::new("fc1", 64, 12)?)
+                .push(Relu)
+                .push(Linear::new("fc2", 12, 10)?);
+            eager::broadcast_parameters(0)?;
+            let share = 64 / ranks;
+            let part = batch
+                .select(&(rank * share..(rank + 1) * share).collect::<Vec<_>>())
+                .all();
+            let (x, y) = (Tensor::new(part.x), Tensor::new(part.y));
+            if traced {
+                let types = [
+                    ("x", Type::new(DType::F32, Shape::fixed(&[share, 64]))),
+                    ("y", Type::new(DType::I64, Shape::fixed(&[share]))),
+                ];
+                let mut step = eager::to_static(&types, |t| {
+                    Ok(vec![nn::cross_entropy(&model.forward(&t[0])?, &t[1])?])
+                })?;
+                let update = step.minimize(&mut DataParallel::new(Sgd::new(0.5)), 0)?;
+                for _ in 0..3 {
+                    step.call_and_update(&[&x, &y], &[update])?;
+                }
+            } else {
+                let rule = DataParallel::new(Sgd::new(0.5));
+                let mut opt = EagerOptimizer::new(rule, model.parameters())?;
+                for _ in 0..3 {
+                    opt.zero_grad();
+                    nn::cross_entropy(&model.forward(&x)?, &y)?.backward()?;
+                    opt.step()?;
+                }
             }
-        } else {
-            let rule = DataParallel::new(Sgd::new(0.5));
-            let mut opt = EagerOptimizer::new(rule, model.parameters())?;
-            for _ in 0..3 {
-                opt.zero_grad();
-                nn::cross_entropy(&model.forward(&x)?, &y)?.backward()?;
-                opt.step()?;
-            }
-        }
-        model.parameters()[0].tensor()?.to_f64_vec()
-    };
+            model.parameters()[0].tensor()?.to_f64_vec()
+        };
+    let train = std::sync::Arc::new(train);
     for traced in [false, true] {
         let alone = train(0, 1, traced).unwrap();
-        for result in local::run(2, |comm| train(comm.rank(), 2, traced)) {
+        let shared = train.clone();
+        for result in local::run(2, move |comm| shared(comm.rank(), 2, traced)) {
             let weights = result.unwrap();
             for (a, b) in weights.iter().zip(&alone) {
                 assert!(
@@ -467,7 +476,9 @@ fn eager_and_to_static_data_parallel_match_one_process() {
 fn sessions_start_from_rank_zeros_parameters_and_only_rank_zero_saves() {
     let dir = std::env::temp_dir().join(format!("kiln-dp-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    let results = local::run(2, |comm| -> Result<(Vec<f64>, bool), RuntimeError> {
+    let shared = dir.clone();
+    let results = local::run(2, move |comm| -> Result<(Vec<f64>, bool), RuntimeError> {
+        let dir = &shared;
         // Different seeds: without the broadcast the ranks would start apart.
         let mut p = Program::with_seed(comm.rank() as u64);
         let x = p.placeholder("x", DType::F32, vec![Dim::Fixed(2), Dim::Fixed(3)])?;
@@ -492,19 +503,17 @@ fn sessions_start_from_rank_zeros_parameters_and_only_rank_zero_saves() {
 
 #[test]
 fn a_rank_that_fails_stops_the_others_with_its_error() {
-    let results = local::run(3, |comm| -> Result<(), String> {
+    let results = local::run(3, |comm| -> Result<(), Failure> {
         if comm.rank() == 1 {
             return Err("out of data".into());
         }
         let x = Array::zeros(DType::F32, &[4]);
-        comm.all_reduce(&[&x], false)
-            .and_then(|p| p.wait())
-            .map(|_| ())
-            .map_err(|e| e.to_string())
+        comm.all_reduce(&[&x], false)?.wait()?;
+        Ok(())
     });
-    assert_eq!(results[1].as_ref().unwrap_err(), "out of data");
+    assert_eq!(results[1].as_ref().unwrap_err().to_string(), "out of data");
     for r in [&results[0], &results[2]] {
-        let message = r.as_ref().unwrap_err();
+        let message = r.as_ref().unwrap_err().to_string();
         assert!(
             message.contains("rank 1 failed: out of data")
                 || message.contains("rank 1 failed: it stopped"),
@@ -679,4 +688,189 @@ fn parameter_server_programs_print_and_parse_back() {
         assert_eq!(text.matches("= recv {").count(), recvs, "{text}");
         assert_eq!(parse_and_verify(&text).unwrap(), module);
     }
+}
+
+/// Each rank's program of `talk(rank)`, run in a session on every rank: the errors, by rank.
+fn session_errors(
+    ranks: usize,
+    talk: impl Fn(&mut Program, usize) -> Result<Vec<kiln::runtime::Target>, RuntimeError>
+    + Send
+    + Sync
+    + 'static,
+) -> Vec<String> {
+    let results = local::run(ranks, move |comm| -> Result<(), RuntimeError> {
+        let mut p = Program::new();
+        let targets = talk(&mut p, comm.rank())?;
+        let fetches: Vec<Fetch> = targets.into_iter().map(Fetch::Target).collect();
+        Session::new(&p)?.run(&fetches, &[])?;
+        Ok(())
+    });
+    results
+        .into_iter()
+        .map(|r| r.err().map(|e| e.to_string()).unwrap_or_default())
+        .collect()
+}
+
+/// A program whose stored value is `values[0]` after `f` has communicated `x: f32[n]`.
+fn store_first(p: &mut Program, name: &str, values: &[kiln::ir::Value]) -> kiln::runtime::Target {
+    let (decl, _) = p
+        .state(
+            name,
+            p.graph().value_type(values[0]).clone(),
+            kiln::ir::Initializer::constant(0.0),
+        )
+        .unwrap();
+    let store = p.store(&decl, values[0]).unwrap();
+    p.add_target(name, vec![store]).unwrap()
+}
+
+fn filled(p: &mut Program, n: usize) -> kiln::ir::Value {
+    let x = p.scalar(DType::F32, 1.0).unwrap();
+    p.broadcast_to(x, &Shape::fixed(&[n])).unwrap()
+}
+
+/// Before this check, MPI truncated one rank's message and returned Ok on the other; the
+/// in-process transport named the shapes on one rank only, and a send of the wrong type
+/// succeeded. Now every rank refuses, before any data moves, naming both sides' op.
+#[test]
+fn ranks_whose_communication_differs_are_refused_on_every_rank_before_data_moves() {
+    let shapes = session_errors(2, |p, rank| {
+        let x = filled(p, 3 + rank);
+        let y = p.all_reduce(AllReduceOp::Sum, &[x])?;
+        Ok(vec![store_first(p, "y", &y)])
+    });
+    let kinds = session_errors(2, |p, rank| {
+        let x = filled(p, 3);
+        let y = match rank {
+            0 => p.all_reduce(AllReduceOp::Mean, &[x])?,
+            _ => p.collective_broadcast(&[x], 0)?,
+        };
+        Ok(vec![store_first(p, "y", &y)])
+    });
+    let messages = session_errors(2, |p, rank| {
+        let x = filled(p, 3);
+        Ok(vec![match rank {
+            0 => {
+                let sent = p.send(&[x], 1, 7)?;
+                p.add_target("send", vec![sent])?
+            }
+            _ => {
+                let y = p.recv(vec![Type::new(DType::F32, Shape::fixed(&[4]))], 0, 7)?;
+                store_first(p, "y", &y)
+            }
+        }])
+    });
+    let cases = [
+        (
+            &shapes,
+            ["all_reduce_sum (f32[3])", "all_reduce_sum (f32[4])"],
+        ),
+        (
+            &kinds,
+            [
+                "all_reduce_mean (f32[3])",
+                "collective_broadcast root=0 (f32[3])",
+            ],
+        ),
+        (
+            &messages,
+            [
+                "rank 0 sends (f32[3]) to rank 1 with tag 7",
+                "rank 1 receives (f32[4])",
+            ],
+        ),
+    ];
+    for (errors, [first, second]) in cases {
+        for error in errors.iter() {
+            assert!(error.contains("nothing was sent"), "{errors:?}");
+            assert!(
+                error.contains(first) && error.contains(second),
+                "{errors:?}"
+            );
+            assert!(
+                error.contains("tests/distributed.rs:"),
+                "where it was built: {error}"
+            );
+        }
+    }
+}
+
+#[test]
+fn ranks_that_build_different_models_are_refused_naming_the_parameter() {
+    let results = run_threads(
+        &Config {
+            fault: Some((1, kiln::demos::data_parallel::Fault::Width)),
+            ..small(Mode::AllReduce)
+        },
+        2,
+    );
+    let error = results.unwrap_err().to_string();
+    assert!(
+        error.contains("rank 1 declares `fc1.b: f32[17]` where rank 0 declares `fc1.b: f32[16]`"),
+        "{error}"
+    );
+}
+
+#[test]
+fn ranks_that_bucket_differently_are_refused_before_the_first_all_reduce() {
+    let error = run_threads(
+        &Config {
+            fault: Some((0, kiln::demos::data_parallel::Fault::Buckets)),
+            ..small(Mode::AllReduce)
+        },
+        2,
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(error.contains("collective #1 differs"), "{error}");
+    assert!(error.contains("nothing was sent"), "{error}");
+}
+
+#[test]
+fn data_parallel_names_parameters_no_gradient_reaches() {
+    let build = |allow: bool| -> Result<(), RuntimeError> {
+        let mut p = Program::with_seed(1);
+        let x = p.placeholder("x", DType::F32, vec![Dim::sym("N"), Dim::Fixed(3)])?;
+        let used = layers::dense(&mut p, "used", x, 2, Activation::Identity)?;
+        layers::dense(&mut p, "head", x, 2, Activation::Identity)?;
+        let loss = p.reduce(kiln::ir::ReduceOp::Sum, used, vec![0, 1], false)?;
+        let rule = DataParallel::new(Sgd::new(0.1));
+        let mut rule = if allow { rule.allow_unused() } else { rule };
+        rule.minimize(&mut p, loss).map(|_| ())
+    };
+    let error = build(false).unwrap_err().to_string();
+    assert!(error.contains("`head.w`, `head.b`"), "{error}");
+    build(true).unwrap();
+}
+
+/// Before, `local::run` joined every rank's thread: one that neither returned nor
+/// communicated hung the caller forever. Now the others end on their timeout, and the stuck
+/// rank is reported after the same timeout and left running.
+#[test]
+fn local_run_never_hangs_on_a_rank_that_neither_returns_nor_communicates() {
+    let started = std::time::Instant::now();
+    let timeout = Duration::from_millis(400);
+    let results = local::run_with_timeout(2, timeout, |comm| -> Result<(), CommError> {
+        if comm.rank() == 1 {
+            loop {
+                std::thread::sleep(Duration::from_secs(3600));
+            }
+        }
+        let x = Array::zeros(DType::F32, &[2]);
+        comm.all_reduce(&[&x], false)?.wait()?;
+        Ok(())
+    });
+    assert!(
+        matches!(results[0], Err(CommError::Timeout { rank: 0, .. })),
+        "{:?}",
+        results[0]
+    );
+    let stuck = results[1].as_ref().unwrap_err();
+    assert!(matches!(stuck, CommError::Stuck { rank: 1, .. }), "{stuck}");
+    assert!(
+        stuck
+            .to_string()
+            .contains("neither returned nor communicated")
+    );
+    assert!(started.elapsed() < Duration::from_secs(60), "it ended");
 }

@@ -35,6 +35,7 @@ pub const DEFAULT_BUCKET_BYTES: usize = 1 << 20;
 pub struct DataParallel<O> {
     inner: O,
     bucket_bytes: usize,
+    allow_unused: bool,
 }
 
 impl<O: Optimizer> DataParallel<O> {
@@ -43,7 +44,15 @@ impl<O: Optimizer> DataParallel<O> {
         DataParallel {
             inner,
             bucket_bytes: DEFAULT_BUCKET_BYTES,
+            allow_unused: false,
         }
+    }
+
+    /// Leaves parameters that the loss does not depend on unchanged, instead of refusing them
+    /// (PyTorch DDP's `find_unused_parameters`).
+    pub fn allow_unused(mut self) -> DataParallel<O> {
+        self.allow_unused = true;
+        self
     }
 
     /// Buckets of about `bytes` (a gradient larger than that travels alone; 0 sends each
@@ -69,6 +78,31 @@ impl<O: Optimizer> Optimizer for DataParallel<O> {
 
     fn finish(&mut self, p: &mut Program) -> RuntimeResult<Vec<(StateDecl, Value)>> {
         self.inner.finish(p)
+    }
+
+    /// Like every optimizer's, but a named parameter that no gradient reaches — usually a
+    /// layer left out of the forward pass — is an error naming it, unless
+    /// [`DataParallel::allow_unused`].
+    fn minimize_params(
+        &mut self,
+        p: &mut Program,
+        loss: Value,
+        names: &[String],
+    ) -> RuntimeResult<Target> {
+        let updates = crate::optim::gradient_updates(p, loss, names)?;
+        let unused: Vec<&str> = (names.iter())
+            .filter(|n| !updates.iter().any(|(decl, ..)| decl.name == **n))
+            .map(String::as_str)
+            .collect();
+        if !unused.is_empty() && !self.allow_unused {
+            return Err(RuntimeError::Usage(format!(
+                "DataParallel: the loss does not depend on parameter(s) `{}`, so no gradient \
+                 reaches them (a layer left out of the forward pass?); use them, minimize the \
+                 others with `minimize_params`, or call `allow_unused()` to leave them unchanged",
+                unused.join("`, `")
+            )));
+        }
+        self.apply_gradients(p, &updates, "minimize")
     }
 
     fn apply_gradients(
@@ -142,8 +176,8 @@ fn all_reduce_mean_buckets(
 /// and step counts, running statistics — when every rank declares the same state (data
 /// parallel), so that a checkpoint only rank 0 loaded resumes exactly as an uninterrupted run;
 /// else the parameters alone (parameter servers, whose servers keep optimizer state of their
-/// own). Two small collectives find out which: rank `root`'s fingerprint of its declarations
-/// broadcast, then a count of the ranks that match it.
+/// own). The ranks' declarations are gathered first: ranks whose parameters differ from rank
+/// `root`'s (a different model) are an error on every rank, naming the first that differs.
 pub fn broadcast_start_state(
     scope: &mut Scope,
     program: &Program,
@@ -156,34 +190,64 @@ pub fn broadcast_start_state(
     if comm.size() == 1 {
         return Ok(());
     }
-    let states = &program.module().states;
-    let mine = Array::I64(ndarray::arr1(&[fingerprint(states)]).into_dyn());
-    let roots = comm.broadcast(&[&mine], root)?.wait()?;
-    let same = i64::from(roots.first() == Some(&mine));
-    let agree = Array::I64(ndarray::arr1(&[same]).into_dyn());
-    let count = comm.all_reduce(&[&agree], false)?.wait()?;
-    let everyone = count
-        .first()
-        .is_some_and(|c| c.to_f64_vec() == [comm.size() as f64]);
-    let names: Vec<String> = match everyone {
-        true => states.iter().map(|s| s.name.clone()).collect(),
-        false => params,
+    let ranks = comm.all_gather_text(&declarations(program))?;
+    if ranks.iter().all(|d| *d == ranks[root]) {
+        let names: Vec<String> = program
+            .module()
+            .states
+            .iter()
+            .map(|s| s.name.clone())
+            .collect();
+        return broadcast_scope(scope, &names, root);
+    }
+    let parameters = |text: &str| -> Vec<String> {
+        (text.lines())
+            .filter_map(|l| l.strip_prefix("parameter "))
+            .map(str::to_owned)
+            .collect()
     };
-    broadcast_scope(scope, &names, root)
+    let theirs = parameters(&ranks[root]);
+    for (rank, text) in ranks.iter().enumerate() {
+        let mine = parameters(text);
+        let longest = mine.len().max(theirs.len());
+        if let Some(at) = (0..longest).find(|&i| mine.get(i) != theirs.get(i)) {
+            let say = |decls: &[String]| {
+                decls
+                    .get(at)
+                    .map_or("nothing more".into(), |d| format!("`{d}`"))
+            };
+            return Err(CommError::Mismatch {
+                rank: comm.rank(),
+                message: format!(
+                    "the ranks run different models: rank {rank} declares {} where rank {root} \
+                     declares {} (parameters in name order); every rank must build the same \
+                     parameters",
+                    say(&mine),
+                    say(&theirs)
+                ),
+            }
+            .into());
+        }
+    }
+    broadcast_scope(scope, &params, root)
 }
 
-/// A hash of state declarations' names and types, the same on every rank that declares the
-/// same state (FNV-1a over their text, in name order).
-fn fingerprint(states: &[StateDecl]) -> i64 {
-    let mut text: Vec<String> = states
-        .iter()
-        .map(|s| format!("{}:{};", s.name, s.ty))
+/// The program's state declarations, one `parameter NAME: TYPE` or `state NAME: TYPE` line
+/// each, in name order.
+fn declarations(program: &Program) -> String {
+    let params: Vec<&str> = program.params().iter().map(|q| q.name.as_str()).collect();
+    let mut lines: Vec<(String, String)> = (program.module().states.iter())
+        .map(|s| {
+            let kind = if params.contains(&s.name.as_str()) {
+                "parameter"
+            } else {
+                "state"
+            };
+            (s.name.clone(), format!("{kind} {}: {}\n", s.name, s.ty))
+        })
         .collect();
-    text.sort();
-    let hash = (text.concat().bytes()).fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
-        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
-    });
-    hash as i64
+    lines.sort();
+    lines.into_iter().map(|(_, l)| l).collect()
 }
 
 /// Sends every value of `scope` from rank `root` to the other ranks, in name order (the same

@@ -80,28 +80,7 @@ pub trait Optimizer {
         loss: Value,
         names: &[String],
     ) -> RuntimeResult<Target> {
-        let ancestors = p.ancestors(loss);
-        let params: Vec<(StateDecl, Value)> = p
-            .params()
-            .iter()
-            .filter(|q| names.contains(&q.name) && ancestors.contains(&q.value))
-            .map(|q| {
-                (
-                    p.module()
-                        .state(&q.name)
-                        .expect("parameters are declared")
-                        .clone(),
-                    q.value,
-                )
-            })
-            .collect();
-        let values: Vec<Value> = params.iter().map(|(_, v)| *v).collect();
-        let grads = p.gradients(loss, &values)?;
-        let updates: Vec<(StateDecl, Value, Value)> = params
-            .into_iter()
-            .zip(grads)
-            .map(|((decl, value), grad)| (decl, value, grad))
-            .collect();
+        let updates = gradient_updates(p, loss, names)?;
         self.apply_gradients(p, &updates, "minimize")
     }
 
@@ -170,6 +149,37 @@ impl<O: Optimizer + ?Sized> Optimizer for Box<O> {
     ) -> RuntimeResult<Target> {
         (**self).apply_gradients(p, updates, suffix)
     }
+}
+
+/// `(parameter, current value, gradient of loss)` for each named parameter that `loss`
+/// depends on: what [`Optimizer::minimize_params`] updates.
+pub fn gradient_updates(
+    p: &mut Program,
+    loss: Value,
+    names: &[String],
+) -> RuntimeResult<Vec<(StateDecl, Value, Value)>> {
+    let ancestors = p.ancestors(loss);
+    let params: Vec<(StateDecl, Value)> = p
+        .params()
+        .iter()
+        .filter(|q| names.contains(&q.name) && ancestors.contains(&q.value))
+        .map(|q| {
+            (
+                p.module()
+                    .state(&q.name)
+                    .expect("parameters are declared")
+                    .clone(),
+                q.value,
+            )
+        })
+        .collect();
+    let values: Vec<Value> = params.iter().map(|(_, v)| *v).collect();
+    let grads = p.gradients(loss, &values)?;
+    Ok(params
+        .into_iter()
+        .zip(grads)
+        .map(|((decl, value), grad)| (decl, value, grad))
+        .collect())
 }
 
 /// Declares a zero-initialised moment of `decl`'s type; returns it and its current value.

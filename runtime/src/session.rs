@@ -275,6 +275,7 @@ fn prepare(
         functions: vec![func],
     };
     verify_module(&module).map_err(|e| RuntimeError::Verify(e.render(&module)))?;
+    kiln_backend::comm::verify::check_function(&module.functions[0])?;
     let executable = match backend {
         Backend::Compiled => {
             let mut pipeline =

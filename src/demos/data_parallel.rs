@@ -39,6 +39,11 @@ pub struct Config {
     pub bucket_bytes: usize,
     /// Fault injection, to see how the others stop: this rank fails at step 2.
     pub fault: Option<(usize, Fault)>,
+    /// Where rank 0 saves the state (parameters and optimizer state) after the last step.
+    pub save: Option<std::path::PathBuf>,
+    /// A checkpoint that rank 0 alone loads, and the step it was saved after: training goes
+    /// on from there exactly as an uninterrupted run.
+    pub resume: Option<(std::path::PathBuf, usize)>,
 }
 
 /// The optimizer every rank (or server) applies.
@@ -55,6 +60,11 @@ pub enum Fault {
     Error,
     /// The process exits at once, telling no one (with in-process ranks, all of them go).
     Exit,
+    /// From the start, the rank buckets its gradients in 1 KiB buckets (a setting that differs
+    /// between ranks): its collectives differ from the others'.
+    Buckets,
+    /// From the start, the rank's hidden layer is one unit wider (a different model).
+    Width,
 }
 
 impl Default for Config {
@@ -69,6 +79,8 @@ impl Default for Config {
             rule: Rule::Adam,
             bucket_bytes: kiln_runtime::distributed::DEFAULT_BUCKET_BYTES,
             fault: None,
+            save: None,
+            resume: None,
         }
     }
 }
@@ -100,6 +112,7 @@ fn model(config: &Config) -> RuntimeResult<(Program, Value)> {
 pub fn train_rank(config: &Config) -> RuntimeResult<RankReport> {
     let comm = Communicator::current();
     let (rank, ranks) = comm.as_ref().map_or((0, 1), |c| (c.rank(), c.size()));
+    let config = &skewed(config, rank);
     let (mut p, loss) = model(config)?;
     let mut optimizer: Box<dyn Optimizer> = match config.rule {
         Rule::Adam => Box::new(Adam::new(config.learning_rate)),
@@ -127,19 +140,36 @@ pub fn train_rank(config: &Config) -> RuntimeResult<RankReport> {
             }
         }
     };
-    let mut session = Session::new(&p)?;
+    let mut scope = kiln_runtime::Scope::new();
+    scope.declare(p.module())?;
+    let first_step = match &config.resume {
+        Some((path, step)) => {
+            // Rank 0 alone reads it (storage only it can reach); the session's start
+            // broadcasts all of the state.
+            if rank == 0 {
+                scope.load(path)?;
+            }
+            *step
+        }
+        None => 0,
+    };
+    let mut session = Session::with_scope(&p, scope)?;
     let dataset = data::digits()?;
     let mut batches = Vec::new();
     let mut last_loss = 0.0;
     let started = std::time::Instant::now();
-    for step in 0..config.steps {
+    for step in first_step..config.steps {
         inject_fault(config, rank, step)?;
         let Some(share) = trainer else {
             session.run(&[Fetch::Target(target)], &[])?;
             continue;
         };
         if batches.is_empty() {
-            let epoch = (step as u64).wrapping_mul(7919);
+            // Each epoch's order depends on the step that starts it, so a run resumed in the
+            // middle of an epoch takes up its order where the first run left it.
+            let per_epoch = (dataset.len() / config.global_batch).max(1);
+            let start = step - step % per_epoch;
+            let epoch = (start as u64).wrapping_mul(7919);
             batches = dataset.shards(
                 config.global_batch,
                 share,
@@ -147,6 +177,7 @@ pub fn train_rank(config: &Config) -> RuntimeResult<RankReport> {
                 Some(config.seed ^ epoch),
             )?;
             batches.reverse();
+            batches.truncate(batches.len().saturating_sub(step - start));
         }
         let batch = batches
             .pop()
@@ -157,8 +188,11 @@ pub fn train_rank(config: &Config) -> RuntimeResult<RankReport> {
         )?;
         last_loss = out[0].to_f64_vec()[0];
     }
+    if let Some(path) = &config.save {
+        session.save(path)?;
+    }
     let seconds = started.elapsed().as_secs_f64();
-    let rows = (config.global_batch / trainers) * config.steps;
+    let rows = (config.global_batch / trainers) * (config.steps - first_step.min(config.steps));
     Ok(RankReport {
         rank,
         examples_per_second: if trainer.is_some() {
@@ -171,9 +205,20 @@ pub fn train_rank(config: &Config) -> RuntimeResult<RankReport> {
     })
 }
 
+/// `config` as rank `rank` sees it when a skew is injected there.
+fn skewed(config: &Config, rank: usize) -> Config {
+    let mut config = config.clone();
+    match config.fault {
+        Some((r, Fault::Buckets)) if r == rank => config.bucket_bytes = 1024,
+        Some((r, Fault::Width)) if r == rank => config.hidden += 1,
+        _ => {}
+    }
+    config
+}
+
 fn inject_fault(config: &Config, rank: usize, step: usize) -> RuntimeResult<()> {
     match config.fault {
-        Some((r, fault)) if r == rank && step == 2 => {
+        Some((r, fault @ (Fault::Error | Fault::Exit))) if r == rank && step == 2 => {
             if fault == Fault::Exit {
                 eprintln!("rank {rank}: exiting at step {step} (injected)");
                 std::process::exit(3);
@@ -201,12 +246,16 @@ fn mean_over_trainers(
 
 /// Parses the example's arguments: `--threads N`, `--steps S`, `--mode allreduce|ps`,
 /// `--servers K`, `--batch B`, `--bucket-kib K`, and for fault injection `--fail-rank R`
-/// (rank R returns an error at step 2) or `--exit-rank R` (its process exits there).
+/// (rank R returns an error at step 2), `--exit-rank R` (its process exits there),
+/// `--skew-buckets-rank R` (rank R buckets differently) or `--skew-width-rank R` (rank R's
+/// model is wider); `--save PATH` (rank 0 saves the state after the last step) and
+/// `--resume PATH --from-step S` (rank 0 alone loads it; steps S.. follow).
 pub fn parse_args(args: impl Iterator<Item = String>) -> Result<(Config, usize), String> {
     let mut config = Config::default();
     let mut threads = 1;
     let mut servers = 1;
     let mut ps = false;
+    let (mut resume, mut from_step) = (None, None);
     let mut args = args;
     while let Some(arg) = args.next() {
         let mut value = |name: &str| args.next().ok_or(format!("{name} needs a value"));
@@ -225,6 +274,17 @@ pub fn parse_args(args: impl Iterator<Item = String>) -> Result<(Config, usize),
             "--exit-rank" => {
                 config.fault = Some((number(value("--exit-rank")?, "--exit-rank")?, Fault::Exit))
             }
+            "--save" => config.save = Some(value(&arg)?.into()),
+            "--resume" => resume = Some(std::path::PathBuf::from(value(&arg)?)),
+            "--from-step" => from_step = Some(number(value(&arg)?, &arg)?),
+            "--skew-buckets-rank" => {
+                let rank = number(value(&arg)?, &arg)?;
+                config.fault = Some((rank, Fault::Buckets))
+            }
+            "--skew-width-rank" => {
+                let rank = number(value(&arg)?, &arg)?;
+                config.fault = Some((rank, Fault::Width))
+            }
             "--bucket-kib" => {
                 config.bucket_bytes = 1024 * number(value("--bucket-kib")?, "--bucket-kib")?
             }
@@ -239,6 +299,11 @@ pub fn parse_args(args: impl Iterator<Item = String>) -> Result<(Config, usize),
     if ps {
         config.mode = Mode::ParameterServer { servers };
     }
+    config.resume = match (resume, from_step) {
+        (Some(path), Some(step)) => Some((path, step)),
+        (None, None) => None,
+        _ => return Err("--resume PATH and --from-step S go together".into()),
+    };
     if threads == 0 {
         return Err("--threads must be at least 1".into());
     }
@@ -267,7 +332,8 @@ pub fn run_threads(config: &Config, threads: usize) -> Result<Vec<RankReport>, R
     if threads == 1 {
         return Ok(vec![train_rank(config)?]);
     }
-    kiln_backend::comm::local::run(threads, |_| train_rank(config))
+    let config = config.clone();
+    kiln_backend::comm::local::run(threads, move |_| train_rank(&config))
         .into_iter()
         .collect()
 }

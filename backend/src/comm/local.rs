@@ -6,11 +6,19 @@
 use super::{CommError, Communicator, Transport};
 use crate::Array;
 use std::collections::{HashMap, VecDeque};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError, mpsc};
+use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-/// `size` communicators over one in-process group, rank 0 first.
+/// `size` communicators over one in-process group, rank 0 first, waiting at most the
+/// default timeout ([`super::DEFAULT_TIMEOUT`], or `KILN_COMM_TIMEOUT`).
 pub fn group(size: usize) -> Vec<Communicator> {
+    group_with_timeout(size, super::timeout_from_env())
+}
+
+/// `size` communicators over one in-process group whose waits end after `timeout`.
+pub fn group_with_timeout(size: usize, timeout: Duration) -> Vec<Communicator> {
     let group = Arc::new(Group {
         size,
         state: Mutex::new(State {
@@ -21,61 +29,116 @@ pub fn group(size: usize) -> Vec<Communicator> {
     });
     (0..size)
         .map(|rank| {
-            Communicator::new(Local {
+            let local = Local {
                 rank,
                 group: group.clone(),
-                timeout: super::timeout_from_env(),
-            })
+                timeout,
+            };
+            Communicator::new(local).with_timeout(timeout)
         })
         .collect()
 }
 
 /// Runs `f` on `size` threads, each with its rank's communicator installed, and returns their
 /// results in rank order. A rank that returns an error or panics aborts the group, so the
-/// others fail instead of waiting.
+/// others fail instead of waiting; a panic is raised again here once the others have ended.
+///
+/// It never hangs: a rank that neither returns nor communicates within the timeout
+/// ([`super::DEFAULT_TIMEOUT`], `KILN_COMM_TIMEOUT`) of the last other rank's end is reported
+/// as [`CommError::Stuck`] and left running.
 ///
 /// Each rank is a device: its parallel kernels run on a thread pool of its own, with the
 /// machine's cores shared out among the ranks (one each, at least), so that ranks do not
 /// queue behind each other in one pool.
-pub fn run<R: Send, E: std::fmt::Display + Send>(
-    size: usize,
-    f: impl Fn(&Communicator) -> Result<R, E> + Sync,
-) -> Vec<Result<R, E>> {
+pub fn run<R, E, F>(size: usize, f: F) -> Vec<Result<R, E>>
+where
+    R: Send + 'static,
+    E: std::fmt::Display + From<CommError> + Send + 'static,
+    F: Fn(&Communicator) -> Result<R, E> + Send + Sync + 'static,
+{
+    run_with_timeout(size, super::timeout_from_env(), f)
+}
+
+/// [`run`] with every wait bounded by `timeout`.
+pub fn run_with_timeout<R, E, F>(size: usize, timeout: Duration, f: F) -> Vec<Result<R, E>>
+where
+    R: Send + 'static,
+    E: std::fmt::Display + From<CommError> + Send + 'static,
+    F: Fn(&Communicator) -> Result<R, E> + Send + Sync + 'static,
+{
     let cores = std::thread::available_parallelism().map_or(1, usize::from);
     let per_rank = (cores / size.max(1)).max(1);
-    let comms = group(size);
-    std::thread::scope(|scope| {
-        let handles: Vec<_> = comms
-            .into_iter()
-            .map(|comm| {
-                let f = &f;
-                scope.spawn(move || {
-                    let rank = comm.rank();
-                    let pool = rayon::ThreadPoolBuilder::new()
-                        .num_threads(per_rank)
-                        .thread_name(move |i| format!("kiln-rank{rank}-{i}"))
-                        .build();
-                    // The communicator is the calling thread's: install it where `f` runs.
-                    let run = || {
-                        let _installed = comm.install();
-                        f(&comm)
-                    };
-                    let result = match pool {
-                        Ok(pool) => pool.install(run),
-                        Err(_) => run(),
-                    };
-                    if let Err(e) = &result {
-                        comm.abort(&e.to_string());
+    let f = Arc::new(f);
+    let (done, finished) = mpsc::channel();
+    let handles: Vec<JoinHandle<()>> = (group_with_timeout(size, timeout).into_iter())
+        .map(|comm| {
+            let (f, done) = (f.clone(), done.clone());
+            let rank = comm.rank();
+            std::thread::Builder::new()
+                .name(format!("kiln-rank{rank}"))
+                .spawn(move || {
+                    let result = catch_unwind(AssertUnwindSafe(|| run_rank(&comm, per_rank, &*f)));
+                    match &result {
+                        Ok(Err(e)) => comm.abort(&e.to_string()),
+                        Err(_) => comm.abort("it panicked"),
+                        Ok(Ok(_)) => {}
                     }
-                    result
+                    // Leave the group before reporting, so that the others stop waiting.
+                    drop(comm);
+                    let _ = done.send((rank, result));
                 })
-            })
-            .collect();
-        handles
-            .into_iter()
-            .map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
-            .collect()
-    })
+                .expect("a thread per rank")
+        })
+        .collect();
+    drop(done);
+    let mut results: Vec<Option<std::thread::Result<Result<R, E>>>> =
+        (0..size).map(|_| None).collect();
+    let mut deadline: Option<Instant> = None;
+    for _ in 0..size {
+        let next = match deadline {
+            None => finished.recv().ok(),
+            Some(d) => finished
+                .recv_timeout(d.saturating_duration_since(Instant::now()))
+                .ok(),
+        };
+        let Some((rank, result)) = next else { break };
+        results[rank] = Some(result);
+        deadline = Some(Instant::now() + timeout);
+    }
+    for (handle, result) in handles.into_iter().zip(&results) {
+        if result.is_some() {
+            let _ = handle.join();
+        }
+    }
+    (results.into_iter().enumerate())
+        .map(|(rank, result)| match result {
+            Some(Ok(r)) => r,
+            Some(Err(panic)) => std::panic::resume_unwind(panic),
+            None => Err(CommError::Stuck { rank, timeout }.into()),
+        })
+        .collect()
+}
+
+/// One rank's `f`, on a thread pool of `threads` with the communicator installed where `f`
+/// runs.
+fn run_rank<R: Send, E: Send>(
+    comm: &Communicator,
+    threads: usize,
+    f: &(impl Fn(&Communicator) -> Result<R, E> + Sync),
+) -> Result<R, E> {
+    let rank = comm.rank();
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .thread_name(move |i| format!("kiln-rank{rank}-{i}"))
+        .build();
+    let run = || {
+        let _installed = comm.install();
+        f(comm)
+    };
+    match pool {
+        Ok(pool) => pool.install(run),
+        Err(_) => run(),
+    }
 }
 
 struct Group {

@@ -22,6 +22,7 @@
 pub mod local;
 #[cfg(feature = "mpi")]
 pub mod mpi;
+pub mod verify;
 
 use crate::Array;
 use kiln_ir::DType;
@@ -59,6 +60,18 @@ pub enum CommError {
         /// The operation.
         op: &'static str,
         /// How long it waited.
+        timeout: Duration,
+    },
+    /// A rank of [`local::run`] neither returned nor communicated within the timeout after
+    /// the others ended; its thread was left running.
+    #[error(
+        "rank {rank} neither returned nor communicated within {timeout:?} after the other \
+         ranks ended; it was left running (set KILN_COMM_TIMEOUT to wait longer)"
+    )]
+    Stuck {
+        /// The rank.
+        rank: usize,
+        /// How long it was waited for.
         timeout: Duration,
     },
     /// The ranks disagree about the operation (different programs, or different shapes).
@@ -273,6 +286,39 @@ impl Communicator {
             op,
             timeout: self.timeout,
         })
+    }
+
+    /// Every rank's `text`, in rank order, on every rank: the lengths summed into one vector,
+    /// then the texts, each in its own word-aligned span of another (a sum with zeros elsewhere
+    /// is exact).
+    pub fn all_gather_text(&self, text: &str) -> Result<Vec<String>, CommError> {
+        let (rank, size) = (self.rank(), self.size());
+        let mut lengths = vec![0i64; size];
+        lengths[rank] = text.len() as i64;
+        let lengths = one_i64(self.all_reduce(&[&i64s(lengths)], false)?.wait()?, size)?;
+        let words = |len: i64| (len as usize).div_ceil(8);
+        let starts: Vec<usize> = (lengths.iter())
+            .scan(0, |at, &len| {
+                let start = *at;
+                *at += words(len);
+                Some(start)
+            })
+            .collect();
+        let total = starts[size - 1] + words(lengths[size - 1]);
+        let mut packed = vec![0i64; total];
+        for (i, chunk) in text.as_bytes().chunks(8).enumerate() {
+            let mut word = [0u8; 8];
+            word[..chunk.len()].copy_from_slice(chunk);
+            packed[starts[rank] + i] = i64::from_le_bytes(word);
+        }
+        let packed = one_i64(self.all_reduce(&[&i64s(packed)], false)?.wait()?, total)?;
+        Ok((0..size)
+            .map(|r| {
+                let span = &packed[starts[r]..starts[r] + words(lengths[r])];
+                let bytes: Vec<u8> = span.iter().flat_map(|w| w.to_le_bytes()).collect();
+                String::from_utf8_lossy(&bytes[..lengths[r] as usize]).into_owned()
+            })
+            .collect())
     }
 
     /// Tells the other ranks that this one failed with `message`: their waits end with
@@ -658,4 +704,19 @@ pub fn start(
         pending: pending.map_err(|e| e.to_string())?,
         send,
     })
+}
+
+fn i64s(v: Vec<i64>) -> Array {
+    Array::I64(ndarray::Array1::from(v).into_dyn())
+}
+
+/// The one `i64` vector of `len` elements an all-reduce of one gave back.
+fn one_i64(arrays: Vec<Array>, len: usize) -> Result<Vec<i64>, CommError> {
+    match arrays.into_iter().next() {
+        Some(Array::I64(a)) if a.len() == len => Ok(a.iter().copied().collect()),
+        _ => Err(CommError::Transport {
+            rank: 0,
+            message: "the exchange of communication ops returned the wrong shape".into(),
+        }),
+    }
 }

@@ -71,6 +71,12 @@ pub enum EagerError {
     Usage(String),
 }
 
+impl From<kiln_backend::comm::CommError> for EagerError {
+    fn from(e: kiln_backend::comm::CommError) -> EagerError {
+        EagerError::Runtime(e.into())
+    }
+}
+
 /// The result of an eager operation.
 pub type EagerResult<T> = Result<T, EagerError>;
 
