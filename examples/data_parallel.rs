@@ -9,8 +9,10 @@
 //!     mpirun -n 3 target/release/examples/data_parallel --mode ps --steps 50
 //!         (rank 0 the parameter server; `--servers K` for K server ranks)
 //!
-//! Options: `--batch B` (the global batch, 240; a multiple of the training ranks),
-//! `--bucket-kib K` (the all-reduce bucket size), `--save PATH` (rank 0 saves the state after
+//! Options: `--batch B` (the global batch, 240; a multiple of the training ranks), `--hidden H`
+//! (the hidden layer's width, 64),
+//! `--bucket-kib K` (the all-reduce bucket size), `--zero` (ZeRO stage 1: the optimizer state
+//! sharded over the ranks), `--save PATH` (rank 0 saves the state after
 //! the last step), `--resume PATH --from-step S` (rank 0 alone loads that checkpoint; steps
 //! S.. follow, as in an uninterrupted run).
 

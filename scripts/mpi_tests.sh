@@ -74,6 +74,8 @@ run_and_compare() {
 EXTRA=();                   run_and_compare "all-reduce, 2 ranks" -n 2
 EXTRA=();                   run_and_compare "all-reduce, 3 ranks" -n 3 --oversubscribe
 EXTRA=(--bucket-kib 4);     run_and_compare "all-reduce, 3 ranks, 4 KiB buckets" -n 3 --oversubscribe
+EXTRA=(--zero);             run_and_compare "ZeRO-1, 2 ranks" -n 2
+EXTRA=(--zero);             run_and_compare "ZeRO-1, 3 ranks" -n 3 --oversubscribe
 EXTRA=(--mode ps);          run_and_compare "parameter server, 1 trainer" -n 2
 EXTRA=(--mode ps);          run_and_compare "parameter server, 2 trainers" -n 3 --oversubscribe
 EXTRA=(--mode ps --servers 2); run_and_compare "2 parameter servers, 2 trainers" -n 4 --oversubscribe

@@ -694,6 +694,30 @@ impl FunctionBuilder {
         self.insert(Op::AllReduce { op }, values)
     }
 
+    /// The sum or mean of `values` over `ranks` ranks, each rank given its block of the
+    /// first axis, as one message.
+    #[track_caller]
+    pub fn reduce_scatter(
+        &mut self,
+        op: AllReduceOp,
+        values: &[Value],
+        ranks: usize,
+    ) -> BuildResult<Vec<Value>> {
+        self.insert(Op::ReduceScatter { op, ranks }, values)
+    }
+
+    /// Every rank's `values` concatenated along the first axis in rank order, on every rank.
+    #[track_caller]
+    pub fn all_gather(&mut self, values: &[Value], ranks: usize) -> BuildResult<Vec<Value>> {
+        self.insert(Op::AllGather { ranks }, values)
+    }
+
+    /// This rank's block of each of `values`' first axis, split into `ranks` blocks.
+    #[track_caller]
+    pub fn shard(&mut self, values: &[Value], ranks: usize) -> BuildResult<Vec<Value>> {
+        self.insert(Op::Shard { ranks }, values)
+    }
+
     /// Rank `root`'s `values`, on every rank.
     #[track_caller]
     pub fn collective_broadcast(

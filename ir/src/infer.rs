@@ -70,6 +70,9 @@ fn check_counts(op: &Op, args: &[&Type], regions: &[RegionTypes<'_>]) -> Result<
         | Op::Fused
         | Op::Call { .. }
         | Op::AllReduce { .. }
+        | Op::ReduceScatter { .. }
+        | Op::AllGather { .. }
+        | Op::Shard { .. }
         | Op::CollectiveBroadcast { .. }
         | Op::Send { .. } => None,
         Op::Recv { .. } => Some(0),
@@ -532,6 +535,26 @@ fn rule(op: &Op, args: &[&Type], regions: &[RegionTypes<'_>]) -> Result<Vec<Type
             };
             communicated(args, class)
         }
+        Op::ReduceScatter { op, ranks } => {
+            let class = match op {
+                AllReduceOp::Sum => DTypeClass::Numeric,
+                AllReduceOp::Mean => DTypeClass::Float,
+            };
+            split_among(&communicated(args, class)?, *ranks)
+        }
+        Op::Shard { ranks } => split_among(&communicated(args, DTypeClass::Any)?, *ranks),
+        Op::AllGather { ranks } => {
+            let types = communicated(args, DTypeClass::Any)?;
+            (types.into_iter().enumerate())
+                .map(|(i, ty)| {
+                    let mut dims = leading_axis(&ty, i)?;
+                    dims[0] = dims[0].checked_mul(*ranks).ok_or_else(|| {
+                        format!("operand {i} is {ty}; {ranks} ranks' blocks overflow its size")
+                    })?;
+                    Ok(Type::new(ty.dtype, Shape::fixed(&dims)))
+                })
+                .collect()
+        }
         Op::CollectiveBroadcast { .. } => communicated(args, DTypeClass::Any),
         Op::Send { .. } => communicated(args, DTypeClass::Any).map(|_| Vec::new()),
         Op::Recv { results, .. } if results.is_empty() => {
@@ -563,6 +586,35 @@ fn communicated(args: &[&Type], class: DTypeClass) -> Result<Vec<Type>, String> 
         }
     }
     Ok(args.iter().map(|&t| t.clone()).collect())
+}
+
+/// Each type's first axis divided into `ranks` blocks: one block's type.
+fn split_among(types: &[Type], ranks: usize) -> Result<Vec<Type>, String> {
+    if ranks == 0 {
+        return Err("needs `ranks` of at least 1".into());
+    }
+    (types.iter().enumerate())
+        .map(|(i, ty)| {
+            let mut dims = leading_axis(ty, i)?;
+            if dims[0] % ranks != 0 {
+                return Err(format!(
+                    "operand {i} is {ty}; its first axis must split evenly into {ranks} blocks"
+                ));
+            }
+            dims[0] /= ranks;
+            Ok(Type::new(ty.dtype, Shape::fixed(&dims)))
+        })
+        .collect()
+}
+
+/// The fixed dims of operand `i`, which must have a first axis.
+fn leading_axis(ty: &Type, i: usize) -> Result<Vec<usize>, String> {
+    match ty.shape.as_fixed() {
+        Some(dims) if !dims.is_empty() => Ok(dims.to_vec()),
+        _ => Err(format!(
+            "operand {i} is {ty}; it needs a first axis to split among the ranks"
+        )),
+    }
 }
 
 /// The shape after reducing the axes marked in `reduced`.

@@ -555,6 +555,27 @@ pub enum Op {
         /// Sum or mean.
         op: AllReduceOp,
     },
+    /// Every rank's operands combined elementwise, and each rank given its part: the
+    /// operands' first axis, `ranks` times each result's, split into `ranks` blocks, block
+    /// `r` to rank `r` (ZeRO's gradient sharding). Several operands make one message.
+    ReduceScatter {
+        /// Sum or mean.
+        op: AllReduceOp,
+        /// How many ranks the program is built for (the results' types depend on it).
+        ranks: usize,
+    },
+    /// Every rank's operands, concatenated along the first axis in rank order, on every rank
+    /// (the inverse of [`Op::ReduceScatter`]'s split).
+    AllGather {
+        /// How many ranks the program is built for.
+        ranks: usize,
+    },
+    /// This rank's block of each operand: the first axis split into `ranks` blocks, block `r`
+    /// on rank `r` (what [`Op::ReduceScatter`] gives, without communicating).
+    Shard {
+        /// How many ranks the program is built for.
+        ranks: usize,
+    },
     /// The `root` rank's operands, on every rank (XLA's `collective-broadcast`; `broadcast`
     /// is the shape op).
     CollectiveBroadcast {
@@ -720,6 +741,12 @@ impl Op {
                 AllReduceOp::Sum => "all_reduce_sum",
                 AllReduceOp::Mean => "all_reduce_mean",
             },
+            Op::ReduceScatter { op, .. } => match op {
+                AllReduceOp::Sum => "reduce_scatter_sum",
+                AllReduceOp::Mean => "reduce_scatter_mean",
+            },
+            Op::AllGather { .. } => "all_gather",
+            Op::Shard { .. } => "shard",
             Op::CollectiveBroadcast { .. } => "collective_broadcast",
             Op::Send { .. } => "send",
             Op::Recv { .. } => "recv",
@@ -752,6 +779,9 @@ impl Op {
             Op::Cond | Op::While | Op::Fused => OpClass::Control,
             Op::Call { .. } => OpClass::Call,
             Op::AllReduce { .. }
+            | Op::ReduceScatter { .. }
+            | Op::AllGather { .. }
+            | Op::Shard { .. }
             | Op::CollectiveBroadcast { .. }
             | Op::Send { .. }
             | Op::Recv { .. } => OpClass::Communication,
@@ -786,6 +816,9 @@ impl Op {
             | Op::Fused
             | Op::Call { .. }
             | Op::AllReduce { .. }
+            | Op::ReduceScatter { .. }
+            | Op::AllGather { .. }
+            | Op::Shard { .. }
             | Op::CollectiveBroadcast { .. }
             | Op::Send { .. }
             | Op::Recv { .. } => Cost::Opaque,
@@ -873,6 +906,9 @@ impl Op {
             Op::Conv2d { attrs, .. } => attrs.attributes(),
             Op::Pool2d { attrs, .. } => attrs.attributes(),
             Op::CollectiveBroadcast { root } => vec![("root", Attr::Int(*root as i128))],
+            Op::ReduceScatter { ranks, .. } | Op::AllGather { ranks } | Op::Shard { ranks } => {
+                vec![("ranks", Attr::Int(*ranks as i128))]
+            }
             Op::Send { peer, tag } | Op::Recv { peer, tag, .. } => vec![
                 ("peer", Attr::Int(*peer as i128)),
                 ("tag", Attr::Int(*tag as i128)),
@@ -1060,6 +1096,20 @@ impl Op {
                 "all_reduce_mean" => Op::AllReduce {
                     op: AllReduceOp::Mean,
                 },
+                "reduce_scatter_sum" => Op::ReduceScatter {
+                    op: AllReduceOp::Sum,
+                    ranks: attrs.usize("ranks")?,
+                },
+                "reduce_scatter_mean" => Op::ReduceScatter {
+                    op: AllReduceOp::Mean,
+                    ranks: attrs.usize("ranks")?,
+                },
+                "all_gather" => Op::AllGather {
+                    ranks: attrs.usize("ranks")?,
+                },
+                "shard" => Op::Shard {
+                    ranks: attrs.usize("ranks")?,
+                },
                 "collective_broadcast" => Op::CollectiveBroadcast {
                     root: attrs.usize("root")?,
                 },
@@ -1210,6 +1260,16 @@ impl Op {
             Op::AllReduce {
                 op: AllReduceOp::Mean,
             },
+            Op::ReduceScatter {
+                op: AllReduceOp::Sum,
+                ranks: 1,
+            },
+            Op::ReduceScatter {
+                op: AllReduceOp::Mean,
+                ranks: 1,
+            },
+            Op::AllGather { ranks: 1 },
+            Op::Shard { ranks: 1 },
             Op::CollectiveBroadcast { root: 0 },
             Op::Send { peer: 0, tag: 0 },
             Op::Recv {
@@ -1251,6 +1311,9 @@ impl Op {
                 | Op::Fused
                 | Op::Call { .. }
                 | Op::AllReduce { .. }
+                | Op::ReduceScatter { .. }
+                | Op::AllGather { .. }
+                | Op::Shard { .. }
                 | Op::CollectiveBroadcast { .. }
                 | Op::Send { .. }
                 | Op::Recv { .. } => {}

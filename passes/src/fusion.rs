@@ -75,6 +75,9 @@ pub(crate) fn fusible(op: &Op) -> bool {
         | Op::Fused
         | Op::Call { .. }
         | Op::AllReduce { .. }
+        | Op::ReduceScatter { .. }
+        | Op::AllGather { .. }
+        | Op::Shard { .. }
         | Op::CollectiveBroadcast { .. }
         | Op::Send { .. }
         | Op::Recv { .. } => false,

@@ -33,7 +33,12 @@ module {
     %v = recv {peer=1, tag=3} : f32[4]
     %e = exp %v : f32[4]
     %bw, %bx = collective_broadcast %e, %w {root=0} : f32[4], f32[4]
-    %out = add %bw, %bx : f32[4]
+    %rs = reduce_scatter_mean %bw {ranks=2} : f32[2]
+    %unused_rs = reduce_scatter_sum %x {ranks=2} : f32[2]
+    %sh = shard %bx {ranks=2} : f32[2]
+    %sum2 = add %rs, %sh : f32[2]
+    %gathered = all_gather %sum2 {ranks=2} : f32[4]
+    %out = add %gathered, %bx : f32[4]
     return %out
   }
 }
@@ -67,7 +72,7 @@ fn module() -> Module {
 fn check_after(passes: &[&str]) {
     let mut m = module();
     let before = effects(&m.functions[0]);
-    assert_eq!(before.len(), 8, "{before:#?}");
+    assert_eq!(before.len(), 12, "{before:#?}");
     let mut manager = PassManager::new();
     for name in passes {
         manager = manager.with_pass(pass_by_name(name).unwrap());
@@ -81,13 +86,16 @@ fn check_after(passes: &[&str]) {
             matches!(
                 m.functions[0].inst(i).op,
                 Op::AllReduce { .. }
+                    | Op::ReduceScatter { .. }
+                    | Op::AllGather { .. }
+                    | Op::Shard { .. }
                     | Op::CollectiveBroadcast { .. }
                     | Op::Send { .. }
                     | Op::Recv { .. }
             )
         })
         .count();
-    assert_eq!(comms, 7);
+    assert_eq!(comms, 11);
 }
 
 macro_rules! keeps_communication {

@@ -22,7 +22,7 @@ use crate::program::{Program, Target};
 use crate::scope::Scope;
 use kiln_backend::Array;
 pub use kiln_backend::comm::{CommError, Communicator, local};
-use kiln_ir::{AllReduceOp, BinaryOp, Inst, Op, StateDecl, Value};
+use kiln_ir::{AllReduceOp, AxisSlice, BinaryOp, Inst, Op, StateDecl, Value};
 use std::collections::HashMap;
 
 /// The default bucket size: 1 MiB. (PyTorch DDP caps buckets at 25 MiB with a first bucket
@@ -36,6 +36,8 @@ pub struct DataParallel<O> {
     inner: O,
     bucket_bytes: usize,
     allow_unused: bool,
+    /// ZeRO stage 1 over this many ranks: optimizer state sharded.
+    shard_over: Option<usize>,
 }
 
 impl<O: Optimizer> DataParallel<O> {
@@ -45,7 +47,20 @@ impl<O: Optimizer> DataParallel<O> {
             inner,
             bucket_bytes: DEFAULT_BUCKET_BYTES,
             allow_unused: false,
+            shard_over: None,
         }
+    }
+
+    /// ZeRO stage 1 over `ranks` ranks (the run's size, fixed when the program is built):
+    /// each bucket of gradients is reduce-scattered instead of all-reduced, each rank updates
+    /// its block of every parameter (flattened, zero-padded to a multiple of `ranks`) with
+    /// optimizer state for that block alone — 1/`ranks` of the moments — and the new blocks
+    /// are all-gathered into the parameters. The inner rule must be elementwise (SGD,
+    /// momentum, Adam are). Checkpoints of such a run hold rank 0's block only, so
+    /// [`Session::save`](crate::Session::save) refuses them.
+    pub fn with_sharded_state(mut self, ranks: usize) -> DataParallel<O> {
+        self.shard_over = Some(ranks.max(1));
+        self
     }
 
     /// Leaves parameters that the loss does not depend on unchanged, instead of refusing them
@@ -111,12 +126,115 @@ impl<O: Optimizer> Optimizer for DataParallel<O> {
         updates: &[(StateDecl, Value, Value)],
         suffix: &str,
     ) -> RuntimeResult<Target> {
+        if let Some(ranks) = self.shard_over {
+            return self.apply_sharded(p, updates, suffix, ranks);
+        }
         let grads: Vec<Value> = updates.iter().map(|u| u.2).collect();
         let averaged = all_reduce_mean_buckets(p, &grads, self.bucket_bytes)?;
         let updates: Vec<(StateDecl, Value, Value)> = (updates.iter().zip(averaged))
             .map(|((decl, value, _), grad)| (decl.clone(), *value, grad))
             .collect();
         self.inner.apply_gradients(p, &updates, suffix)
+    }
+}
+
+impl<O: Optimizer> DataParallel<O> {
+    /// ZeRO stage 1's update ops (see [`DataParallel::with_sharded_state`]).
+    fn apply_sharded(
+        &mut self,
+        p: &mut Program,
+        updates: &[(StateDecl, Value, Value)],
+        suffix: &str,
+        ranks: usize,
+    ) -> RuntimeResult<Target> {
+        let grads: Vec<Value> = updates.iter().map(|u| u.2).collect();
+        let mut stores = Vec::new();
+        let mut previous: Option<Inst> = None;
+        for bucket in buckets(p, &grads, self.bucket_bytes) {
+            let flat: Vec<Value> = (bucket.iter())
+                .map(|&i| flat_padded(p, grads[i], ranks))
+                .collect::<RuntimeResult<_>>()?;
+            let grad_blocks = p.reduce_scatter(AllReduceOp::Mean, &flat, ranks)?;
+            let inst = p.last_inst().expect("the reduce-scatter was just added");
+            p.hoist(inst, previous);
+            previous = Some(inst);
+            let params: Vec<Value> = (bucket.iter())
+                .map(|&i| flat_padded(p, updates[i].1, ranks))
+                .collect::<RuntimeResult<_>>()?;
+            let param_blocks = p.shard(&params, ranks)?;
+            let mut new_blocks = Vec::new();
+            for (k, &i) in bucket.iter().enumerate() {
+                let decl = &updates[i].0;
+                let block = StateDecl {
+                    ty: p.graph().value_type(param_blocks[k]).clone(),
+                    ..decl.clone()
+                };
+                let update = crate::optim::Update {
+                    decl: &block,
+                    value: param_blocks[k],
+                    grad: grad_blocks[k],
+                };
+                let step = self.inner.step(p, &update)?;
+                for (state, next) in &step.state {
+                    p.mark_sharded(&state.name);
+                    stores.push(p.store(state, *next)?);
+                }
+                new_blocks.push(step.param);
+            }
+            let gathered = p.all_gather(&new_blocks, ranks)?;
+            for (&i, full) in bucket.iter().zip(gathered) {
+                let decl = &updates[i].0;
+                let n = decl
+                    .ty
+                    .shape
+                    .as_fixed()
+                    .map_or(0, |d| d.iter().product::<usize>());
+                let exact = match n % ranks {
+                    0 => full,
+                    _ => p.slice(
+                        full,
+                        vec![AxisSlice::Range {
+                            start: 0,
+                            end: n,
+                            step: 1,
+                        }],
+                    )?,
+                };
+                let value = p.reshape(exact, decl.ty.shape.clone())?;
+                stores.push(p.store(decl, value)?);
+            }
+        }
+        for (state, next) in self.inner.finish(p)? {
+            stores.push(p.store(&state, next)?);
+        }
+        let name = format!("{}.{suffix}", self.inner.name());
+        p.add_target(&name, stores)
+    }
+}
+
+/// `x` flattened and zero-padded to a multiple of `ranks` elements, its ops placed right
+/// after `x`'s definition (so that a gradient's bucket can be sent while the backward pass
+/// goes on).
+fn flat_padded(p: &mut Program, x: Value, ranks: usize) -> RuntimeResult<Value> {
+    let ty = p.graph().value_type(x).clone();
+    let n: usize = ty.shape.as_fixed().map_or(0, |d| d.iter().product());
+    let flat = p.reshape(x, kiln_ir::Shape::fixed(&[n]))?;
+    place_after_operands(p, flat);
+    let padded = n.div_ceil(ranks) * ranks;
+    if padded == n {
+        return Ok(flat);
+    }
+    let out = p.pad(flat, vec![0], vec![padded - n], vec![0])?;
+    place_after_operands(p, out);
+    Ok(out)
+}
+
+/// Moves the instruction defining `v`, if it is the last one, up to just after its operands.
+fn place_after_operands(p: &mut Program, v: Value) {
+    if let Some(inst) = p.last_inst()
+        && p.graph().inst(inst).results.contains(&v)
+    {
+        p.hoist(inst, None);
     }
 }
 

@@ -47,6 +47,8 @@ pub struct Program {
     params: Vec<Param>,
     /// State adopted without being trained (see [`Program::adopt_state`]).
     adopted: Vec<(String, Value)>,
+    /// State each rank holds its own block of (ZeRO's optimizer state): never broadcast.
+    sharded: Vec<String>,
     targets: Vec<TargetData>,
     seed: u64,
 }
@@ -93,6 +95,7 @@ impl Program {
             placeholders: Vec::new(),
             params: Vec::new(),
             adopted: Vec::new(),
+            sharded: Vec::new(),
             targets: Vec::new(),
             seed,
         }
@@ -127,6 +130,19 @@ impl Program {
             value: v,
         });
         Ok(v)
+    }
+
+    /// Marks state `name` as sharded: each rank holds its own block (ZeRO's optimizer
+    /// state), so a session start does not make it equal across ranks.
+    pub fn mark_sharded(&mut self, name: &str) {
+        if !self.sharded.iter().any(|n| n == name) {
+            self.sharded.push(name.to_owned());
+        }
+    }
+
+    /// The state marked by [`Program::mark_sharded`].
+    pub fn sharded_states(&self) -> &[String] {
+        &self.sharded
     }
 
     /// Makes already-declared state (the eager scope's running statistics, say) state of this

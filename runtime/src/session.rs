@@ -416,7 +416,18 @@ impl Session {
     /// of several ranks only rank 0 writes, since every rank holds the same state; the others
     /// return `Ok(false)`.
     pub fn save(&self, path: &std::path::Path) -> RuntimeResult<bool> {
-        let rank = kiln_backend::comm::Communicator::current().map_or(0, |c| c.rank());
+        let comm = kiln_backend::comm::Communicator::current();
+        if comm.as_ref().is_some_and(|c| c.size() > 1)
+            && let Some(name) = self.program.sharded_states().first()
+        {
+            return Err(RuntimeError::Usage(format!(
+                "this program's optimizer state is sharded over the ranks (ZeRO; `{name}` and \
+                 {} more), so rank 0's checkpoint would hold only its block of it; train \
+                 without `with_sharded_state` to save checkpoints",
+                self.program.sharded_states().len() - 1
+            )));
+        }
+        let rank = comm.map_or(0, |c| c.rank());
         if rank != 0 {
             return Ok(false);
         }

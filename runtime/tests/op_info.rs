@@ -123,6 +123,21 @@ fn cases() -> Vec<Case> {
         case("all_reduce_mean", vec![f(&[2, 3], 41)], true, |b, v| {
             Ok(b.all_reduce(AllReduceOp::Mean, &[v[0]])?[0])
         }),
+        case("reduce_scatter_sum", vec![f(&[2, 3], 43)], false, |b, v| {
+            Ok(b.reduce_scatter(AllReduceOp::Sum, &[v[0]], 1)?[0])
+        }),
+        case(
+            "reduce_scatter_mean",
+            vec![f(&[2, 3], 44)],
+            false,
+            |b, v| Ok(b.reduce_scatter(AllReduceOp::Mean, &[v[0]], 1)?[0]),
+        ),
+        case("all_gather", vec![f(&[2, 3], 45)], false, |b, v| {
+            Ok(b.all_gather(&[v[0]], 1)?[0])
+        }),
+        case("shard", vec![f(&[2, 3], 46)], false, |b, v| {
+            Ok(b.shard(&[v[0]], 1)?[0])
+        }),
         case("collective_broadcast", vec![f(&[3], 42)], false, |b, v| {
             Ok(b.collective_broadcast(&[v[0]], 0)?[0])
         }),

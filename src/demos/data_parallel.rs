@@ -37,6 +37,8 @@ pub struct Config {
     /// hides a uniform scale).
     pub rule: Rule,
     pub bucket_bytes: usize,
+    /// ZeRO stage 1: the optimizer state sharded over the ranks (all-reduce mode).
+    pub zero: bool,
     /// Fault injection, to see how the others stop: this rank fails at step 2.
     pub fault: Option<(usize, Fault)>,
     /// Where rank 0 saves the state (parameters and optimizer state) after the last step.
@@ -78,6 +80,7 @@ impl Default for Config {
             mode: Mode::AllReduce,
             rule: Rule::Adam,
             bucket_bytes: kiln_runtime::distributed::DEFAULT_BUCKET_BYTES,
+            zero: false,
             fault: None,
             save: None,
             resume: None,
@@ -94,6 +97,9 @@ pub struct RankReport {
     /// The last step's loss over the whole global batch (the mean of the trainers' losses).
     pub final_loss: f64,
     pub steps: usize,
+    /// The bytes of optimizer state (moments, step counters) this rank holds: all of it, or
+    /// its share with `--zero`.
+    pub optimizer_bytes: usize,
 }
 
 /// The digits MLP: `x: f32[N,64]`, `y: i64[N]` → the mean cross-entropy `loss`.
@@ -121,6 +127,9 @@ pub fn train_rank(config: &Config) -> RuntimeResult<RankReport> {
     let (target, trainer, trainers) = match config.mode {
         Mode::AllReduce => {
             let mut rule = DataParallel::new(optimizer).with_bucket_bytes(config.bucket_bytes);
+            if config.zero {
+                rule = rule.with_sharded_state(ranks);
+            }
             (rule.minimize(&mut p, loss)?, Some(rank), ranks)
         }
         Mode::ParameterServer { servers } => {
@@ -193,6 +202,11 @@ pub fn train_rank(config: &Config) -> RuntimeResult<RankReport> {
     }
     let seconds = started.elapsed().as_secs_f64();
     let rows = (config.global_batch / trainers) * (config.steps - first_step.min(config.steps));
+    let params: Vec<&str> = p.params().iter().map(|q| q.name.as_str()).collect();
+    let optimizer_bytes = (session.scope().iter())
+        .filter(|(name, _)| !params.contains(name))
+        .map(|(_, a)| a.len() * a.dtype().size_bytes())
+        .sum();
     Ok(RankReport {
         rank,
         examples_per_second: if trainer.is_some() {
@@ -202,6 +216,7 @@ pub fn train_rank(config: &Config) -> RuntimeResult<RankReport> {
         },
         final_loss: mean_over_trainers(comm.as_ref(), last_loss, trainer.is_some(), trainers)?,
         steps: config.steps,
+        optimizer_bytes,
     })
 }
 
@@ -245,7 +260,9 @@ fn mean_over_trainers(
 }
 
 /// Parses the example's arguments: `--threads N`, `--steps S`, `--mode allreduce|ps`,
-/// `--servers K`, `--batch B`, `--bucket-kib K`, and for fault injection `--fail-rank R`
+/// `--servers K`, `--batch B`, `--hidden H`, `--bucket-kib K`, `--zero` (optimizer state
+/// sharded), and for
+/// fault injection `--fail-rank R`
 /// (rank R returns an error at step 2), `--exit-rank R` (its process exits there),
 /// `--skew-buckets-rank R` (rank R buckets differently) or `--skew-width-rank R` (rank R's
 /// model is wider); `--save PATH` (rank 0 saves the state after the last step) and
@@ -274,6 +291,8 @@ pub fn parse_args(args: impl Iterator<Item = String>) -> Result<(Config, usize),
             "--exit-rank" => {
                 config.fault = Some((number(value("--exit-rank")?, "--exit-rank")?, Fault::Exit))
             }
+            "--zero" => config.zero = true,
+            "--hidden" => config.hidden = number(value(&arg)?, &arg)?,
             "--save" => config.save = Some(value(&arg)?.into()),
             "--resume" => resume = Some(std::path::PathBuf::from(value(&arg)?)),
             "--from-step" => from_step = Some(number(value(&arg)?, &arg)?),
@@ -315,8 +334,11 @@ pub fn print_reports(reports: &[RankReport]) {
     for r in reports {
         if r.examples_per_second > 0.0 {
             println!(
-                "rank {}: {} steps, {:.0} examples/s",
-                r.rank, r.steps, r.examples_per_second
+                "rank {}: {} steps, {:.0} examples/s, optimizer state {:.1} KiB",
+                r.rank,
+                r.steps,
+                r.examples_per_second,
+                r.optimizer_bytes as f64 / 1024.0
             );
         } else {
             println!("rank {}: {} steps (parameter server)", r.rank, r.steps);
@@ -339,16 +361,18 @@ pub fn run_threads(config: &Config, threads: usize) -> Result<Vec<RankReport>, R
 }
 
 /// Every rank's report, in rank order, on every rank (MPI ranks report this way; each rank's
-/// throughput travels in its slot of one summed vector).
+/// throughput and optimizer bytes travel in its slots of one summed vector).
 pub fn gather_reports(comm: &Communicator, mine: RankReport) -> RuntimeResult<Vec<RankReport>> {
-    let mut slots = vec![0.0; comm.size()];
-    slots[mine.rank] = mine.examples_per_second;
+    let mut slots = vec![0.0; 2 * comm.size()];
+    slots[2 * mine.rank] = mine.examples_per_second;
+    slots[2 * mine.rank + 1] = mine.optimizer_bytes as f64;
     let slots = Array::F64(ndarray::arr1(&slots).into_dyn());
-    let all = comm.all_reduce(&[&slots], false)?.wait()?;
-    Ok((all[0].to_f64_vec().into_iter().enumerate())
-        .map(|(rank, examples_per_second)| RankReport {
+    let all = comm.all_reduce(&[&slots], false)?.wait()?[0].to_f64_vec();
+    Ok((all.chunks(2).enumerate())
+        .map(|(rank, pair)| RankReport {
             rank,
-            examples_per_second,
+            examples_per_second: pair[0],
+            optimizer_bytes: pair[1] as usize,
             ..mine.clone()
         })
         .collect())

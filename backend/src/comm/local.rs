@@ -167,6 +167,8 @@ struct State {
 enum Kind {
     Sum,
     Broadcast(usize),
+    ReduceScatter,
+    AllGather,
 }
 
 struct Local {
@@ -245,6 +247,8 @@ impl Local {
         let op = match kind {
             Kind::Sum => "all_reduce",
             Kind::Broadcast(_) => "collective_broadcast",
+            Kind::ReduceScatter => "reduce_scatter",
+            Kind::AllGather => "all_gather",
         };
         let mut state = self.lock();
         self.check(&state)?;
@@ -280,7 +284,11 @@ impl Local {
             self.group.changed.notify_all();
         }
         let state = self.wait_until(state, op, None, |s| s.generation > generation)?;
-        *data = (**state.result.as_ref().expect("a completed collective")).clone();
+        let result = state.result.as_ref().expect("a completed collective");
+        *data = match kind {
+            Kind::ReduceScatter => super::block(result, self.rank, self.group.size),
+            _ => (**result).clone(),
+        };
         Ok(())
     }
 }
@@ -289,7 +297,12 @@ impl Local {
 fn combine(mut deposits: Vec<Array>, kind: Kind) -> Array {
     match kind {
         Kind::Broadcast(root) => deposits.swap_remove(root),
-        Kind::Sum => {
+        Kind::AllGather => {
+            let parts: Vec<&Array> = deposits.iter().collect();
+            crate::interp::kernels::concat(&parts, 0)
+                .expect("deposits of one collective share a type (checked on arrival)")
+        }
+        Kind::Sum | Kind::ReduceScatter => {
             let mut rest = deposits.into_iter();
             let mut sum = rest.next().expect("at least one rank");
             for d in rest {
@@ -326,6 +339,18 @@ impl Transport for Local {
 
     fn broadcast(&mut self, data: &mut Array, root: usize) -> Result<(), CommError> {
         self.collective(data, Kind::Broadcast(root))
+    }
+
+    fn reduce_scatter_sum(&mut self, data: &Array) -> Result<Array, CommError> {
+        let mut data = data.clone();
+        self.collective(&mut data, Kind::ReduceScatter)?;
+        Ok(data)
+    }
+
+    fn all_gather(&mut self, data: &Array) -> Result<Array, CommError> {
+        let mut data = data.clone();
+        self.collective(&mut data, Kind::AllGather)?;
+        Ok(data)
     }
 
     fn send(&mut self, data: &Array, peer: usize, tag: u64) -> Result<(), CommError> {

@@ -104,6 +104,11 @@ pub trait Transport: 'static {
     fn all_reduce_sum(&mut self, data: &mut Array) -> Result<(), CommError>;
     /// Replaces `data` with rank `root`'s.
     fn broadcast(&mut self, data: &mut Array, root: usize) -> Result<(), CommError>;
+    /// The elementwise sum of every rank's `data` (`size()` equal blocks), this rank's block
+    /// of it.
+    fn reduce_scatter_sum(&mut self, data: &Array) -> Result<Array, CommError>;
+    /// Every rank's `data` (of one length), concatenated in rank order.
+    fn all_gather(&mut self, data: &Array) -> Result<Array, CommError>;
     /// Sends `data` to `peer`, matched by its `recv` of `tag`.
     fn send(&mut self, data: &Array, peer: usize, tag: u64) -> Result<(), CommError>;
     /// Fills `data` (whose dtype and length say what to expect) from `peer`'s send of `tag`.
@@ -114,6 +119,8 @@ pub trait Transport: 'static {
 
 enum Job {
     AllReduce(Array),
+    ReduceScatter(Array),
+    AllGather(Array),
     Broadcast(Array, usize),
     Send(Array, usize, u64),
     Recv(Array, usize, u64),
@@ -239,6 +246,65 @@ impl Communicator {
         self.operation(arrays, "all_reduce", scale, Job::AllReduce)
     }
 
+    /// Starts summing (or averaging) `arrays` over the ranks, each rank keeping its block of
+    /// each array's first axis (split into as many blocks as there are ranks): ZeRO's
+    /// gradient sharding. The arrays of a dtype go as one message, laid out rank by rank.
+    pub fn reduce_scatter(&self, arrays: &[&Array], mean: bool) -> Result<Pending, CommError> {
+        let ranks = self.size();
+        self.check_blocks(arrays, "reduce_scatter")?;
+        let layout = Packed::of(arrays);
+        let messages = (layout.pack(arrays).iter().enumerate())
+            .map(|(d, m)| regroup(m, &layout.blocks(d, ranks), ranks, true))
+            .collect();
+        let mut pending = self.submit_all(messages, "reduce_scatter", Job::ReduceScatter)?;
+        pending.layout = layout.scaled(ranks, false);
+        pending.scale = mean.then_some(ranks);
+        Ok(pending)
+    }
+
+    /// Starts gathering every rank's `arrays`, concatenated along the first axis in rank
+    /// order, on every rank.
+    pub fn all_gather(&self, arrays: &[&Array]) -> Result<Pending, CommError> {
+        let layout = Packed::of(arrays);
+        let messages = layout.pack(arrays);
+        let mut pending = self.submit_all(messages, "all_gather", Job::AllGather)?;
+        pending.regroup = Some(
+            (0..layout.dtypes.len())
+                .map(|d| layout.blocks(d, 1))
+                .collect(),
+        );
+        pending.layout = layout.scaled(self.size(), true);
+        Ok(pending)
+    }
+
+    /// This rank's block of each array's first axis (split into as many blocks as there are
+    /// ranks): what [`Communicator::reduce_scatter`] keeps, without communicating.
+    pub fn shard(&self, arrays: &[&Array]) -> Result<Vec<Array>, CommError> {
+        self.check_blocks(arrays, "shard")?;
+        Ok(arrays
+            .iter()
+            .map(|a| block(a, self.rank(), self.size()))
+            .collect())
+    }
+
+    /// An error unless each array's first axis splits evenly among the ranks.
+    fn check_blocks(&self, arrays: &[&Array], op: &str) -> Result<(), CommError> {
+        let ranks = self.size();
+        match arrays
+            .iter()
+            .find(|a| a.shape().first().is_none_or(|n| n % ranks != 0))
+        {
+            None => Ok(()),
+            Some(a) => Err(CommError::Transport {
+                rank: self.rank(),
+                message: format!(
+                    "`{op}` of {}: its first axis must split evenly among {ranks} ranks",
+                    a.ty()
+                ),
+            }),
+        }
+    }
+
     /// Starts sending every rank `root`'s `arrays`.
     pub fn broadcast(&self, arrays: &[&Array], root: usize) -> Result<Pending, CommError> {
         self.check_peer(root, "collective_broadcast")?;
@@ -268,21 +334,35 @@ impl Communicator {
         scale: Option<usize>,
         job: impl Fn(Array) -> Job,
     ) -> Result<Pending, CommError> {
+        let layout = Packed::of(arrays);
+        let mut pending = self.submit_all(layout.pack(arrays), op, job)?;
+        pending.layout = layout;
+        pending.scale = scale;
+        Ok(pending)
+    }
+
+    /// Submits `job` of each message; the [`Pending`] unpacks nothing until its layout is set.
+    fn submit_all(
+        &self,
+        messages: Vec<Array>,
+        op: &'static str,
+        job: impl Fn(Array) -> Job,
+    ) -> Result<Pending, CommError> {
         if let Some(message) = &self.refused {
             return Err(CommError::Transport {
                 rank: self.rank(),
                 message: message.clone(),
             });
         }
-        let layout = Packed::of(arrays);
-        let replies = (layout.pack(arrays).into_iter())
+        let replies = (messages.into_iter())
             .map(|m| self.submit(job(m)))
             .collect::<Result<_, _>>()?;
         Ok(Pending {
             shared: self.shared.clone(),
-            layout,
+            layout: Packed::of(&[]),
             replies,
-            scale,
+            scale: None,
+            regroup: None,
             op,
             timeout: self.timeout,
         })
@@ -448,6 +528,8 @@ fn serve<T: Transport>(
         }
         let result = match job {
             Job::AllReduce(mut data) => transport.all_reduce_sum(&mut data).map(|()| data),
+            Job::ReduceScatter(data) => transport.reduce_scatter_sum(&data),
+            Job::AllGather(data) => transport.all_gather(&data),
             Job::Broadcast(mut data, root) => transport.broadcast(&mut data, root).map(|()| data),
             Job::Send(data, peer, tag) => transport.send(&data, peer, tag).map(|()| data),
             Job::Recv(mut data, peer, tag) => transport.recv(&mut data, peer, tag).map(|()| data),
@@ -473,6 +555,8 @@ pub struct Pending {
     replies: Vec<mpsc::Receiver<Result<Array, CommError>>>,
     /// Divide by this (a mean).
     scale: Option<usize>,
+    /// For a gather: each message's part lengths, to regroup from rank order to part order.
+    regroup: Option<Vec<Vec<usize>>>,
     op: &'static str,
     timeout: Duration,
 }
@@ -501,6 +585,13 @@ impl Pending {
                         message: "the communicator's worker stopped".into(),
                     });
                 }
+            };
+            let message = match &self.regroup {
+                Some(parts) => {
+                    let ranks = self.shared.size;
+                    regroup(&message, &parts[messages.len()], ranks, false)
+                }
+                None => message,
             };
             messages.push(match self.scale {
                 Some(n) => divide(message, n),
@@ -574,6 +665,31 @@ impl Packed {
         }
     }
 
+    /// The lengths of message `d`'s parts, each divided into `ranks` blocks: one block's.
+    fn blocks(&self, d: usize, ranks: usize) -> Vec<usize> {
+        (self.parts.iter())
+            .filter(|p| p.0 == d)
+            .map(|p| p.2.iter().product::<usize>() / ranks)
+            .collect()
+    }
+
+    /// The layout of the same parts with each first axis `ranks` times longer (`grow`) or
+    /// shorter.
+    fn scaled(&self, ranks: usize, grow: bool) -> Packed {
+        let scale = |n: usize| if grow { n * ranks } else { n / ranks };
+        Packed {
+            parts: (self.parts.iter())
+                .map(|(d, offset, shape)| {
+                    let mut shape = shape.clone();
+                    shape[0] = scale(shape[0]);
+                    (*d, scale(*offset), shape)
+                })
+                .collect(),
+            dtypes: self.dtypes.clone(),
+            lengths: self.lengths.iter().map(|&n| scale(n)).collect(),
+        }
+    }
+
     fn pack(&self, arrays: &[&Array]) -> Vec<Array> {
         (0..self.dtypes.len())
             .map(|d| {
@@ -612,6 +728,46 @@ impl Packed {
             })
             .collect()
     }
+}
+
+/// A message of parts (each `blocks[i]·ranks` long, one after another) reordered rank by rank
+/// (`to_ranks`: block `r` of every part, for each rank `r` in turn), or back.
+fn regroup(message: &Array, blocks: &[usize], ranks: usize, to_ranks: bool) -> Array {
+    if ranks == 1 || blocks.len() <= 1 {
+        return message.clone();
+    }
+    crate::map_array!(message, m => {
+        let flat = m.as_slice().expect("a message is contiguous");
+        let per_rank: usize = blocks.iter().sum();
+        let mut out = Vec::with_capacity(flat.len());
+        if to_ranks {
+            for r in 0..ranks {
+                let mut start = 0;
+                for &b in blocks {
+                    out.extend_from_slice(&flat[start + r * b..start + (r + 1) * b]);
+                    start += b * ranks;
+                }
+            }
+        } else {
+            let mut offset = 0;
+            for &b in blocks {
+                for r in 0..ranks {
+                    let at = r * per_rank + offset;
+                    out.extend_from_slice(&flat[at..at + b]);
+                }
+                offset += b;
+            }
+        }
+        ndarray::ArrayD::from_shape_vec(vec![out.len()], out).expect("a flat message")
+    })
+}
+
+/// Block `rank` of `ranks` equal blocks of `a`'s first axis.
+fn block(a: &Array, rank: usize, ranks: usize) -> Array {
+    let rows = a.shape()[0] / ranks;
+    crate::map_array!(a, x => x
+        .slice_axis(ndarray::Axis(0), ndarray::Slice::from(rank * rows..(rank + 1) * rows))
+        .to_owned())
 }
 
 /// `a` as one flat, contiguous array.
@@ -665,7 +821,8 @@ impl Started {
     }
 }
 
-/// Starts a communication op (`all_reduce_*`, `collective_broadcast`, `send`, `recv`) on the
+/// Starts a communication op (`all_reduce_*`, `reduce_scatter_*`, `all_gather`, `shard`,
+/// `collective_broadcast`, `send`, `recv`) on the
 /// current thread's communicator: the semantics the interpreter and the executor share.
 /// Without a communicator the program is the only rank.
 pub fn start(
@@ -677,7 +834,11 @@ pub fn start(
     let Some(comm) = Communicator::current() else {
         check_launch().map_err(|e| e.to_string())?;
         return match op {
-            Op::AllReduce { .. } | Op::CollectiveBroadcast { root: 0 } => {
+            Op::AllReduce { .. }
+            | Op::CollectiveBroadcast { root: 0 }
+            | Op::ReduceScatter { ranks: 1, .. }
+            | Op::AllGather { ranks: 1 }
+            | Op::Shard { ranks: 1 } => {
                 Ok(Started::Done(args.iter().map(|&a| a.clone()).collect()))
             }
             _ => Err(format!(
@@ -687,8 +848,25 @@ pub fn start(
             )),
         };
     };
+    if let Op::ReduceScatter { ranks, .. } | Op::AllGather { ranks } | Op::Shard { ranks } = op
+        && *ranks != comm.size()
+    {
+        return Err(format!(
+            "`{}` was built for {ranks} ranks, but this run has {}",
+            op.name(),
+            comm.size()
+        ));
+    }
     let pending = match op {
         Op::AllReduce { op } => comm.all_reduce(args, *op == AllReduceOp::Mean),
+        Op::ReduceScatter { op, .. } => comm.reduce_scatter(args, *op == AllReduceOp::Mean),
+        Op::AllGather { .. } => comm.all_gather(args),
+        Op::Shard { .. } => {
+            return comm
+                .shard(args)
+                .map(Started::Done)
+                .map_err(|e| e.to_string());
+        }
         Op::CollectiveBroadcast { root } => comm.broadcast(args, *root),
         Op::Send { peer, tag } => comm.send(args, *peer, *tag),
         Op::Recv { peer, tag, results } => {

@@ -137,6 +137,41 @@ impl Transport for Mpi {
         Ok(())
     }
 
+    fn reduce_scatter_sum(&mut self, data: &Array) -> Result<Array, CommError> {
+        let mut out = Array::zeros(data.dtype(), &[data.len() / self.size]);
+        let world = &self.world;
+        macro_rules! reduce {
+            ($($variant:ident => $op:expr),*) => {
+                match (data, &mut out) {
+                    $((Array::$variant(s), Array::$variant(r)) => world.reduce_scatter_block_into(
+                        s.as_slice().expect("messages are contiguous"),
+                        r.as_slice_mut().expect("messages are contiguous"),
+                        $op,
+                    ),)*
+                    _ => unreachable!("the result has the message's dtype"),
+                }
+            };
+        }
+        reduce!(
+            F32 => SystemOperation::sum(),
+            F64 => SystemOperation::sum(),
+            I32 => SystemOperation::sum(),
+            I64 => SystemOperation::sum(),
+            Bool => SystemOperation::logical_or()
+        );
+        Ok(out)
+    }
+
+    fn all_gather(&mut self, data: &Array) -> Result<Array, CommError> {
+        let mut out = Array::zeros(data.dtype(), &[data.len() * self.size]);
+        let world = &self.world;
+        crate::with_array!(data, d => {
+            let send = d.as_slice().expect("messages are contiguous");
+            with_slice_mut!(&mut out, r => world.all_gather_into(send, r))
+        });
+        Ok(out)
+    }
+
     fn broadcast(&mut self, data: &mut Array, root: usize) -> Result<(), CommError> {
         let root = self.world.process_at_rank(root as i32);
         with_slice_mut!(data, s => root.broadcast_into(s));

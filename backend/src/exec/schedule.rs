@@ -651,6 +651,9 @@ fn step_kind(
         }),
         Op::Call { .. } => StepKind::Interpret,
         Op::AllReduce { .. }
+        | Op::ReduceScatter { .. }
+        | Op::AllGather { .. }
+        | Op::Shard { .. }
         | Op::CollectiveBroadcast { .. }
         | Op::Send { .. }
         | Op::Recv { .. } => StepKind::Communicate,

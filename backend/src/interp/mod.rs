@@ -530,6 +530,9 @@ impl<'a> Interpreter<'a> {
                     .map_err(|e| OpError(format!("custom op @{callee}: {e}")))
             }
             Op::AllReduce { .. }
+            | Op::ReduceScatter { .. }
+            | Op::AllGather { .. }
+            | Op::Shard { .. }
             | Op::CollectiveBroadcast { .. }
             | Op::Send { .. }
             | Op::Recv { .. } => crate::comm::start(op, args, result_shapes)

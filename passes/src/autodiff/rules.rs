@@ -283,6 +283,9 @@ pub(super) fn vjp(
         | Op::Fused
         | Op::Call { .. }
         | Op::AllReduce { .. }
+        | Op::ReduceScatter { .. }
+        | Op::AllGather { .. }
+        | Op::Shard { .. }
         | Op::CollectiveBroadcast { .. }
         | Op::Send { .. }
         | Op::Recv { .. } => return Err(no_rule()),

@@ -78,6 +78,9 @@ pub fn node_cost(egraph: &Graph, node: &Node) -> Option<f64> {
         | Op::Fused
         | Op::Call { .. }
         | Op::AllReduce { .. }
+        | Op::ReduceScatter { .. }
+        | Op::AllGather { .. }
+        | Op::Shard { .. }
         | Op::CollectiveBroadcast { .. }
         | Op::Send { .. }
         | Op::Recv { .. } => return None,
