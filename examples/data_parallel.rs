@@ -12,7 +12,7 @@
 //! Options: `--batch B` (the global batch, 240; a multiple of the training ranks), `--hidden H`
 //! (the hidden layer's width, 64),
 //! `--bucket-kib K` (the all-reduce bucket size), `--zero` (ZeRO stage 1: the optimizer state
-//! sharded over the ranks), `--save PATH` (rank 0 saves the state after
+//! sharded over the ranks), `--bf16` (gradients all-reduced as bfloat16: half the bytes), `--save PATH` (rank 0 saves the state after
 //! the last step), `--resume PATH --from-step S` (rank 0 alone loads that checkpoint; steps
 //! S.. follow, as in an uninterrupted run).
 

@@ -133,16 +133,38 @@ fn size_label(kib: usize) -> String {
     }
 }
 
+/// Each size three ways: the buffer handed over and back (`label`: what the executor does
+/// with a gradient whose last use is its all-reduce), lent (`label-lent`: copied in), and
+/// lent as bfloat16 (`label-bf16`).
 fn all_reduce(comm: &Communicator, label: &str) -> Result<(), String> {
     for kib in SIZES_KIB {
-        let buffer = Array::zeros(kiln::ir::DType::F32, &[kib * 256]);
+        let mut buffer = Some(Array::zeros(kiln::ir::DType::F32, &[kib * 256]));
         let seconds = median_seconds(2, calls(kib), || {
-            comm.all_reduce(&[&buffer], false)
+            let owned = buffer.take().expect("the buffer comes back");
+            let mut back = comm
+                .all_reduce_owned(vec![owned], false)
+                .and_then(|p| p.wait())
+                .map_err(|e| e.to_string())?;
+            buffer = back.pop();
+            Ok::<(), String>(())
+        })?;
+        report(comm.rank(), comm.size(), label, kib, seconds);
+        let lent = buffer.expect("the buffer came back");
+        let seconds = median_seconds(2, calls(kib), || {
+            comm.all_reduce(&[&lent], false)
                 .and_then(|p| p.wait())
                 .map(drop)
                 .map_err(|e| e.to_string())
         })?;
-        report(comm.rank(), comm.size(), label, kib, seconds);
+        let (rank, ranks) = (comm.rank(), comm.size());
+        report(rank, ranks, &format!("{label}-lent"), kib, seconds);
+        let seconds = median_seconds(2, calls(kib), || {
+            comm.all_reduce_bf16(&[&lent], false)
+                .and_then(|p| p.wait())
+                .map(drop)
+                .map_err(|e| e.to_string())
+        })?;
+        report(rank, ranks, &format!("{label}-bf16"), kib, seconds);
     }
     Ok(())
 }

@@ -81,6 +81,15 @@ EXTRA=(--mode ps);          run_and_compare "parameter server, 2 trainers" -n 3 
 EXTRA=(--mode ps --servers 2); run_and_compare "2 parameter servers, 2 trainers" -n 4 --oversubscribe
 
 
+# Gradients as bf16: MPI sends bf16 in two phases, in-process ranks gather the rounded values;
+# both round alike, so the two runs end on the same loss.
+threads_bf16=$("$bin" --threads 2 --steps "$steps" --bf16 | final_loss)
+mpi_bf16=$(timeout 300 mpirun -n 2 "$bin" --steps "$steps" --bf16 | final_loss)
+if [[ -z "$mpi_bf16" || "$threads_bf16" != "$mpi_bf16" ]]; then
+  echo "FAIL: bf16 all-reduce: MPI ends at $mpi_bf16, in-process ranks at $threads_bf16"; exit 1
+fi
+echo "ok: bf16 all-reduce, 2 ranks: final loss $mpi_bf16 over MPI and in-process (exact: $alone)"
+
 # Resuming from a checkpoint that rank 0 alone loads continues exactly as an uninterrupted
 # run: the session start broadcasts the optimizer's moments and step with the parameters.
 checkpoint=$(mktemp -d)/half.safetensors

@@ -1035,3 +1035,59 @@ fn a_sharded_run_refuses_a_checkpoint_that_would_hold_one_block() {
         assert!(err.contains("sharded over the ranks"), "{err}");
     }
 }
+
+/// A bf16 all-reduce rounds each rank's values to bf16, sums in f32 in rank order and rounds
+/// the sum: worked by hand for three ranks holding the same row. `1 + 1/512` rounds to 1 (the
+/// spacing at 1 is 1/128), so the sum is 3, not 3.0059; `1 + 3/256` is a tie and rounds to
+/// even, `1 + 2/128`, and three of those, 3.046875, are a bf16.
+#[test]
+fn a_bf16_all_reduce_rounds_each_rank_and_sums_in_f32() {
+    let row = [1.0 + 1.0 / 512.0, 1.0 + 3.0 / 256.0, 0.5];
+    let results = local::run(3, move |comm| -> Result<Vec<f64>, CommError> {
+        let x = Array::F32(ndarray::arr1(&row).into_dyn());
+        let out = comm.all_reduce_bf16(&[&x], false)?.wait()?;
+        Ok(out[0].to_f64_vec())
+    });
+    for r in results {
+        assert_eq!(r.unwrap(), [3.0, 3.046875, 1.5]);
+    }
+    let text = "module {\n  func @f(%x: f32[3]) -> (f32[3]) {\n    %y = all_reduce_mean %x {bf16=true} : f32[3]\n    return %y\n  }\n}\n";
+    let module = parse_and_verify(text).unwrap();
+    assert!(
+        module
+            .to_string()
+            .contains("all_reduce_mean %x {bf16=true}")
+    );
+    let wide = text.replace("f32", "f64");
+    let err = parse_and_verify(&wide).unwrap_err().to_string();
+    assert!(err.contains("cannot travel as bf16"), "{err}");
+}
+
+/// Gradients all-reduced as bf16 stay within 1e-3 of the exact run here (BENCHMARKS.md has
+/// the trajectory), and the program says so in its IR.
+#[test]
+fn data_parallel_with_a_bf16_wire_stays_near_the_exact_run() {
+    let bf16 = Config {
+        bf16: true,
+        ..small(Mode::AllReduce)
+    };
+    let exact = final_loss(&small(Mode::AllReduce), 2);
+    let rounded = final_loss(&bf16, 2);
+    assert!(
+        (rounded - exact).abs() <= 1e-3 * exact,
+        "{rounded} against {exact}"
+    );
+    let mut p = Program::with_seed(1);
+    let x = p
+        .placeholder("x", DType::F32, vec![Dim::sym("N"), Dim::Fixed(3)])
+        .unwrap();
+    let y = layers::dense(&mut p, "fc", x, 2, Activation::Identity).unwrap();
+    let loss = p
+        .reduce(kiln::ir::ReduceOp::Sum, y, vec![0, 1], false)
+        .unwrap();
+    DataParallel::new(Sgd::new(0.1))
+        .with_bf16_wire()
+        .minimize(&mut p, loss)
+        .unwrap();
+    assert!(p.graph().to_string().contains("{bf16=true}"));
+}

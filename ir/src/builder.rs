@@ -691,7 +691,19 @@ impl FunctionBuilder {
     /// The sum or mean of `values` over the ranks, as one message (a gradient bucket).
     #[track_caller]
     pub fn all_reduce(&mut self, op: AllReduceOp, values: &[Value]) -> BuildResult<Vec<Value>> {
-        self.insert(Op::AllReduce { op }, values)
+        self.insert(Op::AllReduce { op, bf16: false }, values)
+    }
+
+    /// [`FunctionBuilder::all_reduce`] whose f32 operands travel as bfloat16 when `bf16`
+    /// (see [`Op::AllReduce`]).
+    #[track_caller]
+    pub fn all_reduce_on_wire(
+        &mut self,
+        op: AllReduceOp,
+        values: &[Value],
+        bf16: bool,
+    ) -> BuildResult<Vec<Value>> {
+        self.insert(Op::AllReduce { op, bf16 }, values)
     }
 
     /// The sum or mean of `values` over `ranks` ranks, each rank given its block of the

@@ -528,7 +528,12 @@ fn rule(op: &Op, args: &[&Type], regions: &[RegionTypes<'_>]) -> Result<Vec<Type
             Ok(body.results.iter().map(|&t| t.clone()).collect())
         }
         Op::Call { results, .. } => Ok(results.clone()),
-        Op::AllReduce { op } => {
+        Op::AllReduce { op, bf16 } => {
+            if *bf16 && let Some(ty) = args.iter().find(|t| t.dtype != DType::F32) {
+                return Err(format!(
+                    "operand {ty} cannot travel as bf16; only f32 operands do"
+                ));
+            }
             let class = match op {
                 AllReduceOp::Sum => DTypeClass::Numeric,
                 AllReduceOp::Mean => DTypeClass::Float,

@@ -554,6 +554,9 @@ pub enum Op {
     AllReduce {
         /// Sum or mean.
         op: AllReduceOp,
+        /// f32 operands travel as bfloat16 (half the bytes): each rank's rounded to bf16,
+        /// summed in f32 in rank order, the sum rounded to bf16 (`bf16=true`).
+        bf16: bool,
     },
     /// Every rank's operands combined elementwise, and each rank given its part: the
     /// operands' first axis, `ranks` times each result's, split into `ranks` blocks, block
@@ -737,7 +740,7 @@ impl Op {
             Op::While => "while",
             Op::Fused => "fused",
             Op::Call { .. } => "call",
-            Op::AllReduce { op } => match op {
+            Op::AllReduce { op, .. } => match op {
                 AllReduceOp::Sum => "all_reduce_sum",
                 AllReduceOp::Mean => "all_reduce_mean",
             },
@@ -906,6 +909,7 @@ impl Op {
             Op::Conv2d { attrs, .. } => attrs.attributes(),
             Op::Pool2d { attrs, .. } => attrs.attributes(),
             Op::CollectiveBroadcast { root } => vec![("root", Attr::Int(*root as i128))],
+            Op::AllReduce { bf16: true, .. } => vec![("bf16", Attr::Bool(true))],
             Op::ReduceScatter { ranks, .. } | Op::AllGather { ranks } | Op::Shard { ranks } => {
                 vec![("ranks", Attr::Int(*ranks as i128))]
             }
@@ -1092,9 +1096,11 @@ impl Op {
                 },
                 "all_reduce_sum" => Op::AllReduce {
                     op: AllReduceOp::Sum,
+                    bf16: attrs.bool_or("bf16", false)?,
                 },
                 "all_reduce_mean" => Op::AllReduce {
                     op: AllReduceOp::Mean,
+                    bf16: attrs.bool_or("bf16", false)?,
                 },
                 "reduce_scatter_sum" => Op::ReduceScatter {
                     op: AllReduceOp::Sum,
@@ -1256,9 +1262,11 @@ impl Op {
             },
             Op::AllReduce {
                 op: AllReduceOp::Sum,
+                bf16: false,
             },
             Op::AllReduce {
                 op: AllReduceOp::Mean,
+                bf16: false,
             },
             Op::ReduceScatter {
                 op: AllReduceOp::Sum,

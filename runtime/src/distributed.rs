@@ -38,6 +38,8 @@ pub struct DataParallel<O> {
     allow_unused: bool,
     /// ZeRO stage 1 over this many ranks: optimizer state sharded.
     shard_over: Option<usize>,
+    /// f32 gradients all-reduced as bfloat16.
+    bf16: bool,
 }
 
 impl<O: Optimizer> DataParallel<O> {
@@ -48,7 +50,17 @@ impl<O: Optimizer> DataParallel<O> {
             bucket_bytes: DEFAULT_BUCKET_BYTES,
             allow_unused: false,
             shard_over: None,
+            bf16: false,
         }
+    }
+
+    /// All-reduces buckets of f32 gradients as bfloat16: half the bytes on the wire, each
+    /// rank's gradient rounded to bf16 and the sum accumulated in f32 (then rounded to bf16).
+    /// Buckets holding other dtypes travel exactly. `BENCHMARKS.md` measures its effect on
+    /// the trajectory.
+    pub fn with_bf16_wire(mut self) -> DataParallel<O> {
+        self.bf16 = true;
+        self
     }
 
     /// ZeRO stage 1 over `ranks` ranks (the run's size, fixed when the program is built):
@@ -130,7 +142,7 @@ impl<O: Optimizer> Optimizer for DataParallel<O> {
             return self.apply_sharded(p, updates, suffix, ranks);
         }
         let grads: Vec<Value> = updates.iter().map(|u| u.2).collect();
-        let averaged = all_reduce_mean_buckets(p, &grads, self.bucket_bytes)?;
+        let averaged = all_reduce_mean_buckets(p, &grads, self.bucket_bytes, self.bf16)?;
         let updates: Vec<(StateDecl, Value, Value)> = (updates.iter().zip(averaged))
             .map(|((decl, value, _), grad)| (decl.clone(), *value, grad))
             .collect();
@@ -273,12 +285,15 @@ fn all_reduce_mean_buckets(
     p: &mut Program,
     grads: &[Value],
     bucket_bytes: usize,
+    bf16: bool,
 ) -> RuntimeResult<Vec<Value>> {
     let mut averaged = grads.to_vec();
     let mut previous: Option<Inst> = None;
     for bucket in buckets(p, grads, bucket_bytes) {
         let values: Vec<Value> = bucket.iter().map(|&i| grads[i]).collect();
-        let reduced = p.all_reduce(AllReduceOp::Mean, &values)?;
+        let all_f32 =
+            (values.iter()).all(|&v| p.graph().value_type(v).dtype == kiln_ir::DType::F32);
+        let reduced = p.all_reduce_on_wire(AllReduceOp::Mean, &values, bf16 && all_f32)?;
         let inst = p.last_inst().expect("the all-reduce was just added");
         p.hoist(inst, previous);
         previous = Some(inst);

@@ -39,6 +39,8 @@ pub struct Config {
     pub bucket_bytes: usize,
     /// ZeRO stage 1: the optimizer state sharded over the ranks (all-reduce mode).
     pub zero: bool,
+    /// Gradients all-reduced as bfloat16 (all-reduce mode).
+    pub bf16: bool,
     /// Fault injection, to see how the others stop: this rank fails at step 2.
     pub fault: Option<(usize, Fault)>,
     /// Where rank 0 saves the state (parameters and optimizer state) after the last step.
@@ -81,6 +83,7 @@ impl Default for Config {
             rule: Rule::Adam,
             bucket_bytes: kiln_runtime::distributed::DEFAULT_BUCKET_BYTES,
             zero: false,
+            bf16: false,
             fault: None,
             save: None,
             resume: None,
@@ -129,6 +132,9 @@ pub fn train_rank(config: &Config) -> RuntimeResult<RankReport> {
             let mut rule = DataParallel::new(optimizer).with_bucket_bytes(config.bucket_bytes);
             if config.zero {
                 rule = rule.with_sharded_state(ranks);
+            }
+            if config.bf16 {
+                rule = rule.with_bf16_wire();
             }
             (rule.minimize(&mut p, loss)?, Some(rank), ranks)
         }
@@ -261,7 +267,7 @@ fn mean_over_trainers(
 
 /// Parses the example's arguments: `--threads N`, `--steps S`, `--mode allreduce|ps`,
 /// `--servers K`, `--batch B`, `--hidden H`, `--bucket-kib K`, `--zero` (optimizer state
-/// sharded), and for
+/// sharded), `--bf16` (gradients all-reduced as bfloat16), and for
 /// fault injection `--fail-rank R`
 /// (rank R returns an error at step 2), `--exit-rank R` (its process exits there),
 /// `--skew-buckets-rank R` (rank R buckets differently) or `--skew-width-rank R` (rank R's
@@ -292,6 +298,7 @@ pub fn parse_args(args: impl Iterator<Item = String>) -> Result<(Config, usize),
                 config.fault = Some((number(value("--exit-rank")?, "--exit-rank")?, Fault::Exit))
             }
             "--zero" => config.zero = true,
+            "--bf16" => config.bf16 = true,
             "--hidden" => config.hidden = number(value(&arg)?, &arg)?,
             "--save" => config.save = Some(value(&arg)?.into()),
             "--resume" => resume = Some(std::path::PathBuf::from(value(&arg)?)),

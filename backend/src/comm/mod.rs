@@ -26,6 +26,7 @@ pub mod verify;
 
 use crate::Array;
 use kiln_ir::DType;
+use std::borrow::Cow;
 use std::cell::RefCell;
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -102,6 +103,23 @@ pub trait Transport: 'static {
     fn size(&self) -> usize;
     /// Replaces `data` with the elementwise sum of every rank's `data`, the same on every rank.
     fn all_reduce_sum(&mut self, data: &mut Array) -> Result<(), CommError>;
+    /// [`Transport::all_reduce_sum`] of f32 `data` travelling as bfloat16: each rank's values
+    /// rounded to bf16, summed in f32 in rank order, the sum rounded to bf16. By default the
+    /// rounded values are gathered and summed on every rank (in-process ranks have no wire to
+    /// halve); MPI sends bf16.
+    fn all_reduce_sum_bf16(&mut self, data: &mut Array) -> Result<(), CommError> {
+        let Array::F32(values) = data else {
+            return self.all_reduce_sum(data);
+        };
+        values.mapv_inplace(round_bf16);
+        let gathered = self.all_gather(data)?;
+        let Array::F32(gathered) = gathered else {
+            unreachable!("a gather keeps the dtype")
+        };
+        let values = gathered.as_slice().expect("a message is contiguous");
+        *data = sum_rank_blocks_bf16(values, self.size());
+        Ok(())
+    }
     /// Replaces `data` with rank `root`'s.
     fn broadcast(&mut self, data: &mut Array, root: usize) -> Result<(), CommError>;
     /// The elementwise sum of every rank's `data` (`size()` equal blocks), this rank's block
@@ -119,6 +137,7 @@ pub trait Transport: 'static {
 
 enum Job {
     AllReduce(Array),
+    AllReduceBf16(Array),
     ReduceScatter(Array),
     AllGather(Array),
     Broadcast(Array, usize),
@@ -242,8 +261,34 @@ impl Communicator {
     /// Starts summing (or averaging) `arrays` over the ranks. The arrays go as one message per
     /// dtype (a gradient bucket is one message).
     pub fn all_reduce(&self, arrays: &[&Array], mean: bool) -> Result<Pending, CommError> {
+        self.all_reduce_cow(borrowed(arrays), mean, false)
+    }
+
+    /// [`Communicator::all_reduce`] of f32 arrays travelling as bfloat16, half the bytes: each
+    /// rank's values rounded to bf16, summed in f32 in rank order, the sum rounded to bf16 (and
+    /// then divided for a mean).
+    pub fn all_reduce_bf16(&self, arrays: &[&Array], mean: bool) -> Result<Pending, CommError> {
+        self.all_reduce_cow(borrowed(arrays), mean, true)
+    }
+
+    /// [`Communicator::all_reduce`] of arrays the caller hands over: each large one is
+    /// reduced in its own buffer, with no copy (the executor hands over gradients that die at
+    /// their all-reduce).
+    pub fn all_reduce_owned(&self, arrays: Vec<Array>, mean: bool) -> Result<Pending, CommError> {
+        self.all_reduce_cow(arrays.into_iter().map(Cow::Owned).collect(), mean, false)
+    }
+
+    fn all_reduce_cow(
+        &self,
+        arrays: Vec<Cow<'_, Array>>,
+        mean: bool,
+        bf16: bool,
+    ) -> Result<Pending, CommError> {
         let scale = mean.then_some(self.size());
-        self.operation(arrays, "all_reduce", scale, Job::AllReduce)
+        match bf16 {
+            true => self.operation(arrays, "all_reduce", scale, Job::AllReduceBf16),
+            false => self.operation(arrays, "all_reduce", scale, Job::AllReduce),
+        }
     }
 
     /// Starts summing (or averaging) `arrays` over the ranks, each rank keeping its block of
@@ -253,7 +298,7 @@ impl Communicator {
         let ranks = self.size();
         self.check_blocks(arrays, "reduce_scatter")?;
         let layout = Packed::of(arrays);
-        let messages = (layout.pack(arrays).iter().enumerate())
+        let messages = (layout.pack(borrowed(arrays)).iter().enumerate())
             .map(|(d, m)| regroup(m, &layout.blocks(d, ranks), ranks, true))
             .collect();
         let mut pending = self.submit_all(messages, "reduce_scatter", Job::ReduceScatter)?;
@@ -266,7 +311,7 @@ impl Communicator {
     /// order, on every rank.
     pub fn all_gather(&self, arrays: &[&Array]) -> Result<Pending, CommError> {
         let layout = Packed::of(arrays);
-        let messages = layout.pack(arrays);
+        let messages = layout.pack(borrowed(arrays));
         let mut pending = self.submit_all(messages, "all_gather", Job::AllGather)?;
         pending.regroup = Some(
             (0..layout.dtypes.len())
@@ -308,7 +353,7 @@ impl Communicator {
     /// Starts sending every rank `root`'s `arrays`.
     pub fn broadcast(&self, arrays: &[&Array], root: usize) -> Result<Pending, CommError> {
         self.check_peer(root, "collective_broadcast")?;
-        self.operation(arrays, "collective_broadcast", None, |m| {
+        self.operation(borrowed(arrays), "collective_broadcast", None, |m| {
             Job::Broadcast(m, root)
         })
     }
@@ -317,24 +362,24 @@ impl Communicator {
     /// has taken the message).
     pub fn send(&self, arrays: &[&Array], peer: usize, tag: u64) -> Result<Pending, CommError> {
         self.check_peer(peer, "send")?;
-        self.operation(arrays, "send", None, |m| Job::Send(m, peer, tag))
+        self.operation(borrowed(arrays), "send", None, |m| Job::Send(m, peer, tag))
     }
 
     /// Starts receiving arrays shaped like `like` from `peer`'s send of `tag`.
     pub fn recv(&self, like: &[&Array], peer: usize, tag: u64) -> Result<Pending, CommError> {
         self.check_peer(peer, "recv")?;
-        self.operation(like, "recv", None, |m| Job::Recv(m, peer, tag))
+        self.operation(borrowed(like), "recv", None, |m| Job::Recv(m, peer, tag))
     }
 
     /// Packs `arrays` into messages and submits `job` of each; a mean divides by `scale`.
     fn operation(
         &self,
-        arrays: &[&Array],
+        arrays: Vec<Cow<'_, Array>>,
         op: &'static str,
         scale: Option<usize>,
         job: impl Fn(Array) -> Job,
     ) -> Result<Pending, CommError> {
-        let layout = Packed::of(arrays);
+        let layout = Packed::of(&arrays.iter().map(|a| &**a).collect::<Vec<_>>());
         let mut pending = self.submit_all(layout.pack(arrays), op, job)?;
         pending.layout = layout;
         pending.scale = scale;
@@ -521,13 +566,14 @@ fn serve<T: Transport>(
     };
     let _ = opened.send(Ok((transport.rank(), transport.size())));
     let mut failed: Option<CommError> = None;
-    for (job, reply) in queue {
+    while let Some((job, reply)) = next_job(&queue) {
         if let Some(e) = &failed {
             let _ = reply.send(Err(e.clone()));
             continue;
         }
         let result = match job {
             Job::AllReduce(mut data) => transport.all_reduce_sum(&mut data).map(|()| data),
+            Job::AllReduceBf16(mut data) => transport.all_reduce_sum_bf16(&mut data).map(|()| data),
             Job::ReduceScatter(data) => transport.reduce_scatter_sum(&data),
             Job::AllGather(data) => transport.all_gather(&data),
             Job::Broadcast(mut data, root) => transport.broadcast(&mut data, root).map(|()| data),
@@ -546,6 +592,21 @@ fn serve<T: Transport>(
         }
         let _ = reply.send(result);
     }
+}
+
+/// The next job, polled for a few microseconds before the worker sleeps: a step's buckets
+/// follow each other closely, and waking a sleeping thread costs tens of microseconds on a
+/// VM. `None` once the queue is closed.
+fn next_job<T>(queue: &mpsc::Receiver<T>) -> Option<T> {
+    let started = std::time::Instant::now();
+    while started.elapsed() < SPIN {
+        match queue.try_recv() {
+            Ok(job) => return Some(job),
+            Err(mpsc::TryRecvError::Disconnected) => return None,
+            Err(mpsc::TryRecvError::Empty) => std::thread::yield_now(),
+        }
+    }
+    queue.recv().ok()
 }
 
 /// An operation under way; [`Pending::wait`] gives its arrays.
@@ -633,36 +694,55 @@ fn divide(a: Array, n: usize) -> Array {
     }
 }
 
-/// How arrays pack into messages: one flat message per dtype, in first-appearance order.
+/// Arrays of at least this many bytes travel alone, in their own buffers (handed over, not
+/// copied, when the caller owns them); smaller ones share one message per dtype, so that a
+/// bucket of biases is one call, not many.
+const ALONE_BYTES: usize = 64 << 10;
+
+/// How arrays pack into messages: each large array alone, the small ones one flat message per
+/// dtype, in first-appearance order.
 struct Packed {
-    /// Each array's dtype index into `dtypes`, offset in its message and shape.
+    /// Each array's message, offset in it and shape.
     parts: Vec<(usize, usize, Vec<usize>)>,
+    /// Each message's dtype.
     dtypes: Vec<DType>,
+    /// Each message's length.
     lengths: Vec<usize>,
+    /// Whether each message is one array alone.
+    alone: Vec<bool>,
 }
 
 impl Packed {
     fn of(arrays: &[&Array]) -> Packed {
-        let mut dtypes: Vec<DType> = Vec::new();
-        let mut lengths: Vec<usize> = Vec::new();
-        let mut parts = Vec::with_capacity(arrays.len());
+        let mut packed = Packed {
+            parts: Vec::with_capacity(arrays.len()),
+            dtypes: Vec::new(),
+            lengths: Vec::new(),
+            alone: Vec::new(),
+        };
         for a in arrays {
-            let d = match dtypes.iter().position(|&d| d == a.dtype()) {
-                Some(d) => d,
-                None => {
-                    dtypes.push(a.dtype());
-                    lengths.push(0);
-                    dtypes.len() - 1
+            let by_itself = a.len() * a.dtype().size_bytes() >= ALONE_BYTES;
+            let shared = (0..packed.dtypes.len())
+                .find(|&m| packed.dtypes[m] == a.dtype() && !packed.alone[m]);
+            let m = match shared {
+                Some(m) if !by_itself => m,
+                _ => {
+                    packed.dtypes.push(a.dtype());
+                    packed.lengths.push(0);
+                    packed.alone.push(by_itself);
+                    packed.dtypes.len() - 1
                 }
             };
-            parts.push((d, lengths[d], a.shape().to_vec()));
-            lengths[d] += a.len();
+            packed
+                .parts
+                .push((m, packed.lengths[m], a.shape().to_vec()));
+            packed.lengths[m] += a.len();
         }
-        Packed {
-            parts,
-            dtypes,
-            lengths,
+        // A small array without company travels alone too: no copy in, none out.
+        for m in 0..packed.alone.len() {
+            packed.alone[m] |= packed.parts.iter().filter(|p| p.0 == m).count() == 1;
         }
+        packed
     }
 
     /// The lengths of message `d`'s parts, each divided into `ranks` blocks: one block's.
@@ -687,40 +767,40 @@ impl Packed {
                 .collect(),
             dtypes: self.dtypes.clone(),
             lengths: self.lengths.iter().map(|&n| scale(n)).collect(),
+            alone: self.alone.clone(),
         }
     }
 
-    fn pack(&self, arrays: &[&Array]) -> Vec<Array> {
-        (0..self.dtypes.len())
-            .map(|d| {
-                let mine: Vec<&Array> = (arrays.iter().zip(&self.parts))
-                    .filter(|(_, p)| p.0 == d)
-                    .map(|(a, _)| *a)
-                    .collect();
-                if let [one] = mine[..] {
-                    return flat(one);
-                }
-                let mut message = Array::zeros(self.dtypes[d], &[self.lengths[d]]);
-                let mut at = 0;
-                for a in mine {
-                    write_part(&mut message, at, a);
-                    at += a.len();
-                }
-                message
-            })
+    /// The messages: an array alone is moved in (copied only when borrowed), the others
+    /// written into a new buffer.
+    fn pack(&self, arrays: Vec<Cow<'_, Array>>) -> Vec<Array> {
+        let mut messages: Vec<Option<Array>> = (0..self.dtypes.len())
+            .map(|m| (!self.alone[m]).then(|| Array::zeros(self.dtypes[m], &[self.lengths[m]])))
+            .collect();
+        for (a, (m, at, _)) in arrays.into_iter().zip(&self.parts) {
+            match &mut messages[*m] {
+                Some(message) => write_part(message, *at, &a),
+                slot => *slot = Some(flat(a)),
+            }
+        }
+        (messages.into_iter())
+            .map(|m| m.expect("every message has its parts"))
             .collect()
     }
 
+    /// The arrays back from the messages: an array alone without a copy.
     fn unpack(&self, messages: Vec<Array>) -> Vec<Array> {
-        if let ([(_, _, shape)], 1) = (&self.parts[..], messages.len()) {
-            let mut out = messages.into_iter().next().expect("one message");
-            out.reshape_in_place(shape);
-            return vec![out];
-        }
+        let mut messages: Vec<Option<Array>> = messages.into_iter().map(Some).collect();
         (self.parts.iter())
-            .map(|(d, offset, shape)| {
+            .map(|(m, offset, shape)| {
+                if self.alone[*m] {
+                    let mut out = messages[*m].take().expect("an array alone is unpacked once");
+                    out.reshape_in_place(shape);
+                    return out;
+                }
                 let len: usize = shape.iter().product();
-                crate::map_array!(&messages[*d], m => {
+                let message = messages[*m].as_ref().expect("a shared message stays");
+                crate::map_array!(message, m => {
                     let flat = m.as_slice().expect("a message is contiguous");
                     ndarray::ArrayD::from_shape_vec(shape.clone(), flat[*offset..offset + len].to_vec())
                         .expect("the part's length fits its shape")
@@ -770,10 +850,31 @@ fn block(a: &Array, rank: usize, ranks: usize) -> Array {
         .to_owned())
 }
 
-/// `a` as one flat, contiguous array.
-fn flat(a: &Array) -> Array {
-    let mut out = a.clone().into_standard_layout();
-    out.reshape_in_place(&[a.len()]);
+/// `x` rounded to the nearest bfloat16 (ties to even), as f32.
+pub fn round_bf16(x: f32) -> f32 {
+    half::bf16::from_f32(x).to_f32()
+}
+
+/// The sum, in f32 and rank order, of `ranks` equal blocks of `values` (each rank's), rounded
+/// to bf16: what a bf16 all-reduce gives every rank.
+fn sum_rank_blocks_bf16(values: &[f32], ranks: usize) -> Array {
+    let len = values.len() / ranks.max(1);
+    let sum: Vec<f32> = (0..len)
+        .map(|i| round_bf16((0..ranks).map(|r| values[r * len + i]).sum()))
+        .collect();
+    Array::F32(ndarray::Array1::from(sum).into_dyn())
+}
+
+/// Operands lent, not handed over.
+pub fn borrowed<'a>(arrays: &[&'a Array]) -> Vec<Cow<'a, Array>> {
+    arrays.iter().map(|&a| Cow::Borrowed(a)).collect()
+}
+
+/// `a` as one flat, contiguous array (its own buffer when it is owned and row-major).
+fn flat(a: Cow<'_, Array>) -> Array {
+    let len = a.len();
+    let mut out = a.into_owned().into_standard_layout();
+    out.reshape_in_place(&[len]);
     out
 }
 
@@ -825,9 +926,10 @@ impl Started {
 /// `collective_broadcast`, `send`, `recv`) on the
 /// current thread's communicator: the semantics the interpreter and the executor share.
 /// Without a communicator the program is the only rank.
+/// Operands given as `Cow::Owned` are handed over (an all-reduce then needs no copy).
 pub fn start(
     op: &kiln_ir::Op,
-    args: &[&Array],
+    args: Vec<Cow<'_, Array>>,
     result_shapes: &[Vec<usize>],
 ) -> Result<Started, String> {
     use kiln_ir::{AllReduceOp, Op};
@@ -838,9 +940,9 @@ pub fn start(
             | Op::CollectiveBroadcast { root: 0 }
             | Op::ReduceScatter { ranks: 1, .. }
             | Op::AllGather { ranks: 1 }
-            | Op::Shard { ranks: 1 } => {
-                Ok(Started::Done(args.iter().map(|&a| a.clone()).collect()))
-            }
+            | Op::Shard { ranks: 1 } => Ok(Started::Done(
+                args.into_iter().map(Cow::into_owned).collect(),
+            )),
             _ => Err(format!(
                 "`{}` needs other ranks, but no communicator is installed (run it under \
                  `kiln_backend::comm::local::run` or mpirun)",
@@ -857,18 +959,25 @@ pub fn start(
             comm.size()
         ));
     }
+    if let Op::AllReduce { op, bf16 } = op {
+        let pending = comm.all_reduce_cow(args, *op == AllReduceOp::Mean, *bf16);
+        return Ok(Started::Pending {
+            pending: pending.map_err(|e| e.to_string())?,
+            send: false,
+        });
+    }
+    let args: Vec<&Array> = args.iter().map(|a| &**a).collect();
     let pending = match op {
-        Op::AllReduce { op } => comm.all_reduce(args, *op == AllReduceOp::Mean),
-        Op::ReduceScatter { op, .. } => comm.reduce_scatter(args, *op == AllReduceOp::Mean),
-        Op::AllGather { .. } => comm.all_gather(args),
+        Op::ReduceScatter { op, .. } => comm.reduce_scatter(&args, *op == AllReduceOp::Mean),
+        Op::AllGather { .. } => comm.all_gather(&args),
         Op::Shard { .. } => {
             return comm
-                .shard(args)
+                .shard(&args)
                 .map(Started::Done)
                 .map_err(|e| e.to_string());
         }
-        Op::CollectiveBroadcast { root } => comm.broadcast(args, *root),
-        Op::Send { peer, tag } => comm.send(args, *peer, *tag),
+        Op::CollectiveBroadcast { root } => comm.broadcast(&args, *root),
+        Op::Send { peer, tag } => comm.send(&args, *peer, *tag),
         Op::Recv { peer, tag, results } => {
             let like: Vec<Array> = (results.iter().zip(result_shapes))
                 .map(|(t, s)| Array::zeros(t.dtype, s))

@@ -7,9 +7,12 @@
 
 use super::{CommError, Communicator, Transport};
 use crate::Array;
+use half::bf16;
 use mpi::Threading;
 use mpi::collective::SystemOperation;
+use mpi::datatype::Equivalence;
 use mpi::environment::Universe;
+use mpi::raw::AsRaw;
 use mpi::topology::SimpleCommunicator;
 use mpi::traits::{Communicator as _, CommunicatorCollectives, Destination, Root, Source};
 
@@ -38,6 +41,7 @@ pub fn world() -> Result<Communicator, CommError> {
             rank: world.rank() as usize,
             size: world.size() as usize,
             world,
+            in_place: in_place_marker(),
             send: None,
             _universe: universe,
         })
@@ -65,11 +69,32 @@ struct Mpi {
     rank: usize,
     size: usize,
     world: SimpleCommunicator,
-    /// The last all-reduce's send buffer, reused while sizes repeat (a step's buckets do), so
+    /// This library's `MPI_IN_PLACE`, when it is known: an all-reduce then works in the
+    /// message's own buffer.
+    in_place: Option<InPlace>,
+    /// The last all-reduce's send buffer (when `in_place` is unknown), reused while sizes repeat (a step's buckets do), so
     /// that a large buffer is not faulted in afresh at every call.
     send: Option<Array>,
     /// Finalises MPI when dropped, on the worker thread.
     _universe: Universe,
+}
+
+/// The address MPI takes as `MPI_IN_PLACE`.
+#[derive(Clone, Copy)]
+struct InPlace(usize);
+
+/// `MPI_IN_PLACE`, which rsmpi does not export: a macro in `mpi.h`, `(void *) 1` in Open MPI
+/// and `(void *) -1` in MPICH and its derivatives (both unchanged since MPI-2). Another
+/// library's is not guessed: its all-reduces go from a copy.
+fn in_place_marker() -> Option<InPlace> {
+    let version = mpi::environment::library_version().ok()?;
+    if version.contains("Open MPI") {
+        Some(InPlace(1))
+    } else if version.contains("MPICH") {
+        Some(InPlace(usize::MAX))
+    } else {
+        None
+    }
 }
 
 /// `$f` applied to the array's elements as a mutable slice, whatever its dtype.
@@ -95,6 +120,42 @@ impl Mpi {
     }
 }
 
+/// `MPI_Allreduce` of `data` in its own buffer.
+fn in_place_sum<T: Equivalence>(
+    world: &SimpleCommunicator,
+    rank: usize,
+    marker: InPlace,
+    data: &mut ndarray::ArrayD<T>,
+    op: SystemOperation,
+) -> Result<(), CommError> {
+    let failed = |message: String| CommError::Transport { rank, message };
+    let data = data
+        .as_slice_mut()
+        .ok_or_else(|| failed("a message is not contiguous".into()))?;
+    let count = i32::try_from(data.len())
+        .map_err(|_| failed(format!("{} elements exceed MPI's count", data.len())))?;
+    // SAFETY: `marker` is this library's MPI_IN_PLACE (see `in_place_marker`), which makes
+    // MPI read the operands from the receive buffer; that buffer is `data`, live and
+    // exclusively borrowed for the call, holding `count` elements of `T`'s MPI datatype. The
+    // communicator and the op are valid handles, and this is the thread MPI was initialised on.
+    let code = unsafe {
+        mpi::ffi::MPI_Allreduce(
+            marker.0 as *const std::ffi::c_void,
+            data.as_mut_ptr().cast(),
+            count,
+            T::equivalent_datatype().as_raw(),
+            op.as_raw(),
+            world.as_raw(),
+        )
+    };
+    match code {
+        0 => Ok(()),
+        code => Err(failed(format!(
+            "MPI_Allreduce failed with error code {code}"
+        ))),
+    }
+}
+
 impl Transport for Mpi {
     fn rank(&self) -> usize {
         self.rank
@@ -105,7 +166,19 @@ impl Transport for Mpi {
     }
 
     fn all_reduce_sum(&mut self, data: &mut Array) -> Result<(), CommError> {
-        // rsmpi has no MPI_IN_PLACE: the operands go from a copy.
+        if let Some(marker) = self.in_place {
+            let (world, rank) = (&self.world, self.rank);
+            return match data {
+                Array::F32(a) => in_place_sum(world, rank, marker, a, SystemOperation::sum()),
+                Array::F64(a) => in_place_sum(world, rank, marker, a, SystemOperation::sum()),
+                Array::I32(a) => in_place_sum(world, rank, marker, a, SystemOperation::sum()),
+                Array::I64(a) => in_place_sum(world, rank, marker, a, SystemOperation::sum()),
+                Array::Bool(a) => {
+                    in_place_sum(world, rank, marker, a, SystemOperation::logical_or())
+                }
+            };
+        }
+        // Without MPI_IN_PLACE the operands go from a copy.
         let send = match self.send.take() {
             Some(mut s) if s.dtype() == data.dtype() && s.len() == data.len() => {
                 s.copy_elements_from(data);
@@ -170,6 +243,37 @@ impl Transport for Mpi {
             with_slice_mut!(&mut out, r => world.all_gather_into(send, r))
         });
         Ok(out)
+    }
+
+    /// Half the bytes of an f32 all-reduce: the bf16 values go in blocks, each rank summing
+    /// its block of every rank's (in f32, in rank order) and rounding it, then every rank
+    /// gathers the rounded sums: a reduce-scatter and an all-gather, as a ring all-reduce
+    /// does, with the same result as the default method.
+    fn all_reduce_sum_bf16(&mut self, data: &mut Array) -> Result<(), CommError> {
+        let Array::F32(values) = data else {
+            return self.all_reduce_sum(data);
+        };
+        let values = values.as_slice_mut().expect("messages are contiguous");
+        let block = values.len().div_ceil(self.size);
+        let mut send = vec![0u16; block * self.size];
+        for (s, &x) in send.iter_mut().zip(values.iter()) {
+            *s = bf16::from_f32(x).to_bits();
+        }
+        let mut received = vec![0u16; send.len()];
+        self.world.all_to_all_into(&send[..], &mut received[..]);
+        let mine: Vec<u16> = (0..block)
+            .map(|i| {
+                let sum: f32 = (0..self.size)
+                    .map(|r| bf16::from_bits(received[r * block + i]).to_f32())
+                    .sum();
+                bf16::from_f32(sum).to_bits()
+            })
+            .collect();
+        self.world.all_gather_into(&mine[..], &mut received[..]);
+        for (x, &b) in values.iter_mut().zip(&received) {
+            *x = bf16::from_bits(b).to_f32();
+        }
+        Ok(())
     }
 
     fn broadcast(&mut self, data: &mut Array, root: usize) -> Result<(), CommError> {

@@ -24,6 +24,7 @@ use kiln_ir::{
     Type, Value,
 };
 use schedule::{DimRecipe, Output, Schedule, ShapeRecipe, Step, StepKind};
+use std::borrow::Cow;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
@@ -1055,13 +1056,39 @@ impl Executable {
         step: &Step,
         index: usize,
     ) -> Result<(), InterpError> {
-        let args: Vec<&Array> = step.inputs.iter().map(|&v| &**Self::value(rt, v)).collect();
+        // An operand whose last use this is, held nowhere else, is handed over: an all-reduce
+        // then works in its buffer.
+        let owned: Vec<Option<Array>> = (step.inputs.iter())
+            .map(|&v| Self::take_dying(rt, step, v))
+            .collect();
+        let args: Vec<Cow<'_, Array>> = (owned.into_iter().zip(&step.inputs))
+            .map(|(own, &v)| match own {
+                Some(array) => Cow::Owned(array),
+                None => Cow::Borrowed(&**Self::value(rt, v)),
+            })
+            .collect();
         let shapes = Self::output_shapes(rt, step);
         let op = &self.func.inst(step.inst).op;
-        let started =
-            crate::comm::start(op, &args, &shapes).map_err(|m| self.fail(step.inst, m))?;
+        let started = crate::comm::start(op, args, &shapes).map_err(|m| self.fail(step.inst, m))?;
         rt.communicating[index] = Some(started);
         Ok(())
+    }
+
+    /// `v`'s array, taken out of the environment, if this step is its last use, it is read
+    /// once here, and nothing else holds it.
+    fn take_dying(rt: &mut Runtime, step: &Step, v: Value) -> Option<Array> {
+        let dies_here = step.release.iter().any(|&(r, _)| r == v);
+        let read_once = step.inputs.iter().filter(|&&u| u == v).count() == 1;
+        if !(dies_here && read_once) {
+            return None;
+        }
+        match Arc::try_unwrap(rt.env[v.index()].take()?) {
+            Ok(array) => Some(array),
+            Err(shared) => {
+                rt.env[v.index()] = Some(shared);
+                None
+            }
+        }
     }
 
     /// Waits for the communication steps `awaits` started and binds their results.

@@ -535,7 +535,7 @@ impl<'a> Interpreter<'a> {
             | Op::Shard { .. }
             | Op::CollectiveBroadcast { .. }
             | Op::Send { .. }
-            | Op::Recv { .. } => crate::comm::start(op, args, result_shapes)
+            | Op::Recv { .. } => crate::comm::start(op, crate::comm::borrowed(args), result_shapes)
                 .and_then(crate::comm::Started::wait)
                 .map_err(OpError),
             Op::Load { .. } | Op::Store { .. } | Op::Cond | Op::While | Op::Fused => Err(format!(

@@ -29,8 +29,8 @@ pub(super) fn vjp(
     if let Op::Call { callee, .. } = &data.op {
         return call(s, b, inst, callee, grads);
     }
-    if let Op::AllReduce { op } = &data.op {
-        return all_reduce(s, b, inst, *op, grads);
+    if let Op::AllReduce { op, bf16 } = &data.op {
+        return all_reduce(s, b, inst, *op, *bf16, grads);
     }
     // Every op with a rule below has one result; `grads` has at least one adjoint.
     let g = grads.first().copied().flatten();
@@ -337,6 +337,7 @@ fn all_reduce(
     b: &mut FunctionBuilder,
     inst: Inst,
     op: AllReduceOp,
+    bf16: bool,
     grads: &[Option<Value>],
 ) -> Result<Contributions, AutodiffError> {
     let data = s.src.inst(inst);
@@ -348,7 +349,7 @@ fn all_reduce(
         return Ok(Vec::new());
     }
     let adjoints: Vec<Value> = flowing.iter().map(|&(_, g)| g).collect();
-    let reduced = b.all_reduce(op, &adjoints)?;
+    let reduced = b.all_reduce_on_wire(op, &adjoints, bf16)?;
     Ok(flowing.iter().map(|&(a, _)| a).zip(reduced).collect())
 }
 
