@@ -120,6 +120,33 @@ impl Mpi {
     }
 }
 
+/// The sum for a dtype's reductions (a logical or for bool, as the in-process transport adds).
+fn sum_of(dtype: kiln_ir::DType) -> SystemOperation {
+    match dtype {
+        kiln_ir::DType::Bool => SystemOperation::logical_or(),
+        _ => SystemOperation::sum(),
+    }
+}
+
+/// `$body` with `$s` the first array's elements and `$r` the second's, mutable (one dtype).
+macro_rules! both_slices {
+    (($send:expr, $recv:expr), ($s:ident, $r:ident) => $body:expr) => {
+        match ($send, $recv) {
+            (Array::F32(a), Array::F32(b)) => both_slices!(@ a, b, $s, $r, $body),
+            (Array::F64(a), Array::F64(b)) => both_slices!(@ a, b, $s, $r, $body),
+            (Array::I32(a), Array::I32(b)) => both_slices!(@ a, b, $s, $r, $body),
+            (Array::I64(a), Array::I64(b)) => both_slices!(@ a, b, $s, $r, $body),
+            (Array::Bool(a), Array::Bool(b)) => both_slices!(@ a, b, $s, $r, $body),
+            _ => unreachable!("a reduction's buffers share a dtype"),
+        }
+    };
+    (@ $a:ident, $b:ident, $s:ident, $r:ident, $body:expr) => {{
+        let $s = $a.as_slice().expect("messages are contiguous");
+        let $r = $b.as_slice_mut().expect("messages are contiguous");
+        $body
+    }};
+}
+
 /// `MPI_Allreduce` of `data` in its own buffer.
 fn in_place_sum<T: Equivalence>(
     world: &SimpleCommunicator,
@@ -166,17 +193,10 @@ impl Transport for Mpi {
     }
 
     fn all_reduce_sum(&mut self, data: &mut Array) -> Result<(), CommError> {
+        let op = sum_of(data.dtype());
         if let Some(marker) = self.in_place {
             let (world, rank) = (&self.world, self.rank);
-            return match data {
-                Array::F32(a) => in_place_sum(world, rank, marker, a, SystemOperation::sum()),
-                Array::F64(a) => in_place_sum(world, rank, marker, a, SystemOperation::sum()),
-                Array::I32(a) => in_place_sum(world, rank, marker, a, SystemOperation::sum()),
-                Array::I64(a) => in_place_sum(world, rank, marker, a, SystemOperation::sum()),
-                Array::Bool(a) => {
-                    in_place_sum(world, rank, marker, a, SystemOperation::logical_or())
-                }
-            };
+            return crate::with_array!(data, a => in_place_sum(world, rank, marker, a, op));
         }
         // Without MPI_IN_PLACE the operands go from a copy.
         let send = match self.send.take() {
@@ -187,51 +207,15 @@ impl Transport for Mpi {
             _ => data.clone(),
         };
         let world = &self.world;
-        macro_rules! reduce {
-            ($($variant:ident => $op:expr),*) => {
-                match (&send, data) {
-                    $((Array::$variant(s), Array::$variant(r)) => world.all_reduce_into(
-                        s.as_slice().expect("messages are contiguous"),
-                        r.as_slice_mut().expect("messages are contiguous"),
-                        $op,
-                    ),)*
-                    _ => unreachable!("the send buffer is a copy of the data"),
-                }
-            };
-        }
-        reduce!(
-            F32 => SystemOperation::sum(),
-            F64 => SystemOperation::sum(),
-            I32 => SystemOperation::sum(),
-            I64 => SystemOperation::sum(),
-            Bool => SystemOperation::logical_or()
-        );
+        both_slices!((&send, data), (s, r) => world.all_reduce_into(s, r, op));
         self.send = Some(send);
         Ok(())
     }
 
     fn reduce_scatter_sum(&mut self, data: &Array) -> Result<Array, CommError> {
         let mut out = Array::zeros(data.dtype(), &[data.len() / self.size]);
-        let world = &self.world;
-        macro_rules! reduce {
-            ($($variant:ident => $op:expr),*) => {
-                match (data, &mut out) {
-                    $((Array::$variant(s), Array::$variant(r)) => world.reduce_scatter_block_into(
-                        s.as_slice().expect("messages are contiguous"),
-                        r.as_slice_mut().expect("messages are contiguous"),
-                        $op,
-                    ),)*
-                    _ => unreachable!("the result has the message's dtype"),
-                }
-            };
-        }
-        reduce!(
-            F32 => SystemOperation::sum(),
-            F64 => SystemOperation::sum(),
-            I32 => SystemOperation::sum(),
-            I64 => SystemOperation::sum(),
-            Bool => SystemOperation::logical_or()
-        );
+        let (world, op) = (&self.world, sum_of(data.dtype()));
+        both_slices!((data, &mut out), (s, r) => world.reduce_scatter_block_into(s, r, op));
         Ok(out)
     }
 
