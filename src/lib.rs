@@ -135,6 +135,7 @@ pub use kiln_runtime as runtime;
 #[doc(hidden)]
 pub mod demos;
 pub mod dot;
+pub mod book;
 pub mod fuzz;
 pub mod npy;
 pub mod plot;
@@ -152,4 +153,25 @@ pub mod prelude {
         DType, Dim, Function, FunctionBuilder, Initializer, Module, Shape, StateDecl, Type, Value,
         parse_module, verify_module,
     };
+}
+
+/// The book's Rust samples (`docs/src`), compiled and run as doc-tests.
+#[cfg(doctest)]
+mod book_samples {
+    macro_rules! chapters {
+        ($($name:ident = $path:literal;)*) => {$(
+            #[doc = include_str!(concat!("../docs/src/", $path))]
+            mod $name {}
+        )*};
+    }
+    chapters! {
+        static_programs = "guides/static-programs.md";
+        eager = "guides/eager.md";
+        custom_ops = "guides/custom-ops.md";
+        control_flow = "guides/control-flow.md";
+        layers = "guides/layers.md";
+        training = "guides/training.md";
+        embedding = "guides/embedding.md";
+        compiled_execution = "contributing/compiled-execution.md";
+    }
 }

@@ -171,6 +171,13 @@ enum Command {
         #[arg(long, value_name = "PATH", num_args = 1..)]
         replay: Vec<PathBuf>,
     },
+    /// The book's mdBook preprocessor: replaces `{{#kiln-ops}}` with the op reference made
+    /// from the op table (`docs/book.toml` runs it).
+    #[command(hide = true)]
+    BookOps {
+        /// mdBook asks `supports <renderer>` first.
+        args: Vec<String>,
+    },
     /// Draw a function's dataflow as Graphviz DOT (render with `dot -Tsvg`).
     #[command(after_help = "Example:\n  kiln dot tests/programs/mlp.kir | dot -Tsvg > mlp.svg")]
     Dot {
@@ -272,6 +279,7 @@ fn main() -> ExitCode {
             out,
             replay,
         } => fuzz(seed, cases, seconds, corpus, out, &replay),
+        Command::BookOps { args } => book_ops(&args),
         Command::Dot { file, func } => load(&file).and_then(|m| {
             let f = pick_function(&m, func.as_deref())?;
             print!("{}", kiln::dot::function_to_dot(f));
@@ -285,6 +293,20 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// The book's preprocessor: every renderer is supported; the book comes on stdin as JSON and
+/// goes back on stdout with the op reference in place.
+fn book_ops(args: &[String]) -> Result<(), Failed> {
+    if args.first().map(String::as_str) == Some("supports") {
+        return Ok(());
+    }
+    let mut input = String::new();
+    std::io::Read::read_to_string(&mut std::io::stdin(), &mut input)
+        .map_err(|e| Failed(format!("error: cannot read the book from stdin: {e}")))?;
+    let book = kiln::book::preprocess(&input).map_err(|e| Failed(format!("error: {e}")))?;
+    print!("{book}");
+    Ok(())
 }
 
 /// Reads, parses and verifies a program, rendering errors against its source.
