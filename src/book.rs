@@ -32,7 +32,11 @@ pub fn ops_reference() -> String {
                 "| `{}` | {} | {} | {:?} | {} |\n",
                 op.name(),
                 operands(op),
-                if attrs.is_empty() { "—".into() } else { attrs.join(" ") },
+                if attrs.is_empty() {
+                    "—".into()
+                } else {
+                    attrs.join(" ")
+                },
                 op.cost(),
                 execution(op),
             ));
@@ -98,10 +102,7 @@ fn execution(op: &Op) -> &'static str {
 pub fn preprocess(input: &str) -> Result<String, String> {
     let parsed: serde_json::Value =
         serde_json::from_str(input).map_err(|e| format!("not mdBook's input: {e}"))?;
-    let mut book = parsed
-        .get(1)
-        .cloned()
-        .ok_or("mdBook's input has no book")?;
+    let mut book = parsed.get(1).cloned().ok_or("mdBook's input has no book")?;
     let reference = ops_reference();
     replace_in_chapters(&mut book, &reference);
     serde_json::to_string(&book).map_err(|e| e.to_string())

@@ -131,11 +131,11 @@ pub use kiln_ir as ir;
 pub use kiln_passes as passes;
 pub use kiln_runtime as runtime;
 
+pub mod book;
 /// The examples' and the tour's code, shared with the tests that run them small (not API).
 #[doc(hidden)]
 pub mod demos;
 pub mod dot;
-pub mod book;
 pub mod fuzz;
 pub mod npy;
 pub mod plot;
@@ -155,9 +155,12 @@ pub mod prelude {
     };
 }
 
-/// The book's Rust samples (`docs/src`), compiled and run as doc-tests.
+/// The README's and the book's Rust samples (`docs/src`), compiled and run as doc-tests.
 #[cfg(doctest)]
 mod book_samples {
+    #[doc = include_str!("../README.md")]
+    mod readme {}
+
     macro_rules! chapters {
         ($($name:ident = $path:literal;)*) => {$(
             #[doc = include_str!(concat!("../docs/src/", $path))]

@@ -13,13 +13,20 @@ fn root() -> PathBuf {
 /// Every page of the book, as (path relative to `docs/src`, text).
 fn pages() -> Vec<(String, String)> {
     fn walk(dir: &Path, base: &Path, out: &mut Vec<(String, String)>) {
-        let mut entries: Vec<_> = std::fs::read_dir(dir).unwrap().map(|e| e.unwrap().path()).collect();
+        let mut entries: Vec<_> = std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .collect();
         entries.sort();
         for path in entries {
             if path.is_dir() {
                 walk(&path, base, out);
             } else if path.extension().is_some_and(|e| e == "md") {
-                let name = path.strip_prefix(base).unwrap().to_string_lossy().replace('\\', "/");
+                let name = path
+                    .strip_prefix(base)
+                    .unwrap()
+                    .to_string_lossy()
+                    .replace('\\', "/");
                 out.push((name, with_includes(&path)));
             }
         }
@@ -34,10 +41,16 @@ fn pages() -> Vec<(String, String)> {
 fn with_includes(page: &Path) -> String {
     let text = std::fs::read_to_string(page).unwrap();
     (text.lines())
-        .map(|line| match line.trim().strip_prefix("{{#include ").and_then(|l| l.strip_suffix("}}")) {
-            Some(file) => std::fs::read_to_string(page.parent().unwrap().join(file.trim()))
-                .unwrap_or_else(|e| panic!("{}: {{{{#include {file}}}}}: {e}", page.display())),
-            None => format!("{line}\n"),
+        .map(|line| {
+            match line
+                .trim()
+                .strip_prefix("{{#include ")
+                .and_then(|l| l.strip_suffix("}}"))
+            {
+                Some(file) => std::fs::read_to_string(page.parent().unwrap().join(file.trim()))
+                    .unwrap_or_else(|e| panic!("{}: {{{{#include {file}}}}}: {e}", page.display())),
+                None => format!("{line}\n"),
+            }
         })
         .collect()
 }
@@ -68,12 +81,17 @@ fn split_code(text: &str) -> (String, Vec<(String, String)>) {
 fn heading_ids(text: &str) -> Vec<String> {
     let (prose, _) = split_code(text);
     (prose.lines())
-        .filter_map(|l| l.strip_prefix('#').map(|h| h.trim_start_matches('#').trim()))
+        .filter_map(|l| {
+            l.strip_prefix('#')
+                .map(|h| h.trim_start_matches('#').trim())
+        })
         .map(|h| {
             (h.chars())
                 .filter_map(|c| match c {
                     ' ' => Some('-'),
-                    c if c.is_alphanumeric() || c == '-' || c == '_' => Some(c.to_ascii_lowercase()),
+                    c if c.is_alphanumeric() || c == '-' || c == '_' => {
+                        Some(c.to_ascii_lowercase())
+                    }
                     _ => None,
                 })
                 .collect()
@@ -124,11 +142,42 @@ fn every_link_reaches_a_page_and_a_heading() {
             if let Some(anchor) = anchor
                 && !heading_ids(page).contains(&anchor)
             {
-                broken.push(format!("{name}: `{target}`: no heading #{anchor} in {resolved}"));
+                broken.push(format!(
+                    "{name}: `{target}`: no heading #{anchor} in {resolved}"
+                ));
             }
         }
     }
     assert!(broken.is_empty(), "broken links:\n{}", broken.join("\n"));
+}
+
+/// The README's links reach files of the repository (and headings, in Markdown files).
+#[test]
+fn the_readme_links_reach_files_and_headings() {
+    let readme = std::fs::read_to_string(root().join("README.md")).unwrap();
+    let (prose, _) = split_code(&readme);
+    let mut broken = Vec::new();
+    for target in link_targets(&prose) {
+        if target.contains("://") {
+            continue;
+        }
+        let (file, anchor) = target.split_once('#').unwrap_or((&target, ""));
+        let path = root().join(file);
+        if !path.exists() {
+            broken.push(format!("`{target}`: no file {file}"));
+        } else if !anchor.is_empty()
+            && !heading_ids(&with_includes(&path))
+                .iter()
+                .any(|h| h == anchor)
+        {
+            broken.push(format!("`{target}`: no heading #{anchor} in {file}"));
+        }
+    }
+    assert!(broken.is_empty(), "README links:\n{}", broken.join("\n"));
+    assert!(
+        readme.lines().count() < 150,
+        "the README fits on a screen or two"
+    );
 }
 
 /// `a/b/../c.md` as `a/c.md`.
@@ -154,9 +203,14 @@ fn every_page_is_in_the_summary_and_its_rust_samples_run() {
         if name == "SUMMARY.md" {
             continue;
         }
-        assert!(summary.contains(&format!("]({name})")), "{name} is not in SUMMARY.md");
+        assert!(
+            summary.contains(&format!("]({name})")),
+            "{name} is not in SUMMARY.md"
+        );
         let (_, blocks) = split_code(&text);
-        let runs_rust = blocks.iter().any(|(info, _)| info == "rust" || info.is_empty());
+        let runs_rust = blocks
+            .iter()
+            .any(|(info, _)| info == "rust" || info.is_empty());
         if runs_rust {
             assert!(
                 lib.contains(&format!("\"{name}\"")),
@@ -186,9 +240,9 @@ fn console_samples_print_what_the_book_shows() {
                 while let Some(next) = lines.next_if(|l| !l.starts_with("$ ")) {
                     expected.push(next);
                 }
-                let args = command.strip_prefix("kiln ").unwrap_or_else(|| {
-                    panic!("{name}: only `kiln` commands are run: {command}")
-                });
+                let args = command
+                    .strip_prefix("kiln ")
+                    .unwrap_or_else(|| panic!("{name}: only `kiln` commands are run: {command}"));
                 let output = Command::new("sh")
                     .arg("-c")
                     .arg(format!("\"$KILN\" {args}"))
@@ -202,7 +256,10 @@ fn console_samples_print_what_the_book_shows() {
                     String::from_utf8_lossy(&output.stderr)
                 );
                 if expected == ["..."] {
-                    assert!(output.status.success(), "{name}: `{command}` failed:\n{printed}");
+                    assert!(
+                        output.status.success(),
+                        "{name}: `{command}` failed:\n{printed}"
+                    );
                 } else {
                     let got: Vec<&str> = printed.lines().map(str::trim_end).collect();
                     let want: Vec<&str> = expected.iter().map(|l| l.trim_end()).collect();

@@ -1,7 +1,7 @@
 //! The f32 approximations the JIT writes in Cranelift IR (exp, log, tanh, sigmoid, erf),
 //! measured against the same functions computed in f64 and rounded to f32, over a sweep of
 //! inputs. The maximum errors found are documented in `backend/src/jit/math.rs` and the
-//! README; this test fails if a change makes any of them worse.
+//! book's compiled-execution chapter; this test fails if a change makes any of them worse.
 
 use kiln_backend::Array;
 use kiln_backend::jit::{self, Path};

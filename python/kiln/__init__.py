@@ -11,6 +11,7 @@ computes, and a session runs one ``run`` at a time.
 """
 
 from . import _kiln
+from ._methods import unary_method as _unary_method
 from ._kiln import (
     CheckpointError,
     CommunicationError,
@@ -78,7 +79,7 @@ def _install_tensor_methods():
     # The op table's elementwise ops (tanh, exp, sigmoid, …) become methods: one list, in Rust.
     for name in _kiln.unary_ops():
         if not hasattr(Tensor, name):
-            setattr(Tensor, name, lambda self, _n=name: self._unary(_n))
+            setattr(Tensor, name, _unary_method(name))
     binary = {
         "__add__": "add", "__sub__": "sub", "__mul__": "mul", "__truediv__": "div",
         "__pow__": "pow",
@@ -92,7 +93,7 @@ def _install_tensor_methods():
         setattr(Tensor, dunder, lambda self, other, _op=op: self._compare(_op, other))
     Tensor.__neg__ = lambda self: self._unary("neg")
     Tensor.__matmul__ = lambda self, other: self.matmul(other)
-    Tensor.T = property(lambda self: self.transpose())
+    Tensor.T = property(lambda self: self.transpose(), doc="The tensor with its axes reversed.")
 
 
 _install_tensor_methods()

@@ -27,10 +27,14 @@ class PyLayer:
 
     @staticmethod
     def forward(inputs):
+        """The op's results from ``inputs`` (a list of numpy arrays): an array, or a list of
+        ``num_outputs`` arrays. Override it."""
         raise NotImplementedError
 
     @staticmethod
     def backward(inputs, outputs, grads):
+        """The gradient of each input, from the inputs, the outputs and the outputs'
+        gradients (lists of numpy arrays). Override it."""
         raise NotImplementedError
 
     @classmethod
@@ -43,5 +47,8 @@ class PyLayer:
 
     @classmethod
     def apply(cls, *inputs):
+        """Runs the op on tensors ``inputs``; returns a tensor (or a list, for several
+        outputs). Raises what ``forward`` raises, with Kiln's error naming the op as its
+        ``__cause__``."""
         outputs = _kiln.apply_pylayer(cls._op_name(), list(inputs))
         return outputs[0] if len(outputs) == 1 else outputs

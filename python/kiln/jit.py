@@ -53,6 +53,8 @@ class StaticFunction:
         return self
 
     def ir(self):
+        """The traced program as text IR. Raises ``kiln.KilnError`` before the first call
+        (the function is traced then)."""
         if self._compiled is None:
             raise _kiln.KilnError("call the function once first: it is traced on its first call")
         return self._compiled.ir()

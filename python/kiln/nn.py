@@ -24,6 +24,7 @@ class Layer:
         object.__setattr__(self, key, value)
 
     def full_name(self):
+        """The layer's unique name, the prefix of its parameters' names."""
         return self._name
 
     def create_parameter(self, name, shape, init=None, dtype="float32"):
@@ -38,14 +39,19 @@ class Layer:
         return found
 
     def named_parameters(self):
+        """``(name, parameter)`` for every parameter of this layer and the layers it holds."""
         return [(p.name, p) for p in self.parameters()]
 
     def train(self):
+        """Training mode for this layer and every layer it holds (dropout drops, batch norm
+        uses the batch's statistics); returns the layer."""
         for layer in [self, *self._sublayers()]:
             object.__setattr__(layer, "training", True)
         return self
 
     def eval(self):
+        """Evaluation mode for this layer and every layer it holds (dropout passes through,
+        batch norm uses its running statistics); returns the layer."""
         for layer in [self, *self._sublayers()]:
             object.__setattr__(layer, "training", False)
         return self
@@ -56,10 +62,13 @@ class Layer:
             yield from layer._sublayers()
 
     def clear_gradients(self):
+        """Forgets the gradients of every parameter of the layer."""
         for p in self.parameters():
             p.clear_gradient()
 
     def forward(self, *inputs):
+        """The layer's output from its input tensors. Subclasses override it; calling the
+        layer calls it."""
         raise NotImplementedError(f"{type(self).__name__} has no forward()")
 
     def __call__(self, *inputs):
@@ -86,6 +95,8 @@ class Linear(Layer):
         self.bias = self.create_parameter("b", [out_features], bias_init or _init.Zeros())
 
     def forward(self, x):
+        """``x @ weight + bias`` for ``x: [N, in_features]``. Raises ``kiln.ShapeError`` on
+        another width."""
         return x.matmul(self.weight.tensor()) + self.bias.tensor()
 
 
@@ -99,6 +110,7 @@ class Sequential(Layer):
         object.__setattr__(self, "_order", list(layers))
 
     def forward(self, x):
+        """``x`` through each layer in turn."""
         for layer in self._order:
             x = layer(x)
         return x
@@ -143,6 +155,9 @@ class Conv2d(_Native):
 
 
 class MaxPool2d(_Native):
+    """Max pooling over NCHW windows of ``kernel_size``, moving by ``stride`` (default: the
+    window)."""
+
     kind = "max_pool2d"
 
     def __init__(self, kernel_size, stride=None, name=None):
@@ -150,6 +165,9 @@ class MaxPool2d(_Native):
 
 
 class AvgPool2d(_Native):
+    """Average pooling over NCHW windows of ``kernel_size``, moving by ``stride`` (default:
+    the window)."""
+
     kind = "avg_pool2d"
 
     def __init__(self, kernel_size, stride=None, name=None):
@@ -157,10 +175,14 @@ class AvgPool2d(_Native):
 
 
 class Flatten(_Native):
+    """``[N, ...]`` as ``[N, product of the rest]``."""
+
     kind = "flatten"
 
 
 class GlobalAvgPool(_Native):
+    """The mean of each channel of NCHW input: ``[N, C]``."""
+
     kind = "global_avg_pool"
 
 
@@ -174,6 +196,9 @@ class BatchNorm(_Native):
 
 
 class LayerNorm(_Native):
+    """Layer normalisation over the last axis (``width`` features), with a learned scale and
+    shift; ``eps`` in the denominator."""
+
     kind = "layer_norm"
 
     def __init__(self, width, eps=1e-5, name=None):
@@ -190,6 +215,9 @@ class LSTM(_Native):
 
 
 class GRU(_Native):
+    """A GRU over ``[N, T, input_size]`` (PyTorch's gate equations); returns every step's
+    hidden state."""
+
     kind = "gru"
 
     def __init__(self, input_size, hidden_size, name=None):
@@ -197,6 +225,8 @@ class GRU(_Native):
 
 
 class Embedding(_Native):
+    """Rows of a ``[vocab, dim]`` table by integer index."""
+
     kind = "embedding"
 
     def __init__(self, vocab, dim, name=None):
@@ -204,6 +234,9 @@ class Embedding(_Native):
 
 
 class SelfAttention(_Native):
+    """Single-head scaled dot-product self-attention over ``[N, T, features]``, projecting
+    to ``dim``."""
+
     kind = "self_attention"
 
     def __init__(self, features, dim, name=None):
@@ -211,6 +244,9 @@ class SelfAttention(_Native):
 
 
 class Dropout(_Native):
+    """Zeroes each element with probability ``p`` in training mode (scaling the rest by
+    ``1 / (1 - p)``); the identity in evaluation mode."""
+
     kind = "dropout"
 
     def __init__(self, p=0.5, seed=0, name=None):
@@ -218,17 +254,26 @@ class Dropout(_Native):
 
 
 class ReLU(Layer):
+    """``max(x, 0)``."""
+
     def forward(self, x):
+        """``max(x, 0)`` elementwise."""
         return x.relu()
 
 
 class Tanh(Layer):
+    """``tanh(x)``."""
+
     def forward(self, x):
+        """``tanh(x)`` elementwise."""
         return x.tanh()
 
 
 class Sigmoid(Layer):
+    """``1 / (1 + exp(-x))``."""
+
     def forward(self, x):
+        """``1 / (1 + exp(-x))`` elementwise."""
         return x.sigmoid()
 
 

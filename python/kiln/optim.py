@@ -5,6 +5,10 @@ from . import _kiln
 
 
 class Optimizer:
+    """An update rule. Eagerly: ``Rule(model.parameters(), lr)``, then ``zero_grad()``,
+    ``loss.backward()``, ``step()``. For a static program: ``Rule(lr).minimize(program,
+    loss)``. Raises ``TypeError`` when used the other way round."""
+
     kind = None
 
     def __init__(self, params=None, lr=0.01, **options):
@@ -41,10 +45,14 @@ class Optimizer:
 
 
 class SGD(Optimizer):
+    """Gradient descent: ``w -= lr * g``."""
+
     kind = "sgd"
 
 
 class Momentum(Optimizer):
+    """SGD with momentum, as PyTorch writes it: ``v = momentum * v + g``, ``w -= lr * v``."""
+
     kind = "momentum"
 
     def __init__(self, params=None, lr=0.01, momentum=0.9):
@@ -52,6 +60,9 @@ class Momentum(Optimizer):
 
 
 class Adam(Optimizer):
+    """Adam with PyTorch's bias correction: ``betas`` for the moments, ``eps`` in the
+    denominator."""
+
     kind = "adam"
 
     def __init__(self, params=None, lr=0.001, betas=(0.9, 0.999), eps=1e-8):

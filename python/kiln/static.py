@@ -2,6 +2,7 @@
 ``kiln.Session`` with feeds and fetches."""
 
 from . import _kiln, init as _init
+from ._methods import unary_method as _unary_method
 from . import layers  # noqa: F401  (kiln.static.layers)
 
 Var = _kiln.Var
@@ -19,9 +20,13 @@ class Program:
         return self._program.placeholder(name, str(dtype), list(shape))
 
     def parameter(self, name, shape, init=None, dtype="float32"):
+        """A trainable parameter ``name`` of ``shape``, first drawn by ``init`` (a
+        ``kiln.init`` initializer or a number; zeros by default). Raises ``kiln.KilnError``
+        for a name already taken."""
         return self._program.parameter(name, list(shape), _init._spec(init), dtype)
 
     def parameter_names(self):
+        """The names of the program's parameters, in the order they were made."""
         return self._program.parameter_names()
 
     def ir(self):
@@ -74,7 +79,7 @@ def function(inputs, outputs, updates=(), session=None):
 def _install_var_methods():
     for name in _kiln.unary_ops():
         if not hasattr(Var, name):
-            setattr(Var, name, lambda self, _n=name: self._unary(_n))
+            setattr(Var, name, _unary_method(name))
     for dunder, op in {"__add__": "add", "__sub__": "sub", "__mul__": "mul",
                        "__truediv__": "div", "__pow__": "pow"}.items():
         setattr(Var, dunder, lambda self, other, _op=op: self._binary(_op, other))

@@ -80,6 +80,7 @@ impl PyTensor {
         py_eager(self.0.item())
     }
 
+    /// The size of each axis, a tuple (`None` for a traced symbolic one).
     #[getter]
     fn shape<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyTuple>> {
         let dims: Vec<Option<usize>> = (self.0.ty().shape.dims().iter())
@@ -88,11 +89,13 @@ impl PyTensor {
         PyTuple::new(py, dims)
     }
 
+    /// The element type's name: `"float32"`, `"float64"`, `"int32"`, `"int64"` or `"bool"`.
     #[getter]
     fn dtype(&self) -> &'static str {
         dtype_name(self.0.dtype())
     }
 
+    /// Whether `backward()` computes this tensor's gradient.
     #[getter]
     fn requires_grad(&self) -> bool {
         self.0.tracks_grad()
@@ -110,6 +113,7 @@ impl PyTensor {
         self.0.grad().map(PyTensor)
     }
 
+    /// Forgets the gradient `backward()` left.
     fn zero_grad(&self) {
         self.0.zero_grad()
     }
@@ -148,24 +152,34 @@ impl PyTensor {
         py_eager(self.0.compare(op, &operand(self, other)?)).map(PyTensor)
     }
 
+    /// The sum over `axis` (an int or a list; every axis by default), keeping the summed
+    /// axes as size 1 with `keepdims`. Raises `ShapeError` for an axis out of range.
     #[pyo3(signature = (axis = None, keepdims = false))]
     fn sum(&self, axis: Option<&Bound<'_, PyAny>>, keepdims: bool) -> PyResult<PyTensor> {
         py_eager(self.0.sum(&axes(&self.0, axis)?, keepdims)).map(PyTensor)
     }
 
+    /// The mean over `axis` (an int or a list; every axis by default), keeping the reduced
+    /// axes as size 1 with `keepdims`. Raises `ShapeError` for an axis out of range.
     #[pyo3(signature = (axis = None, keepdims = false))]
     fn mean(&self, axis: Option<&Bound<'_, PyAny>>, keepdims: bool) -> PyResult<PyTensor> {
         py_eager(self.0.mean(&axes(&self.0, axis)?, keepdims)).map(PyTensor)
     }
 
+    /// The matrix product `self @ other` (batch dimensions broadcast). Raises `ShapeError`
+    /// naming both shapes when the contracted dimensions differ.
     fn matmul(&self, other: &PyTensor) -> PyResult<PyTensor> {
         py_eager(self.0.matmul(&other.0)).map(PyTensor)
     }
 
+    /// The same elements, row-major, in `shape` (a list of sizes). Raises `ShapeError` when
+    /// the element counts differ.
     fn reshape(&self, shape: Vec<usize>) -> PyResult<PyTensor> {
         py_eager(self.0.reshape(Shape::fixed(&shape))).map(PyTensor)
     }
 
+    /// The axes permuted: axis `i` of the result is axis `perm[i]`; with no `perm`, reversed.
+    /// Raises `ShapeError` for a `perm` that is not a permutation of the axes.
     #[pyo3(signature = (*perm))]
     fn transpose(&self, perm: Vec<usize>) -> PyResult<PyTensor> {
         if perm.is_empty() {
@@ -174,24 +188,30 @@ impl PyTensor {
         py_eager(self.0.transpose(&perm)).map(PyTensor)
     }
 
+    /// The softmax along `axis` (the last by default).
     #[pyo3(signature = (axis = -1))]
     fn softmax(&self, axis: i64) -> PyResult<PyTensor> {
         let axis = axis_of(&self.0, axis)?;
         py_eager(self.0.softmax(axis)).map(PyTensor)
     }
 
+    /// The log-softmax along `axis` (the last by default).
     #[pyo3(signature = (axis = -1))]
     fn log_softmax(&self, axis: i64) -> PyResult<PyTensor> {
         let axis = axis_of(&self.0, axis)?;
         py_eager(self.0.log_softmax(axis)).map(PyTensor)
     }
 
+    /// The index of the largest element along `axis` (the last by default), as int64; the
+    /// first on a tie.
     #[pyo3(signature = (axis = -1))]
     fn argmax(&self, axis: i64) -> PyResult<PyTensor> {
         let axis = axis_of(&self.0, axis)?;
         py_eager(self.0.argmax(axis)).map(PyTensor)
     }
 
+    /// The values converted to `dtype_name` (`"float32"`, `"float64"`, `"int32"`, `"int64"`,
+    /// `"bool"`). Raises `TypeError` for another name.
     fn astype(&self, dtype_name: &str) -> PyResult<PyTensor> {
         py_eager(self.0.cast(dtype(dtype_name)?)).map(PyTensor)
     }
@@ -242,6 +262,7 @@ pub(crate) struct PyParameter(pub(crate) Parameter);
 
 #[pymethods]
 impl PyParameter {
+    /// The parameter's name (`<layer>.<name>`).
     #[getter]
     fn name(&self) -> String {
         self.0.name().to_owned()
@@ -267,6 +288,7 @@ impl PyParameter {
         self.0.grad().map(PyTensor)
     }
 
+    /// The parameter's shape, a tuple.
     #[getter]
     fn shape<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyTuple>> {
         let dims = self.0.decl().ty.shape.as_fixed().unwrap_or_default();
@@ -626,6 +648,8 @@ fn loss(name: &str, a: &PyTensor, b: &PyTensor) -> PyResult<PyTensor> {
     py_eager(result).map(PyTensor)
 }
 
+/// Seeds the parameters made from now on in this thread (each drawn from the seed and its
+/// name), and dropout.
 #[pyfunction]
 fn manual_seed(seed: u64) {
     eager::manual_seed(seed)
@@ -637,11 +661,15 @@ fn reset() {
     eager::reset()
 }
 
+/// Saves this thread's eager parameters to `path` (safetensors, written atomically). Raises
+/// `CheckpointError` when the file cannot be written; the previous file is then intact.
 #[pyfunction]
 fn save_parameters(path: std::path::PathBuf) -> PyResult<()> {
     py_eager(eager::save_parameters(&path))
 }
 
+/// Loads this thread's eager parameters from `path` (safetensors). Raises `CheckpointError`
+/// for a missing, corrupt or mismatched file; nothing changes then.
 #[pyfunction]
 fn load_parameters(path: std::path::PathBuf) -> PyResult<()> {
     py_eager(eager::load_parameters(&path))

@@ -48,6 +48,7 @@ impl Clone for PyVar {
 #[derive(Clone)]
 pub(crate) struct PyTarget {
     target: Target,
+    /// The target's name (`<optimizer>.minimize`, say).
     #[pyo3(get)]
     name: String,
 }
@@ -236,6 +237,7 @@ fn last_axis(program: &Bound<'_, PyProgram>, v: Value) -> usize {
 
 #[pymethods]
 impl PyVar {
+    /// The value's name in the program, if it has one (placeholders do).
     #[getter]
     fn name(&self, py: Python<'_>) -> Option<String> {
         let p = self.program.borrow(py);
@@ -248,6 +250,7 @@ impl PyVar {
         self.program.clone_ref(py)
     }
 
+    /// The size of each axis (`None` for a dimension of any size).
     #[getter]
     fn shape(&self, py: Python<'_>) -> Vec<Option<usize>> {
         let p = self.program.borrow(py);
@@ -292,16 +295,22 @@ impl PyVar {
         })
     }
 
+    /// The matrix product `self @ other`, added to the program. Raises `ShapeError` naming
+    /// both shapes when the contracted dimensions differ.
     fn matmul(&self, py: Python<'_>, other: &PyVar) -> PyResult<PyVar> {
         let y = other.value;
         self.op(py, |p, x| Ok(p.matmul(x, y)?))
     }
 
+    /// The sum over `axis` (a list; every axis by default), added to the program; `keepdims`
+    /// keeps the summed axes as size 1.
     #[pyo3(signature = (axis = None, keepdims = false))]
     fn sum(&self, py: Python<'_>, axis: Option<Vec<usize>>, keepdims: bool) -> PyResult<PyVar> {
         self.reduce(py, ReduceOp::Sum, axis, keepdims)
     }
 
+    /// The mean over `axis` (a list; every axis by default), added to the program;
+    /// `keepdims` keeps the reduced axes as size 1.
     #[pyo3(signature = (axis = None, keepdims = false))]
     fn mean(&self, py: Python<'_>, axis: Option<Vec<usize>>, keepdims: bool) -> PyResult<PyVar> {
         self.reduce(py, ReduceOp::Mean, axis, keepdims)
