@@ -174,6 +174,7 @@ mod book_samples {
         control_flow = "guides/control-flow.md";
         layers = "guides/layers.md";
         training = "guides/training.md";
+        distributed = "guides/distributed.md";
         embedding = "guides/embedding.md";
         compiled_execution = "contributing/compiled-execution.md";
     }
