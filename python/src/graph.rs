@@ -43,10 +43,24 @@ impl Clone for PyVar {
     }
 }
 
+impl PyVar {
+    /// The value, when it belongs to `program`; else an error saying that `what` mixes two
+    /// programs (a value id of one means nothing, or something else, in another).
+    fn value_in(&self, program: &Bound<'_, PyAny>, what: &str) -> PyResult<Value> {
+        if self.program.as_ptr() == program.as_ptr() {
+            return Ok(self.value);
+        }
+        Err(KilnError::new_err(format!(
+            "{what}: a value of another Program; each Program is a graph of its own, so values \
+             of two programs cannot be combined, fed or fetched together"
+        )))
+    }
+}
+
 /// A group of updates `minimize` made; fetch it to apply them.
 #[pyclass(name = "Target", module = "kiln.static", frozen)]
-#[derive(Clone)]
 pub(crate) struct PyTarget {
+    program: Py<PyProgram>,
     target: Target,
     /// The target's name (`<optimizer>.minimize`, say).
     #[pyo3(get)]
@@ -97,12 +111,13 @@ impl PyProgram {
 
     /// The session `kiln.function` runs in when given none: made on first use, from the
     /// program as it is then, and shared by every such function of this program.
-    fn default_session(&mut self, py: Python<'_>) -> PyResult<Py<PySession>> {
-        if let Some(s) = &self.1 {
+    fn default_session(slf: &Bound<'_, Self>) -> PyResult<Py<PySession>> {
+        let py = slf.py();
+        if let Some(s) = &slf.borrow().1 {
             return Ok(s.clone_ref(py));
         }
-        let session = Py::new(py, PySession(kiln_ok(Session::new(&self.0))?))?;
-        self.1 = Some(session.clone_ref(py));
+        let session = Py::new(py, PySession::new(slf)?)?;
+        slf.borrow_mut().1 = Some(session.clone_ref(py));
         Ok(session)
     }
 
@@ -148,13 +163,16 @@ impl PyProgram {
         activation_name: Option<&str>,
     ) -> PyResult<PyVar> {
         let act = activation(activation_name)?;
-        Self::add(slf, |p| layers::dense(p, name, x.value, units, act))
+        let x = x.value_in(slf.as_any(), "dense")?;
+        Self::add(slf, |p| layers::dense(p, name, x, units, act))
     }
 
     /// A loss or layer by name: `mse`, `softmax_cross_entropy`, `sigmoid_cross_entropy`,
     /// `accuracy` (two operands), `softmax`, `log_softmax`, `mean`, `flatten` (one).
     fn layer(slf: &Bound<'_, Self>, name: &str, args: Vec<PyRef<'_, PyVar>>) -> PyResult<PyVar> {
-        let v: Vec<Value> = args.iter().map(|a| a.value).collect();
+        let v: Vec<Value> = (args.iter())
+            .map(|a| a.value_in(slf.as_any(), name))
+            .collect::<PyResult<_>>()?;
         let wrong = || PyTypeError::new_err(format!("`{name}` takes other operands"));
         match (name, &v[..]) {
             ("mse", [a, b]) => Self::add(slf, |p| layers::mse(p, *a, *b)),
@@ -184,7 +202,7 @@ impl PyProgram {
     #[pyo3(signature = (kind, lr, loss, params = None, momentum = 0.9, betas = (0.9, 0.999), eps = 1e-8, name = None))]
     #[allow(clippy::too_many_arguments)]
     fn minimize(
-        &mut self,
+        slf: &Bound<'_, Self>,
         kind: &str,
         lr: f64,
         loss: &PyVar,
@@ -195,12 +213,15 @@ impl PyProgram {
         name: Option<String>,
     ) -> PyResult<PyTarget> {
         let mut rule = rule(kind, name.as_deref(), lr, momentum, betas, eps)?;
+        let loss = loss.value_in(slf.as_any(), "minimize")?;
+        let mut this = slf.borrow_mut();
         let names =
-            params.unwrap_or_else(|| self.0.params().iter().map(|q| q.name.clone()).collect());
-        let target = kiln_ok(rule.minimize_params(&mut self.0, loss.value, &names))?;
+            params.unwrap_or_else(|| this.0.params().iter().map(|q| q.name.clone()).collect());
+        let target = kiln_ok(rule.minimize_params(&mut this.0, loss, &names))?;
         Ok(PyTarget {
+            program: slf.clone().unbind(),
             target,
-            name: self.0.target_name(target).to_owned(),
+            name: this.0.target_name(target).to_owned(),
         })
     }
 
@@ -218,13 +239,15 @@ impl PyProgram {
     /// declarations as a text IR file, for `kiln.load_predictor` or `kiln run`.
     #[pyo3(signature = (path, outputs, name = "predict"))]
     fn save(
-        &self,
+        slf: &Bound<'_, Self>,
         path: std::path::PathBuf,
         outputs: Vec<PyRef<'_, PyVar>>,
         name: &str,
     ) -> PyResult<()> {
-        let values: Vec<Value> = outputs.iter().map(|v| v.value).collect();
-        let module = kiln_ok(self.0.export_module(&[(name, &values[..])]))?;
+        let values: Vec<Value> = (outputs.iter())
+            .map(|v| v.value_in(slf.as_any(), "save"))
+            .collect::<PyResult<_>>()?;
+        let module = kiln_ok(slf.borrow().0.export_module(&[(name, &values[..])]))?;
         kiln_ok(kiln::runtime::checkpoint::save_module(&module, &path))
     }
 }
@@ -281,7 +304,7 @@ impl PyVar {
         let op = BinaryOp::from_name(name)
             .ok_or_else(|| PyTypeError::new_err(format!("no binary op `{name}`")))?;
         let other = match other.extract::<PyRef<'_, PyVar>>() {
-            Ok(v) => Operand::Var(v.value),
+            Ok(v) => Operand::Var(v.value_in(self.program.bind(py).as_any(), name)?),
             Err(_) => Operand::Number(other.extract::<f64>()?),
         };
         self.op(py, |p, x| {
@@ -298,7 +321,7 @@ impl PyVar {
     /// The matrix product `self @ other`, added to the program. Raises `ShapeError` naming
     /// both shapes when the contracted dimensions differ.
     fn matmul(&self, py: Python<'_>, other: &PyVar) -> PyResult<PyVar> {
-        let y = other.value;
+        let y = other.value_in(self.program.bind(py).as_any(), "matmul")?;
         self.op(py, |p, x| Ok(p.matmul(x, y)?))
     }
 
@@ -349,6 +372,22 @@ impl PyVar {
     }
 }
 
+/// A fetch from Python (a `Var`, a `Target`, or a name), checked to belong to `program`.
+fn fetch_in(item: &Bound<'_, PyAny>, program: &Bound<'_, PyAny>) -> PyResult<Fetch> {
+    if let Ok(t) = item.extract::<PyRef<'_, PyTarget>>()
+        && t.program.as_ptr() != program.as_ptr()
+    {
+        return Err(KilnError::new_err(format!(
+            "fetch `{}`: a target of another Program than the session's",
+            t.name
+        )));
+    }
+    if let Ok(v) = item.extract::<PyRef<'_, PyVar>>() {
+        v.value_in(program, "fetch")?;
+    }
+    fetch(item)
+}
+
 /// A fetch from Python: a `Var`, a `Target`, or a name.
 fn fetch(item: &Bound<'_, PyAny>) -> PyResult<Fetch> {
     if let Ok(v) = item.extract::<PyRef<'_, PyVar>>() {
@@ -365,13 +404,46 @@ fn fetch(item: &Bound<'_, PyAny>) -> PyResult<Fetch> {
 
 /// A program, the scope its parameters live in, and compiled runs.
 #[pyclass(name = "Session", module = "kiln")]
-pub(crate) struct PySession(Session);
+pub(crate) struct PySession {
+    session: Session,
+    program: Py<PyProgram>,
+    /// The program's size (instructions, state) when `session` last took it.
+    seen: (usize, usize),
+}
+
+/// How far a program has grown: its instructions and its state declarations.
+fn size_of(program: &Program) -> (usize, usize) {
+    (program.graph().num_insts(), program.module().states.len())
+}
+
+impl PySession {
+    /// Takes up what was added to the program since the session last looked (values,
+    /// targets, parameters): the session is rebuilt over its own state, so values it holds
+    /// stay, and new parameters start from their initializers.
+    fn catch_up(&mut self, py: Python<'_>) -> PyResult<()> {
+        let program = self.program.borrow(py);
+        let now = size_of(&program.0);
+        if now == self.seen {
+            return Ok(());
+        }
+        let scope = std::mem::take(self.session.scope_mut());
+        let backend = self.session.backend();
+        self.session = kiln_ok(Session::with_scope(&program.0, scope))?.with_backend(backend);
+        self.seen = now;
+        Ok(())
+    }
+}
 
 #[pymethods]
 impl PySession {
     #[new]
-    fn new(program: &PyProgram) -> PyResult<PySession> {
-        kiln_ok(Session::new(&program.0)).map(PySession)
+    fn new(program: &Bound<'_, PyProgram>) -> PyResult<PySession> {
+        let p = program.borrow();
+        Ok(PySession {
+            session: kiln_ok(Session::new(&p.0))?,
+            seen: size_of(&p.0),
+            program: program.clone().unbind(),
+        })
     }
 
     /// Runs what `fetches` need with `feed` (placeholder name → array); returns one numpy
@@ -390,7 +462,11 @@ impl PySession {
         } else {
             fetches.extract()?
         };
-        let fetches: Vec<Fetch> = items.iter().map(fetch).collect::<PyResult<_>>()?;
+        let program = self.program.clone_ref(py);
+        let fetches: Vec<Fetch> = (items.iter())
+            .map(|item| fetch_in(item, program.bind(py).as_any()))
+            .collect::<PyResult<_>>()?;
+        self.catch_up(py)?;
         let (mut names, mut arrays): (Vec<String>, Vec<Array>) = (Vec::new(), Vec::new());
         if let Some(feed) = feed {
             for (k, v) in feed.iter() {
@@ -400,7 +476,7 @@ impl PySession {
         }
         let feeds: Vec<(&str, Array)> = names.iter().map(String::as_str).zip(arrays).collect();
         let fetches_for_run = fetches.clone();
-        let session = &mut self.0;
+        let session = &mut self.session;
         let result = py.detach(move || session.run(&fetches_for_run, &feeds));
         let mut values = kiln_ok(result)?.into_iter();
         let out: Vec<Py<PyAny>> = fetches
@@ -419,7 +495,7 @@ impl PySession {
     /// The value of state `name` (a parameter, an optimizer moment).
     fn state(&self, py: Python<'_>, name: &str) -> PyResult<Py<PyAny>> {
         let value = self
-            .0
+            .session
             .scope()
             .get(name)
             .cloned()
@@ -429,12 +505,13 @@ impl PySession {
 
     /// Saves every state value as a safetensors checkpoint (atomically).
     fn save(&self, path: std::path::PathBuf) -> PyResult<()> {
-        kiln_ok(self.0.scope().save(&path))
+        kiln_ok(self.session.scope().save(&path))
     }
 
     /// Loads state values from a checkpoint; nothing changes on error.
-    fn load(&mut self, path: std::path::PathBuf) -> PyResult<()> {
-        kiln_ok(self.0.scope_mut().load(&path))
+    fn load(&mut self, py: Python<'_>, path: std::path::PathBuf) -> PyResult<()> {
+        self.catch_up(py)?;
+        kiln_ok(self.session.scope_mut().load(&path))
     }
 }
 
@@ -456,10 +533,31 @@ impl PyFunction {
         updates: Vec<PyRef<'_, PyTarget>>,
         py: Python<'_>,
     ) -> PyResult<PyFunction> {
-        let inputs: Vec<Value> = inputs.iter().map(|v| v.value).collect();
-        let outputs: Vec<Value> = outputs.iter().map(|v| v.value).collect();
+        let program = session.borrow(py).program.clone_ref(py);
+        let program = program.bind(py).as_any();
+        let values = |vars: &[PyRef<'_, PyVar>]| -> PyResult<Vec<Value>> {
+            vars.iter()
+                .map(|v| v.value_in(program, "function"))
+                .collect()
+        };
+        let (inputs, outputs) = (values(&inputs)?, values(&outputs)?);
+        if let Some(t) = updates
+            .iter()
+            .find(|t| t.program.as_ptr() != program.as_ptr())
+        {
+            return Err(KilnError::new_err(format!(
+                "function: update `{}` is a target of another Program than the session's",
+                t.name
+            )));
+        }
         let updates: Vec<Target> = updates.iter().map(|t| t.target).collect();
-        let function = kiln_ok(session.borrow(py).0.function(&inputs, &outputs, &updates))?;
+        session.borrow_mut(py).catch_up(py)?;
+        let function = kiln_ok(
+            session
+                .borrow(py)
+                .session
+                .function(&inputs, &outputs, &updates),
+        )?;
         Ok(PyFunction { session, function })
     }
 
@@ -467,7 +565,8 @@ impl PyFunction {
     fn __call__(&self, py: Python<'_>, args: Vec<Bound<'_, PyAny>>) -> PyResult<Vec<Py<PyAny>>> {
         let arrays: Vec<Array> = args.iter().map(from_py).collect::<PyResult<_>>()?;
         let mut session = self.session.borrow_mut(py);
-        let out = kiln_ok(self.function.call(&mut session.0, &arrays))?;
+        session.catch_up(py)?;
+        let out = kiln_ok(self.function.call(&mut session.session, &arrays))?;
         Ok(out.into_iter().map(|a| to_py(py, a)).collect())
     }
 }

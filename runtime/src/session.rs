@@ -457,6 +457,11 @@ impl Session {
         self.runner.set_backend(backend);
     }
 
+    /// The backend runs use.
+    pub fn backend(&self) -> Backend {
+        self.runner.backend()
+    }
+
     /// What the compiled runs did so far: allocations, buffer reuses, in-place updates.
     pub fn exec_stats(&self) -> ExecStats {
         self.runner.exec_stats()
