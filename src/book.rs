@@ -7,7 +7,8 @@ use kiln_ir::{Op, OpClass};
 /// The marker a chapter writes where the op reference goes.
 pub const OPS_MARKER: &str = "{{#kiln-ops}}";
 
-/// Every op of the op table as Markdown tables, one per class, in table order.
+/// Every op of the op table as Markdown tables, one per class, classes and ops in table
+/// order.
 pub fn ops_reference() -> String {
     let mut ops: Vec<Op> = Vec::new();
     for op in Op::representatives() {
@@ -15,12 +16,15 @@ pub fn ops_reference() -> String {
             ops.push(op);
         }
     }
-    let mut out = format!("{} ops.\n", ops.len());
-    for class in CLASSES {
-        let mine: Vec<&Op> = ops.iter().filter(|op| op.class() == class).collect();
-        if mine.is_empty() {
-            continue;
+    let mut classes: Vec<OpClass> = Vec::new();
+    for op in &ops {
+        if !classes.contains(&op.class()) {
+            classes.push(op.class());
         }
+    }
+    let mut out = format!("{} ops.\n", ops.len());
+    for class in classes {
+        let mine: Vec<&Op> = ops.iter().filter(|op| op.class() == class).collect();
         out.push_str(&format!("\n## {}\n\n", class_title(class)));
         out.push_str("| op | operands | attributes | cost per element | compiled run |\n");
         out.push_str("|---|---|---|---|---|\n");
@@ -44,19 +48,6 @@ pub fn ops_reference() -> String {
     }
     out
 }
-
-const CLASSES: [OpClass; 10] = [
-    OpClass::Elementwise,
-    OpClass::Layout,
-    OpClass::Reduction,
-    OpClass::Contraction,
-    OpClass::Indexing,
-    OpClass::Source,
-    OpClass::Effect,
-    OpClass::Control,
-    OpClass::Call,
-    OpClass::Communication,
-];
 
 fn class_title(class: OpClass) -> &'static str {
     match class {

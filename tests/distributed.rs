@@ -795,16 +795,18 @@ fn ranks_whose_communication_differs_are_refused_on_every_rank_before_data_moves
     }
 }
 
+/// The error of two in-process ranks training the small model with `fault` injected on `rank`.
+fn skewed_run_error(rank: usize, fault: kiln::demos::data_parallel::Fault) -> String {
+    let config = Config {
+        fault: Some((rank, fault)),
+        ..small(Mode::AllReduce)
+    };
+    run_threads(&config, 2).unwrap_err().to_string()
+}
+
 #[test]
 fn ranks_that_build_different_models_are_refused_naming_the_parameter() {
-    let results = run_threads(
-        &Config {
-            fault: Some((1, kiln::demos::data_parallel::Fault::Width)),
-            ..small(Mode::AllReduce)
-        },
-        2,
-    );
-    let error = results.unwrap_err().to_string();
+    let error = skewed_run_error(1, kiln::demos::data_parallel::Fault::Width);
     assert!(
         error.contains("rank 1 declares `fc1.b: f32[17]` where rank 0 declares `fc1.b: f32[16]`"),
         "{error}"
@@ -813,15 +815,7 @@ fn ranks_that_build_different_models_are_refused_naming_the_parameter() {
 
 #[test]
 fn ranks_that_bucket_differently_are_refused_before_the_first_all_reduce() {
-    let error = run_threads(
-        &Config {
-            fault: Some((0, kiln::demos::data_parallel::Fault::Buckets)),
-            ..small(Mode::AllReduce)
-        },
-        2,
-    )
-    .unwrap_err()
-    .to_string();
+    let error = skewed_run_error(0, kiln::demos::data_parallel::Fault::Buckets);
     assert!(error.contains("collective #1 differs"), "{error}");
     assert!(error.contains("nothing was sent"), "{error}");
 }
@@ -969,16 +963,33 @@ fn sharding_ops_check_their_blocks_and_their_ranks() {
 /// moments on each rank (fc1.w's 1024 elements do not split in 3: padding is exercised).
 #[test]
 fn zero_stage_one_follows_the_unsharded_run_with_a_share_of_the_moments() {
+    let plain = run_threads(&small(Mode::AllReduce), 1).unwrap();
     for ranks in [2, 3] {
         let zero = Config {
             zero: true,
             ..small(Mode::AllReduce)
         };
+        let reports = run_threads(&zero, ranks).unwrap();
+        assert!(
+            reports
+                .iter()
+                .all(|r| r.final_loss == reports[0].final_loss)
+        );
         assert_close(
-            final_loss(&zero, ranks),
-            final_loss(&small(Mode::AllReduce), 1),
+            reports[0].final_loss,
+            plain[0].final_loss,
             &format!("ZeRO-1 on {ranks} ranks"),
         );
+        // The run really sharded: each rank held about 1/N of the optimizer state.
+        for r in reports {
+            assert!(
+                r.optimizer_bytes * ranks <= plain[0].optimizer_bytes + 1024,
+                "rank {} held {} of {} bytes",
+                r.rank,
+                r.optimizer_bytes,
+                plain[0].optimizer_bytes
+            );
+        }
     }
     let moments = |shard: Option<usize>| -> (u128, Vec<String>) {
         let mut p = Program::with_seed(1);
@@ -1073,6 +1084,7 @@ fn data_parallel_with_a_bf16_wire_stays_near_the_exact_run() {
     };
     let exact = final_loss(&small(Mode::AllReduce), 2);
     let rounded = final_loss(&bf16, 2);
+    assert_ne!(rounded, exact, "the run rounded its gradients");
     assert!(
         (rounded - exact).abs() <= 1e-3 * exact,
         "{rounded} against {exact}"

@@ -67,6 +67,19 @@ pub(crate) struct PyTarget {
     name: String,
 }
 
+impl PyTarget {
+    /// The target, when it belongs to `program`; else an error naming it and `what`.
+    fn target_in(&self, program: &Bound<'_, PyAny>, what: &str) -> PyResult<Target> {
+        if self.program.as_ptr() == program.as_ptr() {
+            return Ok(self.target);
+        }
+        Err(KilnError::new_err(format!(
+            "{what}: target `{}` belongs to another Program than the session's",
+            self.name
+        )))
+    }
+}
+
 fn activation(name: Option<&str>) -> PyResult<Activation> {
     Ok(match name.unwrap_or("identity") {
         "identity" | "linear" => Activation::Identity,
@@ -374,27 +387,11 @@ impl PyVar {
 
 /// A fetch from Python (a `Var`, a `Target`, or a name), checked to belong to `program`.
 fn fetch_in(item: &Bound<'_, PyAny>, program: &Bound<'_, PyAny>) -> PyResult<Fetch> {
-    if let Ok(t) = item.extract::<PyRef<'_, PyTarget>>()
-        && t.program.as_ptr() != program.as_ptr()
-    {
-        return Err(KilnError::new_err(format!(
-            "fetch `{}`: a target of another Program than the session's",
-            t.name
-        )));
-    }
     if let Ok(v) = item.extract::<PyRef<'_, PyVar>>() {
-        v.value_in(program, "fetch")?;
-    }
-    fetch(item)
-}
-
-/// A fetch from Python: a `Var`, a `Target`, or a name.
-fn fetch(item: &Bound<'_, PyAny>) -> PyResult<Fetch> {
-    if let Ok(v) = item.extract::<PyRef<'_, PyVar>>() {
-        return Ok(Fetch::Value(v.value));
+        return Ok(Fetch::Value(v.value_in(program, "fetch")?));
     }
     if let Ok(t) = item.extract::<PyRef<'_, PyTarget>>() {
-        return Ok(Fetch::Target(t.target));
+        return Ok(Fetch::Target(t.target_in(program, "fetch")?));
     }
     let name: String = item.extract().map_err(|_| {
         PyTypeError::new_err("a fetch is a Var, a Target (from minimize) or a name")
@@ -541,16 +538,9 @@ impl PyFunction {
                 .collect()
         };
         let (inputs, outputs) = (values(&inputs)?, values(&outputs)?);
-        if let Some(t) = updates
-            .iter()
-            .find(|t| t.program.as_ptr() != program.as_ptr())
-        {
-            return Err(KilnError::new_err(format!(
-                "function: update `{}` is a target of another Program than the session's",
-                t.name
-            )));
-        }
-        let updates: Vec<Target> = updates.iter().map(|t| t.target).collect();
+        let updates: Vec<Target> = (updates.iter())
+            .map(|t| t.target_in(program, "function"))
+            .collect::<PyResult<_>>()?;
         session.borrow_mut(py).catch_up(py)?;
         let function = kiln_ok(
             session

@@ -216,11 +216,7 @@ impl<O: Optimizer> DataParallel<O> {
                 stores.push(p.store(decl, value)?);
             }
         }
-        for (state, next) in self.inner.finish(p)? {
-            stores.push(p.store(&state, next)?);
-        }
-        let name = format!("{}.{suffix}", self.inner.name());
-        p.add_target(&name, stores)
+        crate::optim::finish_target(&mut self.inner, p, stores, suffix)
     }
 }
 

@@ -105,11 +105,7 @@ pub trait Optimizer {
                 stores.push(p.store(state, *next)?);
             }
         }
-        for (state, next) in self.finish(p)? {
-            stores.push(p.store(&state, next)?);
-        }
-        let name = format!("{}.{suffix}", self.name());
-        p.add_target(&name, stores)
+        finish_target(self, p, stores, suffix)
     }
 }
 
@@ -149,6 +145,21 @@ impl<O: Optimizer + ?Sized> Optimizer for Box<O> {
     ) -> RuntimeResult<Target> {
         (**self).apply_gradients(p, updates, suffix)
     }
+}
+
+/// `stores` and the stores of `rule`'s optimizer-wide state ([`Optimizer::finish`]), as the
+/// target `<rule>.<suffix>`.
+pub(crate) fn finish_target<O: Optimizer + ?Sized>(
+    rule: &mut O,
+    p: &mut Program,
+    mut stores: Vec<kiln_ir::Inst>,
+    suffix: &str,
+) -> RuntimeResult<Target> {
+    for (state, next) in rule.finish(p)? {
+        stores.push(p.store(&state, next)?);
+    }
+    let name = format!("{}.{suffix}", rule.name());
+    p.add_target(&name, stores)
 }
 
 /// `(parameter, current value, gradient of loss)` for each named parameter that `loss`

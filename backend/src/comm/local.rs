@@ -341,14 +341,12 @@ impl Transport for Local {
         self.collective(data, Kind::Broadcast(root))
     }
 
-    fn reduce_scatter_sum(&mut self, data: &Array) -> Result<Array, CommError> {
-        let mut data = data.clone();
+    fn reduce_scatter_sum(&mut self, mut data: Array) -> Result<Array, CommError> {
         self.collective(&mut data, Kind::ReduceScatter)?;
         Ok(data)
     }
 
-    fn all_gather(&mut self, data: &Array) -> Result<Array, CommError> {
-        let mut data = data.clone();
+    fn all_gather(&mut self, mut data: Array) -> Result<Array, CommError> {
         self.collective(&mut data, Kind::AllGather)?;
         Ok(data)
     }

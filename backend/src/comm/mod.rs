@@ -112,7 +112,7 @@ pub trait Transport: 'static {
             return self.all_reduce_sum(data);
         };
         values.mapv_inplace(round_bf16);
-        let gathered = self.all_gather(data)?;
+        let gathered = self.all_gather(std::mem::replace(data, Array::zeros(DType::F32, &[0])))?;
         let Array::F32(gathered) = gathered else {
             unreachable!("a gather keeps the dtype")
         };
@@ -124,9 +124,9 @@ pub trait Transport: 'static {
     fn broadcast(&mut self, data: &mut Array, root: usize) -> Result<(), CommError>;
     /// The elementwise sum of every rank's `data` (`size()` equal blocks), this rank's block
     /// of it.
-    fn reduce_scatter_sum(&mut self, data: &Array) -> Result<Array, CommError>;
+    fn reduce_scatter_sum(&mut self, data: Array) -> Result<Array, CommError>;
     /// Every rank's `data` (of one length), concatenated in rank order.
-    fn all_gather(&mut self, data: &Array) -> Result<Array, CommError>;
+    fn all_gather(&mut self, data: Array) -> Result<Array, CommError>;
     /// Sends `data` to `peer`, matched by its `recv` of `tag`.
     fn send(&mut self, data: &Array, peer: usize, tag: u64) -> Result<(), CommError>;
     /// Fills `data` (whose dtype and length say what to expect) from `peer`'s send of `tag`.
@@ -298,7 +298,7 @@ impl Communicator {
         let ranks = self.size();
         self.check_blocks(arrays, "reduce_scatter")?;
         let layout = Packed::of(arrays);
-        let messages = (layout.pack(borrowed(arrays)).iter().enumerate())
+        let messages = (layout.pack(borrowed(arrays)).into_iter().enumerate())
             .map(|(d, m)| regroup(m, &layout.blocks(d, ranks), ranks, true))
             .collect();
         let mut pending = self.submit_all(messages, "reduce_scatter", Job::ReduceScatter)?;
@@ -413,35 +413,30 @@ impl Communicator {
         })
     }
 
-    /// Every rank's `text`, in rank order, on every rank: the lengths summed into one vector,
-    /// then the texts, each in its own word-aligned span of another (a sum with zeros elsewhere
-    /// is exact).
+    /// Every rank's `text`, in rank order, on every rank: the lengths gathered, then the
+    /// texts, each padded to the longest as 8-byte words.
     pub fn all_gather_text(&self, text: &str) -> Result<Vec<String>, CommError> {
-        let (rank, size) = (self.rank(), self.size());
-        let mut lengths = vec![0i64; size];
-        lengths[rank] = text.len() as i64;
-        let lengths = one_i64(self.all_reduce(&[&i64s(lengths)], false)?.wait()?, size)?;
-        let words = |len: i64| (len as usize).div_ceil(8);
-        let starts: Vec<usize> = (lengths.iter())
-            .scan(0, |at, &len| {
-                let start = *at;
-                *at += words(len);
-                Some(start)
-            })
-            .collect();
-        let total = starts[size - 1] + words(lengths[size - 1]);
-        let mut packed = vec![0i64; total];
-        for (i, chunk) in text.as_bytes().chunks(8).enumerate() {
+        let size = self.size();
+        let mine = i64s(vec![text.len() as i64]);
+        let lengths = one_i64(self.all_gather(&[&mine])?.wait()?, size)?;
+        let words = lengths
+            .iter()
+            .map(|&len| (len as usize).div_ceil(8))
+            .max()
+            .unwrap_or(0);
+        let mut packed = vec![0i64; words];
+        for (slot, chunk) in packed.iter_mut().zip(text.as_bytes().chunks(8)) {
             let mut word = [0u8; 8];
             word[..chunk.len()].copy_from_slice(chunk);
-            packed[starts[rank] + i] = i64::from_le_bytes(word);
+            *slot = i64::from_le_bytes(word);
         }
-        let packed = one_i64(self.all_reduce(&[&i64s(packed)], false)?.wait()?, total)?;
-        Ok((0..size)
-            .map(|r| {
-                let span = &packed[starts[r]..starts[r] + words(lengths[r])];
-                let bytes: Vec<u8> = span.iter().flat_map(|w| w.to_le_bytes()).collect();
-                String::from_utf8_lossy(&bytes[..lengths[r] as usize]).into_owned()
+        let all = one_i64(self.all_gather(&[&i64s(packed)])?.wait()?, size * words)?;
+        Ok((lengths.iter().enumerate())
+            .map(|(r, &len)| {
+                let bytes: Vec<u8> = (all[r * words..(r + 1) * words].iter())
+                    .flat_map(|w| w.to_le_bytes())
+                    .collect();
+                String::from_utf8_lossy(&bytes[..len as usize]).into_owned()
             })
             .collect())
     }
@@ -566,7 +561,8 @@ fn serve<T: Transport>(
     };
     let _ = opened.send(Ok((transport.rank(), transport.size())));
     let mut failed: Option<CommError> = None;
-    while let Some((job, reply)) = next_job(&queue) {
+    // Polling before the worker sleeps: a step's buckets follow each other closely.
+    while let Ok((job, reply)) = poll_then_wait(&queue, None) {
         if let Some(e) = &failed {
             let _ = reply.send(Err(e.clone()));
             continue;
@@ -574,8 +570,8 @@ fn serve<T: Transport>(
         let result = match job {
             Job::AllReduce(mut data) => transport.all_reduce_sum(&mut data).map(|()| data),
             Job::AllReduceBf16(mut data) => transport.all_reduce_sum_bf16(&mut data).map(|()| data),
-            Job::ReduceScatter(data) => transport.reduce_scatter_sum(&data),
-            Job::AllGather(data) => transport.all_gather(&data),
+            Job::ReduceScatter(data) => transport.reduce_scatter_sum(data),
+            Job::AllGather(data) => transport.all_gather(data),
             Job::Broadcast(mut data, root) => transport.broadcast(&mut data, root).map(|()| data),
             Job::Send(data, peer, tag) => transport.send(&data, peer, tag).map(|()| data),
             Job::Recv(mut data, peer, tag) => transport.recv(&mut data, peer, tag).map(|()| data),
@@ -592,21 +588,6 @@ fn serve<T: Transport>(
         }
         let _ = reply.send(result);
     }
-}
-
-/// The next job, polled for a few microseconds before the worker sleeps: a step's buckets
-/// follow each other closely, and waking a sleeping thread costs tens of microseconds on a
-/// VM. `None` once the queue is closed.
-fn next_job<T>(queue: &mpsc::Receiver<T>) -> Option<T> {
-    let started = std::time::Instant::now();
-    while started.elapsed() < SPIN {
-        match queue.try_recv() {
-            Ok(job) => return Some(job),
-            Err(mpsc::TryRecvError::Disconnected) => return None,
-            Err(mpsc::TryRecvError::Empty) => std::thread::yield_now(),
-        }
-    }
-    queue.recv().ok()
 }
 
 /// An operation under way; [`Pending::wait`] gives its arrays.
@@ -628,7 +609,7 @@ impl Pending {
     pub fn wait(self) -> Result<Vec<Array>, CommError> {
         let mut messages = Vec::with_capacity(self.replies.len());
         for reply in &self.replies {
-            let message = match spin_then_wait(reply, self.timeout) {
+            let message = match poll_then_wait(reply, Some(self.timeout)) {
                 Ok(result) => result?,
                 Err(mpsc::RecvTimeoutError::Timeout) => {
                     self.shared
@@ -650,7 +631,7 @@ impl Pending {
             let message = match &self.regroup {
                 Some(parts) => {
                     let ranks = self.shared.size;
-                    regroup(&message, &parts[messages.len()], ranks, false)
+                    regroup(message, &parts[messages.len()], ranks, false)
                 }
                 None => message,
             };
@@ -663,15 +644,17 @@ impl Pending {
     }
 }
 
-/// Polls `reply` for a few microseconds before sleeping on it: a small collective completes
-/// in about that time, and waking a sleeping thread costs tens of microseconds on a VM.
-fn spin_then_wait<T>(
-    reply: &mpsc::Receiver<T>,
-    timeout: Duration,
+/// Polls `rx` for a few microseconds, yielding the core between polls, before sleeping on it
+/// (at most `timeout`, if given): a small collective completes in about that time, and waking
+/// a sleeping thread costs tens of microseconds on a VM. With more threads than cores, a
+/// yield beats a busy pause (BENCHMARKS.md).
+fn poll_then_wait<T>(
+    rx: &mpsc::Receiver<T>,
+    timeout: Option<Duration>,
 ) -> Result<T, mpsc::RecvTimeoutError> {
     let started = std::time::Instant::now();
     while started.elapsed() < SPIN {
-        match reply.try_recv() {
+        match rx.try_recv() {
             Ok(v) => return Ok(v),
             Err(mpsc::TryRecvError::Disconnected) => {
                 return Err(mpsc::RecvTimeoutError::Disconnected);
@@ -679,7 +662,10 @@ fn spin_then_wait<T>(
             Err(mpsc::TryRecvError::Empty) => std::thread::yield_now(),
         }
     }
-    reply.recv_timeout(timeout)
+    match timeout {
+        Some(t) => rx.recv_timeout(t),
+        None => rx.recv().map_err(|_| mpsc::RecvTimeoutError::Disconnected),
+    }
 }
 
 /// How long a waiting thread polls before it sleeps.
@@ -812,11 +798,11 @@ impl Packed {
 
 /// A message of parts (each `blocks[i]·ranks` long, one after another) reordered rank by rank
 /// (`to_ranks`: block `r` of every part, for each rank `r` in turn), or back.
-fn regroup(message: &Array, blocks: &[usize], ranks: usize, to_ranks: bool) -> Array {
+fn regroup(message: Array, blocks: &[usize], ranks: usize, to_ranks: bool) -> Array {
     if ranks == 1 || blocks.len() <= 1 {
-        return message.clone();
+        return message;
     }
-    crate::map_array!(message, m => {
+    crate::map_array!(&message, m => {
         let flat = m.as_slice().expect("a message is contiguous");
         let per_rank: usize = blocks.iter().sum();
         let mut out = Vec::with_capacity(flat.len());
@@ -997,7 +983,7 @@ fn i64s(v: Vec<i64>) -> Array {
     Array::I64(ndarray::Array1::from(v).into_dyn())
 }
 
-/// The one `i64` vector of `len` elements an all-reduce of one gave back.
+/// The one `i64` vector of `len` elements a collective of one gave back.
 fn one_i64(arrays: Vec<Array>, len: usize) -> Result<Vec<i64>, CommError> {
     match arrays.into_iter().next() {
         Some(Array::I64(a)) if a.len() == len => Ok(a.iter().copied().collect()),

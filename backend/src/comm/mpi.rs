@@ -212,17 +212,17 @@ impl Transport for Mpi {
         Ok(())
     }
 
-    fn reduce_scatter_sum(&mut self, data: &Array) -> Result<Array, CommError> {
+    fn reduce_scatter_sum(&mut self, data: Array) -> Result<Array, CommError> {
         let mut out = Array::zeros(data.dtype(), &[data.len() / self.size]);
         let (world, op) = (&self.world, sum_of(data.dtype()));
-        both_slices!((data, &mut out), (s, r) => world.reduce_scatter_block_into(s, r, op));
+        both_slices!((&data, &mut out), (s, r) => world.reduce_scatter_block_into(s, r, op));
         Ok(out)
     }
 
-    fn all_gather(&mut self, data: &Array) -> Result<Array, CommError> {
+    fn all_gather(&mut self, data: Array) -> Result<Array, CommError> {
         let mut out = Array::zeros(data.dtype(), &[data.len() * self.size]);
         let world = &self.world;
-        crate::with_array!(data, d => {
+        crate::with_array!(&data, d => {
             let send = d.as_slice().expect("messages are contiguous");
             with_slice_mut!(&mut out, r => world.all_gather_into(send, r))
         });
