@@ -137,7 +137,7 @@ pub mod book;
 pub mod demos;
 pub mod dot;
 pub mod fuzz;
-pub mod npy;
+pub use kiln_runtime::npy;
 pub mod plot;
 pub mod serve;
 pub mod stats;

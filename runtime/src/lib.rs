@@ -24,6 +24,7 @@ pub mod eager;
 pub mod error;
 pub mod init;
 pub mod layers;
+pub mod npy;
 pub mod optim;
 pub mod program;
 pub mod scope;
