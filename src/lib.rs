@@ -141,6 +141,7 @@ pub use kiln_runtime::npy;
 pub mod plot;
 pub mod serve;
 pub mod stats;
+pub mod train;
 /// The peers' benchmark workloads, shared by `benches/` and `examples/peer_workloads.rs`
 /// (not API).
 #[doc(hidden)]

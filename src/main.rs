@@ -30,19 +30,32 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// The tour: train an MLP on the built-in digits eagerly, compile its training step with
-    /// to_static and train on, train a GAN on 1-D data; write the IR of each stage, the
-    /// parameters, a drawing and a loss curve. What `kiln` with no command runs.
+    /// The tour: a CNN on Fashion-MNIST (Debian's dataset-fashion-mnist; else the built-in
+    /// digits), trained eagerly for its first steps, then with its training step compiled by
+    /// to_static; a GAN on 1-D data; writes the IR of each stage, the parameters, the trainer's
+    /// checkpoint, a drawing, the curves and a confusion matrix. What `kiln` with no command
+    /// runs.
     #[command(after_help = "Examples:\n  \
         kiln tour\n  \
-        kiln tour --out /tmp/kiln-tour --epochs 1 --gan-iterations 300")]
+        kiln tour --data ~/mnist --epochs 2\n  \
+        kiln tour --digits --out /tmp/kiln-tour --epochs 2 --gan-iterations 300")]
     Tour {
         /// The folder everything is written to.
         #[arg(long, value_name = "DIR", default_value = "kiln-out")]
         out: PathBuf,
-        /// Epochs of eager training, then as many compiled.
-        #[arg(long, default_value_t = 5)]
-        epochs: usize,
+        /// An MNIST-format folder to train on (train-images-idx3-ubyte[.gz], ...); by default
+        /// /usr/share/datasets/fashion-mnist when it exists, else the built-in digits.
+        #[arg(long, value_name = "DIR", conflicts_with = "digits")]
+        data: Option<PathBuf>,
+        /// Train on the built-in 8x8 digits.
+        #[arg(long)]
+        digits: bool,
+        /// Epochs in all (default: 3 on MNIST-format images, 10 on the digits).
+        #[arg(long)]
+        epochs: Option<usize>,
+        /// Steps trained eagerly before the training step is compiled.
+        #[arg(long, default_value_t = 10)]
+        eager_steps: usize,
         /// Iterations of the GAN (a discriminator and a generator step each).
         #[arg(long, default_value_t = 3000)]
         gan_iterations: usize,
@@ -207,15 +220,36 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let command = cli.command.unwrap_or(Command::Tour {
         out: PathBuf::from("kiln-out"),
-        epochs: 5,
+        data: None,
+        digits: false,
+        epochs: None,
+        eager_steps: 10,
         gan_iterations: 3000,
     });
     let outcome = match command {
         Command::Tour {
             out,
+            data,
+            digits,
             epochs,
+            eager_steps,
             gan_iterations,
-        } => tour(out, epochs, gan_iterations),
+        } => {
+            use kiln::demos::tour::{Config, DataChoice};
+            let data = match (data, digits) {
+                (Some(dir), _) => DataChoice::Folder(dir),
+                (None, true) => DataChoice::Digits,
+                (None, false) => DataChoice::Auto,
+            };
+            tour(Config {
+                out,
+                data,
+                epochs,
+                eager_steps,
+                gan_iterations,
+                ..Config::default()
+            })
+        }
         Command::Check { files } => check(&files),
         Command::Dump { file } => load(&file).map(|m| print!("{m}")),
         Command::Run {
@@ -491,32 +525,32 @@ fn fuzz(
     )))
 }
 
-fn tour(out: PathBuf, epochs: usize, gan_iterations: usize) -> Result<(), Failed> {
+fn tour(config: kiln::demos::tour::Config) -> Result<(), Failed> {
     use kiln::demos::tour;
-    let config = tour::Config {
-        out,
-        eager_epochs: epochs,
-        compiled_epochs: epochs,
-        gan_iterations,
-        ..tour::Config::default()
-    };
     println!(
-        "Kiln tour: an MLP on the built-in digits (1,797 images of 8x8), eager then compiled; a GAN on 1-D data.\n"
+        "Kiln tour: a CNN trained eagerly, then compiled with to_static; a GAN on 1-D data.\n"
     );
     let summary =
         tour::run(&config, |line| println!("{line}")).map_err(|e| Failed(format!("error: {e}")))?;
     let (e, c) = (&summary.eager, &summary.compiled);
     println!("\nsummary");
+    println!("  data                 {}", summary.source);
     println!(
-        "  test accuracy        {:.1} % after eager training, {:.1} % after compiled training",
-        100.0 * e.test_accuracy,
-        100.0 * c.test_accuracy
+        "  test accuracy        {:.1} % after {} eager steps, {:.1} % after {} epochs \
+         (top-5 {:.1} %)",
+        100.0 * e.test.accuracy,
+        e.steps,
+        100.0 * c.test.accuracy,
+        summary.epochs,
+        100.0 * c.test.top_k
     );
     println!(
-        "  speed                eager {:.0} steps/s, compiled {:.0} steps/s ({:.1}x)",
+        "  speed                eager {:.1} steps/s, compiled {:.1} steps/s ({:.1}x); \
+         training {:.0} s in all",
         e.steps_per_second(),
         c.steps_per_second(),
-        c.steps_per_second() / e.steps_per_second()
+        c.steps_per_second() / e.steps_per_second(),
+        summary.train_seconds
     );
     println!(
         "  compile time         {:.3} s (trace, gradients, Adam, passes, JIT, first step)",
@@ -528,13 +562,15 @@ fn tour(out: PathBuf, epochs: usize, gan_iterations: usize) -> Result<(), Failed
     );
     println!("\nwritten");
     for (what, path) in &summary.files {
-        println!("  {:<42} {}", what, path.display());
+        println!("  {:<48} {}", what, path.display());
     }
     let dir = config.out.display();
     println!("\nnext");
     println!("  kiln opt {dir}/train_step.kir --print-after-all | less   # the IR after each pass");
     println!("  dot -Tsvg {dir}/train_step.dot > step.svg                # draw the training step");
-    println!("  kiln run {dir}/predict.kir --state {dir}/digits.safetensors --feed x=images.npy");
+    println!(
+        "  kiln run {dir}/predict.kir --state {dir}/parameters.safetensors --feed x={dir}/test_images.npy"
+    );
     Ok(())
 }
 

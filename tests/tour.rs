@@ -20,10 +20,11 @@ fn the_tour_writes_what_it_promises() {
     let dir = std::env::temp_dir().join(format!("kiln-tour-test-{}", std::process::id()));
     let out = kiln(&[
         "tour",
+        "--digits",
         "--out",
         dir.to_str().unwrap(),
         "--epochs",
-        "2",
+        "3",
         "--gan-iterations",
         "200",
     ]);
@@ -34,11 +35,13 @@ fn the_tour_writes_what_it_promises() {
         String::from_utf8_lossy(&out.stderr)
     );
     for line in [
+        "data: the built-in 8×8 digits",
         "test accuracy",
-        "eager",
+        "eager: 10 steps",
         "compiled",
         "compile time",
         "generated mean",
+        "epoch 3: training loss",
     ] {
         assert!(stdout.contains(line), "no {line:?} in\n{stdout}");
     }
@@ -73,8 +76,11 @@ fn the_tour_writes_what_it_promises() {
 
     // The parameters serve the prediction program, and it classifies most digits.
     let mut model =
-        kiln::serve::Predictor::load(&file("predict.kir"), &file("digits.safetensors")).unwrap();
-    let digits = kiln::runtime::data::digits().unwrap();
+        kiln::serve::Predictor::load(&file("predict.kir"), &file("parameters.safetensors"))
+            .unwrap();
+    let digits = (kiln::runtime::data::digits().unwrap())
+        .with_sample_shape(&[1, 8, 8])
+        .unwrap();
     let batch = digits.all();
     let logits = model.predict(vec![batch.x]).unwrap()[0].to_f64_vec();
     let correct = (logits.chunks(10).zip(&digits.labels))
@@ -93,11 +99,35 @@ fn the_tour_writes_what_it_promises() {
     let text = std::fs::read_to_string(&dot).unwrap();
     assert!(text.starts_with("digraph") && text.contains("subgraph cluster"));
     graphviz_accepts(&dot);
-    let svg = std::fs::read_to_string(file("loss.svg")).unwrap();
-    assert!(
-        svg.starts_with("<svg") && svg.contains("<polyline"),
-        "an SVG line plot"
-    );
+    for plot in ["loss.svg", "curves.svg"] {
+        let svg = std::fs::read_to_string(file(plot)).unwrap();
+        assert!(
+            svg.starts_with("<svg") && svg.contains("<polyline"),
+            "{plot}: an SVG line plot"
+        );
+    }
+    let confusion = std::fs::read_to_string(file("confusion.svg")).unwrap();
+    assert!(confusion.starts_with("<svg") && confusion.contains("<rect"));
+    file("checkpoint.safetensors");
+    file("test_labels.npy");
+
+    // Every command under "next" works as printed (those that only Graphviz or a pager need
+    // are run up to the pipe).
+    let next = stdout.split("\nnext\n").nth(1).expect("a `next` section");
+    for line in next.lines().filter(|l| !l.trim().is_empty()) {
+        let command = line.split('#').next().unwrap().split('|').next().unwrap();
+        let command = command.split('>').next().unwrap().trim();
+        let words: Vec<&str> = command.split_whitespace().collect();
+        let (program, args) = words.split_first().unwrap();
+        let status = match *program {
+            "kiln" => kiln(args).status,
+            "dot" if Command::new("dot").arg("-V").output().is_ok() => {
+                Command::new("dot").args(args).output().unwrap().status
+            }
+            _ => continue,
+        };
+        assert!(status.success(), "`{command}` failed");
+    }
     std::fs::remove_dir_all(&dir).ok();
 }
 

@@ -36,8 +36,14 @@ fn mnist_dir(name: &str, n: u32) -> PathBuf {
     let pixels = |n: u32| (0..n * 16).map(|i| (i % 256) as u8).collect::<Vec<_>>();
     let labels = |n: u32| (0..n).map(|i| (i % 10) as u8).collect::<Vec<_>>();
     let write = |file: &str, bytes: Vec<u8>| std::fs::write(dir.join(file), bytes).unwrap();
-    write("train-images-idx3-ubyte.gz", gzip(&idx_bytes(&[n, 4, 4], &pixels(n))));
-    write("train-labels-idx1-ubyte.gz", gzip(&idx_bytes(&[n], &labels(n))));
+    write(
+        "train-images-idx3-ubyte.gz",
+        gzip(&idx_bytes(&[n, 4, 4], &pixels(n))),
+    );
+    write(
+        "train-labels-idx1-ubyte.gz",
+        gzip(&idx_bytes(&[n], &labels(n))),
+    );
     write("t10k-images-idx3-ubyte", idx_bytes(&[2, 4, 4], &pixels(2)));
     write("t10k-labels-idx1-ubyte", idx_bytes(&[2], &labels(2)));
     dir
@@ -99,8 +105,11 @@ fn bad_idx_files_are_errors_naming_the_file() {
         (
             "counts",
             Box::new(|d| {
-                std::fs::write(d.join("t10k-labels-idx1-ubyte"), idx_bytes(&[3], &[1, 2, 3]))
-                    .unwrap();
+                std::fs::write(
+                    d.join("t10k-labels-idx1-ubyte"),
+                    idx_bytes(&[3], &[1, 2, 3]),
+                )
+                .unwrap();
             }),
             "t10k-labels-idx1-ubyte: holds labels of shape [3], but",
         ),
@@ -127,11 +136,18 @@ fn npy_and_csv_files() {
     kiln_runtime::npy::write_npy(&dir.join("x.npy"), &x).unwrap();
     kiln_runtime::npy::write_npy(&dir.join("y.npy"), &y).unwrap();
     let d = data::npy(&dir.join("x.npy"), &dir.join("y.npy"), None).unwrap();
-    assert_eq!((d.len(), d.classes, d.sample_shape.clone()), (5, 3, vec![2, 3]));
+    assert_eq!(
+        (d.len(), d.classes, d.sample_shape.clone()),
+        (5, 3, vec![2, 3])
+    );
     let short = Array::I64(ArrayD::from_shape_vec(IxDyn(&[4]), vec![0, 1, 2, 1]).unwrap());
     kiln_runtime::npy::write_npy(&dir.join("short.npy"), &short).unwrap();
     let e = data::npy(&dir.join("x.npy"), &dir.join("short.npy"), None).unwrap_err();
-    assert!(e.to_string().contains("5 examples of features but 4 labels"), "{e}");
+    assert!(
+        e.to_string()
+            .contains("5 examples of features but 4 labels"),
+        "{e}"
+    );
 
     let csv = dir.join("iris.csv");
     std::fs::write(&csv, "a,b,label\n1,2,0\n3,4.25,2\n\n5,6,1\n").unwrap();
@@ -149,7 +165,9 @@ fn npy_and_csv_files() {
 }
 
 fn small(n: usize) -> Dataset {
-    let x = ArrayD::from_shape_fn(IxDyn(&[n, 1, 2, 3]), |i| (i[0] * 6 + i[2] * 3 + i[3]) as f32);
+    let x = ArrayD::from_shape_fn(IxDyn(&[n, 1, 2, 3]), |i| {
+        (i[0] * 6 + i[2] * 3 + i[3]) as f32
+    });
     Dataset::new(x, (0..n as i64).map(|i| i % 4).collect(), None).unwrap()
 }
 
@@ -157,7 +175,14 @@ fn labels_of(loader: &DataLoader, epoch: usize) -> Vec<Vec<i64>> {
     loader
         .epoch(epoch)
         .unwrap()
-        .map(|b| b.unwrap().y.to_f64_vec().iter().map(|&v| v as i64).collect())
+        .map(|b| {
+            b.unwrap()
+                .y
+                .to_f64_vec()
+                .iter()
+                .map(|&v| v as i64)
+                .collect()
+        })
         .collect()
 }
 
@@ -176,13 +201,24 @@ fn loader_order_is_seeded_complete_and_the_same_prefetched_or_not() {
     let mut all: Vec<i64> = first.concat();
     all.sort();
     assert_eq!(all, (0..10).collect::<Vec<_>>());
-    assert_eq!(first, labels_of(&loader, 0), "the same seed, the same order");
+    assert_eq!(
+        first,
+        labels_of(&loader, 0),
+        "the same seed, the same order"
+    );
     assert_ne!(first, labels_of(&loader, 1), "another epoch, another order");
     assert_eq!(first, labels_of(&loader.clone().prefetch(0), 0));
     let dropped = loader.clone().drop_last(true);
     assert_eq!(labels_of(&dropped, 0), first[..2].to_vec());
     let resumed: Vec<Vec<i64>> = (loader.epoch_from(0, 1).unwrap())
-        .map(|b| b.unwrap().y.to_f64_vec().iter().map(|&v| v as i64).collect())
+        .map(|b| {
+            b.unwrap()
+                .y
+                .to_f64_vec()
+                .iter()
+                .map(|&v| v as i64)
+                .collect()
+        })
         .collect();
     assert_eq!(resumed, first[1..].to_vec());
     // The digits' epoch order is the examples' earlier `batches` order.
@@ -209,26 +245,60 @@ fn shards_together_are_the_global_batch() {
     let whole = labels_of(&global, 0);
     let parts: Vec<_> = shards.iter().map(|s| labels_of(s, 0)).collect();
     for b in 0..2 {
-        assert_eq!([parts[0][b].clone(), parts[1][b].clone()].concat(), whole[b]);
+        assert_eq!(
+            [parts[0][b].clone(), parts[1][b].clone()].concat(),
+            whole[b]
+        );
     }
     let e = DataLoader::new(d, 5).shard(0, 2).err().unwrap();
-    assert!(e.to_string().contains("does not split evenly over 2 ranks"), "{e}");
+    assert!(
+        e.to_string().contains("does not split evenly over 2 ranks"),
+        "{e}"
+    );
 }
 
 #[test]
 fn transforms_are_seeded_per_example() {
     let d = small(6);
     let flip = DataLoader::new(d.clone(), 6).transform(RandomHorizontalFlip { p: 1.0 });
-    let x = flip.epoch(0).unwrap().next().unwrap().unwrap().x.to_f64_vec();
+    let x = flip
+        .epoch(0)
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap()
+        .x
+        .to_f64_vec();
     assert_eq!(&x[..6], &[2.0, 1.0, 0.0, 5.0, 4.0, 3.0]);
     let crop = DataLoader::new(d.clone(), 6)
         .shuffle(9)
         .transform(RandomCrop { padding: 1 })
         .transform(Normalize::new(1.0, 2.0));
-    let a = crop.epoch(2).unwrap().next().unwrap().unwrap().x.to_f64_vec();
-    let b = crop.clone().prefetch(0).epoch(2).unwrap().next().unwrap().unwrap();
+    let a = crop
+        .epoch(2)
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap()
+        .x
+        .to_f64_vec();
+    let b = crop
+        .clone()
+        .prefetch(0)
+        .epoch(2)
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap();
     assert_eq!(a, b.x.to_f64_vec());
-    let c = crop.epoch(3).unwrap().next().unwrap().unwrap().x.to_f64_vec();
+    let c = crop
+        .epoch(3)
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap()
+        .x
+        .to_f64_vec();
     assert_ne!(a, c, "each epoch draws again");
     let flat = Dataset::new(ArrayD::zeros(IxDyn(&[2, 5])), vec![0, 1], None).unwrap();
     let e = DataLoader::new(flat, 2)
@@ -236,13 +306,22 @@ fn transforms_are_seeded_per_example() {
         .epoch(0)
         .err()
         .unwrap();
-    assert!(e.to_string().contains("RandomCrop needs image examples"), "{e}");
+    assert!(
+        e.to_string().contains("RandomCrop needs image examples"),
+        "{e}"
+    );
 }
 
 #[test]
 fn datasets_refuse_labels_that_do_not_fit() {
     let e = Dataset::new(ArrayD::zeros(IxDyn(&[2, 3])), vec![0, 5], Some(3)).unwrap_err();
-    assert!(e.to_string().contains("label 5 of example 1 is outside"), "{e}");
-    let e = data::digits().unwrap().with_sample_shape(&[1, 7, 7]).unwrap_err();
+    assert!(
+        e.to_string().contains("label 5 of example 1 is outside"),
+        "{e}"
+    );
+    let e = data::digits()
+        .unwrap()
+        .with_sample_shape(&[1, 7, 7])
+        .unwrap_err();
     assert!(e.to_string().contains("cannot be seen as [1, 7, 7]"), "{e}");
 }

@@ -56,7 +56,10 @@ pub fn csv(path: &Path, label_column: Option<usize>) -> Result<Dataset, DataErro
         match width {
             None => width = Some(fields.len()),
             Some(w) if w != fields.len() => {
-                return Err(at(format!("{} fields, the first line has {w}", fields.len())));
+                return Err(at(format!(
+                    "{} fields, the first line has {w}",
+                    fields.len()
+                )));
             }
             Some(_) => {}
         }
@@ -78,7 +81,7 @@ pub fn csv(path: &Path, label_column: Option<usize>) -> Result<Dataset, DataErro
     }
     let n = labels.len();
     let d = width.map_or(0, |w| w - 1);
-    let x = ArrayD::from_shape_vec(IxDyn(&[n, d]), features)
-        .map_err(|e| DataError::file(path, e))?;
+    let x =
+        ArrayD::from_shape_vec(IxDyn(&[n, d]), features).map_err(|e| DataError::file(path, e))?;
     Dataset::new(x, labels, None).map_err(|e| DataError::file(path, e))
 }

@@ -42,7 +42,10 @@ pub fn read_idx(path: &Path) -> Result<(Vec<usize>, Vec<u8>), DataError> {
         raw
     };
     let header = bytes.get(..4).ok_or_else(|| {
-        DataError::file(path, format!("{} bytes: too short for an IDX header", bytes.len()))
+        DataError::file(
+            path,
+            format!("{} bytes: too short for an IDX header", bytes.len()),
+        )
     })?;
     if header[..2] != [0, 0] {
         return Err(DataError::file(
@@ -167,7 +170,11 @@ fn mnist_split(dir: &Path, prefix: &str) -> Result<Dataset, DataError> {
     let features = pixels.iter().map(|&p| f32::from(p) / 255.0).collect();
     let features = ArrayD::from_shape_vec(IxDyn(&[n, 1, h, w]), features)
         .map_err(|e| DataError::file(&images_path, e))?;
-    Dataset::new(features, labels.into_iter().map(i64::from).collect(), Some(10))
+    Dataset::new(
+        features,
+        labels.into_iter().map(i64::from).collect(),
+        Some(10),
+    )
 }
 
 /// The training (`train-*`) and test (`t10k-*`) sets of an MNIST-format folder, pixels scaled

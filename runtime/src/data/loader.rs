@@ -125,8 +125,8 @@ impl DataLoader {
             Some(seed) => permutation(n, seed.wrapping_add(epoch as u64)),
             None => (0..n).collect(),
         };
-        let share = shard_share(self.batch_size, self.rank, self.ranks)
-            .expect("checked when sharded");
+        let share =
+            shard_share(self.batch_size, self.rank, self.ranks).expect("checked when sharded");
         let mut rows: Vec<Vec<usize>> = order
             .chunks(self.batch_size)
             .map(|global| global.get(share.clone()).unwrap_or(global).to_vec())

@@ -176,8 +176,11 @@ impl Dataset {
                 labels.len()
             )));
         }
-        let classes = classes.unwrap_or_else(|| labels.iter().max().map_or(0, |&m| m.max(-1) + 1) as usize);
-        if let Some((i, l)) = (labels.iter().enumerate()).find(|(_, l)| !(0..classes as i64).contains(l)) {
+        let classes =
+            classes.unwrap_or_else(|| labels.iter().max().map_or(0, |&m| m.max(-1) + 1) as usize);
+        if let Some((i, l)) =
+            (labels.iter().enumerate()).find(|(_, l)| !(0..classes as i64).contains(l))
+        {
             return Err(DataError::Invalid(format!(
                 "label {l} of example {i} is outside the {classes} classes 0..{classes}"
             )));

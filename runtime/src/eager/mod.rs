@@ -176,6 +176,19 @@ pub fn parameters_module() -> EagerResult<Module> {
     with(|cx| Ok(cx.states.clone()))
 }
 
+/// Declares in this thread's scope the state `module` declares (an optimizer's moments, a
+/// compiled step's), at its initial values, keeping the values already there: so that a
+/// checkpoint can be restored before the first step.
+pub fn declare_states(module: &Module) -> EagerResult<()> {
+    with(|cx| Ok(cx.scope.declare(module)?))
+}
+
+/// Sets this thread's state `name` (a parameter or an optimizer's moment) to `value`, which
+/// must have its declared type.
+pub fn set_state(name: &str, value: Array) -> EagerResult<()> {
+    with(|cx| Ok(cx.scope.set(name, value)?))
+}
+
 /// Saves every parameter (and optimizer state) of this thread as a safetensors checkpoint.
 pub fn save_parameters(path: &std::path::Path) -> EagerResult<()> {
     with(|cx| Ok(cx.scope.save(path).map_err(RuntimeError::from)?))

@@ -67,6 +67,11 @@ impl EagerOptimizer {
         })
     }
 
+    /// The update program's state (the rule's moments), for [`super::declare_states`].
+    pub fn module(&self) -> &kiln_ir::Module {
+        self.program.module()
+    }
+
     /// Forgets the gradients of every parameter.
     pub fn zero_grad(&self) {
         for p in &self.params {

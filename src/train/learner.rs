@@ -1,0 +1,239 @@
+//! What a [`super::Trainer`] trains: a [`Learner`] takes a step on a batch and holds state.
+//! Two are provided: a static program in a session ([`StaticClassifier`]), and an eager model
+//! with its optimizer, stepping eagerly or compiled with `to_static` ([`EagerClassifier`]).
+
+use super::TrainError;
+use kiln_backend::Array;
+use kiln_ir::{Shape, Type, Value};
+use kiln_runtime::data::Batch;
+use kiln_runtime::eager::nn::{self, Layer};
+use kiln_runtime::eager::{self, EagerOptimizer, StaticFunction, Tensor};
+use kiln_runtime::{Fetch, Optimizer, Session, Target};
+use std::collections::BTreeMap;
+
+/// One step's results.
+#[derive(Clone, Debug)]
+pub struct Step {
+    /// The batch's mean loss.
+    pub loss: f64,
+    /// The logits, `[b, classes]`.
+    pub logits: Array,
+}
+
+/// A model with its optimizer, as the trainer drives it.
+pub trait Learner {
+    /// Computes the loss and logits of `batch` and updates the parameters.
+    fn train_step(&mut self, batch: &Batch) -> Result<Step, TrainError>;
+
+    /// Computes the loss and logits of `batch`, changing nothing.
+    fn eval_step(&mut self, batch: &Batch) -> Result<Step, TrainError>;
+
+    /// Every state value (parameters and optimizer state), for a checkpoint.
+    fn state(&self) -> Result<BTreeMap<String, Array>, TrainError>;
+
+    /// The type of every state value, as [`Learner::state`] returns them.
+    fn state_types(&self) -> Result<BTreeMap<String, Type>, TrainError> {
+        Ok(self
+            .state()?
+            .into_iter()
+            .map(|(n, a)| (n, a.ty()))
+            .collect())
+    }
+
+    /// Restores state saved from [`Learner::state`].
+    fn set_state(&mut self, state: BTreeMap<String, Array>) -> Result<(), TrainError>;
+}
+
+/// A classifier as a static program: placeholders for the examples and labels (`x` and `y`
+/// unless [`StaticClassifier::feeds`] says otherwise), its logits, its loss and the target of
+/// its optimizer (from `minimize`), run in a session.
+pub struct StaticClassifier {
+    session: Session,
+    feeds: [String; 2],
+    logits: Value,
+    loss: Value,
+    train: Target,
+}
+
+impl StaticClassifier {
+    /// The classifier of `session`'s program.
+    pub fn new(session: Session, logits: Value, loss: Value, train: Target) -> StaticClassifier {
+        StaticClassifier {
+            session,
+            feeds: ["x".into(), "y".into()],
+            logits,
+            loss,
+            train,
+        }
+    }
+
+    /// Names the placeholders fed the examples and the labels.
+    pub fn feeds(mut self, examples: &str, labels: &str) -> StaticClassifier {
+        self.feeds = [examples.into(), labels.into()];
+        self
+    }
+
+    /// The session (to save its parameters, or run other parts of the program).
+    pub fn session(&mut self) -> &mut Session {
+        &mut self.session
+    }
+
+    fn run(&mut self, batch: &Batch, update: bool) -> Result<Step, TrainError> {
+        let mut fetches = vec![Fetch::Value(self.loss), Fetch::Value(self.logits)];
+        if update {
+            fetches.push(Fetch::Target(self.train));
+        }
+        let feeds = [
+            (self.feeds[0].as_str(), batch.x.clone()),
+            (self.feeds[1].as_str(), batch.y.clone()),
+        ];
+        let mut out = self.session.run(&fetches, &feeds)?.into_iter();
+        let loss = out.next().map_or(f64::NAN, |l| l.to_f64_vec()[0]);
+        let logits = out.next().expect("fetched");
+        Ok(Step { loss, logits })
+    }
+}
+
+impl Learner for StaticClassifier {
+    fn train_step(&mut self, batch: &Batch) -> Result<Step, TrainError> {
+        self.run(batch, true)
+    }
+
+    fn eval_step(&mut self, batch: &Batch) -> Result<Step, TrainError> {
+        self.run(batch, false)
+    }
+
+    fn state(&self) -> Result<BTreeMap<String, Array>, TrainError> {
+        let scope = self.session.scope();
+        Ok(scope
+            .iter()
+            .map(|(n, a)| (n.to_owned(), a.clone()))
+            .collect())
+    }
+
+    fn set_state(&mut self, state: BTreeMap<String, Array>) -> Result<(), TrainError> {
+        for (name, value) in state {
+            self.session.scope_mut().set(&name, value)?;
+        }
+        Ok(())
+    }
+}
+
+/// An eager model trained with cross-entropy and an [`EagerOptimizer`] — eagerly, or, after
+/// [`EagerClassifier::compile`], with the loss, gradients and the update of one compiled
+/// program (`to_static`), on the same parameters.
+pub struct EagerClassifier {
+    model: Box<dyn Layer>,
+    optimizer: EagerOptimizer,
+    compiled: Option<(StaticFunction, Target)>,
+}
+
+impl EagerClassifier {
+    /// Trains `model` with `optimizer` (made over its parameters).
+    pub fn new(model: impl Layer + 'static, optimizer: EagerOptimizer) -> EagerClassifier {
+        EagerClassifier {
+            model: Box::new(model),
+            optimizer,
+            compiled: None,
+        }
+    }
+
+    /// From now on, steps run compiled: the model's loss and logits traced with `to_static`
+    /// for examples of `example_shape` (a batch of any size), gradients and `rule`'s updates
+    /// added as IR. The compiled optimizer keeps moments of its own.
+    pub fn compile(
+        &mut self,
+        example_shape: &[usize],
+        rule: &mut dyn Optimizer,
+    ) -> Result<(), TrainError> {
+        let mut dims = vec![kiln_ir::Dim::sym("N")];
+        dims.extend(example_shape.iter().map(|&d| kiln_ir::Dim::Fixed(d)));
+        let x = Type::new(kiln_ir::DType::F32, Shape(dims));
+        let y = Type::new(kiln_ir::DType::I64, Shape(vec![kiln_ir::Dim::sym("N")]));
+        let model = &self.model;
+        let mut step = eager::to_static(&[("x", x), ("y", y)], |t| {
+            let logits = model.forward(&t[0])?;
+            Ok(vec![nn::cross_entropy(&logits, &t[1])?, logits])
+        })?;
+        let update = step.minimize(rule, 0)?;
+        eager::declare_states(step.program().module())?;
+        self.compiled = Some((step, update));
+        Ok(())
+    }
+
+    /// The compiled step, once [`EagerClassifier::compile`] has made it.
+    pub fn compiled(&self) -> Option<(&StaticFunction, Target)> {
+        self.compiled.as_ref().map(|(f, t)| (f, *t))
+    }
+
+    /// The model.
+    pub fn model(&self) -> &dyn Layer {
+        self.model.as_ref()
+    }
+
+    fn eager_step(&mut self, batch: &Batch, update: bool) -> Result<Step, TrainError> {
+        let (x, y) = (Tensor::new(batch.x.clone()), Tensor::new(batch.y.clone()));
+        let _no_grad = (!update).then(eager::no_grad);
+        self.model.set_training(update);
+        if update {
+            self.optimizer.zero_grad();
+        }
+        let logits = self.model.forward(&x)?;
+        let loss = nn::cross_entropy(&logits, &y)?;
+        if update {
+            loss.backward()?;
+            self.optimizer.step()?;
+        }
+        Ok(Step {
+            loss: loss.item()?,
+            logits: logits.to_array()?,
+        })
+    }
+}
+
+impl Learner for EagerClassifier {
+    fn train_step(&mut self, batch: &Batch) -> Result<Step, TrainError> {
+        let Some((step, update)) = &mut self.compiled else {
+            return self.eager_step(batch, true);
+        };
+        let (x, y) = (Tensor::new(batch.x.clone()), Tensor::new(batch.y.clone()));
+        let out = step.call_and_update(&[&x, &y], &[*update])?;
+        Ok(Step {
+            loss: out[0].item()?,
+            logits: out[1].to_array()?,
+        })
+    }
+
+    fn eval_step(&mut self, batch: &Batch) -> Result<Step, TrainError> {
+        let Some((step, _)) = &mut self.compiled else {
+            return self.eager_step(batch, false);
+        };
+        let (x, y) = (Tensor::new(batch.x.clone()), Tensor::new(batch.y.clone()));
+        let out = step.call(&[&x, &y])?;
+        Ok(Step {
+            loss: out[0].item()?,
+            logits: out[1].to_array()?,
+        })
+    }
+
+    fn state(&self) -> Result<BTreeMap<String, Array>, TrainError> {
+        let scope = eager::scope()?;
+        Ok(scope
+            .iter()
+            .map(|(n, a)| (n.to_owned(), a.clone()))
+            .collect())
+    }
+
+    fn state_types(&self) -> Result<BTreeMap<String, Type>, TrainError> {
+        eager::declare_states(self.optimizer.module())?;
+        Ok(eager::scope()?.declared().clone())
+    }
+
+    fn set_state(&mut self, state: BTreeMap<String, Array>) -> Result<(), TrainError> {
+        eager::declare_states(self.optimizer.module())?;
+        for (name, value) in state {
+            eager::set_state(&name, value)?;
+        }
+        Ok(())
+    }
+}
