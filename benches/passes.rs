@@ -63,7 +63,11 @@ fn generated_programs(c: &mut Criterion) {
 
 fn training_steps(c: &mut Criterion) {
     use kiln::demos::{digits_static, gan_1d};
-    let mlp = digits_static::build(&digits_static::Config::default()).unwrap();
+    let mlp = digits_static::build(
+        &digits_static::Config::default(),
+        digits_static::DIGITS_IMAGE,
+    )
+    .unwrap();
     let mlp_step = Module {
         states: mlp.program.module().states.clone(),
         functions: vec![mlp.program.export("train_step", &[mlp.loss], &[mlp.train])],

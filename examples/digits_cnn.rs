@@ -1,7 +1,7 @@
 //! Trains a small CNN (conv → pool → conv → pool → dense) on the built-in 8×8 digits as a
 //! static program, then saves the prediction program and its parameters.
 //!
-//!     cargo run --release --example digits_cnn [-- --epochs 20 --out target/digits_cnn]
+//!     cargo run --release --example digits_cnn [-- --epochs 20 --out DIR --data MNIST_DIR]
 
 use kiln::demos::digits_cnn::{config, train};
 use kiln::demos::digits_static::example_main;

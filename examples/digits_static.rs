@@ -1,7 +1,7 @@
 //! Trains an MLP on the built-in handwritten digits as a static program, then saves the
 //! prediction program as text IR and the parameters as safetensors.
 //!
-//!     cargo run --release --example digits_static [-- --epochs 30 --out target/digits]
+//!     cargo run --release --example digits_static [-- --epochs 30 --out DIR --data MNIST_DIR]
 //!
 //! Serve what it saved: `kiln run target/digits/digits.kir --state target/digits/digits.safetensors --feed x=...`.
 

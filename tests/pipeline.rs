@@ -149,11 +149,11 @@ fn gradient_functions_keep_their_results() {
 #[test]
 fn training_steps_of_the_examples_keep_their_results() {
     use kiln::demos::{digits_static, gan_1d};
-    let digits = digits_static::build(&digits_static::Config {
+    let config = digits_static::Config {
         hidden: 16,
         ..Default::default()
-    })
-    .unwrap();
+    };
+    let digits = digits_static::build(&config, digits_static::DIGITS_IMAGE).unwrap();
     let step = digits
         .program
         .export("train_step", &[digits.loss], &[digits.train]);

@@ -3,7 +3,7 @@
 
 use super::digits_static;
 pub use super::digits_static::{Config, Epoch, Model, Outcome};
-use kiln_ir::{Conv2dAttrs, DType, Dim, Pool2dAttrs, Shape, Value};
+use kiln_ir::{Conv2dAttrs, Dim, Pool2dAttrs, Shape, Value};
 use kiln_runtime::layers::{self, Activation};
 use kiln_runtime::{Program, RuntimeResult};
 
@@ -15,15 +15,16 @@ pub fn config() -> Config {
         hidden: 128,
         learning_rate: 0.002,
         seed: 0,
+        data: None,
     }
 }
 
-/// `x: f32[N,64]` as `[N,1,8,8]` → [`network`], trained by [`digits_static::classifier`].
-pub fn build(config: &Config) -> RuntimeResult<Model> {
+/// `x: f32[N, c·h·w]` as `[N, c, h, w]` → [`network`], trained by [`digits_static::classifier`].
+pub fn build(config: &Config, image: [usize; 3]) -> RuntimeResult<Model> {
     let mut p = Program::with_seed(config.seed);
-    let x = p.placeholder("x", DType::F32, vec![Dim::sym("N"), Dim::Fixed(64)])?;
-    let y = p.placeholder("y", DType::I64, vec![Dim::sym("N")])?;
-    let image = p.reshape(x, Shape(vec![Dim::sym("N"), 1.into(), 8.into(), 8.into()]))?;
+    let [x, y] = digits_static::placeholders(&mut p, image)?;
+    let [c, h, w] = image.map(Dim::Fixed);
+    let image = p.reshape(x, Shape(vec![Dim::sym("N"), c, h, w]))?;
     let logits = network(&mut p, image, config.hidden)?;
     digits_static::classifier(p, [x, y], logits, config)
 }
@@ -46,7 +47,9 @@ pub fn network(p: &mut Program, image: Value, hidden: usize) -> RuntimeResult<Va
     layers::dense(p, "fc2", h, 10, Activation::Identity)
 }
 
-/// Trains on 80 % of the digits and reports test accuracy on the rest after each epoch.
+/// Trains on the examples' data (the digits, or `config.data`) and reports test accuracy after
+/// each epoch.
 pub fn train(config: &Config, on_epoch: impl FnMut(&Epoch)) -> RuntimeResult<Outcome> {
-    digits_static::train_model(build(config)?, config, on_epoch)
+    let data = digits_static::load_data(config)?;
+    digits_static::train_model(build(config, data.image)?, data, config, on_epoch)
 }

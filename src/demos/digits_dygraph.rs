@@ -1,11 +1,14 @@
-//! The digits MLP written eagerly: trained with `backward()` and an eager Adam, then compiled
-//! with `to_static`, which shares the trained parameters.
+//! The digits MLP written eagerly: trained by the [`Trainer`] with `backward()` and an eager
+//! Adam, then compiled with `to_static`, which shares the trained parameters.
 
+use super::digits_static::{self, ExampleData};
+use crate::train::{Control, EagerClassifier, Event, Trainer};
 use kiln_ir::{DType, Dim, Shape, Type};
-use kiln_runtime::data::{self, Dataset};
-use kiln_runtime::eager::nn::{self, Layer, Linear, Relu, Sequential};
+use kiln_runtime::data::{DataLoader, Dataset};
+use kiln_runtime::eager::nn::{Layer, Linear, Relu, Sequential};
 use kiln_runtime::eager::{self, EagerError, EagerOptimizer, EagerResult, StaticFunction, Tensor};
 use kiln_runtime::{Adam, RuntimeError};
+use std::path::PathBuf;
 
 #[derive(Clone, Debug)]
 pub struct Config {
@@ -14,6 +17,8 @@ pub struct Config {
     pub hidden: usize,
     pub learning_rate: f64,
     pub seed: u64,
+    /// An MNIST-format folder to train on instead of the built-in digits.
+    pub data: Option<PathBuf>,
 }
 
 impl Default for Config {
@@ -24,6 +29,7 @@ impl Default for Config {
             hidden: 64,
             learning_rate: 0.003,
             seed: 0,
+            data: None,
         }
     }
 }
@@ -31,7 +37,6 @@ impl Default for Config {
 pub use super::digits_static::Epoch;
 
 pub struct Outcome {
-    pub model: Sequential,
     pub history: Vec<Epoch>,
     pub test: Dataset,
     /// `forward` compiled with `to_static`, sharing the trained parameters.
@@ -49,52 +54,58 @@ fn argmax_rows(values: &[f64], width: usize) -> Vec<usize> {
         .collect()
 }
 
-/// A fresh eager context seeded by `config`, the 64 → hidden → 10 MLP with its Adam, and the
-/// digits split 80/20 into training and test sets.
-pub fn setup(config: &Config) -> EagerResult<(Sequential, EagerOptimizer, Dataset, Dataset)> {
+/// A fresh eager context seeded by `config`, and the `inputs` → hidden → 10 MLP.
+fn model(config: &Config, inputs: usize) -> EagerResult<Sequential> {
     eager::reset();
     eager::manual_seed(config.seed);
-    let model = Sequential::new()
-        .push(Linear::new("fc1", 64, config.hidden)?)
+    Ok(Sequential::new()
+        .push(Linear::new("fc1", inputs, config.hidden)?)
         .push(Relu)
-        .push(Linear::new("fc2", config.hidden, 10)?);
-    let opt = EagerOptimizer::new(Adam::new(config.learning_rate), model.parameters())?;
-    let digits = data::digits().map_err(RuntimeError::from)?;
-    let (train_set, test) = digits.split(0.2, config.seed);
-    Ok((model, opt, train_set, test))
+        .push(Linear::new("fc2", config.hidden, 10)?))
 }
 
-/// Trains eagerly on 80 % of the digits, then compiles the model and compares.
+fn example_data(config: &Config) -> EagerResult<ExampleData> {
+    let shared = digits_static::Config {
+        seed: config.seed,
+        data: config.data.clone(),
+        ..Default::default()
+    };
+    Ok(digits_static::load_data(&shared)?)
+}
+
+/// Trains eagerly on the examples' data (80 % of the digits, or `config.data`), then compiles
+/// the model and compares.
 pub fn train(config: &Config, mut on_epoch: impl FnMut(&Epoch)) -> EagerResult<Outcome> {
-    let (model, mut opt, train_set, test) = setup(config)?;
-    let test_batch = test.all();
-    let (test_x, test_y) = (Tensor::new(test_batch.x), Tensor::new(test_batch.y));
+    let data = example_data(config)?;
+    let inputs = data.train.features.ncols();
+    let model = model(config, inputs)?;
+    let optimizer = EagerOptimizer::new(Adam::new(config.learning_rate), model.parameters())?;
+    let train = DataLoader::new(data.train, config.batch_size).shuffle(config.seed + 1);
+    let test_loader = DataLoader::new(data.test.clone(), 1000);
     let mut history = Vec::new();
-    for epoch in 0..config.epochs {
-        let mut total = 0.0;
-        let batches = train_set.batches(config.batch_size, Some(config.seed + epoch as u64 + 1));
-        for batch in &batches {
-            opt.zero_grad();
-            let logits = model.forward(&Tensor::new(batch.x.clone()))?;
-            let loss = nn::cross_entropy(&logits, &Tensor::new(batch.y.clone()))?;
-            loss.backward()?;
-            opt.step()?;
-            total += loss.item()?;
-        }
-        let accuracy = {
-            let _no_grad = eager::no_grad();
-            nn::accuracy(&model.forward(&test_x)?, &test_y)?.item()?
-        };
-        let report = Epoch {
-            epoch: epoch + 1,
-            mean_loss: total / batches.len() as f64,
-            test_accuracy: accuracy,
-        };
-        on_epoch(&report);
-        history.push(report);
-    }
-    let input = Type::new(DType::F32, Shape(vec![Dim::sym("N"), Dim::Fixed(64)]));
+    let mut trainer = Trainer::new(EagerClassifier::new(model, optimizer))
+        .progress(false)
+        .validate_on(test_loader)
+        .on(|event| {
+            if let Event::EpochEnd { record } = event {
+                let report = Epoch {
+                    epoch: record.epoch + 1,
+                    mean_loss: record.train.loss,
+                    test_accuracy: record.validation.as_ref().map_or(0.0, |m| m.accuracy),
+                };
+                on_epoch(&report);
+                history.push(report);
+            }
+            Control::Continue
+        });
+    trainer
+        .fit(&train, config.epochs)
+        .map_err(RuntimeError::from)?;
+    let learner = trainer.into_learner();
+    let model = learner.model();
+    let input = Type::new(DType::F32, Shape(vec![Dim::sym("N"), Dim::Fixed(inputs)]));
     let mut compiled = eager::to_static(&[("x", input)], |t| Ok(vec![model.forward(&t[0])?]))?;
+    let test_x = Tensor::new(data.test.all().x);
     let eager_logits = {
         let _no_grad = eager::no_grad();
         model.forward(&test_x)?.to_f64_vec()?
@@ -112,17 +123,16 @@ pub fn train(config: &Config, mut on_epoch: impl FnMut(&Epoch)) -> EagerResult<O
     let prediction_agreement =
         a.iter().zip(&b).filter(|(x, y)| x == y).count() as f64 / a.len() as f64;
     Ok(Outcome {
-        model,
         history,
-        test,
+        test: data.test,
         compiled,
         max_logit_difference,
         prediction_agreement,
     })
 }
 
-/// Saves the compiled prediction program (`predict`, text IR) and the parameters
-/// (safetensors) under `dir`; returns their paths.
+/// Saves the compiled prediction program (`predict`, text IR), the parameters (safetensors)
+/// and 16 test images (`test_images.npy`) under `dir`; returns the first two paths.
 pub fn save(
     outcome: &Outcome,
     dir: &std::path::Path,
@@ -134,8 +144,11 @@ pub fn save(
         dir.join("digits_dygraph.kir"),
         dir.join("digits_dygraph.safetensors"),
     );
-    kiln_runtime::checkpoint::save_module(&module, &ir)
-        .map_err(kiln_runtime::RuntimeError::from)?;
+    kiln_runtime::checkpoint::save_module(&module, &ir).map_err(RuntimeError::from)?;
     eager::save_parameters(&params)?;
+    let images = dir.join("test_images.npy");
+    let sample = (outcome.test).batch(&(0..16.min(outcome.test.len())).collect::<Vec<_>>());
+    kiln_runtime::npy::write_npy(&images, &sample.x)
+        .map_err(|e| EagerError::Usage(format!("cannot write {}: {e}", images.display())))?;
     Ok((ir, params))
 }

@@ -1,5 +1,5 @@
 //! A transformer encoder block on the handwritten digits: each 8×8 image as 4 patches of
-//! 4×4 pixels (tokens of 16 features), embedded with a learned position, one block of
+//! 4×4 pixels (tokens of 16 features; an image of h×w, (h/4)·(w/4) of them), embedded with a learned position, one block of
 //! self-attention and an MLP (each with a residual connection and layer norm), the tokens
 //! averaged, and a dense classifier.
 
@@ -17,29 +17,40 @@ pub fn config() -> Config {
         hidden: 32,
         learning_rate: 0.003,
         seed: 0,
+        data: None,
     }
 }
 
 /// The model width is `config.hidden`; the MLP is twice as wide.
-pub fn build(config: &Config) -> RuntimeResult<Model> {
+pub fn build(config: &Config, image: [usize; 3]) -> RuntimeResult<Model> {
     let width = config.hidden;
     let mut p = Program::with_seed(config.seed);
-    let x = p.placeholder("x", DType::F32, vec![Dim::sym("N"), Dim::Fixed(64)])?;
-    let y = p.placeholder("y", DType::I64, vec![Dim::sym("N")])?;
-    // [N, 64] → [N, 2, 4, 2, 4] (patch row, pixel row, patch column, pixel column)
-    // → [N, 2, 2, 4, 4] → 4 tokens of 16.
+    let [x, y] = digits_static::placeholders(&mut p, image)?;
+    // [N, c·h·w] → [N, c, h/4, 4, w/4, 4] (channel, patch row, pixel row, patch column,
+    // pixel column) → [N, h/4, w/4, c, 4, 4] → (h/4)·(w/4) tokens of 16·c.
+    let [c, h, w] = image;
+    let (rows, columns, patch) = (h / 4, w / 4, 16 * c);
+    let tokens = rows * columns;
     let grid = p.reshape(
         x,
-        Shape(vec![Dim::sym("N"), 2.into(), 4.into(), 2.into(), 4.into()]),
+        Shape(vec![
+            Dim::sym("N"),
+            c.into(),
+            rows.into(),
+            4.into(),
+            columns.into(),
+            4.into(),
+        ]),
     )?;
-    let patches = p.transpose(grid, vec![0, 1, 3, 2, 4])?;
-    let tokens = p.reshape(patches, Shape(vec![Dim::sym("N"), 4.into(), 16.into()]))?;
-    let embed = Dense::new(&mut p, "embed", 16, width, Activation::Identity)?;
-    let h = embed.apply(&mut p, tokens)?;
+    let patches = p.transpose(grid, vec![0, 2, 4, 1, 3, 5])?;
+    let tokens_shape = Shape(vec![Dim::sym("N"), tokens.into(), patch.into()]);
+    let token_values = p.reshape(patches, tokens_shape)?;
+    let embed = Dense::new(&mut p, "embed", patch, width, Activation::Identity)?;
+    let h = embed.apply(&mut p, token_values)?;
     let position = p.parameter(
         "position",
         DType::F32,
-        &[4, width],
+        &[tokens, width],
         Init::Normal {
             mean: 0.0,
             std: 0.1,
@@ -59,7 +70,9 @@ pub fn build(config: &Config) -> RuntimeResult<Model> {
     digits_static::classifier(p, [x, y], logits, config)
 }
 
-/// Trains on 80 % of the digits and reports test accuracy on the rest after each epoch.
+/// Trains on the examples' data (the digits, or `config.data`) and reports test accuracy after
+/// each epoch.
 pub fn train(config: &Config, on_epoch: impl FnMut(&Epoch)) -> RuntimeResult<Outcome> {
-    digits_static::train_model(build(config)?, config, on_epoch)
+    let data = digits_static::load_data(config)?;
+    digits_static::train_model(build(config, data.image)?, data, config, on_epoch)
 }

@@ -73,6 +73,11 @@ impl StaticClassifier {
         self
     }
 
+    /// The session, when training is over.
+    pub fn into_session(self) -> Session {
+        self.session
+    }
+
     /// The session (to save its parameters, or run other parts of the program).
     pub fn session(&mut self) -> &mut Session {
         &mut self.session

@@ -45,6 +45,16 @@ pub enum TrainError {
     Invalid(String),
 }
 
+impl From<TrainError> for RuntimeError {
+    fn from(e: TrainError) -> RuntimeError {
+        match e {
+            TrainError::Runtime(e) => e,
+            TrainError::Data(e) => RuntimeError::Data(e),
+            other => RuntimeError::Usage(other.to_string()),
+        }
+    }
+}
+
 /// What happens, in order, as the trainer runs; callbacks see each one.
 #[derive(Clone, Copy, Debug)]
 pub enum Event<'a> {
@@ -229,6 +239,11 @@ impl<'a, L: Learner> Trainer<'a, L> {
     pub fn top_k(mut self, k: usize) -> Trainer<'a, L> {
         self.top_k = k.max(1);
         self
+    }
+
+    /// The learner, when training is over.
+    pub fn into_learner(self) -> L {
+        self.learner
     }
 
     /// The learner.
