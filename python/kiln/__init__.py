@@ -27,11 +27,12 @@ from ._kiln import (
     save_parameters,
     load_parameters,
 )
-from . import init, nn, optim
+from . import data, init, nn, optim
 from . import static
 from .autograd import PyLayer
 from .jit import to_static
 from .static import Session, function
+from .train import Trainer
 
 __version__ = _kiln.__version__
 
@@ -46,6 +47,8 @@ __all__ = [
     "Session",
     "ShapeError",
     "Tensor",
+    "Trainer",
+    "data",
     "function",
     "init",
     "load_parameters",

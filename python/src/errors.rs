@@ -6,7 +6,9 @@ use kiln::backend::comm::CommError;
 use kiln::ir::{BuildError, SourceError};
 use kiln::runtime::RuntimeError;
 use kiln::runtime::checkpoint::CheckpointError;
+use kiln::runtime::data::DataError;
 use kiln::runtime::eager::EagerError;
+use kiln::train::TrainError;
 use pyo3::create_exception;
 use pyo3::exceptions::PyException;
 use pyo3::prelude::*;
@@ -138,6 +140,23 @@ impl IntoPyErr for InterpError {
 impl IntoPyErr for CheckpointError {
     fn into_py_err(self) -> PyErr {
         CheckpointFileError::new_err(self.to_string())
+    }
+}
+
+impl IntoPyErr for DataError {
+    fn into_py_err(self) -> PyErr {
+        KilnError::new_err(self.to_string())
+    }
+}
+
+impl IntoPyErr for TrainError {
+    fn into_py_err(self) -> PyErr {
+        match self {
+            TrainError::Runtime(e) => e.into_py_err(),
+            TrainError::Eager(e) => e.into_py_err(),
+            TrainError::Checkpoint(e) => e.into_py_err(),
+            other => KilnError::new_err(other.to_string()),
+        }
     }
 }
 

@@ -414,6 +414,26 @@ fn size_of(program: &Program) -> (usize, usize) {
 }
 
 impl PySession {
+    /// Every state value, for a trainer's checkpoint.
+    pub(crate) fn state_values(&self) -> std::collections::BTreeMap<String, Array> {
+        let scope = self.session.scope();
+        scope
+            .iter()
+            .map(|(n, a)| (n.to_owned(), a.clone()))
+            .collect()
+    }
+
+    /// Sets state values of their declared types (a trainer's resume).
+    pub(crate) fn set_states(
+        &mut self,
+        values: std::collections::BTreeMap<String, Array>,
+    ) -> kiln::runtime::RuntimeResult<()> {
+        for (name, value) in values {
+            self.session.scope_mut().set(&name, value)?;
+        }
+        Ok(())
+    }
+
     /// Takes up what was added to the program since the session last looked (values,
     /// targets, parameters): the session is rebuilt over its own state, so values it holds
     /// stay, and new parameters start from their initializers.

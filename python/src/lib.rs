@@ -9,9 +9,11 @@
 //! data and may move between threads (pyo3's borrow flag allows one `run` at a time).
 
 mod array;
+mod data;
 mod eager;
 mod errors;
 mod graph;
+mod train;
 
 use pyo3::prelude::*;
 
@@ -21,5 +23,7 @@ fn _kiln(m: &Bound<'_, PyModule>) -> PyResult<()> {
     errors::register(m)?;
     eager::register(m)?;
     graph::register(m)?;
+    data::register(m)?;
+    train::register(m)?;
     Ok(())
 }

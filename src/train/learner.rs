@@ -229,13 +229,7 @@ impl Learner for EagerClassifier {
             .collect())
     }
 
-    fn state_types(&self) -> Result<BTreeMap<String, Type>, TrainError> {
-        eager::declare_states(self.optimizer.module())?;
-        Ok(eager::scope()?.declared().clone())
-    }
-
     fn set_state(&mut self, state: BTreeMap<String, Array>) -> Result<(), TrainError> {
-        eager::declare_states(self.optimizer.module())?;
         for (name, value) in state {
             eager::set_state(&name, value)?;
         }

@@ -17,6 +17,17 @@ pub trait Transform: Send + Sync {
     }
 }
 
+/// A shared transform (as a loader holds them, or a binding hands them over).
+impl Transform for std::sync::Arc<dyn Transform> {
+    fn apply(&self, example: &mut [f32], shape: &[usize], rng: Stream) {
+        (**self).apply(example, shape, rng)
+    }
+
+    fn check(&self, shape: &[usize]) -> Result<(), DataError> {
+        (**self).check(shape)
+    }
+}
+
 /// Channels, height and width of an image example `[C, H, W]` or `[H, W]`.
 fn image_dims(shape: &[usize]) -> Option<(usize, usize, usize)> {
     match *shape {

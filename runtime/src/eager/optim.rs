@@ -33,6 +33,9 @@ impl EagerOptimizer {
             updates.push((p.decl().clone(), value, grad));
         }
         let target = rule.apply_gradients(&mut program, &updates, "step")?;
+        // The rule's state exists from now on, so that a checkpoint can restore it before
+        // the first step.
+        with(|cx| Ok(cx.scope.declare(program.module())?))?;
         Ok(EagerOptimizer {
             program,
             runner: Runner::new(),
@@ -65,11 +68,6 @@ impl EagerOptimizer {
             runner.run(program, &mut cx.scope, &[Fetch::Target(target)], &feeds)?;
             Ok(())
         })
-    }
-
-    /// The update program's state (the rule's moments), for [`super::declare_states`].
-    pub fn module(&self) -> &kiln_ir::Module {
-        self.program.module()
     }
 
     /// Forgets the gradients of every parameter.
