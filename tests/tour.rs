@@ -143,3 +143,23 @@ fn graphviz_accepts(path: &Path) {
         Err(_) => eprintln!("Graphviz is not installed: the DOT file was not rendered"),
     }
 }
+
+#[test]
+fn a_bad_data_folder_is_an_error_naming_it() {
+    let dir = std::env::temp_dir().join(format!("kiln-tour-no-data-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let out = kiln(&[
+        "tour",
+        "--data",
+        dir.to_str().unwrap(),
+        "--out",
+        dir.to_str().unwrap(),
+    ]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        stderr.contains(&format!("{}: no train-images-idx3-ubyte", dir.display())),
+        "{stderr}"
+    );
+    std::fs::remove_dir_all(&dir).ok();
+}

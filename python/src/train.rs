@@ -266,7 +266,7 @@ impl PyTrainer {
         train: &PyDataLoader,
         epochs: usize,
     ) -> PyResult<Bound<'py, PyDict>> {
-        let result = self.trainer().fit(&train.loader, epochs).map(|h| h.clone());
+        let result = self.trainer().fit(&train.loader, epochs).cloned();
         self.raise_callback_error()?;
         history_dict(py, &kiln_ok(result)?)
     }

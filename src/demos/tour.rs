@@ -124,9 +124,9 @@ pub fn cnn(image: &[usize]) -> Result<Sequential, EagerError> {
     let halve = Pool2dAttrs::new([2, 2], [2, 2]);
     let flat = 64 * (image[1] / 4) * (image[2] / 4);
     Ok(Sequential::new()
-        .push(Conv2d::new("conv1", [image[0], 32], [3, 3], same.clone())?)
+        .push(Conv2d::new("conv1", [image[0], 32], [3, 3], same)?)
         .push(Relu)
-        .push(MaxPool2d(halve.clone()))
+        .push(MaxPool2d(halve))
         .push(Conv2d::new("conv2", [32, 64], [3, 3], same)?)
         .push(Relu)
         .push(MaxPool2d(halve))
