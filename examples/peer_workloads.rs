@@ -1,6 +1,7 @@
-//! Runs Kiln on the peers' workloads (W2–W8 of `../shared/baselines`; W9, the digits CNN, and
-//! W10, a recurrent network, whose peer scripts are Kiln's `scripts/peers/bench_w9_cnn.py` and
-//! `bench_w10_rnn.py`) with the peers' timing
+//! Runs Kiln on the peers' workloads (W2–W8 of `../shared/baselines`; W9, the digits CNN,
+//! W10, a recurrent network, and W12, epochs of the Fashion-MNIST CNN, whose peer scripts are
+//! Kiln's `scripts/peers/bench_w9_cnn.py`, `bench_w10_rnn.py` and `bench_w12_fashion_epoch.py`)
+//! with the peers' timing
 //! protocol — the same warm-up and repeat counts, median (min..max) — and appends the same
 //! JSON-lines records to `<out>/<workload>.jsonl`, so one table shows Kiln beside the peers.
 //!
@@ -419,6 +420,28 @@ fn w8(e: &Emitter) -> Result<(), Error> {
     )
 }
 
+/// W12: three epochs of the Fashion-MNIST CNN, data loading included (peer script:
+/// `scripts/peers/bench_w12_fashion_epoch.py`); the folder is Debian's, or `FASHION_MNIST_DIR`.
+fn w12(e: &Emitter) -> Result<(), Error> {
+    let dir = std::env::var("FASHION_MNIST_DIR")
+        .unwrap_or_else(|_| kiln::runtime::data::FASHION_MNIST_DIR.to_owned());
+    let run = workloads::fashion_epochs(Path::new(&dir), 3)?;
+    let extra = json!({
+        "load_s": run.load_seconds,
+        "mean_loss_last_epoch": run.mean_loss_last_epoch,
+        "test_accuracy": run.test_accuracy,
+        "epochs": run.epoch_seconds.len(),
+    });
+    let case = "tour CNN (digits_cnn::network) + Adam.minimize, Trainer over DataLoader(shuffle, batch 64, prefetch 2)";
+    e.emit(
+        "w12",
+        case,
+        Some(&summarize(run.epoch_seconds, 0)),
+        "s",
+        extra,
+    )
+}
+
 fn main() -> Result<(), Error> {
     let mut out = PathBuf::from("results");
     let mut data = None;
@@ -455,6 +478,7 @@ fn main() -> Result<(), Error> {
             "w8" => w8(&e)?,
             "w9" => w9(&e, data.as_deref())?,
             "w10" => w10(&e, data.as_deref())?,
+            "w12" => w12(&e)?,
             other => return Err(format!("unknown workload {other}").into()),
         }
     }
