@@ -10,8 +10,8 @@ use crate::graph::PySession;
 use kiln::backend::Array;
 use kiln::runtime::data::Batch;
 use kiln::train::{
-    ConfusionMatrix, Control, EarlyStopping, Event, History, Learner, Metrics, Step, TrainError,
-    Trainer,
+    ConfusionMatrix, Control, EarlyStopping, EpochRecord, Event, History, Learner, Metrics, Step,
+    TrainError, Trainer,
 };
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
@@ -80,13 +80,7 @@ impl Learner for PyLearner {
 
     fn state(&self) -> Result<BTreeMap<String, Array>, TrainError> {
         match &self.state_of {
-            StateOf::Eager => {
-                let scope = kiln::runtime::eager::scope()?;
-                Ok(scope
-                    .iter()
-                    .map(|(n, a)| (n.to_owned(), a.clone()))
-                    .collect())
-            }
+            StateOf::Eager => Ok(kiln::runtime::eager::scope()?.values()),
             StateOf::Session(s) => Python::attach(|py| Ok(s.borrow(py).state_values())),
         }
     }
@@ -122,18 +116,23 @@ fn metrics_dict<'py>(py: Python<'py>, m: &Metrics) -> PyResult<Bound<'py, PyDict
     Ok(d)
 }
 
+/// An epoch's record into `d`: `epoch`, `seconds`, `train` and `validation` metrics.
+fn record_into(py: Python<'_>, d: &Bound<'_, PyDict>, record: &EpochRecord) -> PyResult<()> {
+    d.set_item("epoch", record.epoch)?;
+    d.set_item("seconds", record.seconds)?;
+    d.set_item("train", metrics_dict(py, &record.train)?)?;
+    let validation = match &record.validation {
+        Some(m) => Some(metrics_dict(py, m)?),
+        None => None,
+    };
+    d.set_item("validation", validation)
+}
+
 fn history_dict<'py>(py: Python<'py>, h: &History) -> PyResult<Bound<'py, PyDict>> {
     let epochs = PyList::empty(py);
     for e in &h.epochs {
         let d = PyDict::new(py);
-        d.set_item("epoch", e.epoch)?;
-        d.set_item("seconds", e.seconds)?;
-        d.set_item("train", metrics_dict(py, &e.train)?)?;
-        let validation = match &e.validation {
-            Some(m) => Some(metrics_dict(py, m)?),
-            None => None,
-        };
-        d.set_item("validation", validation)?;
+        record_into(py, &d, e)?;
         epochs.append(d)?;
     }
     let d = PyDict::new(py);
@@ -163,14 +162,7 @@ fn event_dict<'py>(py: Python<'py>, event: &Event) -> PyResult<Bound<'py, PyDict
         }
         Event::EpochEnd { record } => {
             d.set_item("kind", "epoch_end")?;
-            d.set_item("epoch", record.epoch)?;
-            d.set_item("seconds", record.seconds)?;
-            d.set_item("train", metrics_dict(py, &record.train)?)?;
-            let validation = match &record.validation {
-                Some(m) => Some(metrics_dict(py, m)?),
-                None => None,
-            };
-            d.set_item("validation", validation)?;
+            record_into(py, &d, record)?;
         }
     }
     Ok(d)

@@ -91,6 +91,13 @@ impl Scope {
         &mut self.store
     }
 
+    /// A copy of every value, by name (a trainer's checkpoint).
+    pub fn values(&self) -> BTreeMap<String, Array> {
+        (self.store.iter())
+            .map(|(n, a)| (n.to_owned(), a.clone()))
+            .collect()
+    }
+
     /// Saves every value as a safetensors checkpoint (atomically).
     pub fn save(&self, path: &Path) -> Result<(), CheckpointError> {
         checkpoint::save(self.store.iter(), path)

@@ -88,11 +88,7 @@ pub fn train(config: &Config, mut on_epoch: impl FnMut(&Epoch)) -> EagerResult<O
         .validate_on(test_loader)
         .on(|event| {
             if let Event::EpochEnd { record } = event {
-                let report = Epoch {
-                    epoch: record.epoch + 1,
-                    mean_loss: record.train.loss,
-                    test_accuracy: record.validation.as_ref().map_or(0.0, |m| m.accuracy),
-                };
+                let report = Epoch::from(*record);
                 on_epoch(&report);
                 history.push(report);
             }

@@ -203,6 +203,17 @@ pub struct Epoch {
     pub test_accuracy: f64,
 }
 
+impl From<&crate::train::EpochRecord> for Epoch {
+    /// The trainer's record of an epoch (counted from 0) as the examples print it (from 1).
+    fn from(record: &crate::train::EpochRecord) -> Epoch {
+        Epoch {
+            epoch: record.epoch + 1,
+            mean_loss: record.train.loss,
+            test_accuracy: record.validation.as_ref().map_or(0.0, |m| m.accuracy),
+        }
+    }
+}
+
 pub struct Outcome {
     pub model: Model,
     pub session: Session,
@@ -238,11 +249,7 @@ pub fn train_model(
         .validate_on(DataLoader::new(data.test.clone(), 1000))
         .on(|event| {
             if let crate::train::Event::EpochEnd { record } = event {
-                let report = Epoch {
-                    epoch: record.epoch + 1,
-                    mean_loss: record.train.loss,
-                    test_accuracy: record.validation.as_ref().map_or(0.0, |m| m.accuracy),
-                };
+                let report = Epoch::from(*record);
                 on_epoch(&report);
                 history.push(report);
             }

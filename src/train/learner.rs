@@ -109,11 +109,7 @@ impl Learner for StaticClassifier {
     }
 
     fn state(&self) -> Result<BTreeMap<String, Array>, TrainError> {
-        let scope = self.session.scope();
-        Ok(scope
-            .iter()
-            .map(|(n, a)| (n.to_owned(), a.clone()))
-            .collect())
+        Ok(self.session.scope().values())
     }
 
     fn set_state(&mut self, state: BTreeMap<String, Array>) -> Result<(), TrainError> {
@@ -222,11 +218,7 @@ impl Learner for EagerClassifier {
     }
 
     fn state(&self) -> Result<BTreeMap<String, Array>, TrainError> {
-        let scope = eager::scope()?;
-        Ok(scope
-            .iter()
-            .map(|(n, a)| (n.to_owned(), a.clone()))
-            .collect())
+        Ok(eager::scope()?.values())
     }
 
     fn set_state(&mut self, state: BTreeMap<String, Array>) -> Result<(), TrainError> {
