@@ -75,7 +75,8 @@ fn mnist_folders_load_gzipped_or_not() {
 
 #[test]
 fn bad_idx_files_are_errors_naming_the_file() {
-    let cases: [(&str, Box<dyn Fn(&Path)>, &str); 5] = [
+    type Spoil = Box<dyn Fn(&Path)>;
+    let cases: [(&str, Spoil, &str); 5] = [
         (
             "truncated",
             Box::new(|d| {
