@@ -9,7 +9,7 @@ use kiln::runtime::eager::custom::{self, CustomOp};
 use kiln::runtime::eager::nn::{self, Layer, Parameter};
 use kiln::runtime::eager::{self, EagerOptimizer, NoGradGuard, StaticFunction, Tensor};
 use kiln::runtime::{Adam, Init, Momentum, Optimizer, Sgd, Target};
-use pyo3::exceptions::PyTypeError;
+use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyTuple};
 use std::sync::Arc;
@@ -28,6 +28,7 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(apply_pylayer, m)?)?;
     m.add_function(wrap_pyfunction!(to_static, m)?)?;
     m.add_function(wrap_pyfunction!(loss, m)?)?;
+    m.add_function(wrap_pyfunction!(check_optimizer, m)?)?;
     m.add_function(wrap_pyfunction!(manual_seed, m)?)?;
     m.add_function(wrap_pyfunction!(reset, m)?)?;
     m.add_function(wrap_pyfunction!(save_parameters, m)?)?;
@@ -382,27 +383,100 @@ impl PyNoGrad {
     }
 }
 
-/// An optimizer rule by kind, as the static and eager optimizers share it; its state is named
-/// after `name` (the kind by default).
+/// An update rule from Python: `kind` (`sgd`, `adam`), its learning rate and its options,
+/// with PyTorch's names and meanings — `momentum`, `dampening`, `nesterov`, `weight_decay`
+/// for SGD (a momentum makes it `Momentum`), `betas`, `eps`, `weight_decay` and `decoupled`
+/// (AdamW) for Adam. An option the rule does not take, or a value it cannot use, is an
+/// error here, when the optimizer is built — never ignored.
 pub(crate) fn rule(
     kind: &str,
     name: Option<&str>,
     lr: f64,
-    momentum: f64,
-    betas: (f64, f64),
-    eps: f64,
+    options: Option<&Bound<'_, PyDict>>,
 ) -> PyResult<Box<dyn Optimizer>> {
+    let allowed: &[&str] = match kind {
+        "sgd" => &["momentum", "dampening", "nesterov", "weight_decay"],
+        "adam" => &["betas", "eps", "weight_decay", "decoupled"],
+        other => return Err(PyTypeError::new_err(format!("unknown optimizer `{other}`"))),
+    };
+    let mut given: Vec<(String, Bound<'_, PyAny>)> = Vec::new();
+    for (key, value) in options.into_iter().flat_map(|d| d.iter()) {
+        let key: String = key.extract()?;
+        if !allowed.contains(&key.as_str()) {
+            return Err(PyTypeError::new_err(format!(
+                "{kind} takes no option `{key}` (it takes {})",
+                allowed.join(", ")
+            )));
+        }
+        given.push((key, value));
+    }
+    let option = |key: &str| given.iter().find(|(k, _)| k == key).map(|(_, v)| v);
+    let number = |key: &str, default: f64| -> PyResult<f64> {
+        option(key).map_or(Ok(default), |v| v.extract())
+    };
+    let flag = |key: &str| -> PyResult<bool> { option(key).map_or(Ok(false), |v| v.extract()) };
+    let invalid = |what: String| Err(PyValueError::new_err(what));
+    let weight_decay = number("weight_decay", 0.0)?;
+    if !(lr >= 0.0 && lr.is_finite()) {
+        return invalid(format!(
+            "learning rate {lr}: it must be a finite number, 0 or more"
+        ));
+    }
+    if !(weight_decay >= 0.0) {
+        return invalid(format!("weight_decay {weight_decay}: it must be 0 or more"));
+    }
     let name = name.unwrap_or(kind);
     Ok(match kind {
-        "sgd" => Box::new(Sgd::named(name, lr)),
-        "momentum" => Box::new(Momentum::named(name, lr, momentum)),
-        "adam" => Box::new(
-            Adam::named(name, lr)
-                .with_betas(betas.0, betas.1)
-                .with_eps(eps),
-        ),
-        other => return Err(PyTypeError::new_err(format!("unknown optimizer `{other}`"))),
+        "sgd" => {
+            let (momentum, dampening) = (number("momentum", 0.0)?, number("dampening", 0.0)?);
+            let nesterov = flag("nesterov")?;
+            if !(momentum >= 0.0) {
+                return invalid(format!("momentum {momentum}: it must be 0 or more"));
+            }
+            if nesterov && (momentum <= 0.0 || dampening != 0.0) {
+                return invalid(
+                    "Nesterov momentum needs a momentum above 0 and no dampening".into(),
+                );
+            }
+            if momentum == 0.0 {
+                if dampening != 0.0 {
+                    return invalid("dampening applies to a momentum, and momentum is 0".into());
+                }
+                Box::new(Sgd::named(name, lr).with_weight_decay(weight_decay))
+            } else {
+                Box::new(
+                    Momentum::named(name, lr, momentum)
+                        .with_dampening(dampening)
+                        .with_nesterov(nesterov)
+                        .with_weight_decay(weight_decay),
+                )
+            }
+        }
+        _ => {
+            let (b1, b2): (f64, f64) = option("betas").map_or(Ok((0.9, 0.999)), |v| v.extract())?;
+            let eps = number("eps", 1e-8)?;
+            if !((0.0..1.0).contains(&b1) && (0.0..1.0).contains(&b2)) {
+                return invalid(format!("betas ({b1}, {b2}): each must be in [0, 1)"));
+            }
+            if !(eps >= 0.0) {
+                return invalid(format!("eps {eps}: it must be 0 or more"));
+            }
+            let adam = Adam::named(name, lr).with_betas(b1, b2).with_eps(eps);
+            Box::new(if flag("decoupled")? {
+                adam.with_decoupled_weight_decay(weight_decay)
+            } else {
+                adam.with_weight_decay(weight_decay)
+            })
+        }
     })
+}
+
+/// Checks an optimizer's options as [`rule`] does, building nothing: so that Python's
+/// optimizers refuse a bad option when they are made, static or eager.
+#[pyfunction]
+#[pyo3(signature = (kind, lr, **options))]
+fn check_optimizer(kind: &str, lr: f64, options: Option<&Bound<'_, PyDict>>) -> PyResult<()> {
+    rule(kind, None, lr, options).map(|_| ())
 }
 
 /// An eager optimizer over parameters: `step()` applies the rule to their gradients.
@@ -412,18 +486,21 @@ pub(crate) struct PyEagerOptimizer(EagerOptimizer);
 #[pymethods]
 impl PyEagerOptimizer {
     #[new]
-    #[pyo3(signature = (kind, params, lr, momentum = 0.9, betas = (0.9, 0.999), eps = 1e-8))]
+    #[pyo3(signature = (kind, params, lr, **options))]
     fn new(
         kind: &str,
         params: Vec<PyRef<'_, PyParameter>>,
         lr: f64,
-        momentum: f64,
-        betas: (f64, f64),
-        eps: f64,
+        options: Option<&Bound<'_, PyDict>>,
     ) -> PyResult<PyEagerOptimizer> {
         let params = params.iter().map(|p| p.0.clone()).collect();
-        let rule = rule(kind, None, lr, momentum, betas, eps)?;
+        let rule = rule(kind, None, lr, options)?;
         py_eager(EagerOptimizer::new(rule, params)).map(PyEagerOptimizer)
+    }
+
+    /// Changes the learning rate from the next step on (what a schedule does).
+    fn set_lr(&mut self, lr: f64) -> PyResult<()> {
+        py_eager(self.0.set_learning_rate(lr))
     }
 
     fn step(&mut self) -> PyResult<()> {
@@ -574,17 +651,15 @@ impl PyStaticFunction {
 
     /// Adds an optimizer's update for the `output`-th output (a scalar loss); later calls with
     /// `train=True` apply it.
-    #[pyo3(signature = (kind, lr, output = 0, momentum = 0.9, betas = (0.9, 0.999), eps = 1e-8))]
+    #[pyo3(signature = (kind, lr, output = 0, **options))]
     fn minimize(
         &mut self,
         kind: &str,
         lr: f64,
         output: usize,
-        momentum: f64,
-        betas: (f64, f64),
-        eps: f64,
+        options: Option<&Bound<'_, PyDict>>,
     ) -> PyResult<()> {
-        let mut rule = rule(kind, None, lr, momentum, betas, eps)?;
+        let mut rule = rule(kind, None, lr, options)?;
         let target = py_eager(self.function.minimize(&mut rule, output))?;
         self.targets.push(target);
         Ok(())

@@ -212,20 +212,17 @@ impl PyProgram {
 
     /// Adds `loss`'s gradients and an optimizer's updates (of the parameters named in
     /// `params`, or all); returns the target that applies them.
-    #[pyo3(signature = (kind, lr, loss, params = None, momentum = 0.9, betas = (0.9, 0.999), eps = 1e-8, name = None))]
-    #[allow(clippy::too_many_arguments)]
+    #[pyo3(signature = (kind, lr, loss, params = None, name = None, **options))]
     fn minimize(
         slf: &Bound<'_, Self>,
         kind: &str,
         lr: f64,
         loss: &PyVar,
         params: Option<Vec<String>>,
-        momentum: f64,
-        betas: (f64, f64),
-        eps: f64,
         name: Option<String>,
+        options: Option<&Bound<'_, PyDict>>,
     ) -> PyResult<PyTarget> {
-        let mut rule = rule(kind, name.as_deref(), lr, momentum, betas, eps)?;
+        let mut rule = rule(kind, name.as_deref(), lr, options)?;
         let loss = loss.value_in(slf.as_any(), "minimize")?;
         let mut this = slf.borrow_mut();
         let names =

@@ -107,6 +107,14 @@ impl<O: Optimizer> Optimizer for DataParallel<O> {
         self.inner.finish(p)
     }
 
+    fn learning_rate(&self) -> Option<crate::optim::LearningRate> {
+        self.inner.learning_rate()
+    }
+
+    fn set_learning_rate(&mut self, lr: crate::optim::LearningRate) -> RuntimeResult<()> {
+        self.inner.set_learning_rate(lr)
+    }
+
     /// Like every optimizer's, but a named parameter that no gradient reaches — usually a
     /// layer left out of the forward pass — is an error naming it, unless
     /// [`DataParallel::allow_unused`].

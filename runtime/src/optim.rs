@@ -5,7 +5,7 @@
 //! ops. Its state (moments, a step counter) is declared in the module, so checkpoints save it;
 //! it is named `<optimizer>.<moment>.<param>`.
 
-use crate::error::RuntimeResult;
+use crate::error::{RuntimeError, RuntimeResult};
 use crate::program::{Program, Target};
 use kiln_ir::{BinaryOp, DType, Initializer, StateDecl, Type, Value};
 
@@ -66,6 +66,21 @@ pub trait Optimizer {
         Ok(Vec::new())
     }
 
+    /// The learning rate the next update ops are built with, if the rule has one.
+    fn learning_rate(&self) -> Option<LearningRate> {
+        None
+    }
+
+    /// Builds the next update ops with `lr` (a placeholder, for a schedule). A rule without a
+    /// learning rate refuses.
+    fn set_learning_rate(&mut self, lr: LearningRate) -> RuntimeResult<()> {
+        let _ = lr;
+        Err(RuntimeError::Usage(format!(
+            "the optimizer `{}` has no learning rate to set",
+            self.name()
+        )))
+    }
+
     /// Gradient and update ops for every trainable parameter `loss` depends on.
     fn minimize(&mut self, p: &mut Program, loss: Value) -> RuntimeResult<Target> {
         let params: Vec<String> = p.params().iter().map(|q| q.name.clone()).collect();
@@ -122,6 +137,14 @@ impl<O: Optimizer + ?Sized> Optimizer for Box<O> {
 
     fn finish(&mut self, p: &mut Program) -> RuntimeResult<Vec<(StateDecl, Value)>> {
         (**self).finish(p)
+    }
+
+    fn learning_rate(&self) -> Option<LearningRate> {
+        (**self).learning_rate()
+    }
+
+    fn set_learning_rate(&mut self, lr: LearningRate) -> RuntimeResult<()> {
+        (**self).set_learning_rate(lr)
     }
 
     fn minimize(&mut self, p: &mut Program, loss: Value) -> RuntimeResult<Target> {
@@ -193,6 +216,37 @@ pub fn gradient_updates(
         .collect())
 }
 
+/// `t + 1`, the step an update makes: the optimizer's f32 counter `<name>.step`, declared by
+/// the first parameter's update and kept in `counter` until [`Optimizer::finish`] stores it.
+fn next_step(
+    p: &mut Program,
+    name: &str,
+    counter: &mut Option<(StateDecl, Value)>,
+) -> RuntimeResult<Value> {
+    if let Some((_, t)) = counter {
+        return Ok(*t);
+    }
+    let (decl, t) = p.state(
+        &format!("{name}.step"),
+        Type::scalar(DType::F32),
+        Initializer::constant(0.0),
+    )?;
+    let one = p.scalar(DType::F32, 1.0)?;
+    let t_next = p.add(t, one)?;
+    *counter = Some((decl, t_next));
+    Ok(t_next)
+}
+
+/// The gradient with L2 weight decay added, as PyTorch's optimizers add it: `g + λ·w`.
+fn decayed(p: &mut Program, u: &Update<'_>, weight_decay: f64) -> RuntimeResult<Value> {
+    if weight_decay == 0.0 {
+        return Ok(u.grad);
+    }
+    let lambda = p.scalar(u.decl.ty.dtype, weight_decay)?;
+    let decay = p.mul(u.value, lambda)?;
+    Ok(p.add(u.grad, decay)?)
+}
+
 /// Declares a zero-initialised moment of `decl`'s type; returns it and its current value.
 fn moment(
     p: &mut Program,
@@ -207,10 +261,11 @@ fn moment(
     )
 }
 
-/// Plain stochastic gradient descent: `w ← w − lr·g`.
+/// Plain stochastic gradient descent: `w ← w − lr·g` (with weight decay λ, `g + λ·w` for `g`).
 pub struct Sgd {
     name: String,
     lr: LearningRate,
+    weight_decay: f64,
 }
 
 impl Sgd {
@@ -224,7 +279,14 @@ impl Sgd {
         Sgd {
             name: name.to_owned(),
             lr: lr.into(),
+            weight_decay: 0.0,
         }
+    }
+
+    /// L2 weight decay `λ`, added to the gradient as `λ·w` (PyTorch's `weight_decay`).
+    pub fn with_weight_decay(mut self, weight_decay: f64) -> Sgd {
+        self.weight_decay = weight_decay;
+        self
     }
 }
 
@@ -233,9 +295,19 @@ impl Optimizer for Sgd {
         &self.name
     }
 
+    fn learning_rate(&self) -> Option<LearningRate> {
+        Some(self.lr)
+    }
+
+    fn set_learning_rate(&mut self, lr: LearningRate) -> RuntimeResult<()> {
+        self.lr = lr;
+        Ok(())
+    }
+
     fn step(&mut self, p: &mut Program, u: &Update<'_>) -> RuntimeResult<Step> {
+        let grad = decayed(p, u, self.weight_decay)?;
         let lr = self.lr.value(p, u.decl.ty.dtype)?;
-        let delta = p.mul(u.grad, lr)?;
+        let delta = p.mul(grad, lr)?;
         let param = p.sub(u.value, delta)?;
         Ok(Step {
             param,
@@ -244,11 +316,17 @@ impl Optimizer for Sgd {
     }
 }
 
-/// SGD with momentum (as PyTorch writes it): `v ← μ·v + g`, `w ← w − lr·v`.
+/// SGD with momentum (as PyTorch writes it): `v ← μ·v + (1 − d)·g`, `w ← w − lr·v`; with
+/// Nesterov's correction `w ← w − lr·(g + μ·v)`; with weight decay λ, `g + λ·w` for `g`.
 pub struct Momentum {
     name: String,
     lr: LearningRate,
     momentum: f64,
+    dampening: f64,
+    nesterov: bool,
+    weight_decay: f64,
+    /// The step counter (with dampening only: the first step enters undamped).
+    step: Option<(StateDecl, Value)>,
 }
 
 impl Momentum {
@@ -263,7 +341,30 @@ impl Momentum {
             name: name.to_owned(),
             lr: lr.into(),
             momentum,
+            dampening: 0.0,
+            nesterov: false,
+            weight_decay: 0.0,
+            step: None,
         }
+    }
+
+    /// Dampening `d`: the gradient enters the velocity as `(1 − d)·g`, but on the first step
+    /// the velocity is the gradient itself (PyTorch's rule).
+    pub fn with_dampening(mut self, dampening: f64) -> Momentum {
+        self.dampening = dampening;
+        self
+    }
+
+    /// Nesterov momentum: the step is `g + μ·v` (PyTorch's `nesterov=True`).
+    pub fn with_nesterov(mut self, nesterov: bool) -> Momentum {
+        self.nesterov = nesterov;
+        self
+    }
+
+    /// L2 weight decay `λ`, added to the gradient as `λ·w`.
+    pub fn with_weight_decay(mut self, weight_decay: f64) -> Momentum {
+        self.weight_decay = weight_decay;
+        self
     }
 }
 
@@ -272,14 +373,48 @@ impl Optimizer for Momentum {
         &self.name
     }
 
+    fn finish(&mut self, _p: &mut Program) -> RuntimeResult<Vec<(StateDecl, Value)>> {
+        Ok(self.step.take().into_iter().collect())
+    }
+
+    fn learning_rate(&self) -> Option<LearningRate> {
+        Some(self.lr)
+    }
+
+    fn set_learning_rate(&mut self, lr: LearningRate) -> RuntimeResult<()> {
+        self.lr = lr;
+        Ok(())
+    }
+
     fn step(&mut self, p: &mut Program, u: &Update<'_>) -> RuntimeResult<Step> {
         let dtype = u.decl.ty.dtype;
+        let grad = decayed(p, u, self.weight_decay)?;
         let (v_decl, v) = moment(p, &self.name, "velocity", u.decl)?;
         let mu = p.scalar(dtype, self.momentum)?;
-        let decayed = p.mul(v, mu)?;
-        let v_next = p.add(decayed, u.grad)?;
+        let kept = p.mul(v, mu)?;
+        let entering = if self.dampening == 0.0 {
+            grad
+        } else {
+            // 1 − d·min(t − 1, 1): 1 on the first step, 1 − d after.
+            let t = next_step(p, &self.name, &mut self.step)?;
+            let t = p.cast(t, dtype)?;
+            let one = p.scalar(dtype, 1.0)?;
+            let since_first = p.sub(t, one)?;
+            let after_first = p.binary(BinaryOp::Min, since_first, one)?;
+            let d = p.scalar(dtype, self.dampening)?;
+            let damping = p.mul(after_first, d)?;
+            let factor = p.sub(one, damping)?;
+            p.mul(grad, factor)?
+        };
+        let v_next = p.add(kept, entering)?;
+        let direction = if self.nesterov {
+            let ahead = p.mul(v_next, mu)?;
+            p.add(grad, ahead)?
+        } else {
+            v_next
+        };
         let lr = self.lr.value(p, dtype)?;
-        let delta = p.mul(v_next, lr)?;
+        let delta = p.mul(direction, lr)?;
         let param = p.sub(u.value, delta)?;
         Ok(Step {
             param,
@@ -290,13 +425,16 @@ impl Optimizer for Momentum {
 
 /// Adam (Kingma & Ba 2015), with PyTorch's bias correction:
 /// `m ← β₁m + (1−β₁)g`, `v ← β₂v + (1−β₂)g²`,
-/// `w ← w − lr/(1−β₁ᵗ) · m / (√v/√(1−β₂ᵗ) + ε)`.
+/// `w ← w − lr/(1−β₁ᵗ) · m / (√v/√(1−β₂ᵗ) + ε)`. Weight decay λ is L2 (`g + λ·w` for `g`,
+/// PyTorch's `Adam`) or decoupled (`w ← w − lr·λ·w` first, PyTorch's `AdamW`).
 pub struct Adam {
     name: String,
     lr: LearningRate,
     beta1: f64,
     beta2: f64,
     eps: f64,
+    weight_decay: f64,
+    decoupled: bool,
     /// The step counter's state and `t + 1`, made by the first parameter's step.
     step: Option<(StateDecl, Value)>,
 }
@@ -315,8 +453,22 @@ impl Adam {
             beta1: 0.9,
             beta2: 0.999,
             eps: 1e-8,
+            weight_decay: 0.0,
+            decoupled: false,
             step: None,
         }
+    }
+
+    /// L2 weight decay `λ`, added to the gradient as `λ·w` (PyTorch's `Adam(weight_decay=λ)`).
+    pub fn with_weight_decay(mut self, weight_decay: f64) -> Adam {
+        (self.weight_decay, self.decoupled) = (weight_decay, false);
+        self
+    }
+
+    /// Decoupled weight decay `λ`: `w ← w − lr·λ·w` before the step (PyTorch's `AdamW`).
+    pub fn with_decoupled_weight_decay(mut self, weight_decay: f64) -> Adam {
+        (self.weight_decay, self.decoupled) = (weight_decay, true);
+        self
     }
 
     /// Other betas.
@@ -331,19 +483,6 @@ impl Adam {
         self.eps = eps;
         self
     }
-
-    /// `t + 1`, the step this update makes (the counter is f32 state `<name>.step`).
-    fn next_step(&mut self, p: &mut Program) -> RuntimeResult<Value> {
-        if let Some((_, t)) = &self.step {
-            return Ok(*t);
-        }
-        let name = format!("{}.step", self.name);
-        let (decl, t) = p.state(&name, Type::scalar(DType::F32), Initializer::constant(0.0))?;
-        let one = p.scalar(DType::F32, 1.0)?;
-        let t_next = p.add(t, one)?;
-        self.step = Some((decl, t_next));
-        Ok(t_next)
-    }
 }
 
 impl Optimizer for Adam {
@@ -351,10 +490,26 @@ impl Optimizer for Adam {
         &self.name
     }
 
+    fn learning_rate(&self) -> Option<LearningRate> {
+        Some(self.lr)
+    }
+
+    fn set_learning_rate(&mut self, lr: LearningRate) -> RuntimeResult<()> {
+        self.lr = lr;
+        Ok(())
+    }
+
     fn step(&mut self, p: &mut Program, u: &Update<'_>) -> RuntimeResult<Step> {
         let dtype = u.decl.ty.dtype;
-        let t = self.next_step(p)?;
+        let t = next_step(p, &self.name, &mut self.step)?;
         let t = p.cast(t, dtype)?;
+        let l2 = if self.decoupled {
+            0.0
+        } else {
+            self.weight_decay
+        };
+        let grad = decayed(p, u, l2)?;
+        let u = &Update { grad, ..*u };
         let (m_decl, m) = moment(p, &self.name, "m", u.decl)?;
         let (v_decl, v) = moment(p, &self.name, "v", u.decl)?;
         let (b1, b2, one) = (
@@ -385,7 +540,15 @@ impl Optimizer for Adam {
         let step_size = p.div(lr, bc1)?;
         let ratio = p.div(m_next, denom)?;
         let delta = p.mul(ratio, step_size)?;
-        let param = p.sub(u.value, delta)?;
+        let start = if self.decoupled && self.weight_decay != 0.0 {
+            let lambda = p.scalar(dtype, self.weight_decay)?;
+            let rate = p.mul(lr, lambda)?;
+            let decay = p.mul(u.value, rate)?;
+            p.sub(u.value, decay)?
+        } else {
+            u.value
+        };
+        let param = p.sub(start, delta)?;
         Ok(Step {
             param,
             state: vec![(m_decl, m_next), (v_decl, v_next)],

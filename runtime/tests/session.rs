@@ -255,6 +255,52 @@ fn sgd_momentum_and_adam_follow_their_formulas() {
     });
 }
 
+/// PyTorch's meanings of the optimizers' options, each against its update written out:
+/// weight decay, Nesterov momentum, dampening (the first step undamped), decoupled weight
+/// decay (AdamW).
+#[test]
+fn optimizer_options_follow_pytorch() {
+    quadratic(&mut Sgd::new(0.1).with_weight_decay(0.2), |w, _, g, _| {
+        for i in 0..3 {
+            w[i] -= 0.1 * (g[i] + 0.2 * w[i]);
+        }
+    });
+    let mut nesterov = Momentum::new(0.1, 0.9)
+        .with_nesterov(true)
+        .with_weight_decay(0.05);
+    quadratic(&mut nesterov, |w, state, g, _| {
+        state.resize(1, vec![0.0; 3]);
+        for i in 0..3 {
+            let g = g[i] + 0.05 * w[i];
+            state[0][i] = 0.9 * state[0][i] + g;
+            w[i] -= 0.1 * (g + 0.9 * state[0][i]);
+        }
+    });
+    quadratic(
+        &mut Momentum::new(0.1, 0.8).with_dampening(0.5),
+        |w, state, g, t| {
+            state.resize(1, vec![0.0; 3]);
+            let entering = if t == 1 { 1.0 } else { 0.5 };
+            for i in 0..3 {
+                state[0][i] = 0.8 * state[0][i] + entering * g[i];
+                w[i] -= 0.1 * state[0][i];
+            }
+        },
+    );
+    let mut adamw = Adam::new(0.1).with_decoupled_weight_decay(0.3);
+    quadratic(&mut adamw, |w, state, g, t| {
+        state.resize(2, vec![0.0; 3]);
+        let (b1, b2, eps) = (0.9f64, 0.999f64, 1e-8);
+        for i in 0..3 {
+            w[i] -= 0.1 * 0.3 * w[i];
+            state[0][i] = b1 * state[0][i] + (1.0 - b1) * g[i];
+            state[1][i] = b2 * state[1][i] + (1.0 - b2) * g[i] * g[i];
+            let denom = state[1][i].sqrt() / (1.0 - b2.powi(t as i32)).sqrt() + eps;
+            w[i] -= 0.1 / (1.0 - b1.powi(t as i32)) * state[0][i] / denom;
+        }
+    });
+}
+
 #[test]
 fn optimizer_state_is_declared_in_the_module() {
     let (mut p, _, loss) = regression(1);

@@ -7,11 +7,14 @@
 
 use super::nn::Parameter;
 use super::{EagerResult, with};
-use crate::optim::Optimizer;
+use crate::optim::{LearningRate, Optimizer};
 use crate::program::{Program, Target};
 use crate::session::{Fetch, Runner};
 use kiln_backend::Array;
-use kiln_ir::{StateDecl, Value};
+use kiln_ir::{DType, StateDecl, Value};
+
+/// The placeholder an eager optimizer's learning rate is fed through.
+const LEARNING_RATE: &str = "learning_rate";
 
 /// An optimizer for eager parameters: each `step` applies the update of a static [`crate::Optimizer`] to the gradients `backward()` left.
 pub struct EagerOptimizer {
@@ -19,12 +22,24 @@ pub struct EagerOptimizer {
     runner: Runner,
     params: Vec<Parameter>,
     target: Target,
+    /// The learning rate fed to each step (a schedule changes it), when the rule has one.
+    learning_rate: Option<f64>,
 }
 
 impl EagerOptimizer {
     /// An optimizer applying `rule` to `params`.
     pub fn new(mut rule: impl Optimizer, params: Vec<Parameter>) -> EagerResult<EagerOptimizer> {
         let mut program = Program::new();
+        // A constant learning rate becomes a scalar fed at each step, so that a schedule can
+        // change it without building the update again.
+        let learning_rate = match rule.learning_rate() {
+            Some(LearningRate::Const(lr)) => {
+                let fed = program.placeholder(LEARNING_RATE, DType::F64, Vec::new())?;
+                rule.set_learning_rate(LearningRate::Feed(fed))?;
+                Some(lr)
+            }
+            _ => None,
+        };
         let mut updates: Vec<(StateDecl, Value, Value)> = Vec::new();
         for (i, p) in params.iter().enumerate() {
             let value = program.adopt_parameter(p.decl())?;
@@ -41,7 +56,26 @@ impl EagerOptimizer {
             runner: Runner::new(),
             params,
             target,
+            learning_rate,
         })
+    }
+
+    /// The learning rate of the next step (`None` for a rule without one).
+    pub fn learning_rate(&self) -> Option<f64> {
+        self.learning_rate
+    }
+
+    /// Changes the learning rate from the next step on (a schedule's job).
+    pub fn set_learning_rate(&mut self, lr: f64) -> EagerResult<()> {
+        match &mut self.learning_rate {
+            Some(current) => {
+                *current = lr;
+                Ok(())
+            }
+            None => Err(super::EagerError::Usage(
+                "this optimizer's rule has no learning rate to set".into(),
+            )),
+        }
     }
 
     /// Updates every parameter with the gradient accumulated for it (zero if none).
@@ -61,7 +95,10 @@ impl EagerOptimizer {
                 }
             })
             .collect::<EagerResult<_>>()?;
-        let feeds: Vec<(&str, Array)> = names.iter().map(String::as_str).zip(grads).collect();
+        let mut feeds: Vec<(&str, Array)> = names.iter().map(String::as_str).zip(grads).collect();
+        if let Some(lr) = self.learning_rate {
+            feeds.push((LEARNING_RATE, Array::F64(ndarray::arr0(lr).into_dyn())));
+        }
         let (program, runner, target) = (&self.program, &mut self.runner, self.target);
         with(|cx| {
             cx.scope.declare(program.module())?;
