@@ -422,7 +422,8 @@ pub(crate) fn rule(
             "learning rate {lr}: it must be a finite number, 0 or more"
         ));
     }
-    if !(weight_decay >= 0.0) {
+    let at_least_zero = |v: f64| v >= 0.0; // false for NaN too
+    if !at_least_zero(weight_decay) {
         return invalid(format!("weight_decay {weight_decay}: it must be 0 or more"));
     }
     let name = name.unwrap_or(kind);
@@ -430,7 +431,7 @@ pub(crate) fn rule(
         "sgd" => {
             let (momentum, dampening) = (number("momentum", 0.0)?, number("dampening", 0.0)?);
             let nesterov = flag("nesterov")?;
-            if !(momentum >= 0.0) {
+            if !at_least_zero(momentum) {
                 return invalid(format!("momentum {momentum}: it must be 0 or more"));
             }
             if nesterov && (momentum <= 0.0 || dampening != 0.0) {
@@ -458,7 +459,7 @@ pub(crate) fn rule(
             if !((0.0..1.0).contains(&b1) && (0.0..1.0).contains(&b2)) {
                 return invalid(format!("betas ({b1}, {b2}): each must be in [0, 1)"));
             }
-            if !(eps >= 0.0) {
+            if !at_least_zero(eps) {
                 return invalid(format!("eps {eps}: it must be 0 or more"));
             }
             let adam = Adam::named(name, lr).with_betas(b1, b2).with_eps(eps);
