@@ -13,6 +13,7 @@ computes, and a session runs one ``run`` at a time.
 from . import _kiln
 from ._methods import unary_method as _unary_method
 from ._kiln import (
+    cond,
     CheckpointError,
     CommunicationError,
     FeedError,
@@ -47,6 +48,12 @@ __all__ = [
     "Session",
     "ShapeError",
     "Tensor",
+    "cond",
+    "float32",
+    "float64",
+    "int32",
+    "int64",
+    "bool_",
     "Trainer",
     "data",
     "function",
@@ -72,9 +79,17 @@ def reset():
     nn._counts.clear()
 
 
-def tensor(data, requires_grad=False):
+# dtypes by their numpy names, for ``kiln.tensor(data, dtype=kiln.float32)`` and ``t.to(...)``.
+float32, float64, int32, int64, bool_ = "float32", "float64", "int32", "int64", "bool"
+
+
+def tensor(data, dtype=None, requires_grad=False):
     """An eager tensor holding ``data`` (a numpy array, list or number; Python floats
-    become float32). With ``requires_grad``, ``backward()`` computes its gradient."""
+    become float32), converted to ``dtype`` when given (``kiln.float32``, ``"int64"``, …).
+    With ``requires_grad``, ``backward()`` computes its gradient."""
+    if dtype is not None:
+        import numpy as np
+        data = np.asarray(data, dtype=str(dtype))
     return _kiln.tensor(data, requires_grad)
 
 
@@ -91,9 +106,17 @@ def _install_tensor_methods():
         setattr(Tensor, dunder, lambda self, other, _op=op: self._binary(_op, other))
         rname = "__r" + dunder[2:]
         setattr(Tensor, rname, lambda self, other, _op=op: self._binary(_op, other, True))
-    compare = {"__lt__": "lt", "__le__": "le", "__gt__": "gt", "__ge__": "ge"}
+    compare = {"__lt__": "lt", "__le__": "le", "__gt__": "gt", "__ge__": "ge",
+               "__eq__": "eq", "__ne__": "ne"}
     for dunder, op in compare.items():
-        setattr(Tensor, dunder, lambda self, other, _op=op: self._compare(_op, other))
+        setattr(Tensor, dunder, lambda self, other, _op=op: self._compare(_op, other)
+                if other is not None else _op == "ne")
+    Tensor.__hash__ = object.__hash__  # by identity, as PyTorch's tensors
+    Tensor.view = Tensor.reshape
+    Tensor.to = lambda self, dtype: self.astype(str(dtype))
+    Tensor.to.__doc__ = "The values converted to ``dtype`` (``kiln.float32``, ``\"int64\"``, …)."
+    Tensor.tolist = lambda self: self.numpy().tolist()
+    Tensor.tolist.__doc__ = "The elements as (nested) Python numbers."
     Tensor.__neg__ = lambda self: self._unary("neg")
     Tensor.__matmul__ = lambda self, other: self.matmul(other)
     Tensor.T = property(lambda self: self.transpose(), doc="The tensor with its axes reversed.")

@@ -38,9 +38,50 @@ class Layer:
             found.extend(layer.parameters())
         return found
 
-    def named_parameters(self):
-        """``(name, parameter)`` for every parameter of this layer and the layers it holds."""
-        return [(p.name, p) for p in self.parameters()]
+    def named_parameters(self, prefix=""):
+        """``(path, parameter)`` for every parameter of this layer and the layers it holds,
+        the path made of attribute names as PyTorch makes it (``fc1.weight``), so that it is
+        the same in every instance of a model (``parameter.name`` is Kiln's unique name)."""
+        found = [(prefix + key, p) for key, p in self._params.items()]
+        for key, layer in self._layers.items():
+            found.extend(layer.named_parameters(f"{prefix}{key}."))
+        return found
+
+    def state_dict(self):
+        """Every parameter's value by its path (``named_parameters``), as numpy arrays (copies):
+        what ``load_state_dict`` takes, in this or another instance of the model."""
+        return {name: p.numpy().copy() for name, p in self.named_parameters()}
+
+    def load_state_dict(self, state_dict, strict=True):
+        """Sets parameters from ``state_dict`` (path → array). With ``strict``, a path missing
+        from either side is a ``KilnError`` naming them all; otherwise the paths that matched
+        nothing are returned as ``(missing_keys, unexpected_keys)``. A shape or dtype that does
+        not fit is a ``KilnError`` naming the path. Nothing changes unless every value fits."""
+        own = dict(self.named_parameters())
+        missing = [k for k in own if k not in state_dict]
+        unexpected = [k for k in state_dict if k not in own]
+        if strict and (missing or unexpected):
+            raise _kiln.KilnError(
+                f"load_state_dict: missing {missing or 'nothing'}, unexpected {unexpected or 'nothing'}"
+                " (strict=False loads the rest)")
+        import numpy as np
+        values = {}
+        for key, p in own.items():
+            if key not in state_dict:
+                continue
+            value = np.asarray(state_dict[key])
+            if tuple(value.shape) != tuple(p.shape):
+                raise _kiln.ShapeError(
+                    f"load_state_dict: `{key}` has shape {tuple(p.shape)}, the state_dict's "
+                    f"{tuple(value.shape)}")
+            values[key] = value.astype(p.numpy().dtype, copy=False)
+        for key, value in values.items():
+            own[key].set_value(value)
+        return _IncompatibleKeys(missing, unexpected)
+
+    def zero_grad(self):
+        """Forgets the gradients of every parameter of the layer (``clear_gradients``)."""
+        self.clear_gradients()
 
     def train(self):
         """Training mode for this layer and every layer it holds (dropout drops, batch norm
@@ -76,6 +117,23 @@ class Layer:
 
 
 _counts = {}
+
+
+class _IncompatibleKeys(tuple):
+    """``(missing_keys, unexpected_keys)`` of a non-strict ``load_state_dict``."""
+
+    def __new__(cls, missing, unexpected):
+        return super().__new__(cls, (missing, unexpected))
+
+    @property
+    def missing_keys(self):
+        """Paths of the model the state_dict did not have."""
+        return self[0]
+
+    @property
+    def unexpected_keys(self):
+        """Paths of the state_dict the model does not have."""
+        return self[1]
 
 
 def _unique(base):
@@ -116,6 +174,38 @@ class Sequential(Layer):
         return x
 
 
+class ModuleList(Layer):
+    """Layers in a list: indexed, iterated, appended; their parameters register (paths
+    ``0.weight``, ``1.weight``, …). Calling it is an error: use its layers."""
+
+    def __init__(self, layers=()):
+        super().__init__()
+        object.__setattr__(self, "_list", [])
+        for layer in layers:
+            self.append(layer)
+
+    def append(self, layer):
+        """Adds ``layer`` at the end; returns the list."""
+        if not isinstance(layer, Layer):
+            raise TypeError(f"ModuleList holds layers, not {type(layer).__name__}")
+        setattr(self, str(len(self._list)), layer)
+        self._list.append(layer)
+        return self
+
+    def __getitem__(self, i):
+        return self._list[i]
+
+    def __len__(self):
+        return len(self._list)
+
+    def __iter__(self):
+        return iter(self._list)
+
+    def forward(self, *inputs):
+        """A ModuleList is not called: iterate over its layers."""
+        raise TypeError("a ModuleList is not called: iterate over its layers")
+
+
 class _Native(Layer):
     """One of Kiln's built-in layers, run by Rust; its parameters register like any."""
 
@@ -124,8 +214,8 @@ class _Native(Layer):
     def __init__(self, name=None, **options):
         super().__init__(name or _unique(self.kind))
         object.__setattr__(self, "_native", _kiln.NativeLayer(self.kind, self._name, **options))
-        for i, p in enumerate(self._native.parameters()):
-            self._params[f"param{i}"] = p
+        for p in self._native.parameters():
+            self._params[p.name[len(self._name) + 1:]] = p
 
     def forward(self, x):
         return self._native.forward(x)

@@ -2,7 +2,7 @@
 //! backward are Python functions over numpy arrays) and `to_static`.
 
 use crate::array::{dtype, dtype_name, from_py, to_py};
-use crate::errors::{KilnError, kiln_ok};
+use crate::errors::{KilnError, ShapeError, kiln_ok};
 use kiln::backend::{Array, CustomOpError};
 use kiln::ir::{BinaryOp, CompareOp, Conv2dAttrs, DType, Dim, Pool2dAttrs, Shape, Type, UnaryOp};
 use kiln::runtime::eager::custom::{self, CustomOp};
@@ -29,6 +29,7 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(to_static, m)?)?;
     m.add_function(wrap_pyfunction!(loss, m)?)?;
     m.add_function(wrap_pyfunction!(check_optimizer, m)?)?;
+    m.add_function(wrap_pyfunction!(cond, m)?)?;
     m.add_function(wrap_pyfunction!(manual_seed, m)?)?;
     m.add_function(wrap_pyfunction!(reset, m)?)?;
     m.add_function(wrap_pyfunction!(save_parameters, m)?)?;
@@ -173,10 +174,43 @@ impl PyTensor {
         py_eager(self.0.matmul(&other.0)).map(PyTensor)
     }
 
-    /// The same elements, row-major, in `shape` (a list of sizes). Raises `ShapeError` when
-    /// the element counts differ.
-    fn reshape(&self, shape: Vec<usize>) -> PyResult<PyTensor> {
-        py_eager(self.0.reshape(Shape::fixed(&shape))).map(PyTensor)
+    /// The same elements, row-major, in `shape`: sizes as arguments or one list (`reshape(2,
+    /// -1)`, `reshape([2, -1])`). One size may be `-1`, inferred from the others; `None` keeps
+    /// this tensor's size on that axis (a traced batch size: `x.reshape(x.shape[0], -1)`).
+    /// Raises `ShapeError` when the element counts differ or `-1` cannot be inferred.
+    #[pyo3(signature = (*shape))]
+    fn reshape(&self, shape: &Bound<'_, PyTuple>) -> PyResult<PyTensor> {
+        let sizes: Vec<Option<i64>> = match shape.len() {
+            1 if !shape.get_item(0)?.is_none() && shape.get_item(0)?.extract::<i64>().is_err() => {
+                shape.get_item(0)?.extract()?
+            }
+            _ => shape.extract()?,
+        };
+        let dims = reshape_dims(&self.0.ty().shape, &sizes)?;
+        py_eager(self.0.reshape(Shape(dims))).map(PyTensor)
+    }
+
+    /// ``bool(t)``: the value of a one-element tensor. A tensor of several elements, or one
+    /// traced by ``to_static`` (its value is not known until the compiled function runs),
+    /// raises ``KilnError`` — for the second, branch with ``kiln.cond``.
+    fn __bool__(&self, py: Python<'_>) -> PyResult<bool> {
+        if self.0.is_traced() {
+            let place = crate::errors::python_caller(py).ok().flatten();
+            let at = place.map_or(String::new(), |p| format!(" at {p}"));
+            return Err(KilnError::new_err(format!(
+                "bool() of a tensor traced by to_static{at}: its value is not known until the \
+                 compiled function runs. To branch on it, use kiln.cond(pred, true_fn, \
+                 false_fn), or kiln.while_loop to loop, which trace into `cond` and `while` ops"
+            )));
+        }
+        let array = py_eager(self.0.to_array())?;
+        match array.len() {
+            1 => Ok(array.to_f64_vec()[0] != 0.0),
+            n => Err(KilnError::new_err(format!(
+                "bool() of a tensor of {n} elements is ambiguous: reduce it first (`(t > 0).sum()`, \
+                 say)"
+            ))),
+        }
     }
 
     /// The axes permuted: axis `i` of the result is axis `perm[i]`; with no `perm`, reversed.
@@ -233,6 +267,113 @@ fn axis_of(t: &Tensor, axis: i64) -> PyResult<usize> {
         .ok()
         .filter(|&a| (a as i64) < rank.max(1))
         .ok_or_else(|| KilnError::new_err(format!("axis {axis} is out of range for rank {rank}")))
+}
+
+/// The dims of a reshape of a tensor of shape `from` to `sizes` (`None`: `from`'s dim on that
+/// axis; `-1`: inferred, symbolic when what is left of `from` is one symbolic dim).
+fn reshape_dims(from: &Shape, sizes: &[Option<i64>]) -> PyResult<Vec<Dim>> {
+    let bad = |why: String| ShapeError::new_err(format!("reshape of {from} to {sizes:?}: {why}"));
+    let mut dims: Vec<Option<Dim>> = Vec::with_capacity(sizes.len());
+    for (i, size) in sizes.iter().enumerate() {
+        dims.push(match *size {
+            None => Some(from.dims().get(i).cloned().ok_or_else(|| {
+                bad(format!(
+                    "`None` at axis {i}, which the tensor does not have"
+                ))
+            })?),
+            Some(-1) => None,
+            Some(n) if n >= 0 => Some(Dim::Fixed(n as usize)),
+            Some(n) => return Err(bad(format!("size {n}"))),
+        });
+    }
+    let inferred = dims.iter().filter(|d| d.is_none()).count();
+    if inferred > 1 {
+        return Err(bad("only one size may be -1".into()));
+    }
+    if inferred == 1 {
+        // What is left: the fixed part's quotient and the symbolic dims not given.
+        let fixed = |ds: &mut dyn Iterator<Item = &Dim>| -> usize {
+            ds.filter_map(Dim::as_fixed).product()
+        };
+        let given: Vec<&Dim> = dims.iter().flatten().collect();
+        let (whole, part) = (
+            fixed(&mut from.dims().iter()),
+            fixed(&mut given.iter().copied()),
+        );
+        let mut symbols: Vec<&Dim> = from
+            .dims()
+            .iter()
+            .filter(|d| d.as_fixed().is_none())
+            .collect();
+        for d in given.iter().filter(|d| d.as_fixed().is_none()) {
+            match symbols.iter().position(|s| s == d) {
+                Some(at) => {
+                    symbols.remove(at);
+                }
+                None => return Err(bad(format!("{d} is not a size of the tensor"))),
+            }
+        }
+        if part == 0 || whole % part != 0 {
+            return Err(bad(format!("{whole} elements do not divide by {part}")));
+        }
+        let rest = whole / part;
+        let left = match (symbols.as_slice(), rest) {
+            ([], _) => Dim::Fixed(rest),
+            ([symbol], 1) => (*symbol).clone(),
+            _ => return Err(bad("-1 would be a product of sizes; give them".into())),
+        };
+        let at = dims
+            .iter()
+            .position(Option::is_none)
+            .expect("one is inferred");
+        dims[at] = Some(left);
+    }
+    Ok(dims
+        .into_iter()
+        .map(|d| d.expect("every size known"))
+        .collect())
+}
+
+/// `kiln.cond(pred, true_fn, false_fn)`: calls one branch (each returns a tensor or a list of
+/// tensors) — at once eagerly, and traced into a `cond` op, both branches, under `to_static`.
+#[pyfunction]
+fn cond(
+    py: Python<'_>,
+    pred: &PyTensor,
+    true_fn: Py<PyAny>,
+    false_fn: Py<PyAny>,
+) -> PyResult<Py<PyAny>> {
+    let single = std::cell::Cell::new(false);
+    let branch = |f: &Py<PyAny>| -> kiln::runtime::eager::EagerResult<Vec<Tensor>> {
+        Python::attach(|py| {
+            let out = f.call0(py).map_err(raised_in_branch)?;
+            let out = out.bind(py);
+            if let Ok(t) = out.extract::<PyRef<'_, PyTensor>>() {
+                single.set(true);
+                return Ok(vec![t.0.clone()]);
+            }
+            let list: Vec<PyRef<'_, PyTensor>> = out.extract().map_err(raised_in_branch)?;
+            Ok(list.iter().map(|t| t.0.clone()).collect())
+        })
+    };
+    let outs = py_eager(kiln::runtime::eager::cond(
+        &pred.0,
+        || branch(&true_fn),
+        || branch(&false_fn),
+    ))?;
+    let mut tensors = outs.into_iter().map(PyTensor);
+    if single.get() {
+        let first = tensors.next().expect("a branch returned one tensor");
+        return Ok(Py::new(py, first)?.into_any());
+    }
+    let items: Vec<Py<PyTensor>> = tensors.map(|t| Py::new(py, t)).collect::<PyResult<_>>()?;
+    Ok(PyList::new(py, items)?.into_any().unbind())
+}
+
+/// A Python exception raised in a branch: kept, to be raised again as itself.
+fn raised_in_branch(e: PyErr) -> kiln::runtime::eager::EagerError {
+    crate::errors::stash(e);
+    kiln::runtime::eager::EagerError::Usage("a branch of kiln.cond raised an exception".into())
 }
 
 pub(crate) fn py_eager<T>(r: kiln::runtime::eager::EagerResult<T>) -> PyResult<T> {

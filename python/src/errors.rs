@@ -109,7 +109,7 @@ impl IntoPyErr for BuildError {
 }
 
 /// `file:line` of the innermost Python frame outside the `kiln` package.
-fn python_caller(py: Python<'_>) -> PyResult<Option<String>> {
+pub(crate) fn python_caller(py: Python<'_>) -> PyResult<Option<String>> {
     let package = std::path::Path::new(
         &py.import("kiln")?
             .getattr("__file__")?
