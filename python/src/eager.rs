@@ -30,6 +30,7 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(loss, m)?)?;
     m.add_function(wrap_pyfunction!(check_optimizer, m)?)?;
     m.add_function(wrap_pyfunction!(cond, m)?)?;
+    m.add_function(wrap_pyfunction!(functional, m)?)?;
     m.add_function(wrap_pyfunction!(manual_seed, m)?)?;
     m.add_function(wrap_pyfunction!(reset, m)?)?;
     m.add_function(wrap_pyfunction!(save_parameters, m)?)?;
@@ -332,6 +333,67 @@ fn reshape_dims(from: &Shape, sizes: &[Option<i64>]) -> PyResult<Vec<Dim>> {
         .into_iter()
         .map(|d| d.expect("every size known"))
         .collect())
+}
+
+/// `kiln.nn.functional`'s native half: the function `name` of `inputs` with `options`, each
+/// the runtime's one composite or op (as the layers use them).
+#[pyfunction]
+#[pyo3(signature = (name, inputs, **options))]
+fn functional(
+    name: &str,
+    inputs: Vec<PyRef<'_, PyTensor>>,
+    options: Option<&Bound<'_, PyDict>>,
+) -> PyResult<PyTensor> {
+    let o = Options {
+        kind: name,
+        dict: options,
+    };
+    let t: Vec<&Tensor> = inputs.iter().map(|t| &t.0).collect();
+    let arity = |n: usize| -> PyResult<()> {
+        (t.len() == n).then_some(()).ok_or_else(|| {
+            PyTypeError::new_err(format!("`{name}` takes {n} tensors, given {}", t.len()))
+        })
+    };
+    let result = match name {
+        "gelu" => arity(1).map(|_| t[0].gelu())?,
+        "flatten" => arity(1).map(|_| t[0].flatten())?,
+        "max_pool2d" => arity(1).map(|_| o.pool2d().map(|a| t[0].max_pool2d(a)))??,
+        "avg_pool2d" => arity(1).map(|_| o.pool2d().map(|a| t[0].avg_pool2d(a)))??,
+        "embedding" => arity(2).map(|_| t[1].gather(t[0], 0))?,
+        "conv2d" => {
+            let attrs = o.conv2d()?;
+            match t.as_slice() {
+                [x, w] => x.conv2d(w, attrs),
+                [x, w, b] => eager::compose(&[x, w, b], |bd, v| {
+                    kiln::runtime::composite::conv2d_bias(bd, v[0], v[1], v[2], attrs)
+                }),
+                _ => {
+                    return Err(PyTypeError::new_err(
+                        "`conv2d` takes x, weight and a bias or none",
+                    ));
+                }
+            }
+        }
+        "layer_norm" => {
+            arity(3)?;
+            let eps = o.float("eps", 1e-5)?;
+            eager::compose(&[t[0], t[1], t[2]], |b, v| {
+                kiln::runtime::composite::layer_norm(b, v[0], v[1], v[2], eps)
+            })
+        }
+        "dropout" => {
+            arity(1)?;
+            let mut layer = nn::Dropout::new(o.float("p", 0.5)?, 0);
+            layer.set_training(o.value("training")?.map_or(Ok(true), |v| v.extract())?);
+            layer.forward(t[0])
+        }
+        other => {
+            return Err(PyTypeError::new_err(format!(
+                "Kiln has no function `{other}`"
+            )));
+        }
+    };
+    py_eager(result).map(PyTensor)
 }
 
 /// `kiln.cond(pred, true_fn, false_fn)`: calls one branch (each returns a tensor or a list of
@@ -897,45 +959,80 @@ fn load_parameters(path: std::path::PathBuf) -> PyResult<()> {
 #[pyclass(name = "NativeLayer", module = "kiln", unsendable)]
 pub(crate) struct PyNativeLayer(Box<dyn Layer>);
 
-/// The layer of `kind` named `name` with `options` (a dict of its sizes).
-fn native_layer(kind: &str, name: &str, o: &Bound<'_, PyDict>) -> PyResult<Box<dyn Layer>> {
-    let get = |key: &str| -> PyResult<usize> {
-        o.get_item(key)?
+/// Reads a layer's or a function's options (a dict of sizes, pairs and numbers).
+struct Options<'a, 'py> {
+    kind: &'a str,
+    dict: Option<&'a Bound<'py, PyDict>>,
+}
+
+impl Options<'_, '_> {
+    fn value(&self, key: &str) -> PyResult<Option<Bound<'_, PyAny>>> {
+        Ok(match self.dict {
+            Some(d) => d.get_item(key)?.filter(|v| !v.is_none()),
+            None => None,
+        })
+    }
+
+    fn size(&self, key: &str) -> PyResult<usize> {
+        let kind = self.kind;
+        self.value(key)?
             .ok_or_else(|| PyTypeError::new_err(format!("`{kind}` needs `{key}`")))?
             .extract()
-    };
-    let pair = |key: &str, default: [usize; 2]| -> PyResult<[usize; 2]> {
-        match o.get_item(key)? {
+    }
+
+    /// An int for both spatial axes, or a pair.
+    fn pair(&self, key: &str, default: [usize; 2]) -> PyResult<[usize; 2]> {
+        match self.value(key)? {
             None => Ok(default),
             Some(v) => match v.extract::<usize>() {
                 Ok(n) => Ok([n, n]),
                 Err(_) => v.extract::<(usize, usize)>().map(|(a, b)| [a, b]),
             },
         }
-    };
-    let float = |key: &str, default: f64| -> PyResult<f64> {
-        o.get_item(key)?.map_or(Ok(default), |v| v.extract())
+    }
+
+    fn float(&self, key: &str, default: f64) -> PyResult<f64> {
+        self.value(key)?.map_or(Ok(default), |v| v.extract())
+    }
+
+    fn conv2d(&self) -> PyResult<Conv2dAttrs> {
+        let padding = self.pair("padding", [0, 0])?;
+        Ok(Conv2dAttrs {
+            strides: self.pair("stride", [1, 1])?,
+            padding: [(padding[0], padding[0]), (padding[1], padding[1])],
+            dilation: self.pair("dilation", [1, 1])?,
+            groups: self.value("groups")?.map_or(Ok(1), |v| v.extract())?,
+        })
+    }
+
+    /// A pooling window: `kernel_size`, `stride` (the window by default), `padding`.
+    fn pool2d(&self) -> PyResult<Pool2dAttrs> {
+        let window = self.pair("kernel_size", [2, 2])?;
+        let padding = self.pair("padding", [0, 0])?;
+        let mut attrs = Pool2dAttrs::new(window, self.pair("stride", window)?);
+        attrs.padding = [(padding[0], padding[0]), (padding[1], padding[1])];
+        Ok(attrs)
+    }
+}
+
+/// The layer of `kind` named `name` with `options` (a dict of its sizes).
+fn native_layer(kind: &str, name: &str, o: &Bound<'_, PyDict>) -> PyResult<Box<dyn Layer>> {
+    let o = Options {
+        kind,
+        dict: Some(o),
     };
     Ok(match kind {
         "conv2d" => {
-            let padding = pair("padding", [0, 0])?;
-            let attrs = Conv2dAttrs {
-                strides: pair("stride", [1, 1])?,
-                padding: [(padding[0], padding[0]), (padding[1], padding[1])],
-                dilation: pair("dilation", [1, 1])?,
-                groups: o.get_item("groups")?.map_or(Ok(1), |v| v.extract())?,
-            };
-            let channels = [get("in_channels")?, get("out_channels")?];
+            let channels = [o.size("in_channels")?, o.size("out_channels")?];
             Box::new(py_eager(nn::Conv2d::new(
                 name,
                 channels,
-                pair("kernel_size", [3, 3])?,
-                attrs,
+                o.pair("kernel_size", [3, 3])?,
+                o.conv2d()?,
             ))?)
         }
         "max_pool2d" | "avg_pool2d" => {
-            let window = pair("kernel_size", [2, 2])?;
-            let attrs = Pool2dAttrs::new(window, pair("stride", window)?);
+            let attrs = o.pool2d()?;
             if kind == "max_pool2d" {
                 Box::new(nn::MaxPool2d(attrs))
             } else {
@@ -944,35 +1041,35 @@ fn native_layer(kind: &str, name: &str, o: &Bound<'_, PyDict>) -> PyResult<Box<d
         }
         "flatten" => Box::new(nn::Flatten),
         "global_avg_pool" => Box::new(nn::GlobalAvgPool),
-        "batch_norm" => Box::new(py_eager(nn::BatchNorm::new(name, get("channels")?))?),
+        "batch_norm" => Box::new(py_eager(nn::BatchNorm::new(name, o.size("channels")?))?),
         "layer_norm" => Box::new(py_eager(nn::LayerNorm::new(
             name,
-            get("width")?,
-            float("eps", 1e-5)?,
+            o.size("width")?,
+            o.float("eps", 1e-5)?,
         ))?),
         "lstm" => Box::new(py_eager(nn::Lstm::new(
             name,
-            get("input_size")?,
-            get("hidden_size")?,
+            o.size("input_size")?,
+            o.size("hidden_size")?,
         ))?),
         "gru" => Box::new(py_eager(nn::Gru::new(
             name,
-            get("input_size")?,
-            get("hidden_size")?,
+            o.size("input_size")?,
+            o.size("hidden_size")?,
         ))?),
         "embedding" => Box::new(py_eager(nn::Embedding::new(
             name,
-            get("vocab")?,
-            get("dim")?,
+            o.size("vocab")?,
+            o.size("dim")?,
         ))?),
         "self_attention" => Box::new(py_eager(nn::SelfAttention::new(
             name,
-            get("features")?,
-            get("dim")?,
+            o.size("features")?,
+            o.size("dim")?,
         ))?),
         "dropout" => Box::new(nn::Dropout::new(
-            float("p", 0.5)?,
-            get("seed").unwrap_or(0) as u64,
+            o.float("p", 0.5)?,
+            o.size("seed").unwrap_or(0) as u64,
         )),
         other => return Err(PyTypeError::new_err(format!("Kiln has no layer `{other}`"))),
     })

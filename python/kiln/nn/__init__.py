@@ -1,7 +1,7 @@
 """Layers for eager code: subclass ``Layer``, set layers and parameters as attributes, write
 ``forward``. Calling a layer runs ``forward``."""
 
-from . import _kiln, init as _init
+from .. import _kiln, init as _init
 
 
 class Layer:
@@ -143,19 +143,24 @@ def _unique(base):
 
 
 class Linear(Layer):
-    """``x @ weight + bias``, ``weight: [in, out]``."""
+    """``x @ weight + bias``, ``weight: [in, out]``; without a bias when ``bias=False``."""
 
-    def __init__(self, in_features, out_features, weight_init=None, bias_init=None, name=None):
+    def __init__(self, in_features, out_features, bias=True, weight_init=None, bias_init=None,
+                 name=None):
         super().__init__(name or _unique("linear"))
         self.weight = self.create_parameter(
             "w", [in_features, out_features], weight_init or _init.KaimingUniform()
         )
-        self.bias = self.create_parameter("b", [out_features], bias_init or _init.Zeros())
+        if bias:
+            self.bias = self.create_parameter("b", [out_features], bias_init or _init.Zeros())
+        else:
+            object.__setattr__(self, "bias", None)
 
     def forward(self, x):
         """``x @ weight + bias`` for ``x: [N, in_features]``. Raises ``kiln.ShapeError`` on
         another width."""
-        return x.matmul(self.weight.tensor()) + self.bias.tensor()
+        y = x.matmul(self.weight.tensor())
+        return y if self.bias is None else y + self.bias.tensor()
 
 
 class Sequential(Layer):
@@ -246,22 +251,24 @@ class Conv2d(_Native):
 
 class MaxPool2d(_Native):
     """Max pooling over NCHW windows of ``kernel_size``, moving by ``stride`` (default: the
-    window)."""
+    window), with ``padding`` on each side."""
 
     kind = "max_pool2d"
 
-    def __init__(self, kernel_size, stride=None, name=None):
-        super().__init__(name, kernel_size=kernel_size, stride=stride or kernel_size)
+    def __init__(self, kernel_size, stride=None, padding=0, name=None):
+        super().__init__(name, kernel_size=kernel_size, stride=stride or kernel_size,
+                         padding=padding)
 
 
 class AvgPool2d(_Native):
     """Average pooling over NCHW windows of ``kernel_size``, moving by ``stride`` (default:
-    the window)."""
+    the window), with ``padding`` (zeros, counted) on each side."""
 
     kind = "avg_pool2d"
 
-    def __init__(self, kernel_size, stride=None, name=None):
-        super().__init__(name, kernel_size=kernel_size, stride=stride or kernel_size)
+    def __init__(self, kernel_size, stride=None, padding=0, name=None):
+        super().__init__(name, kernel_size=kernel_size, stride=stride or kernel_size,
+                         padding=padding)
 
 
 class Flatten(_Native):
@@ -359,6 +366,30 @@ class Tanh(Layer):
         return x.tanh()
 
 
+class GELU(Layer):
+    """GELU with the exact normal CDF (PyTorch's default)."""
+
+    def forward(self, x):
+        """``x * Φ(x)`` elementwise."""
+        return functional.gelu(x)
+
+
+class CrossEntropyLoss(Layer):
+    """Mean softmax cross-entropy: ``CrossEntropyLoss()(logits, labels)``."""
+
+    def forward(self, logits, labels):
+        """Mean cross-entropy of ``logits: [N, C]`` against integer ``labels: [N]``."""
+        return cross_entropy(logits, labels)
+
+
+class MSELoss(Layer):
+    """Mean squared error: ``MSELoss()(prediction, target)``."""
+
+    def forward(self, prediction, target):
+        """The mean of ``(prediction - target) ** 2``."""
+        return mse(prediction, target)
+
+
 class Sigmoid(Layer):
     """``1 / (1 + exp(-x))``."""
 
@@ -385,3 +416,6 @@ def binary_cross_entropy_with_logits(logits, targets):
 def accuracy(logits, labels):
     """The fraction of rows whose largest logit is the label."""
     return _kiln.loss("accuracy", logits, labels)
+
+
+from . import functional  # noqa: E402 (it uses nothing of this module's but the package)
