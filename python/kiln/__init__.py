@@ -13,7 +13,9 @@ computes, and a session runs one ``run`` at a time.
 from . import _kiln
 from ._methods import unary_method as _unary_method
 from ._kiln import (
+    cat,
     cond,
+    stack,
     CheckpointError,
     CommunicationError,
     FeedError,
@@ -48,7 +50,9 @@ __all__ = [
     "Session",
     "ShapeError",
     "Tensor",
+    "cat",
     "cond",
+    "stack",
     "float32",
     "float64",
     "int32",

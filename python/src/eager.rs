@@ -4,12 +4,15 @@
 use crate::array::{dtype, dtype_name, from_py, to_py};
 use crate::errors::{KilnError, ShapeError, kiln_ok};
 use kiln::backend::{Array, CustomOpError};
-use kiln::ir::{BinaryOp, CompareOp, Conv2dAttrs, DType, Dim, Pool2dAttrs, Shape, Type, UnaryOp};
+use kiln::ir::{
+    AxisSlice, BinaryOp, CompareOp, Conv2dAttrs, DType, Dim, Pool2dAttrs, ReduceOp, Shape, Type,
+    UnaryOp,
+};
 use kiln::runtime::eager::custom::{self, CustomOp};
 use kiln::runtime::eager::nn::{self, Layer, Parameter};
 use kiln::runtime::eager::{self, EagerOptimizer, NoGradGuard, StaticFunction, Tensor};
 use kiln::runtime::{Adam, Init, Momentum, Optimizer, Sgd, Target};
-use pyo3::exceptions::{PyTypeError, PyValueError};
+use pyo3::exceptions::{PyIndexError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyTuple};
 use std::sync::Arc;
@@ -31,6 +34,8 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(check_optimizer, m)?)?;
     m.add_function(wrap_pyfunction!(cond, m)?)?;
     m.add_function(wrap_pyfunction!(functional, m)?)?;
+    m.add_function(wrap_pyfunction!(cat, m)?)?;
+    m.add_function(wrap_pyfunction!(stack, m)?)?;
     m.add_function(wrap_pyfunction!(manual_seed, m)?)?;
     m.add_function(wrap_pyfunction!(reset, m)?)?;
     m.add_function(wrap_pyfunction!(save_parameters, m)?)?;
@@ -69,6 +74,199 @@ fn axes(t: &Tensor, selection: Option<&Bound<'_, PyAny>>) -> PyResult<Vec<usize>
         },
         _ => Ok((0..t.rank()).collect()),
     }
+}
+
+impl PyTensor {
+    /// The elements where `mask` is true: a mask of the tensor's shape gives them in order (a
+    /// 1-D result); a mask of its first axis gives those rows.
+    fn masked(&self, mask: &Array) -> PyResult<PyTensor> {
+        if self.0.is_traced() {
+            return Err(KilnError::new_err(
+                "a boolean mask while tracing with to_static: the result's size would depend on \
+                 the values; use kiln.cond, or multiply by the mask as a number",
+            ));
+        }
+        let shape = py_eager(self.0.to_array())?.shape().to_vec();
+        let chosen: Vec<i64> = (mask.to_f64_vec().iter().enumerate())
+            .filter(|(_, v)| **v != 0.0)
+            .map(|(i, _)| i as i64)
+            .collect();
+        let indices = Tensor::new(Array::I64(ndarray::Array1::from(chosen).into_dyn()));
+        let result = if mask.shape() == shape.as_slice() {
+            self.0
+                .reshape(Shape::fixed(&[shape.iter().product()]))
+                .and_then(|flat| flat.gather(&indices, 0))
+        } else if mask.shape().len() == 1 && shape.first() == Some(&mask.len()) {
+            self.0.gather(&indices, 0)
+        } else {
+            return Err(PyIndexError::new_err(format!(
+                "a boolean mask of shape {:?} for a tensor of shape {shape:?}: give one of its \
+                 shape or of its first axis",
+                mask.shape()
+            )));
+        };
+        py_eager(result).map(PyTensor)
+    }
+
+    fn extremum(
+        &self,
+        py: Python<'_>,
+        op: ReduceOp,
+        dim: Option<i64>,
+        keepdim: bool,
+    ) -> PyResult<Py<PyAny>> {
+        let Some(dim) = dim else {
+            let all: Vec<usize> = (0..self.0.rank()).collect();
+            let value = py_eager(self.0.reduce(op, &all, false))?;
+            return Ok(Py::new(py, PyTensor(value))?.into_any());
+        };
+        let axis = axis_of(&self.0, dim)?;
+        let values = py_eager(self.0.reduce(op, &[axis], keepdim))?;
+        let ranked = match op {
+            ReduceOp::Max => self.0.clone(),
+            _ => py_eager(self.0.unary(UnaryOp::Neg))?,
+        };
+        let mut indices = py_eager(ranked.argmax(axis))?;
+        if keepdim {
+            indices = py_eager(indices.reshape(values.ty().shape.clone()))?;
+        }
+        let pair = (
+            Py::new(py, PyTensor(values))?,
+            Py::new(py, PyTensor(indices))?,
+        );
+        Ok(pair.into_pyobject(py)?.into_any().unbind())
+    }
+}
+
+/// A boolean mask (a numpy bool array, a bool tensor, or a list of bools), if `key` is one.
+fn bool_mask(key: &Bound<'_, PyAny>) -> PyResult<Option<Array>> {
+    if let Ok(t) = key.extract::<PyRef<'_, PyTensor>>() {
+        if t.0.dtype() != DType::Bool {
+            return Ok(None);
+        }
+        return py_eager(t.0.to_array()).map(Some);
+    }
+    let is_array = key.hasattr("dtype")? || key.is_instance_of::<PyList>();
+    if !is_array || key.is_instance_of::<pyo3::types::PyBool>() {
+        return Ok(None);
+    }
+    match from_py(key) {
+        Ok(a @ Array::Bool(_)) => Ok(Some(a)),
+        _ => Ok(None),
+    }
+}
+
+/// `t` indexed by `items` (see `Tensor.__getitem__`): a slice, a reshape for the dropped and
+/// added axes, and a gather for an integer array.
+fn index(t: &Tensor, items: &[Bound<'_, PyAny>]) -> PyResult<Tensor> {
+    let dims = t.ty().shape.dims().to_vec();
+    let rank = dims.len();
+    let is_ellipsis = |k: &Bound<'_, PyAny>| k.is(k.py().Ellipsis());
+    let consumed = (items.iter())
+        .filter(|k| !k.is_none() && !is_ellipsis(k))
+        .count();
+    if consumed > rank {
+        return Err(PyIndexError::new_err(format!(
+            "{consumed} indices for a tensor of rank {rank}"
+        )));
+    }
+    let fixed = |axis: usize| -> PyResult<usize> {
+        dims[axis].as_fixed().ok_or_else(|| {
+            PyIndexError::new_err(format!(
+                "axis {axis} has the traced size {}: index it with `:` only",
+                dims[axis]
+            ))
+        })
+    };
+    let (mut ranges, mut out_dims) = (Vec::new(), Vec::new());
+    let mut gather: Option<(usize, Tensor)> = None;
+    let mut axis = 0;
+    for item in items {
+        if item.is_none() {
+            out_dims.push(Dim::Fixed(1));
+        } else if is_ellipsis(item) {
+            for _ in 0..rank - consumed {
+                ranges.push(AxisSlice::Full);
+                out_dims.push(dims[axis].clone());
+                axis += 1;
+            }
+        } else if let Ok(slice) = item.cast::<pyo3::types::PySlice>() {
+            let whole = ["start", "stop", "step"]
+                .iter()
+                .all(|a| slice.getattr(*a).is_ok_and(|v| v.is_none()));
+            if whole {
+                ranges.push(AxisSlice::Full);
+                out_dims.push(dims[axis].clone());
+            } else {
+                let n = fixed(axis)?;
+                let found = slice.indices(n as isize)?;
+                if found.step < 1 {
+                    return Err(PyIndexError::new_err(
+                        "slices step forward (a step of 1 or more)",
+                    ));
+                }
+                let (start, stop) = (found.start as usize, (found.stop.max(found.start)) as usize);
+                let range = AxisSlice::Range {
+                    start,
+                    end: stop,
+                    step: found.step as usize,
+                };
+                out_dims.push(Dim::Fixed(range.len(n)));
+                ranges.push(range);
+            }
+            axis += 1;
+        } else if let Ok(i) = item.extract::<i64>() {
+            let n = fixed(axis)? as i64;
+            let at = if i < 0 { i + n } else { i };
+            if !(0..n).contains(&at) {
+                return Err(PyIndexError::new_err(format!(
+                    "index {i} is out of range for axis {axis} of size {n}"
+                )));
+            }
+            let at = at as usize;
+            ranges.push(AxisSlice::Range {
+                start: at,
+                end: at + 1,
+                step: 1,
+            });
+            axis += 1;
+        } else {
+            if gather.is_some() {
+                return Err(PyIndexError::new_err(
+                    "one integer array per index: index again for another axis",
+                ));
+            }
+            let indices = match item.extract::<PyRef<'_, PyTensor>>() {
+                Ok(t) => t.0.clone(),
+                Err(_) => Tensor::new(from_py(item)?),
+            };
+            if indices.dtype().is_float() || indices.dtype() == DType::Bool {
+                return Err(PyIndexError::new_err(format!(
+                    "an index of {}: use ints, slices, one integer array or a boolean mask",
+                    indices.dtype()
+                )));
+            }
+            gather = Some((out_dims.len(), indices));
+            ranges.push(AxisSlice::Full);
+            out_dims.push(dims[axis].clone());
+            axis += 1;
+        }
+    }
+    for d in &dims[axis..] {
+        ranges.push(AxisSlice::Full);
+        out_dims.push(d.clone());
+    }
+    let mut result = t.clone();
+    if ranges.iter().any(|r| *r != AxisSlice::Full) {
+        result = py_eager(result.slice(ranges))?;
+    }
+    if result.ty().shape.dims() != out_dims.as_slice() {
+        result = py_eager(result.reshape(Shape(out_dims)))?;
+    }
+    if let Some((at, indices)) = gather {
+        result = py_eager(result.gather(&indices, at))?;
+    }
+    Ok(result)
 }
 
 #[pymethods]
@@ -189,6 +387,37 @@ impl PyTensor {
         };
         let dims = reshape_dims(&self.0.ty().shape, &sizes)?;
         py_eager(self.0.reshape(Shape(dims))).map(PyTensor)
+    }
+
+    /// ``t[key]``: ints (negative from the end), slices (step 1 or more), ``...``, ``None``
+    /// (a new axis of size 1), one integer list or array (or int tensor) gathering along its
+    /// axis, or a boolean mask of the tensor's shape or of its first axis (eagerly only: the
+    /// result's size depends on the values). Reads and differentiates, eagerly and traced;
+    /// an index out of range is an ``IndexError``.
+    fn __getitem__(&self, key: &Bound<'_, PyAny>) -> PyResult<PyTensor> {
+        let items: Vec<Bound<'_, PyAny>> = match key.cast::<PyTuple>() {
+            Ok(tuple) => tuple.iter().collect(),
+            Err(_) => vec![key.clone()],
+        };
+        if let [only] = items.as_slice()
+            && let Some(mask) = bool_mask(only)?
+        {
+            return self.masked(&mask);
+        }
+        index(&self.0, &items).map(PyTensor)
+    }
+
+    /// The largest element (over every axis), or, with ``dim``, ``(values, indices)`` along
+    /// that axis (``keepdim`` keeps it as size 1), as PyTorch's ``max``.
+    #[pyo3(signature = (dim = None, keepdim = false))]
+    fn max(&self, py: Python<'_>, dim: Option<i64>, keepdim: bool) -> PyResult<Py<PyAny>> {
+        self.extremum(py, ReduceOp::Max, dim, keepdim)
+    }
+
+    /// The smallest element, or, with ``dim``, ``(values, indices)`` along it (see ``max``).
+    #[pyo3(signature = (dim = None, keepdim = false))]
+    fn min(&self, py: Python<'_>, dim: Option<i64>, keepdim: bool) -> PyResult<Py<PyAny>> {
+        self.extremum(py, ReduceOp::Min, dim, keepdim)
     }
 
     /// ``bool(t)``: the value of a one-element tensor. A tensor of several elements, or one
@@ -333,6 +562,43 @@ fn reshape_dims(from: &Shape, sizes: &[Option<i64>]) -> PyResult<Vec<Dim>> {
         .into_iter()
         .map(|d| d.expect("every size known"))
         .collect())
+}
+
+/// `kiln.cat(tensors, dim=0)`: the tensors joined along `dim`.
+#[pyfunction]
+#[pyo3(signature = (tensors, dim = 0))]
+fn cat(tensors: Vec<PyRef<'_, PyTensor>>, dim: i64) -> PyResult<PyTensor> {
+    let first = tensors
+        .first()
+        .ok_or_else(|| PyValueError::new_err("cat of no tensors"))?;
+    let axis = axis_of(&first.0, dim)?;
+    let all: Vec<&Tensor> = tensors.iter().map(|t| &t.0).collect();
+    py_eager(Tensor::concat(&all, axis)).map(PyTensor)
+}
+
+/// `kiln.stack(tensors, dim=0)`: the tensors (of one shape) along a new axis `dim`.
+#[pyfunction]
+#[pyo3(signature = (tensors, dim = 0))]
+fn stack(tensors: Vec<PyRef<'_, PyTensor>>, dim: i64) -> PyResult<PyTensor> {
+    let first = tensors
+        .first()
+        .ok_or_else(|| PyValueError::new_err("stack of no tensors"))?;
+    let rank = first.0.rank() as i64;
+    let at = if dim < 0 { dim + rank + 1 } else { dim };
+    if !(0..=rank).contains(&at) {
+        return Err(KilnError::new_err(format!(
+            "dim {dim} is out of range for stacking rank {rank}"
+        )));
+    }
+    let lifted: Vec<Tensor> = (tensors.iter())
+        .map(|t| {
+            let mut dims = t.0.ty().shape.dims().to_vec();
+            dims.insert(at as usize, Dim::Fixed(1));
+            py_eager(t.0.reshape(Shape(dims)))
+        })
+        .collect::<PyResult<_>>()?;
+    let all: Vec<&Tensor> = lifted.iter().collect();
+    py_eager(Tensor::concat(&all, at as usize)).map(PyTensor)
 }
 
 /// `kiln.nn.functional`'s native half: the function `name` of `inputs` with `options`, each

@@ -80,3 +80,45 @@ def test_to_tolist_and_tensor_dtypes():
     assert x.to(kiln.int64).tolist() == [1, 2]
     assert kiln.tensor([[1, 2]], dtype="float32").tolist() == [[1.0, 2.0]]
     assert kiln.tensor(3, dtype=kiln.int32).dtype == "int32"
+
+
+def test_indexing_reads_and_differentiates_eagerly_and_traced():
+    a = np.arange(24, dtype=np.float32).reshape(2, 3, 4)
+    x = kiln.tensor(a)
+    for key in [0, -1, (1, 2), (slice(None), slice(1, 3)), (Ellipsis, -1), (0, Ellipsis, 1),
+                (slice(None), None, 0), (slice(0, 2), slice(None, None, 2), slice(1, None))]:
+        np.testing.assert_array_equal(x[key].numpy(), a[key], err_msg=str(key))
+    np.testing.assert_array_equal(x[:, [2, 0]].numpy(), a[:, [2, 0]])
+    np.testing.assert_array_equal(x[np.array([1, 0])].numpy(), a[[1, 0]])
+    np.testing.assert_array_equal(x[a > 20].numpy(), a[a > 20])
+    np.testing.assert_array_equal(x[np.array([False, True])].numpy(), a[[False, True]])
+    with pytest.raises(IndexError, match="index 3 is out of range for axis 1 of size 3"):
+        x[0, 3]
+    with pytest.raises(IndexError, match="4 indices for a tensor of rank 3"):
+        x[0, 0, 0, 0]
+
+    w = kiln.tensor(a, requires_grad=True)
+    (w[:, 1:3, -1] * 2.0).sum().backward()
+    expected = np.zeros_like(a)
+    expected[:, 1:3, -1] = 2.0
+    np.testing.assert_array_equal(w.grad.numpy(), expected)
+
+    @kiln.to_static
+    def last_feature(batch):
+        return batch[..., -1] + batch[:, 0, 1:2]
+
+    for n in (2, 5):
+        b = np.arange(n * 12, dtype=np.float32).reshape(n, 3, 4)
+        np.testing.assert_array_equal(last_feature(kiln.tensor(b)).numpy(), b[..., -1] + b[:, 0, 1:2])
+
+
+def test_max_min_cat_and_stack():
+    a = np.array([[1.0, 5.0, 2.0], [7.0, 0.0, 3.0]], dtype=np.float32)
+    x = kiln.tensor(a)
+    assert x.max().item() == 7.0 and x.min().item() == 0.0
+    values, indices = x.max(dim=1)
+    assert values.tolist() == [5.0, 7.0] and indices.tolist() == [1, 0]
+    values, indices = x.min(1, keepdim=True)
+    assert values.shape == (2, 1) and indices.tolist() == [[0], [1]]
+    assert kiln.cat([x, x], dim=1).shape == (2, 6)
+    np.testing.assert_array_equal(kiln.stack([x, x * 2.0], dim=1).numpy(), np.stack([a, a * 2], axis=1))
