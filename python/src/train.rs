@@ -57,16 +57,12 @@ impl PyLearner {
                 )))
             })?;
             let logits = match logits.extract::<PyRef<'_, PyTensor>>() {
-                Ok(t) => kiln_array(t.0.to_array())?,
+                Ok(t) => t.0.to_array()?,
                 Err(_) => from_py(&logits).map_err(raised)?,
             };
             Ok(Step { loss, logits })
         })
     }
-}
-
-fn kiln_array(r: Result<Array, kiln::runtime::eager::EagerError>) -> Result<Array, TrainError> {
-    Ok(r?)
 }
 
 impl Learner for PyLearner {

@@ -140,16 +140,7 @@ fn load(choice: &DataChoice) -> Result<Images, data::DataError> {
     match choice {
         DataChoice::Auto => data::images(None),
         DataChoice::Folder(dir) => data::images(Some(dir)),
-        DataChoice::Digits => {
-            let digits = data::digits()?.with_sample_shape(&[1, 8, 8])?;
-            let (train, test) = digits.split(0.2, 0);
-            Ok(Images {
-                train,
-                test,
-                source: ImageSource::BuiltinDigits,
-                class_names: (0..10).map(|c| c.to_string()).collect(),
-            })
-        }
+        DataChoice::Digits => data::digit_images(),
     }
 }
 

@@ -26,8 +26,9 @@ pub(crate) struct Running {
     pub(crate) examples: f64,
 }
 
-/// The classes of a batch's rows, best first: `(label, rank of the label)` for each row.
-fn label_ranks(logits: &Array, labels: &Array) -> Vec<(usize, usize, usize)> {
+/// For each row of a batch: its label, its best class, and how many classes score above the
+/// label (0 when it is the best).
+pub(crate) fn label_ranks(logits: &Array, labels: &Array) -> Vec<(usize, usize, usize)> {
     let classes = logits.shape().last().copied().unwrap_or(1).max(1);
     let values = logits.to_f64_vec();
     let labels = labels.to_f64_vec();
@@ -45,9 +46,8 @@ fn label_ranks(logits: &Array, labels: &Array) -> Vec<(usize, usize, usize)> {
 }
 
 impl Running {
-    /// Adds a batch: its mean `loss`, `logits` `[b, classes]` and `labels` `[b]`.
-    pub(crate) fn add(&mut self, loss: f64, logits: &Array, labels: &Array, k: usize) {
-        let rows = label_ranks(logits, labels);
+    /// Adds a batch: its mean `loss` and its rows' [`label_ranks`].
+    pub(crate) fn add(&mut self, loss: f64, rows: &[(usize, usize, usize)], k: usize) {
         let n = rows.len() as f64;
         self.loss += loss * n;
         self.examples += n;
@@ -103,8 +103,13 @@ impl ConfusionMatrix {
 
     /// Adds a batch's predictions.
     pub fn add(&mut self, logits: &Array, labels: &Array) {
+        self.add_rows(&label_ranks(logits, labels));
+    }
+
+    /// Adds a batch's rows, as [`label_ranks`] gives them.
+    pub(crate) fn add_rows(&mut self, rows: &[(usize, usize, usize)]) {
         let classes = self.counts.len();
-        for (label, best, _) in label_ranks(logits, labels) {
+        for &(label, best, _) in rows {
             if label < classes && best < classes {
                 self.counts[label][best] += 1;
             }

@@ -302,16 +302,19 @@ impl<'a, L: Learner> Trainer<'a, L> {
                 let batch = batch?;
                 let mut control = self.emit(Event::StepBegin { epoch, step });
                 let out = self.learner.train_step(&batch)?;
-                (self.position.running).add(out.loss, &out.logits, &batch.y, self.top_k);
+                let rows = metrics::label_ranks(&out.logits, &batch.y);
+                self.position.running.add(out.loss, &rows, self.top_k);
                 self.history.step_losses.push(out.loss);
                 self.position.step = step + 1;
-                let running = self.position.running.finish(self.top_k);
                 bar.inc(1);
-                bar.set_message(format!(
-                    "loss {:.4} accuracy {:.1} %",
-                    running.loss,
-                    100.0 * running.accuracy
-                ));
+                if !bar.is_hidden() {
+                    let running = self.position.running.finish(self.top_k);
+                    bar.set_message(format!(
+                        "loss {:.4} accuracy {:.1} %",
+                        running.loss,
+                        100.0 * running.accuracy
+                    ));
+                }
                 if self.emit(Event::StepEnd {
                     epoch,
                     step,
@@ -396,8 +399,9 @@ impl<'a, L: Learner> Trainer<'a, L> {
         for batch in data.epoch(0)? {
             let batch = batch?;
             let out = self.learner.eval_step(&batch)?;
-            running.add(out.loss, &out.logits, &batch.y, self.top_k);
-            confusion.add(&out.logits, &batch.y);
+            let rows = metrics::label_ranks(&out.logits, &batch.y);
+            running.add(out.loss, &rows, self.top_k);
+            confusion.add_rows(&rows);
         }
         Ok((running.finish(self.top_k), confusion))
     }

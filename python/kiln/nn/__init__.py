@@ -2,6 +2,7 @@
 ``forward``. Calling a layer runs ``forward``."""
 
 from .. import _kiln, init as _init
+from . import functional
 
 
 class Layer:
@@ -398,24 +399,13 @@ class Sigmoid(Layer):
         return x.sigmoid()
 
 
-def cross_entropy(logits, labels):
-    """Mean softmax cross-entropy of ``logits: [N, C]`` against integer ``labels: [N]``."""
-    return _kiln.loss("cross_entropy", logits, labels)
-
-
-def mse(prediction, target):
-    """Mean squared error."""
-    return _kiln.loss("mse", prediction, target)
-
-
-def binary_cross_entropy_with_logits(logits, targets):
-    """Mean sigmoid cross-entropy of ``logits`` against 0/1 ``targets``."""
-    return _kiln.loss("binary_cross_entropy_with_logits", logits, targets)
+# The losses are kiln.nn.functional's (one definition), under the names kiln.nn has had.
+cross_entropy = functional.cross_entropy
+mse = functional.mse_loss
+binary_cross_entropy_with_logits = functional.binary_cross_entropy_with_logits
 
 
 def accuracy(logits, labels):
     """The fraction of rows whose largest logit is the label."""
     return _kiln.loss("accuracy", logits, labels)
 
-
-from . import functional  # noqa: E402 (it uses nothing of this module's but the package)

@@ -208,6 +208,11 @@ pub fn images(dir: Option<&Path>) -> Result<Images, DataError> {
     if system.is_dir() {
         return mnist(system);
     }
+    digit_images()
+}
+
+/// The built-in digits as `[1, 8, 8]` images, split 80/20 (seed 0).
+pub fn digit_images() -> Result<Images, DataError> {
     let (train, test) = digits()?.with_sample_shape(&[1, 8, 8])?.split(0.2, 0);
     Ok(Images {
         train,

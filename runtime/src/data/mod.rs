@@ -13,7 +13,8 @@ mod transform;
 
 pub use files::{csv, npy};
 pub use idx::{
-    FASHION_MNIST_DIR, FASHION_MNIST_HINT, ImageSource, Images, images, mnist, read_idx,
+    FASHION_MNIST_DIR, FASHION_MNIST_HINT, ImageSource, Images, digit_images, images, mnist,
+    read_idx,
 };
 pub use loader::{Batches, DataLoader};
 pub use transform::{Normalize, RandomCrop, RandomHorizontalFlip, Transform};
