@@ -3,7 +3,7 @@
 //! background thread and arrive as numpy arrays.
 
 use crate::array::{from_py, to_py};
-use crate::errors::kiln_ok;
+use crate::errors::{KilnError, kiln_ok};
 use kiln::backend::Array;
 use kiln::runtime::data::{
     self, Batches, DataLoader, Dataset, Normalize, RandomCrop, RandomHorizontalFlip, Transform,
@@ -283,7 +283,7 @@ impl PyDataLoader {
     fn __iter__(&mut self) -> PyResult<PyBatches> {
         let batches = kiln_ok(self.loader.epoch(self.epoch))?;
         self.epoch += 1;
-        Ok(PyBatches(batches))
+        Ok(PyBatches(std::sync::Mutex::new(batches)))
     }
 
     /// Makes the next pass epoch ``epoch`` (as PyTorch's ``DistributedSampler.set_epoch``).
@@ -305,8 +305,8 @@ impl PyDataLoader {
 }
 
 /// One epoch's batches.
-#[pyclass(name = "Batches", module = "kiln.data", unsendable)]
-pub(crate) struct PyBatches(Batches);
+#[pyclass(name = "Batches", module = "kiln.data")]
+pub(crate) struct PyBatches(std::sync::Mutex<Batches>);
 
 #[pymethods]
 impl PyBatches {
@@ -315,7 +315,10 @@ impl PyBatches {
     }
 
     fn __next__(&mut self, py: Python<'_>) -> PyResult<Option<(Py<PyAny>, Py<PyAny>)>> {
-        let batches = &mut self.0;
+        let batches = self
+            .0
+            .get_mut()
+            .map_err(|_| KilnError::new_err("a batch failed"))?;
         let next = py.detach(|| batches.next());
         match next {
             None => Ok(None),
@@ -326,7 +329,7 @@ impl PyBatches {
         }
     }
 
-    fn __len__(&self) -> usize {
-        self.0.len()
+    fn __len__(&mut self) -> usize {
+        self.0.get_mut().map_or(0, |b| b.len())
     }
 }

@@ -44,7 +44,7 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
 }
 
 /// An eager tensor: computed at once, recorded for `backward()` when gradients flow.
-#[pyclass(name = "Tensor", module = "kiln", unsendable)]
+#[pyclass(name = "Tensor", module = "kiln")]
 #[derive(Clone)]
 pub(crate) struct PyTensor(pub(crate) Tensor);
 
@@ -310,8 +310,9 @@ impl PyTensor {
 
     /// The gradient `backward()` left, or `None`.
     #[getter]
-    fn grad(&self) -> Option<PyTensor> {
-        self.0.grad().map(PyTensor)
+    fn grad(&self) -> PyResult<Option<PyTensor>> {
+        py_eager(self.0.check_thread())?;
+        Ok(self.0.grad().map(PyTensor))
     }
 
     /// Forgets the gradient `backward()` left.
@@ -726,7 +727,7 @@ fn unary_ops() -> Vec<&'static str> {
 }
 
 /// A trainable parameter in this thread's scope.
-#[pyclass(name = "Parameter", module = "kiln", unsendable)]
+#[pyclass(name = "Parameter", module = "kiln")]
 #[derive(Clone)]
 pub(crate) struct PyParameter(pub(crate) Parameter);
 
@@ -754,8 +755,9 @@ impl PyParameter {
     }
 
     #[getter]
-    fn grad(&self) -> Option<PyTensor> {
-        self.0.grad().map(PyTensor)
+    fn grad(&self) -> PyResult<Option<PyTensor>> {
+        py_eager(self.0.check_thread())?;
+        Ok(self.0.grad().map(PyTensor))
     }
 
     /// The parameter's shape, a tuple.
@@ -830,7 +832,7 @@ fn parameter(
 }
 
 /// While entered, ops record nothing for gradients.
-#[pyclass(name = "no_grad", module = "kiln", unsendable)]
+#[pyclass(name = "no_grad", module = "kiln")]
 pub(crate) struct PyNoGrad(Option<NoGradGuard>);
 
 #[pymethods]
@@ -950,7 +952,7 @@ fn check_optimizer(kind: &str, lr: f64, options: Option<&Bound<'_, PyDict>>) -> 
 }
 
 /// An eager optimizer over parameters: `step()` applies the rule to their gradients.
-#[pyclass(name = "EagerOptimizer", module = "kiln", unsendable)]
+#[pyclass(name = "EagerOptimizer", module = "kiln")]
 pub(crate) struct PyEagerOptimizer(EagerOptimizer);
 
 #[pymethods]
@@ -1093,7 +1095,7 @@ fn apply_pylayer(name: &str, inputs: Vec<PyRef<'_, PyTensor>>) -> PyResult<Vec<P
 }
 
 /// A Python function traced into a compiled program.
-#[pyclass(name = "StaticFunction", module = "kiln", unsendable)]
+#[pyclass(name = "StaticFunction", module = "kiln")]
 pub(crate) struct PyStaticFunction {
     function: StaticFunction,
     targets: Vec<Target>,
@@ -1222,8 +1224,8 @@ fn load_parameters(path: std::path::PathBuf) -> PyResult<()> {
 
 /// One of Kiln's built-in eager layers (convolution, pooling, normalisation, recurrent
 /// cells, attention, embedding, dropout), made by kind; `kiln.nn` wraps each in a `Layer`.
-#[pyclass(name = "NativeLayer", module = "kiln", unsendable)]
-pub(crate) struct PyNativeLayer(Box<dyn Layer>);
+#[pyclass(name = "NativeLayer", module = "kiln")]
+pub(crate) struct PyNativeLayer(Box<dyn Layer + Send + Sync>);
 
 /// Reads a layer's or a function's options (a dict of sizes, pairs and numbers).
 struct Options<'a, 'py> {
@@ -1282,7 +1284,11 @@ impl Options<'_, '_> {
 }
 
 /// The layer of `kind` named `name` with `options` (a dict of its sizes).
-fn native_layer(kind: &str, name: &str, o: &Bound<'_, PyDict>) -> PyResult<Box<dyn Layer>> {
+fn native_layer(
+    kind: &str,
+    name: &str,
+    o: &Bound<'_, PyDict>,
+) -> PyResult<Box<dyn Layer + Send + Sync>> {
     let o = Options {
         kind,
         dict: Some(o),

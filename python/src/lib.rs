@@ -3,16 +3,18 @@
 //! of these classes. Every Kiln error becomes a `kiln.KilnError` (or a subclass) with the
 //! message Rust gives.
 //!
-//! Thread safety: eager tensors, parameters and traces belong to the thread that made them
-//! (Kiln's eager context is per thread), so their classes are `unsendable`: using one from
-//! another Python thread raises an error instead of racing. Programs and sessions are plain
-//! data and may move between threads (pyo3's borrow flag allows one `run` at a time).
+//! Threads: gradients, parameters and compiled functions belong to the thread that made them
+//! (Kiln's eager context is per thread); the runtime refuses them elsewhere with an error
+//! naming them, and a plain tensor (no gradient) works in any thread. A trainer is bound to
+//! its thread ([`thread::ThreadBound`]). No class is pyo3-`unsendable`, whose check panics.
+//! Programs and sessions are plain data (pyo3's borrow flag allows one `run` at a time).
 
 mod array;
 mod data;
 mod eager;
 mod errors;
 mod graph;
+mod thread;
 mod train;
 
 use pyo3::prelude::*;

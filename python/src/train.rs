@@ -7,6 +7,7 @@ use crate::data::PyDataLoader;
 use crate::eager::PyTensor;
 use crate::errors::{kiln_ok, stash};
 use crate::graph::PySession;
+use crate::thread::ThreadBound;
 use kiln::backend::Array;
 use kiln::runtime::data::Batch;
 use kiln::train::{
@@ -15,10 +16,9 @@ use kiln::train::{
 };
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
-use std::cell::RefCell;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
-use std::rc::Rc;
+use std::sync::{Arc, Mutex};
 
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyTrainer>()?;
@@ -95,11 +95,11 @@ impl Learner for PyLearner {
 }
 
 /// The trainer behind `kiln.Trainer` (see its documentation).
-#[pyclass(name = "NativeTrainer", module = "kiln", unsendable)]
+#[pyclass(name = "NativeTrainer", module = "kiln")]
 pub(crate) struct PyTrainer {
-    trainer: Option<Trainer<'static, PyLearner>>,
+    trainer: ThreadBound<Option<Trainer<'static, PyLearner>>>,
     /// An exception a callback raised, raised again when `fit` returns.
-    callback_error: Rc<RefCell<Option<PyErr>>>,
+    callback_error: Arc<Mutex<Option<PyErr>>>,
 }
 
 fn metrics_dict<'py>(py: Python<'py>, m: &Metrics) -> PyResult<Bound<'py, PyDict>> {
@@ -165,14 +165,20 @@ fn event_dict<'py>(py: Python<'py>, event: &Event) -> PyResult<Bound<'py, PyDict
 }
 
 impl PyTrainer {
-    fn trainer(&mut self) -> &mut Trainer<'static, PyLearner> {
-        self.trainer
+    fn trainer(&mut self) -> PyResult<&mut Trainer<'static, PyLearner>> {
+        Ok(self
+            .trainer
+            .get_mut()?
             .as_mut()
-            .expect("a trainer is always present between calls")
+            .expect("a trainer is always present between calls"))
     }
 
     fn raise_callback_error(&self) -> PyResult<()> {
-        match self.callback_error.borrow_mut().take() {
+        let mut failed = self
+            .callback_error
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        match failed.take() {
             Some(e) => Err(e),
             None => Ok(()),
         }
@@ -221,16 +227,17 @@ impl PyTrainer {
             });
         }
         PyTrainer {
-            trainer: Some(trainer),
-            callback_error: Rc::default(),
+            trainer: ThreadBound::new(Some(trainer), "a kiln.Trainer"),
+            callback_error: Arc::default(),
         }
     }
 
     /// Calls `callback(event)` on every event (a dict with `kind`); a true result stops.
-    fn on(&mut self, callback: Py<PyAny>) {
+    fn on(&mut self, callback: Py<PyAny>) -> PyResult<()> {
         let failed = self.callback_error.clone();
-        let trainer = self.trainer.take().expect("present");
-        self.trainer = Some(trainer.on(move |event| {
+        let slot = self.trainer.get_mut()?;
+        let trainer = slot.take().expect("present");
+        *slot = Some(trainer.on(move |event| {
             Python::attach(|py| {
                 let result = event_dict(py, event)
                     .and_then(|d| callback.call1(py, (d,)))
@@ -239,12 +246,13 @@ impl PyTrainer {
                     Ok(true) => Control::Stop,
                     Ok(false) => Control::Continue,
                     Err(e) => {
-                        *failed.borrow_mut() = Some(e);
+                        *failed.lock().unwrap_or_else(|e| e.into_inner()) = Some(e);
                         Control::Stop
                     }
                 }
             })
         }));
+        Ok(())
     }
 
     /// Trains until `epochs` epochs are done; returns the history (a dict).
@@ -254,7 +262,7 @@ impl PyTrainer {
         train: &PyDataLoader,
         epochs: usize,
     ) -> PyResult<Bound<'py, PyDict>> {
-        let result = self.trainer().fit(&train.loader, epochs).cloned();
+        let result = self.trainer()?.fit(&train.loader, epochs).cloned();
         self.raise_callback_error()?;
         history_dict(py, &kiln_ok(result)?)
     }
@@ -265,33 +273,33 @@ impl PyTrainer {
         py: Python<'py>,
         data: &PyDataLoader,
     ) -> PyResult<(Bound<'py, PyDict>, Vec<Vec<usize>>)> {
-        let (metrics, confusion) = kiln_ok(self.trainer().evaluate(&data.loader))?;
+        let (metrics, confusion) = kiln_ok(self.trainer()?.evaluate(&data.loader))?;
         Ok((metrics_dict(py, &metrics)?, confusion.counts))
     }
 
     /// The history so far (a dict).
     fn history<'py>(&mut self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        history_dict(py, self.trainer().history())
+        history_dict(py, self.trainer()?.history())
     }
 
     /// The epoch training goes on with.
-    fn epoch(&mut self) -> usize {
-        self.trainer().epoch()
+    fn epoch(&mut self) -> PyResult<usize> {
+        Ok(self.trainer()?.epoch())
     }
 
     /// Goes on from the checkpoint at `path` if it exists; returns whether it did.
     fn resume(&mut self, path: PathBuf) -> PyResult<bool> {
-        kiln_ok(self.trainer().resume(&path))
+        kiln_ok(self.trainer()?.resume(&path))
     }
 
     /// Writes the checkpoint now.
     fn save_checkpoint(&mut self) -> PyResult<()> {
-        kiln_ok(self.trainer().save_checkpoint())
+        kiln_ok(self.trainer()?.save_checkpoint())
     }
 
     /// Draws the loss and accuracy per epoch as an SVG.
     fn plot_history(&mut self, path: PathBuf) -> PyResult<()> {
-        kiln_ok(self.trainer().history().plot(&path))
+        kiln_ok(self.trainer()?.history().plot(&path))
     }
 
     /// Draws a confusion matrix (from `evaluate`) as an SVG.

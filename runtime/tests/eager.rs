@@ -435,3 +435,67 @@ fn a_parameters_only_checkpoint_loads_after_an_optimizer_declared_its_moments() 
     assert_eq!(w.tensor().unwrap().to_f64_vec().unwrap(), [1.0, 1.0, 1.0]);
     std::fs::remove_dir_all(&dir).ok();
 }
+
+/// Gradients, parameters and compiled functions live in the thread that made them. Moved to
+/// another thread (a Rust `Tensor` is `Send`), they are refused by name; a plain value is not.
+/// Before, another thread's leaf could share an id with one of its own (a gradient credited
+/// to the wrong tensor), and a parameter or a compiled function silently ran against a fresh
+/// copy of the parameters there.
+#[test]
+fn state_of_another_thread_is_refused_and_plain_values_cross() {
+    eager::reset();
+    let w = Parameter::new("w", DType::F32, &[2], Init::Constant(1.0)).unwrap();
+    let leaf = t(&[2], &[1., 2.]).requires_grad().unwrap();
+    let recorded = &leaf * 3.0;
+    let plain = t(&[2], &[5., 6.]);
+    let ty = Type::new(DType::F32, Shape::fixed(&[2]));
+    let w2 = w.clone();
+    let compiled =
+        eager::to_static(&[("x", ty)], move |x| Ok(vec![&x[0] * &w2.tensor()?])).unwrap();
+    let other_thread = std::thread::spawn(move || {
+        let refused = |what: &str, r: eager::EagerResult<()>| {
+            let message = r.expect_err(what).to_string();
+            assert!(message.contains("another thread"), "{what}: {message}");
+        };
+        refused("parameter", w.tensor().map(drop));
+        refused(
+            "set",
+            w.set(Array::F32(ndarray::arr1(&[0., 0.]).into_dyn())),
+        );
+        refused("leaf", leaf.exp().map(drop));
+        refused("recorded", (recorded.sum(&[0], false)).map(drop));
+        refused("backward", recorded.backward());
+        refused(
+            "optimizer",
+            EagerOptimizer::new(Sgd::new(0.1), vec![w.clone()]).map(drop),
+        );
+        let mut compiled = compiled;
+        refused("compiled", compiled.call(&[&plain]).map(drop));
+        // A plain value computes anywhere, and a detached tensor is a plain value.
+        assert_eq!((&plain + 1.0).to_f64_vec().unwrap(), [6., 7.]);
+        assert_eq!(
+            leaf.detach()
+                .unwrap()
+                .exp()
+                .unwrap()
+                .to_f64_vec()
+                .unwrap()
+                .len(),
+            2
+        );
+    });
+    other_thread.join().unwrap();
+}
+
+#[test]
+fn a_parameter_from_before_a_reset_is_refused() {
+    eager::reset();
+    let w = Parameter::new("w", DType::F32, &[1], Init::Zeros).unwrap();
+    eager::reset();
+    let _same_name = Parameter::new("w", DType::F32, &[1], Init::Ones).unwrap();
+    let message = w.tensor().map(drop).unwrap_err().to_string();
+    assert!(
+        message.contains("parameter `w` belongs to another thread (or to this one before a reset)"),
+        "{message}"
+    );
+}

@@ -69,6 +69,14 @@ pub enum EagerError {
     /// The API was used in a way it does not allow.
     #[error("{0}")]
     Usage(String),
+    /// A tensor, parameter or compiled function of one thread was used in another (or in
+    /// its own thread after [`reset`]).
+    #[error(
+        "{0} belongs to another thread (or to this one before a reset): gradients, parameters \
+         and traces live in the thread that made them; pass a detached tensor, or its array, \
+         between threads"
+    )]
+    OtherThread(String),
 }
 
 impl From<kiln_backend::comm::CommError> for EagerError {
@@ -80,11 +88,25 @@ impl From<kiln_backend::comm::CommError> for EagerError {
 /// The result of an eager operation.
 pub type EagerResult<T> = Result<T, EagerError>;
 
-/// Identifies a tensor whose gradient is accumulated (a parameter, or `requires_grad()`).
+/// Identifies a tensor whose gradient is accumulated (a parameter, or `requires_grad()`), in
+/// the context (thread) that made it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct LeafId(u64);
+pub struct LeafId {
+    context: u64,
+    index: u64,
+}
+
+/// Numbers contexts and traces across threads, so that a tensor, parameter or trace of one
+/// thread is never mistaken for one of another.
+static NEXT_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+
+fn next_id() -> u64 {
+    NEXT_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+}
 
 pub(crate) struct Context {
+    /// Unique across threads: what a thread-bound tensor or parameter records.
+    pub id: u64,
     /// Parameter values, shared with compiled functions and static programs.
     pub scope: Scope,
     /// Declarations of the parameters created eagerly.
@@ -96,7 +118,6 @@ pub(crate) struct Context {
     pub grad_enabled: bool,
     pub grads: HashMap<LeafId, Arc<Array>>,
     next_leaf: u64,
-    next_trace: u64,
     /// Mixed into eager random ops' seeds; advanced by each op that draws.
     pub rng_counter: u64,
     /// Mixed into parameter initializers' seeds.
@@ -106,6 +127,7 @@ pub(crate) struct Context {
 impl Context {
     fn new() -> Context {
         Context {
+            id: next_id(),
             scope: Scope::new(),
             states: Module::new(),
             param_leaves: HashMap::new(),
@@ -114,7 +136,6 @@ impl Context {
             grad_enabled: true,
             grads: HashMap::new(),
             next_leaf: 0,
-            next_trace: 0,
             rng_counter: 0,
             seed: 0,
         }
@@ -122,12 +143,23 @@ impl Context {
 
     pub(crate) fn new_leaf(&mut self) -> LeafId {
         self.next_leaf += 1;
-        LeafId(self.next_leaf)
+        LeafId {
+            context: self.id,
+            index: self.next_leaf,
+        }
     }
 
     pub(crate) fn new_trace_id(&mut self) -> u64 {
-        self.next_trace += 1;
-        self.next_trace
+        next_id()
+    }
+
+    /// An error unless `owner` is this context: state of another thread (its gradients, its
+    /// tape, its parameters' values) is not visible here, and using it would be silently wrong.
+    pub(crate) fn check_owner(&self, owner: u64, what: &str) -> EagerResult<()> {
+        if owner == self.id {
+            return Ok(());
+        }
+        Err(EagerError::OtherThread(what.to_owned()))
     }
 }
 

@@ -15,6 +15,8 @@ use kiln_ir::{Conv2dAttrs, DType, Loc, Pool2dAttrs, Shape, StateDecl, Type};
 #[derive(Clone, Debug, PartialEq)]
 pub struct Parameter {
     decl: StateDecl,
+    /// The context (thread) whose scope holds the value.
+    context: u64,
     /// False for buffers: state a layer keeps (running statistics) that no optimizer trains
     /// and no gradient reaches.
     trainable: bool,
@@ -69,8 +71,22 @@ impl Parameter {
                 functions: Vec::new(),
             };
             cx.scope.declare(&module)?;
-            Ok(Parameter { decl, trainable })
+            Ok(Parameter {
+                decl,
+                context: cx.id,
+                trainable,
+            })
         })
+    }
+
+    fn check_in(&self, cx: &super::Context) -> EagerResult<()> {
+        cx.check_owner(self.context, &format!("parameter `{}`", self.decl.name))
+    }
+
+    /// An error when the parameter was made in another thread (or before a reset): its value
+    /// and gradient live there.
+    pub fn check_thread(&self) -> EagerResult<()> {
+        with(|cx| self.check_in(cx))
     }
 
     /// The parameter's name (its state's name).
@@ -87,6 +103,7 @@ impl Parameter {
     /// while tracing, a `load` of its state.
     pub fn tensor(&self) -> EagerResult<Tensor> {
         with(|cx| {
+            self.check_in(cx)?;
             if let Some(trace) = cx.trace.as_mut() {
                 let v = if self.trainable {
                     trace.program.adopt_parameter(&self.decl)?
@@ -110,6 +127,7 @@ impl Parameter {
     /// Gradients already accumulated stay (as `torch.no_grad(): p.copy_(value)` keeps them).
     pub fn set(&self, value: Array) -> EagerResult<()> {
         with(|cx| {
+            self.check_in(cx)?;
             if cx.trace.is_some() {
                 return Err(EagerError::Usage(format!(
                     "parameter `{}` cannot be set while tracing",
@@ -126,6 +144,7 @@ impl Parameter {
     pub fn assign(&self, value: &Tensor) -> EagerResult<()> {
         if value.is_traced() {
             return with(|cx| {
+                self.check_in(cx)?;
                 let trace = cx.trace.as_mut().ok_or_else(|| {
                     EagerError::Usage("a traced value assigned outside its trace".into())
                 })?;
@@ -142,6 +161,7 @@ impl Parameter {
     /// The gradient accumulated by `backward()` since the last `zero_grad`.
     pub fn grad(&self) -> Option<Tensor> {
         with(|cx| {
+            self.check_in(cx)?;
             let leaf = cx.param_leaves.get(&self.decl.name);
             Ok(leaf
                 .and_then(|l| cx.grads.get(l))
@@ -155,6 +175,7 @@ impl Parameter {
     /// Clears its gradient.
     pub fn zero_grad(&self) {
         let _ = with(|cx| {
+            self.check_in(cx)?;
             if let Some(leaf) = cx.param_leaves.get(&self.decl.name) {
                 cx.grads.remove(leaf);
             }

@@ -42,6 +42,7 @@ impl EagerOptimizer {
         };
         let mut updates: Vec<(StateDecl, Value, Value)> = Vec::new();
         for (i, p) in params.iter().enumerate() {
+            p.check_thread()?;
             let value = program.adopt_parameter(p.decl())?;
             let ty = p.decl().ty.clone();
             let grad = program.placeholder(&format!("grad{i}"), ty.dtype, ty.shape)?;
@@ -80,6 +81,9 @@ impl EagerOptimizer {
 
     /// Updates every parameter with the gradient accumulated for it (zero if none).
     pub fn step(&mut self) -> EagerResult<()> {
+        for p in &self.params {
+            p.check_thread()?;
+        }
         let names: Vec<String> = (0..self.params.len()).map(|i| format!("grad{i}")).collect();
         let grads: Vec<Array> = self
             .params

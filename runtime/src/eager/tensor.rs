@@ -40,6 +40,8 @@ pub(crate) enum Repr {
 pub(crate) struct Node {
     value: Value,
     generation: Arc<Generation>,
+    /// The context whose tape holds the value.
+    context: u64,
 }
 
 impl fmt::Debug for Tensor {
@@ -65,6 +67,9 @@ pub(crate) fn apply(
     build: impl FnOnce(&mut FunctionBuilder, &[Value]) -> BuildResult<Vec<Value>>,
 ) -> EagerResult<Vec<Tensor>> {
     with(|cx| {
+        for t in inputs {
+            t.check_in(cx)?;
+        }
         let traced = inputs.iter().any(|t| matches!(t.0, Repr::Traced { .. }))
             || (inputs.is_empty() && cx.trace.is_some());
         if traced {
@@ -90,7 +95,12 @@ fn direct(
         }
         fn eager<'t>(cx: &Context, t: &'t Tensor) -> Option<&'t Array> {
             match &t.0 {
-                Repr::Eager { data, .. } if !(cx.grad_enabled && t.on_tape(cx)) => Some(&**data),
+                Repr::Eager { data, .. }
+                    if t.owner().is_none_or(|o| o == cx.id)
+                        && !(cx.grad_enabled && t.on_tape(cx)) =>
+                {
+                    Some(&**data)
+                }
                 _ => None,
             }
         }
@@ -202,6 +212,7 @@ fn record_op(
                 node: Some(Node {
                     value: v,
                     generation: generation.clone(),
+                    context: cx.id,
                 }),
                 leaf: None,
             }))
@@ -342,9 +353,31 @@ impl Tensor {
         matches!(self.0, Repr::Traced { .. })
     }
 
+    /// The context (thread) whose gradient state the tensor refers to, if it refers to any.
+    fn owner(&self) -> Option<u64> {
+        match &self.0 {
+            Repr::Eager { leaf: Some(l), .. } => Some(l.context),
+            Repr::Eager { node: Some(n), .. } => Some(n.context),
+            _ => None,
+        }
+    }
+
+    fn check_in(&self, cx: &Context) -> EagerResult<()> {
+        match self.owner() {
+            Some(owner) => cx.check_owner(owner, "a tensor that records gradients"),
+            None => Ok(()),
+        }
+    }
+
+    /// An error when the tensor records gradients in another thread than this one: its
+    /// gradient, or a backward pass through it, would be silently missing here.
+    pub fn check_thread(&self) -> EagerResult<()> {
+        with(|cx| self.check_in(cx))
+    }
+
     fn on_tape(&self, cx: &Context) -> bool {
         match &self.0 {
-            Repr::Eager { leaf: Some(_), .. } => true,
+            Repr::Eager { leaf: Some(l), .. } => l.context == cx.id,
             Repr::Eager { node: Some(n), .. } => cx.tape.is_current(&n.generation),
             _ => false,
         }
@@ -415,6 +448,7 @@ impl Tensor {
     /// it to their `grad()`. The tape is cleared.
     pub fn backward(&self) -> EagerResult<()> {
         with(|cx| {
+            self.check_in(cx)?;
             let value = match &self.0 {
                 Repr::Eager { node: Some(n), .. } if cx.tape.is_current(&n.generation) => n.value,
                 Repr::Traced { .. } => {

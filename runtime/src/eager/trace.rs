@@ -79,8 +79,8 @@ pub fn to_static(
     })?;
     let tensors: Vec<Tensor> = args.iter().map(|(_, _, t)| t.clone()).collect();
     let result = f(&tensors);
-    let mut trace = with(|cx| Ok(cx.trace.take()))?
-        .ok_or_else(|| EagerError::Usage("the trace ended early".into()))?;
+    let (trace, context) = with(|cx| Ok((cx.trace.take(), cx.id)))?;
+    let mut trace = trace.ok_or_else(|| EagerError::Usage("the trace ended early".into()))?;
     let outputs = result?
         .iter()
         .map(|t| trace.value_of(t))
@@ -96,6 +96,7 @@ pub fn to_static(
         updates,
         runner: Runner::new(),
         gradients: HashMap::new(),
+        context,
     })
 }
 
@@ -109,6 +110,8 @@ pub struct StaticFunction {
     runner: Runner,
     /// The gradient values appended to the program for each output.
     gradients: HashMap<usize, GradientValues>,
+    /// The context (thread) whose parameters it runs against.
+    context: u64,
 }
 
 /// Where the gradients of one output live in the program.
@@ -280,7 +283,9 @@ impl StaticFunction {
             })
             .collect::<EagerResult<_>>()?;
         let (program, runner) = (&self.program, &mut self.runner);
+        let context = self.context;
         let results = with(|cx| {
+            cx.check_owner(context, "a function compiled with to_static")?;
             cx.scope.declare(program.module())?;
             Ok(runner.run_shared(program, &mut cx.scope, fetches, &feeds)?)
         })?;
