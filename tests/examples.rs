@@ -154,7 +154,10 @@ fn digits_cnn_trains_and_serves_the_same_logits() {
     use kiln::runtime::{Fetch, Session};
     let config = digits_cnn::config();
     let model = digits_cnn::build(&config, kiln::demos::digits_static::DIGITS_IMAGE).unwrap();
-    let (train, _) = kiln::runtime::data::digits().unwrap().split(0.2, 0);
+    let (train, _) = kiln::runtime::data::digits()
+        .unwrap()
+        .split(0.2, 0)
+        .unwrap();
     let batch = train.select(&(0..24).collect::<Vec<_>>()).all();
     let mut session = Session::new(&model.program).unwrap();
     let feeds = [("x", batch.x.clone()), ("y", batch.y.clone())];

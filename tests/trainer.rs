@@ -15,7 +15,7 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 fn digits() -> (Dataset, Dataset) {
-    data::digits().unwrap().split(0.2, 0)
+    data::digits().unwrap().split(0.2, 0).unwrap()
 }
 
 fn static_mlp_of(hidden: usize) -> StaticClassifier {

@@ -4,9 +4,10 @@ Eager tensors with ``backward()``, ``nn.Layer`` subclasses and ``PyLayer`` custo
 in Python, ``to_static`` to compile them, static ``Program``\\s run in a ``Session``, and
 optimizers for both — all on Kiln's one IR and compiled kernels.
 
-Thread safety: eager tensors, parameters and traces belong to the thread that made them
-(Kiln's eager context is per thread); using one from another thread raises an error.
-Programs and sessions may move between threads; ``Session.run`` releases the GIL while it
+Thread safety: gradients, parameters, compiled functions and trainers belong to the thread
+that made them (Kiln's eager context is per thread); using one from another thread raises
+``KilnError``, while a plain tensor (no gradient) works anywhere. Programs and sessions may
+move between threads; ``Session.run`` releases the GIL while it
 computes, and a session runs one ``run`` at a time.
 """
 

@@ -1,6 +1,7 @@
 """``to_static``: trace eager code into a compiled program with the same values."""
 
 import functools
+import inspect
 
 from . import _kiln
 from .nn import Layer
@@ -17,8 +18,37 @@ class StaticFunction:
         self._minimize = []
         functools.update_wrapper(self, fn.forward if isinstance(fn, Layer) else fn)
 
+    def _argument_names(self, count):
+        """The traced function's parameter names (``x0``, ``x1``… where it has none), so
+        that its inputs and errors name them."""
+        try:
+            params = inspect.signature(self.__wrapped__).parameters.values()
+            names = [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+        except (TypeError, ValueError):
+            names = []
+        return [names[i] if i < len(names) else f"x{i}" for i in range(count)]
+
+    def _check(self, tensors):
+        for name, t in zip(self._argument_names(len(tensors)), tensors):
+            if not isinstance(t, _kiln.Tensor):
+                raise TypeError(f"{self.__name__}: argument `{name}` is a {type(t).__name__}; "
+                                "a compiled function takes kiln.Tensor arguments")
+        if self._signature is None:
+            return
+        if len(tensors) != len(self._signature):
+            raise TypeError(f"{self.__name__} was traced with {len(self._signature)} "
+                            f"argument(s), called with {len(tensors)}")
+        for (name, dtype, shape), t in zip(self._signature, tensors):
+            if t.dtype != dtype or list(t.shape[1:]) != shape[1:] or len(t.shape) != len(shape):
+                traced = ", ".join(["N", *map(str, shape[1:])])
+                raise _kiln.ShapeError(
+                    f"{self.__name__}: argument `{name}` is {t.dtype}{list(t.shape)}, but it was "
+                    f"traced as {dtype}[{traced}] (a compiled function keeps the dtype and "
+                    "shape of its first call, with any batch size N)")
+
     def _trace(self, tensors):
-        signature = [(f"x{i}", t.dtype, [None] + list(t.shape[1:])) for i, t in enumerate(tensors)]
+        names = self._argument_names(len(tensors))
+        signature = [(name, t.dtype, [None] + list(t.shape[1:])) for name, t in zip(names, tensors)]
         fn = self._fn
 
         def body(args):
@@ -31,6 +61,7 @@ class StaticFunction:
             self._compiled.minimize(kind, lr, output, **options)
 
     def __call__(self, *tensors):
+        self._check(tensors)
         if self._compiled is None:
             self._trace(tensors)
         out = self._compiled.call(list(tensors))
@@ -38,6 +69,7 @@ class StaticFunction:
 
     def train_step(self, *tensors):
         """Runs the outputs and applies the updates ``minimize`` added; returns the outputs."""
+        self._check(tensors)
         if self._compiled is None:
             self._trace(tensors)
         out = self._compiled.call(list(tensors), True)

@@ -1,5 +1,5 @@
 """Optimizers and learning-rate schedules. Eager: ``Adam(model.parameters(), lr)`` with
-``step()`` and ``zero_grad()``. Static: ``SGD(lr).minimize(program, loss)`` returns a target
+``step()`` and ``zero_grad()``. Static: ``SGD(lr=0.1).minimize(loss)`` returns a target
 for ``Session.run``. Every keyword has PyTorch's name and meaning, and a value an optimizer
 cannot use is refused when it is built (``ValueError``; an unknown keyword is a
 ``TypeError``) — none is ignored. Schedules (``StepLR``, ``CosineAnnealingLR``, ``LinearLR``
@@ -12,8 +12,8 @@ from . import _kiln
 
 class Optimizer:
     """An update rule. Eagerly: ``Rule(model.parameters(), lr)``, then ``zero_grad()``,
-    ``loss.backward()``, ``step()``. For a static program: ``Rule(lr).minimize(program,
-    loss)``. Raises ``TypeError`` when used the other way round."""
+    ``loss.backward()``, ``step()``. For a static program: ``Rule(lr=…).minimize(loss)``.
+    Raises ``TypeError`` when used the other way round."""
 
     kind = None
 
@@ -57,12 +57,21 @@ class Optimizer:
             for p in self._params:
                 p.clear_gradient()
 
-    def minimize(self, program, loss, parameters=None, name=None):
-        """Adds ``loss``'s gradients and this rule's updates to ``program`` (of the named
-        ``parameters``, or all); returns the target to fetch."""
-        return program._program.minimize(
-            self.kind, self._lr, loss, parameters, name=name, **self.options
-        )
+    def minimize(self, program_or_loss, loss=None, parameters=None, name=None):
+        """Adds ``loss``'s gradients and this rule's updates to its program (of the named
+        ``parameters``, or all); returns the target to fetch. ``minimize(loss)`` finds the
+        program from the loss; ``minimize(program, loss)`` checks that it is the loss's. The
+        optimizer's target and state are named ``name`` (by default its kind, then
+        ``sgd_1``… when another optimizer of the program took it)."""
+        from .static import Program, Var
+        program, loss = (None, program_or_loss) if loss is None else (program_or_loss, loss)
+        if not isinstance(loss, Var):
+            raise TypeError(f"minimize: the loss is a Var of a program, not {type(loss).__name__}"
+                            " (eagerly: loss.backward() and step())")
+        if program is not None and not isinstance(program, Program):
+            raise TypeError(f"minimize(program, loss): a Program, not {type(program).__name__}")
+        native = loss.program if program is None else program._program
+        return native.minimize(self.kind, self._lr, loss, parameters, name=name, **self.options)
 
 
 class SGD(Optimizer):

@@ -40,14 +40,38 @@ class Program:
 
 class Session:
     """Runs any part of a ``Program`` with feeds and fetches, over one set of parameters
-    (initialised when the session starts). The GIL is released while a run computes."""
+    (initialised when the session starts). The GIL is released while a run computes.
+    ``with Session(program) as s:`` closes it at the end of the block."""
 
     def __init__(self, program):
-        self._session = _kiln.Session(program._program if isinstance(program, Program) else program)
+        if isinstance(program, Program):
+            program = program._program
+        elif not isinstance(program, _kiln.Program):
+            raise TypeError(f"Session(program): a kiln.static.Program, not {type(program).__name__}")
+        self._native = _kiln.Session(program)
+
+    @property
+    def _session(self):
+        if self._native is None:
+            raise _kiln.KilnError("this Session was closed (its `with` block ended)")
+        return self._native
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False
+
+    def close(self):
+        """Frees the session's parameters and compiled code; using it afterwards is an
+        error."""
+        self._native = None
 
     def run(self, fetches, feed=None):
         """Runs what ``fetches`` (a Var, a Target, a name, or a list of them) need, feeding
-        placeholders by name; returns numpy arrays (``None`` for a target)."""
+        placeholders by name or by their ``Var``; returns numpy arrays (``None`` for a
+        target)."""
         return self._session.run(fetches, feed or {})
 
     def state(self, name):
@@ -65,15 +89,20 @@ class Session:
 
 def function(inputs, outputs, updates=(), session=None):
     """A Keras-style function: call it with arrays for ``inputs`` (placeholders) to get
-    ``outputs`` as numpy arrays and apply ``updates`` (targets). It runs in ``session``, or in
-    the program's default session, which every such function of the program shares."""
-    inputs, outputs, updates = list(inputs), list(outputs), list(updates)
-    if session is None:
-        first = (inputs or outputs)[0]
-        native = first.program.default_session()
-    else:
-        native = session._session
-    return _kiln.Function(native, inputs, outputs, updates)
+    ``outputs`` as numpy arrays and apply ``updates``: targets (from ``minimize``), or
+    ``(var, new_value)`` pairs that store ``new_value`` into the parameter or state ``var``
+    loads. It runs in ``session``, or in the program's default session, which every such
+    function of the program shares."""
+    inputs, outputs = list(inputs), list(outputs)
+    first = (inputs or outputs or [None])[0]
+    if not isinstance(first, Var):
+        raise TypeError("function(inputs, outputs): inputs and outputs are Vars of a program")
+    pairs = [u for u in updates if isinstance(u, tuple)]
+    targets = [u for u in updates if not isinstance(u, tuple)]
+    if pairs:
+        targets.append(first.program.assign(pairs))
+    native = first.program.default_session() if session is None else session._session
+    return _kiln.Function(native, inputs, outputs, targets)
 
 
 def _install_var_methods():

@@ -121,9 +121,9 @@ impl PyDataset {
 
     /// A shuffled split into ``(train, test)`` with ``test_fraction`` of the examples in test.
     #[pyo3(signature = (test_fraction, seed = 0))]
-    fn split(&self, test_fraction: f64, seed: u64) -> (PyDataset, PyDataset) {
-        let (a, b) = self.0.split(test_fraction, seed);
-        (PyDataset(Arc::new(a)), PyDataset(Arc::new(b)))
+    fn split(&self, test_fraction: f64, seed: u64) -> PyResult<(PyDataset, PyDataset)> {
+        let (a, b) = kiln_ok(self.0.split(test_fraction, seed))?;
+        Ok((PyDataset(Arc::new(a)), PyDataset(Arc::new(b))))
     }
 
     /// The same examples seen with another shape of as many values (``[1, 8, 8]`` for the

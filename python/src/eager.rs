@@ -2,12 +2,10 @@
 //! backward are Python functions over numpy arrays) and `to_static`.
 
 use crate::array::{dtype, dtype_name, from_py, to_py};
-use crate::errors::{KilnError, ShapeError, kiln_ok};
+use crate::errors::{KilnError, ShapeError, composite_error, kiln_ok};
+use crate::options::{Options, check_batch_norm};
 use kiln::backend::{Array, CustomOpError};
-use kiln::ir::{
-    AxisSlice, BinaryOp, CompareOp, Conv2dAttrs, DType, Dim, Pool2dAttrs, ReduceOp, Shape, Type,
-    UnaryOp,
-};
+use kiln::ir::{AxisSlice, BinaryOp, CompareOp, DType, Dim, ReduceOp, Shape, Type, UnaryOp};
 use kiln::runtime::eager::custom::{self, CustomOp};
 use kiln::runtime::eager::nn::{self, Layer, Parameter};
 use kiln::runtime::eager::{self, EagerOptimizer, NoGradGuard, StaticFunction, Tensor};
@@ -34,6 +32,7 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(check_optimizer, m)?)?;
     m.add_function(wrap_pyfunction!(cond, m)?)?;
     m.add_function(wrap_pyfunction!(functional, m)?)?;
+    m.add_function(wrap_pyfunction!(recurrent, m)?)?;
     m.add_function(wrap_pyfunction!(cat, m)?)?;
     m.add_function(wrap_pyfunction!(stack, m)?)?;
     m.add_function(wrap_pyfunction!(manual_seed, m)?)?;
@@ -444,14 +443,34 @@ impl PyTensor {
         }
     }
 
-    /// The axes permuted: axis `i` of the result is axis `perm[i]`; with no `perm`, reversed.
-    /// Raises `ShapeError` for a `perm` that is not a permutation of the axes.
-    #[pyo3(signature = (*perm))]
-    fn transpose(&self, perm: Vec<usize>) -> PyResult<PyTensor> {
-        if perm.is_empty() {
-            return py_eager(self.0.t()).map(PyTensor);
-        }
+    /// The axes permuted: axis `i` of the result is axis `dims[i]` (negative counts from the
+    /// end). Raises `ShapeError` for `dims` that are not a permutation of the axes.
+    #[pyo3(signature = (*dims))]
+    fn permute(&self, dims: Vec<i64>) -> PyResult<PyTensor> {
+        let perm: Vec<usize> = (dims.iter())
+            .map(|&d| axis_of(&self.0, d))
+            .collect::<PyResult<_>>()?;
         py_eager(self.0.transpose(&perm)).map(PyTensor)
+    }
+
+    /// As PyTorch's: `transpose(dim0, dim1)` swaps two axes; with no arguments, the axes
+    /// reversed (`t.T`). A permutation of every axis is `permute`'s.
+    #[pyo3(signature = (*dims))]
+    fn transpose(&self, dims: Vec<i64>) -> PyResult<PyTensor> {
+        match dims[..] {
+            [] => py_eager(self.0.t()).map(PyTensor),
+            [a, b] => {
+                let (a, b) = (axis_of(&self.0, a)?, axis_of(&self.0, b)?);
+                let mut perm: Vec<usize> = (0..self.0.rank()).collect();
+                perm.swap(a, b);
+                py_eager(self.0.transpose(&perm)).map(PyTensor)
+            }
+            _ => Err(PyTypeError::new_err(format!(
+                "transpose takes two axes to swap (or none, to reverse them all), given {}; \
+                 permute(*dims) reorders every axis",
+                dims.len()
+            ))),
+        }
     }
 
     /// The softmax along `axis` (the last by default).
@@ -600,6 +619,27 @@ fn stack(tensors: Vec<PyRef<'_, PyTensor>>, dim: i64) -> PyResult<PyTensor> {
         .collect::<PyResult<_>>()?;
     let all: Vec<&Tensor> = lifted.iter().collect();
     py_eager(Tensor::concat(&all, at as usize)).map(PyTensor)
+}
+
+/// A recurrent layer's step loop over `x` `[N, T, D]`: for `lstm` (`x, w_ih, w_hh, bias`)
+/// every step's hidden state, the last hidden state and the last cell state; for `gru` (`x,
+/// w_ih, w_hh, b_ih, b_hh`) every step's hidden state and the last one.
+#[pyfunction]
+fn recurrent(kind: &str, inputs: Vec<PyRef<'_, PyTensor>>) -> PyResult<Vec<PyTensor>> {
+    let t: Vec<&Tensor> = inputs.iter().map(|t| &t.0).collect();
+    let out: Vec<Tensor> = match (kind, &t[..]) {
+        ("lstm", [x, w_ih, w_hh, b]) => py_eager(nn::lstm(x, w_ih, w_hh, b))?.into(),
+        ("gru", [x, w_ih, w_hh, b_ih, b_hh]) => {
+            py_eager(nn::gru(x, [w_ih, w_hh], [b_ih, b_hh]))?.into()
+        }
+        _ => {
+            return Err(PyTypeError::new_err(format!(
+                "no recurrent layer `{kind}` of {} tensors",
+                t.len()
+            )));
+        }
+    };
+    Ok(out.into_iter().map(PyTensor).collect())
 }
 
 /// `kiln.nn.functional`'s native half: the function `name` of `inputs` with `options`, each
@@ -1149,7 +1189,12 @@ fn to_static(
         .iter()
         .map(|(name, d, shape)| {
             let dims = (shape.iter().enumerate())
-                .map(|(i, d)| d.map_or(Dim::sym(&format!("D{i}")), Dim::Fixed))
+                .map(|(i, d)| match (i, d) {
+                    (_, Some(n)) => Dim::Fixed(*n),
+                    // The batch, which every argument shares.
+                    (0, None) => Dim::sym("N"),
+                    (_, None) => Dim::sym(&format!("{name}_{i}")),
+                })
                 .collect();
             Ok((name.clone(), Type::new(dtype(d)?, Shape(dims))))
         })
@@ -1192,7 +1237,7 @@ fn loss(name: &str, a: &PyTensor, b: &PyTensor) -> PyResult<PyTensor> {
         "accuracy" => nn::accuracy(&a.0, &b.0),
         other => return Err(PyTypeError::new_err(format!("Kiln has no loss `{other}`"))),
     };
-    py_eager(result).map(PyTensor)
+    result.map(PyTensor).map_err(|e| composite_error(name, e))
 }
 
 /// Seeds the parameters made from now on in this thread (each drawn from the seed and its
@@ -1227,62 +1272,6 @@ fn load_parameters(path: std::path::PathBuf) -> PyResult<()> {
 #[pyclass(name = "NativeLayer", module = "kiln")]
 pub(crate) struct PyNativeLayer(Box<dyn Layer + Send + Sync>);
 
-/// Reads a layer's or a function's options (a dict of sizes, pairs and numbers).
-struct Options<'a, 'py> {
-    kind: &'a str,
-    dict: Option<&'a Bound<'py, PyDict>>,
-}
-
-impl Options<'_, '_> {
-    fn value(&self, key: &str) -> PyResult<Option<Bound<'_, PyAny>>> {
-        Ok(match self.dict {
-            Some(d) => d.get_item(key)?.filter(|v| !v.is_none()),
-            None => None,
-        })
-    }
-
-    fn size(&self, key: &str) -> PyResult<usize> {
-        let kind = self.kind;
-        self.value(key)?
-            .ok_or_else(|| PyTypeError::new_err(format!("`{kind}` needs `{key}`")))?
-            .extract()
-    }
-
-    /// An int for both spatial axes, or a pair.
-    fn pair(&self, key: &str, default: [usize; 2]) -> PyResult<[usize; 2]> {
-        match self.value(key)? {
-            None => Ok(default),
-            Some(v) => match v.extract::<usize>() {
-                Ok(n) => Ok([n, n]),
-                Err(_) => v.extract::<(usize, usize)>().map(|(a, b)| [a, b]),
-            },
-        }
-    }
-
-    fn float(&self, key: &str, default: f64) -> PyResult<f64> {
-        self.value(key)?.map_or(Ok(default), |v| v.extract())
-    }
-
-    fn conv2d(&self) -> PyResult<Conv2dAttrs> {
-        let padding = self.pair("padding", [0, 0])?;
-        Ok(Conv2dAttrs {
-            strides: self.pair("stride", [1, 1])?,
-            padding: [(padding[0], padding[0]), (padding[1], padding[1])],
-            dilation: self.pair("dilation", [1, 1])?,
-            groups: self.value("groups")?.map_or(Ok(1), |v| v.extract())?,
-        })
-    }
-
-    /// A pooling window: `kernel_size`, `stride` (the window by default), `padding`.
-    fn pool2d(&self) -> PyResult<Pool2dAttrs> {
-        let window = self.pair("kernel_size", [2, 2])?;
-        let padding = self.pair("padding", [0, 0])?;
-        let mut attrs = Pool2dAttrs::new(window, self.pair("stride", window)?);
-        attrs.padding = [(padding[0], padding[0]), (padding[1], padding[1])];
-        Ok(attrs)
-    }
-}
-
 /// The layer of `kind` named `name` with `options` (a dict of its sizes).
 fn native_layer(
     kind: &str,
@@ -1313,7 +1302,13 @@ fn native_layer(
         }
         "flatten" => Box::new(nn::Flatten),
         "global_avg_pool" => Box::new(nn::GlobalAvgPool),
-        "batch_norm" => Box::new(py_eager(nn::BatchNorm::new(name, o.size("channels")?))?),
+        "batch_norm" => {
+            let mut layer = py_eager(nn::BatchNorm::new(name, o.size("channels")?))?;
+            layer.momentum = o.float("momentum", layer.momentum)?;
+            layer.eps = o.float("eps", layer.eps)?;
+            check_batch_norm(layer.momentum, layer.eps)?;
+            Box::new(layer)
+        }
         "layer_norm" => Box::new(py_eager(nn::LayerNorm::new(
             name,
             o.size("width")?,
@@ -1368,6 +1363,10 @@ impl PyNativeLayer {
 
     fn parameters(&self) -> Vec<PyParameter> {
         self.0.parameters().into_iter().map(PyParameter).collect()
+    }
+
+    fn buffers(&self) -> Vec<PyParameter> {
+        self.0.buffers().into_iter().map(PyParameter).collect()
     }
 
     fn set_training(&mut self, training: bool) {

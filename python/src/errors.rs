@@ -3,7 +3,7 @@
 
 use kiln::backend::InterpError;
 use kiln::backend::comm::CommError;
-use kiln::ir::{BuildError, SourceError};
+use kiln::ir::{BuildError, Loc, SourceError};
 use kiln::runtime::RuntimeError;
 use kiln::runtime::checkpoint::CheckpointError;
 use kiln::runtime::data::DataError;
@@ -103,8 +103,21 @@ impl IntoPyErr for BuildError {
         let place = Python::attach(|py| python_caller(py).ok().flatten());
         match place {
             Some(place) => ShapeError::new_err(format!("{} (built at {place})", self.error)),
-            None => ShapeError::new_err(self.to_string()),
+            None => ShapeError::new_err(self.error.to_string()),
         }
+    }
+}
+
+/// An eager composite's error (a loss, a function of `kiln.nn.functional`) under the name the
+/// user called, not that of the op inside it that failed (`one_hot` for a label out of range).
+pub(crate) fn composite_error(name: &str, e: EagerError) -> PyErr {
+    match e {
+        EagerError::Run(InterpError::Op { message, .. }) => {
+            let place = Python::attach(|py| python_caller(py).ok().flatten())
+                .unwrap_or_else(|| "an unknown place".into());
+            RunError::new_err(format!("{name} failed at {place}: {message}"))
+        }
+        other => other.into_py_err(),
     }
 }
 
@@ -132,8 +145,25 @@ pub(crate) fn python_caller(py: Python<'_>) -> PyResult<Option<String>> {
 }
 
 impl IntoPyErr for InterpError {
+    /// An op's failure at the user's Python line (the Rust line of the binding or the
+    /// runtime, where the op was built for them, would say nothing to them).
     fn into_py_err(self) -> PyErr {
-        RunError::new_err(self.to_string())
+        match self {
+            InterpError::Op {
+                op,
+                loc: Loc::Rust(_),
+                line,
+                message,
+                ..
+            } => {
+                let place = Python::attach(|py| python_caller(py).ok().flatten())
+                    .unwrap_or_else(|| "an unknown place".into());
+                RunError::new_err(format!(
+                    "`{op}` failed at {place}: {message}\n    in: {line}"
+                ))
+            }
+            other => RunError::new_err(other.to_string()),
+        }
     }
 }
 

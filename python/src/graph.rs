@@ -4,10 +4,11 @@
 use crate::array::{dtype, from_py, to_py};
 use crate::eager::{init, rule};
 use crate::errors::{KilnError, kiln_ok};
+use crate::options::{Options, check_batch_norm};
 use kiln::backend::Array;
 use kiln::ir::{BinaryOp, Dim, ReduceOp, UnaryOp, Value};
 use kiln::runtime::layers::{self, Activation};
-use kiln::runtime::{Fetch, KerasFunction, Optimizer, Program, Session, Target};
+use kiln::runtime::{Fetch, Init, KerasFunction, Optimizer, Program, Session, Target};
 use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
@@ -16,6 +17,7 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyProgram>()?;
     m.add_class::<PyVar>()?;
     m.add_class::<PyTarget>()?;
+    m.add_class::<PyBatchNorm>()?;
     m.add_class::<PySession>()?;
     m.add_class::<PyFunction>()?;
     m.add_class::<PyPredictor>()?;
@@ -77,6 +79,45 @@ impl PyTarget {
             "{what}: target `{}` belongs to another Program than the session's",
             self.name
         )))
+    }
+}
+
+/// Batch normalisation in a program (`Program.batch_norm`): `train(x)` gives the output
+/// normalised with the batch's statistics and the target that updates the running averages;
+/// `eval(x)` the output normalised with them.
+#[pyclass(name = "BatchNorm", module = "kiln.static")]
+pub(crate) struct PyBatchNorm {
+    program: Py<PyProgram>,
+    layer: layers::BatchNorm,
+}
+
+#[pymethods]
+impl PyBatchNorm {
+    /// `(y, update)`: `x` normalised with its batch's statistics, and the target that folds
+    /// them into the running averages (fetch it with the training step).
+    fn train(&self, py: Python<'_>, x: &PyVar) -> PyResult<(PyVar, PyTarget)> {
+        let program = self.program.bind(py);
+        let x = x.value_in(program.as_any(), "batch_norm")?;
+        let mut this = program.borrow_mut();
+        let (y, target) = kiln_ok(self.layer.train(&mut this.0, x))?;
+        let name = this.0.target_name(target).to_owned();
+        drop(this);
+        Ok((
+            PyProgram::var(program, y),
+            PyTarget {
+                program: self.program.clone_ref(py),
+                target,
+                name,
+            },
+        ))
+    }
+
+    /// `x` normalised with the running statistics.
+    fn eval(&self, py: Python<'_>, x: &PyVar) -> PyResult<PyVar> {
+        let program = self.program.bind(py);
+        let x = x.value_in(program.as_any(), "batch_norm")?;
+        let y = kiln_ok(self.layer.eval(&mut program.borrow_mut().0, x))?;
+        Ok(PyProgram::var(program, y))
     }
 }
 
@@ -222,9 +263,30 @@ impl PyProgram {
         name: Option<String>,
         options: Option<&Bound<'_, PyDict>>,
     ) -> PyResult<PyTarget> {
-        let mut rule = rule(kind, name.as_deref(), lr, options)?;
         let loss = loss.value_in(slf.as_any(), "minimize")?;
         let mut this = slf.borrow_mut();
+        // An optimizer's target and state are named after it: a second one on the program
+        // gets the next free name (`sgd_1`), and a name given that is taken is refused here,
+        // before anything is added.
+        let taken = |n: &str| {
+            let prefix = format!("{n}.");
+            this.0.target(&format!("{n}.minimize")).is_some()
+                || (this.0.module().states.iter()).any(|s| s.name.starts_with(&prefix))
+        };
+        let name = match name {
+            Some(n) if taken(&n) => {
+                return Err(KilnError::new_err(format!(
+                    "minimize: an optimizer named `{n}` already updates this program; give \
+                     this one another name (name=\"{n}_2\")"
+                )));
+            }
+            Some(n) => n,
+            None => (std::iter::once(kind.to_owned()))
+                .chain((1..).map(|i| format!("{kind}_{i}")))
+                .find(|n| !taken(n))
+                .expect("a free name"),
+        };
+        let mut rule = rule(kind, Some(&name), lr, options)?;
         let names =
             params.unwrap_or_else(|| this.0.params().iter().map(|q| q.name.clone()).collect());
         let target = kiln_ok(rule.minimize_params(&mut this.0, loss, &names))?;
@@ -232,6 +294,169 @@ impl PyProgram {
             program: slf.clone().unbind(),
             target,
             name: this.0.target_name(target).to_owned(),
+        })
+    }
+
+    /// The layer `kind` named `name` applied to `x`, with `options`: `conv2d`
+    /// (`out_channels`, `kernel_size`, `stride`, `padding`, `dilation`, `groups`,
+    /// `activation`), `max_pool2d` and `avg_pool2d` (`kernel_size`, `stride`, `padding`),
+    /// `global_avg_pool`, `layer_norm` (`eps`), `lstm` and `gru` (`hidden_size`; every step's
+    /// state and the last), `self_attention` (`dim`), `embedding` (`num_embeddings`,
+    /// `embedding_dim`; `x` the integer indices). Returns its values.
+    #[pyo3(signature = (kind, name, x, **options))]
+    fn static_layer(
+        slf: &Bound<'_, Self>,
+        kind: &str,
+        name: &str,
+        x: &PyVar,
+        options: Option<&Bound<'_, PyDict>>,
+    ) -> PyResult<Vec<PyVar>> {
+        let o = Options {
+            kind,
+            dict: options,
+        };
+        let x = x.value_in(slf.as_any(), kind)?;
+        let width = |p: &Program| {
+            p.value_type(x)
+                .shape
+                .dims()
+                .last()
+                .and_then(|d| d.as_fixed())
+        };
+        let fixed_width = |p: &Program| {
+            width(p).ok_or_else(|| {
+                KilnError::new_err(format!(
+                    "{kind}: the input's last axis must have a fixed size"
+                ))
+            })
+        };
+        let values: Vec<Value> = {
+            let mut this = slf.borrow_mut();
+            let p = &mut this.0;
+            match kind {
+                "conv2d" => {
+                    let act = activation(
+                        o.value("activation")?
+                            .map(|a| a.extract::<String>())
+                            .transpose()?
+                            .as_deref(),
+                    )?;
+                    let (out, kernel, attrs) = (
+                        o.size("out_channels")?,
+                        o.pair("kernel_size", [3, 3])?,
+                        o.conv2d()?,
+                    );
+                    vec![kiln_ok(layers::conv2d(
+                        p, name, x, out, kernel, attrs, act,
+                    ))?]
+                }
+                "max_pool2d" => vec![kiln_ok(layers::max_pool2d(p, x, o.pool2d()?))?],
+                "avg_pool2d" => vec![kiln_ok(layers::avg_pool2d(p, x, o.pool2d()?))?],
+                "global_avg_pool" => vec![kiln_ok(layers::global_avg_pool(p, x))?],
+                "layer_norm" => vec![kiln_ok(layers::layer_norm(
+                    p,
+                    name,
+                    x,
+                    o.float("eps", 1e-5)?,
+                ))?],
+                "lstm" | "gru" => {
+                    let (d, h) = (fixed_width(p)?, o.size("hidden_size")?);
+                    let (sequence, last) = if kind == "lstm" {
+                        let layer = kiln_ok(layers::Lstm::new(p, name, d, h))?;
+                        kiln_ok(layer.apply(p, x))?
+                    } else {
+                        let layer = kiln_ok(layers::Gru::new(p, name, d, h))?;
+                        kiln_ok(layer.apply(p, x))?
+                    };
+                    vec![sequence, last]
+                }
+                "self_attention" => {
+                    let layer = kiln_ok(layers::SelfAttention::new(
+                        p,
+                        name,
+                        fixed_width(p)?,
+                        o.size("dim")?,
+                    ))?;
+                    vec![kiln_ok(layer.apply(p, x))?]
+                }
+                "embedding" => {
+                    let shape = [o.size("num_embeddings")?, o.size("embedding_dim")?];
+                    let table = kiln_ok(p.parameter(
+                        &format!("{name}.w"),
+                        kiln::ir::DType::F32,
+                        &shape,
+                        Init::Normal {
+                            mean: 0.0,
+                            std: 1.0,
+                        },
+                    ))?;
+                    vec![kiln_ok(p.gather(table, x, 0))?]
+                }
+                other => {
+                    return Err(PyTypeError::new_err(format!(
+                        "Kiln has no static layer `{other}`"
+                    )));
+                }
+            }
+        };
+        Ok(values.into_iter().map(|v| Self::var(slf, v)).collect())
+    }
+
+    /// Batch normalisation named `name` over `channels`: parameters `<name>.gamma`,
+    /// `<name>.beta` and the running statistics, shared by its training and evaluation
+    /// forms.
+    #[pyo3(signature = (name, channels, momentum = 0.1, eps = 1e-5))]
+    fn batch_norm(
+        slf: &Bound<'_, Self>,
+        name: &str,
+        channels: usize,
+        momentum: f64,
+        eps: f64,
+    ) -> PyResult<PyBatchNorm> {
+        check_batch_norm(momentum, eps)?;
+        let mut layer = kiln_ok(layers::BatchNorm::new(
+            &mut slf.borrow_mut().0,
+            name,
+            channels,
+        ))?;
+        (layer.momentum, layer.eps) = (momentum, eps);
+        Ok(PyBatchNorm {
+            program: slf.clone().unbind(),
+            layer,
+        })
+    }
+
+    /// Keras-style updates: a target that stores each pair's new value into the state the
+    /// pair's first value loads (a parameter, a running statistic).
+    fn assign(
+        slf: &Bound<'_, Self>,
+        pairs: Vec<(PyRef<'_, PyVar>, PyRef<'_, PyVar>)>,
+    ) -> PyResult<PyTarget> {
+        let mut this = slf.borrow_mut();
+        let mut stores = Vec::new();
+        for (var, new) in &pairs {
+            let (var, new) = (
+                var.value_in(slf.as_any(), "assign")?,
+                new.value_in(slf.as_any(), "assign")?,
+            );
+            let p = &mut this.0;
+            let decl = (p.graph().value_name(var))
+                .and_then(|n| p.module().state(n))
+                .filter(|d| p.value(&d.name) == Some(var))
+                .cloned()
+                .ok_or_else(|| KilnError::new_err("assign: the first value of a pair must be a parameter or other state of the program"))?;
+            stores.push(kiln_ok(p.store(&decl, new))?);
+        }
+        let p = &mut this.0;
+        let name = (0..)
+            .map(|i| format!("assign{i}"))
+            .find(|n| p.target(n).is_none())
+            .expect("a free name");
+        let target = kiln_ok(p.add_target(&name, stores))?;
+        Ok(PyTarget {
+            program: slf.clone().unbind(),
+            target,
+            name,
         })
     }
 
@@ -396,6 +621,20 @@ fn fetch_in(item: &Bound<'_, PyAny>, program: &Bound<'_, PyAny>) -> PyResult<Fet
     Ok(Fetch::Name(name))
 }
 
+/// The placeholder a feed's key names: a name, or the placeholder's `Var`.
+fn feed_name(key: &Bound<'_, PyAny>, program: &Bound<'_, PyProgram>) -> PyResult<String> {
+    if let Ok(v) = key.extract::<PyRef<'_, PyVar>>() {
+        let value = v.value_in(program.as_any(), "feed")?;
+        let p = program.borrow();
+        let placeholder = p.0.placeholders().iter().find(|(_, pv)| *pv == value);
+        return placeholder.map(|(n, _)| n.clone()).ok_or_else(|| {
+            KilnError::new_err("feed: a key that is a Var must be a placeholder of the program")
+        });
+    }
+    key.extract()
+        .map_err(|_| PyTypeError::new_err("a feed's key is a placeholder's name or its Var"))
+}
+
 /// A program, the scope its parameters live in, and compiled runs.
 #[pyclass(name = "Session", module = "kiln")]
 pub(crate) struct PySession {
@@ -484,7 +723,7 @@ impl PySession {
         let (mut names, mut arrays): (Vec<String>, Vec<Array>) = (Vec::new(), Vec::new());
         if let Some(feed) = feed {
             for (k, v) in feed.iter() {
-                names.push(k.extract()?);
+                names.push(feed_name(&k, program.bind(py))?);
                 arrays.push(from_py(&v)?);
             }
         }

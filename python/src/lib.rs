@@ -14,6 +14,7 @@ mod data;
 mod eager;
 mod errors;
 mod graph;
+mod options;
 mod thread;
 mod train;
 

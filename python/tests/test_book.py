@@ -49,7 +49,6 @@ def test_the_python_guide_gives_what_its_comments_say(tmp_path, monkeypatch, cap
     compiled = names["compiled"]
     np.testing.assert_allclose(compiled(names["x"]).item(), 1.2, rtol=1e-6)
     assert compiled.ir().lstrip().startswith("module")
-    # The static program trained: y = 3 is fitted.
-    feeds = {"x": np.ones([8, 2], np.float32), "y": np.full([8, 1], 3.0, np.float32)}
-    final = np.asarray(names["session"].run(names["loss"], feeds))
-    assert final.max() < 1e-3, final
+    # The static program trained: y = 3 is fitted (the last line printed is its loss).
+    final = float(printed.split()[-1])
+    assert final < 1e-3, printed

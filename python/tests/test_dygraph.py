@@ -144,5 +144,5 @@ def test_kilns_built_in_layers_from_python():
     assert logits.shape == (2, 10)
     logits.sum().backward()
     assert model.conv.parameters()[0].grad.shape == (4, 1, 3, 3)
-    seq = nn.LSTM(3, 5)(kiln.tensor(np.ones([2, 4, 3], np.float32)))
-    assert seq.shape[0] == 2 and seq.shape[-1] == 5
+    seq, (h_n, c_n) = nn.LSTM(3, 5, batch_first=True)(kiln.tensor(np.ones([2, 4, 3], np.float32)))
+    assert seq.shape == (2, 4, 5) and h_n.shape == c_n.shape == (1, 2, 5)

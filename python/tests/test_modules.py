@@ -68,3 +68,38 @@ def test_zero_grad_forgets_every_gradient():
     assert all(p.grad is None for p in net.parameters())
     with pytest.raises(TypeError, match="ModuleList holds layers"):
         nn.ModuleList([3])
+
+
+def test_batch_norm_options_and_buffers_in_the_state_dict():
+    kiln.reset()
+    bn = nn.BatchNorm2d(3, eps=1e-3, momentum=0.5)
+    x = kiln.tensor(np.random.default_rng(0).normal(2.0, 1.0, size=[8, 3, 4, 4]).astype(np.float32))
+    bn(x)
+    state = bn.state_dict()
+    assert sorted(state) == ["beta", "gamma", "running_mean", "running_var"]
+    batch_mean = x.numpy().mean(axis=(0, 2, 3))
+    np.testing.assert_allclose(state["running_mean"], 0.5 * batch_mean, rtol=1e-5)
+    # eps reaches the normalisation: in eval mode y = (x - mean) / sqrt(var + eps).
+    bn.eval()
+    y = bn(x).numpy()
+    rm, rv = state["running_mean"], state["running_var"]
+    want = (x.numpy() - rm[None, :, None, None]) / np.sqrt(rv[None, :, None, None] + 1e-3)
+    np.testing.assert_allclose(y, want, rtol=1e-4, atol=1e-5)
+    # A fresh layer given the state_dict normalises the same way (the running statistics
+    # travel with it: without them, eval mode would silently use zeros and ones).
+    other = nn.BatchNorm2d(3, eps=1e-3).eval()
+    other.load_state_dict(state)
+    np.testing.assert_allclose(other(x).numpy(), y, rtol=1e-6)
+    with pytest.raises(ValueError, match="momentum"):
+        nn.BatchNorm(3, momentum=1.5)
+
+
+def test_transpose_swaps_two_axes_as_pytorch_and_permute_reorders():
+    x = kiln.tensor(np.arange(24, dtype=np.float32).reshape(2, 3, 4))
+    assert x.transpose(0, 1).shape == (3, 2, 4)
+    assert x.transpose(-1, 0).shape == (4, 3, 2)
+    square = kiln.tensor(np.arange(4, dtype=np.float32).reshape(2, 2))
+    np.testing.assert_array_equal(square.transpose(0, 1).numpy(), square.numpy().T)
+    np.testing.assert_array_equal(x.permute(2, 0, 1).numpy(), x.numpy().transpose(2, 0, 1))
+    with pytest.raises(TypeError, match="permute"):
+        x.transpose(2, 0, 1)

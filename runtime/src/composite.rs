@@ -103,12 +103,60 @@ pub fn softmax_cross_entropy(
     let ty = b.value_type(logits).clone();
     let last = last_axis(NAME, "logits", &ty)?;
     let classes = fixed_last_dim(NAME, "logits", &ty)?;
+    check_labels(NAME, &ty, b.value_type(labels))?;
     let logp = log_softmax(b, logits, last)?;
     let onehot = b.one_hot(labels, classes, ty.dtype)?;
     let picked = b.mul(logp, onehot)?;
     let per_row = b.reduce(ReduceOp::Sum, picked, vec![last], false)?;
     let m = mean_all(b, per_row)?;
     b.neg(m)
+}
+
+/// Checks that `labels` hold one integer class per row of `logits` (every axis but the
+/// last): a loss that broadcast them instead would be silently wrong.
+#[track_caller]
+fn check_labels(composite: &'static str, logits: &Type, labels: &Type) -> BuildResult<()> {
+    let rows = &logits.shape.dims()[..logits.rank().saturating_sub(1)];
+    let integer = matches!(labels.dtype, DType::I32 | DType::I64);
+    if integer && same_dims(rows, labels.shape.dims()) {
+        return Ok(());
+    }
+    let want = Type::new(DType::I64, Shape(rows.to_vec()));
+    Err(error(
+        composite,
+        format!("labels {labels} do not fit logits {logits}: one integer class per row ({want})"),
+    ))
+}
+
+/// Whether two shapes can be the same: equal ranks, and equal sizes where both are fixed (a
+/// symbolic size is checked when the program runs).
+fn same_dims(a: &[Dim], b: &[Dim]) -> bool {
+    a.len() == b.len()
+        && (a.iter().zip(b)).all(|(x, y)| match (x.as_fixed(), y.as_fixed()) {
+            (Some(x), Some(y)) => x == y,
+            _ => true,
+        })
+}
+
+/// Checks that a loss's two operands have one shape (not shapes that broadcast: `[N, 1]`
+/// against `[N]` would average an `[N, N]` table, silently).
+#[track_caller]
+fn check_same_shape(
+    composite: &'static str,
+    what: [&str; 2],
+    a: &Type,
+    b: &Type,
+) -> BuildResult<()> {
+    if same_dims(a.shape.dims(), b.shape.dims()) {
+        return Ok(());
+    }
+    Err(error(
+        composite,
+        format!(
+            "the {} {a} and the {} {b} must have one shape",
+            what[0], what[1]
+        ),
+    ))
 }
 
 /// Mean binary cross-entropy of `sigmoid(logits)` against `targets` in [0, 1], computed
@@ -119,6 +167,8 @@ pub fn sigmoid_cross_entropy(
     logits: Value,
     targets: Value,
 ) -> BuildResult<Value> {
+    let (lt, tt) = (b.value_type(logits), b.value_type(targets));
+    check_same_shape("sigmoid_cross_entropy", ["logits", "targets"], lt, tt)?;
     let dtype = b.value_type(logits).dtype;
     let zero = b.scalar(dtype, 0.0)?;
     let one = b.scalar(dtype, 1.0)?;
@@ -137,6 +187,8 @@ pub fn sigmoid_cross_entropy(
 /// Mean squared error.
 #[track_caller]
 pub fn mse(b: &mut FunctionBuilder, prediction: Value, target: Value) -> BuildResult<Value> {
+    let (pt, tt) = (b.value_type(prediction), b.value_type(target));
+    check_same_shape("mse", ["prediction", "target"], pt, tt)?;
     let d = b.sub(prediction, target)?;
     let d2 = b.mul(d, d)?;
     mean_all(b, d2)
@@ -152,6 +204,7 @@ pub fn mean_all(b: &mut FunctionBuilder, x: Value) -> BuildResult<Value> {
 /// The fraction of rows of `logits` whose arg-max equals the label, as an f32 scalar.
 #[track_caller]
 pub fn accuracy(b: &mut FunctionBuilder, logits: Value, labels: Value) -> BuildResult<Value> {
+    check_labels("accuracy", b.value_type(logits), b.value_type(labels))?;
     let ty = b.value_type(logits).clone();
     let last = last_axis("accuracy", "logits", &ty)?;
     let pred = b.arg_reduce(ArgOp::ArgMax, logits, last, false)?;
@@ -422,7 +475,7 @@ fn stack_steps(b: &mut FunctionBuilder, states: &[Value], n: &Dim, h: usize) -> 
 /// An LSTM over `x` `[N, T, D]`, unrolled over its `T` steps (PyTorch's gate order i, f, g, o):
 /// `z = x_t·w_ih + h·w_hh + bias`, `c = σ(f)·c + σ(i)·tanh(g)`, `h = σ(o)·tanh(c)`, from zero
 /// states. Weights `w_ih` `[D, 4H]`, `w_hh` `[H, 4H]`, `bias` `[4H]`. Returns every step's
-/// `h` `[N, T, H]` and the last `h` `[N, H]`.
+/// `h` `[N, T, H]`, and the last `h` and the last cell state `c` (`[N, H]` each).
 #[track_caller]
 pub fn lstm(
     b: &mut FunctionBuilder,
@@ -430,7 +483,7 @@ pub fn lstm(
     w_ih: Value,
     w_hh: Value,
     bias: Value,
-) -> BuildResult<(Value, Value)> {
+) -> BuildResult<(Value, [Value; 2])> {
     let (n, [steps, d]) = sequence_dims(b, "lstm", x)?;
     let hidden = fixed_last_dim("lstm", "recurrent weights", &b.value_type(w_hh).clone())? / 4;
     let dtype = b.value_type(x).dtype;
@@ -458,7 +511,7 @@ pub fn lstm(
         h = b.mul(o, tc)?;
         outputs.push(h);
     }
-    Ok((stack_steps(b, &outputs, &n, hidden)?, h))
+    Ok((stack_steps(b, &outputs, &n, hidden)?, [h, c]))
 }
 
 /// A GRU over `x` `[N, T, D]`, unrolled (PyTorch's gates r, z, n): `r = σ(x·W_r + b_ir +

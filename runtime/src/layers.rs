@@ -289,7 +289,8 @@ impl Lstm {
     /// Every step's hidden state `[N, T, H]` and the last one `[N, H]`.
     #[track_caller]
     pub fn apply(&self, p: &mut Program, x: Value) -> RuntimeResult<(Value, Value)> {
-        Ok(composite::lstm(p, x, self.w_ih, self.w_hh, self.b)?)
+        let (sequence, [h, _]) = composite::lstm(p, x, self.w_ih, self.w_hh, self.b)?;
+        Ok((sequence, h))
     }
 }
 

@@ -215,3 +215,49 @@ fn batch_norm_eager_and_traced_update_the_running_statistics_alike() {
     );
     assert!(bn.running_mean.grad().is_none());
 }
+
+/// Operands a loss would broadcast into a wrong answer are refused by name: labels `[N, 1]`
+/// against logits `[N, C]` averaged an `[N, N]` table, and `mse` of `[N, 1]` against `[N]`
+/// likewise; before, both returned a number.
+#[test]
+fn loss_operands_that_would_broadcast_are_refused_naming_the_loss() {
+    eager::reset();
+    let logits = Tensor::new(f32s(&[2, 3], &LOGITS));
+    let column = Tensor::new(Array::I64(
+        ArrayD::from_shape_vec(IxDyn(&[2, 1]), vec![2, 0]).unwrap(),
+    ));
+    let floats = Tensor::new(f32s(&[2], &[2.0, 0.0]));
+    for (labels, found) in [(&column, "i64[2,1]"), (&floats, "f32[2]")] {
+        let message = nn::cross_entropy(&logits, labels).unwrap_err().to_string();
+        assert!(
+            message.contains("softmax_cross_entropy: labels") && message.contains(found),
+            "{message}"
+        );
+        assert!(
+            message.contains("one integer class per row (i64[2])"),
+            "{message}"
+        );
+        assert!(nn::accuracy(&logits, labels).is_err());
+    }
+    let prediction = Tensor::new(f32s(&[2, 1], &[1.0, 2.0]));
+    let message = nn::mse(&prediction, &floats).unwrap_err().to_string();
+    assert!(
+        message.contains("mse: the prediction f32[2,1] and the target f32[2] must have one shape"),
+        "{message}"
+    );
+
+    let mut p = Program::with_seed(0);
+    let x = p
+        .placeholder("x", DType::F32, vec![Dim::sym("N"), Dim::Fixed(3)])
+        .unwrap();
+    let y = p
+        .placeholder("y", DType::I64, vec![Dim::sym("N"), Dim::Fixed(1)])
+        .unwrap();
+    let message = layers::softmax_cross_entropy(&mut p, x, y)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        message.contains("labels i64[N,1] do not fit logits f32[N,3]"),
+        "{message}"
+    );
+}

@@ -499,3 +499,14 @@ fn a_parameter_from_before_a_reset_is_refused() {
         "{message}"
     );
 }
+
+#[test]
+fn a_no_grad_guard_dropped_after_a_reset_leaves_the_new_context_alone() {
+    eager::reset();
+    let guard = eager::no_grad();
+    eager::reset();
+    drop(guard);
+    let x = t(&[1], &[2.0]).requires_grad().unwrap();
+    (&x * &x).sum(&[0], false).unwrap().backward().unwrap();
+    assert_eq!(x.grad().unwrap().to_f64_vec().unwrap(), [4.0]);
+}

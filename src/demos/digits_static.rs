@@ -50,7 +50,7 @@ pub struct ExampleData {
 /// `config.data` (its own training and test sets).
 pub fn load_data(config: &Config) -> RuntimeResult<ExampleData> {
     let Some(dir) = &config.data else {
-        let (train, test) = data::digits()?.split(0.2, config.seed);
+        let (train, test) = data::digits()?.split(0.2, config.seed)?;
         return Ok(ExampleData {
             train,
             test,

@@ -154,7 +154,7 @@ type Callback<'a> = Box<dyn FnMut(&Event) -> Control + 'a>;
 /// use kiln::runtime::Adam;
 /// use kiln::train::{EagerClassifier, Trainer};
 /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
-/// let (train, test) = data::digits()?.split(0.2, 0);
+/// let (train, test) = data::digits()?.split(0.2, 0)?;
 /// eager::manual_seed(0);
 /// let model = Sequential::new()
 ///     .push(Linear::new("fc1", 64, 32)?)

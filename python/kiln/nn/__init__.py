@@ -1,6 +1,8 @@
 """Layers for eager code: subclass ``Layer``, set layers and parameters as attributes, write
 ``forward``. Calling a layer runs ``forward``."""
 
+import math
+
 from .. import _kiln, init as _init
 from . import functional
 
@@ -12,6 +14,7 @@ class Layer:
     def __init__(self, name=None):
         object.__setattr__(self, "_layers", {})
         object.__setattr__(self, "_params", {})
+        object.__setattr__(self, "_buffers", {})
         object.__setattr__(self, "training", True)
         object.__setattr__(self, "_name", name or _unique(type(self).__name__.lower()))
 
@@ -48,17 +51,36 @@ class Layer:
             found.extend(layer.named_parameters(f"{prefix}{key}."))
         return found
 
+    def named_buffers(self, prefix=""):
+        """``(path, buffer)`` for the state the layers keep but do not train (batch norm's
+        ``running_mean`` and ``running_var``), with paths as ``named_parameters`` makes them."""
+        found = [(prefix + key, b) for key, b in self._buffers.items()]
+        for key, layer in self._layers.items():
+            found.extend(layer.named_buffers(f"{prefix}{key}."))
+        return found
+
+    def buffers(self):
+        """Every buffer of this layer and of the layers it holds."""
+        return [b for _, b in self.named_buffers()]
+
+    def _state(self):
+        return dict(self.named_parameters()) | dict(self.named_buffers())
+
     def state_dict(self):
-        """Every parameter's value by its path (``named_parameters``), as numpy arrays (copies):
-        what ``load_state_dict`` takes, in this or another instance of the model."""
-        return {name: p.numpy().copy() for name, p in self.named_parameters()}
+        """Every parameter's and buffer's value by its path (``named_parameters``,
+        ``named_buffers``), as numpy arrays (copies): what ``load_state_dict`` takes, in this
+        or another instance of the model."""
+        return {name: p.numpy().copy() for name, p in self._state().items()}
 
     def load_state_dict(self, state_dict, strict=True):
-        """Sets parameters from ``state_dict`` (path → array). With ``strict``, a path missing
-        from either side is a ``KilnError`` naming them all; otherwise the paths that matched
-        nothing are returned as ``(missing_keys, unexpected_keys)``. A shape or dtype that does
-        not fit is a ``KilnError`` naming the path. Nothing changes unless every value fits."""
-        own = dict(self.named_parameters())
+        """Sets parameters and buffers from ``state_dict`` (path → array). With ``strict``, a
+        path missing from either side is a ``KilnError`` naming them all; otherwise the paths
+        that matched nothing are returned as ``(missing_keys, unexpected_keys)``. A shape
+        that does not fit is a ``ShapeError`` naming the path. Nothing changes unless every
+        value fits."""
+        if not hasattr(state_dict, "keys"):
+            raise TypeError(f"load_state_dict takes a dict of arrays, not {type(state_dict).__name__}")
+        own = self._state()
         missing = [k for k in own if k not in state_dict]
         unexpected = [k for k in state_dict if k not in own]
         if strict and (missing or unexpected):
@@ -160,8 +182,8 @@ class Linear(Layer):
     def forward(self, x):
         """``x @ weight + bias`` for ``x: [N, in_features]``. Raises ``kiln.ShapeError`` on
         another width."""
-        y = x.matmul(self.weight.tensor())
-        return y if self.bias is None else y + self.bias.tensor()
+        bias = None if self.bias is None else self.bias.tensor()
+        return functional.linear(x, self.weight.tensor(), bias)
 
 
 class Sequential(Layer):
@@ -222,6 +244,8 @@ class _Native(Layer):
         object.__setattr__(self, "_native", _kiln.NativeLayer(self.kind, self._name, **options))
         for p in self._native.parameters():
             self._params[p.name[len(self._name) + 1:]] = p
+        for b in self._native.buffers():
+            self._buffers[b.name[len(self._name) + 1:]] = b
 
     def forward(self, x):
         return self._native.forward(x)
@@ -285,12 +309,19 @@ class GlobalAvgPool(_Native):
 
 
 class BatchNorm(_Native):
-    """Batch normalisation over the channels of NC or NCHW input, with running statistics."""
+    """Batch normalisation over the channels of NC or NCHW input: in training mode with the
+    batch's statistics, updating the running averages (``running = (1 - momentum) * running
+    + momentum * batch``, the variance unbiased, as PyTorch); in evaluation mode with them.
+    ``eps`` is added to the variance."""
 
     kind = "batch_norm"
 
-    def __init__(self, channels, name=None):
-        super().__init__(name, channels=channels)
+    def __init__(self, channels, eps=1e-5, momentum=0.1, name=None):
+        super().__init__(name, channels=channels, eps=eps, momentum=momentum)
+
+
+# PyTorch's names: one layer serves NC and NCHW input.
+BatchNorm1d = BatchNorm2d = BatchNorm
 
 
 class LayerNorm(_Native):
@@ -303,23 +334,80 @@ class LayerNorm(_Native):
         super().__init__(name, width=width, eps=eps)
 
 
-class LSTM(_Native):
-    """An LSTM over ``[N, T, input_size]``; returns every step's hidden state."""
+class _Recurrent(Layer):
+    """A stack of ``num_layers`` recurrent layers, as PyTorch's: input ``[T, N, input_size]``
+    (``[N, T, input_size]`` with ``batch_first``), from zero initial states. Weights are
+    PyTorch's transposed (``w_ih: [input_size, G * hidden_size]``), drawn from
+    ``U(-1/sqrt(hidden_size), 1/sqrt(hidden_size))``; biases start at zero. Layer ``k > 0``'s
+    parameters end in ``_l{k}``."""
+
+    kind = None
+
+    def __init__(self, input_size, hidden_size, num_layers=1, batch_first=False, name=None):
+        super().__init__(name or _unique(self.kind))
+        if num_layers < 1 or hidden_size < 1:
+            raise ValueError(f"{type(self).__name__}: num_layers {num_layers} and hidden_size "
+                             f"{hidden_size} must be 1 or more")
+        self.hidden_size, self.num_layers, self.batch_first = hidden_size, num_layers, batch_first
+        bound = 1.0 / math.sqrt(hidden_size)
+        for layer in range(num_layers):
+            inputs = input_size if layer == 0 else hidden_size
+            suffix = "" if layer == 0 else f"_l{layer}"
+            for key, shape, uniform in self._shapes(inputs, hidden_size):
+                init = _init.Uniform(-bound, bound) if uniform else _init.Zeros()
+                setattr(self, key + suffix, self.create_parameter(key + suffix, shape, init))
+
+    def _layer_params(self, layer):
+        suffix = "" if layer == 0 else f"_l{layer}"
+        return [self._params[key + suffix].tensor() for key, _, _ in self._shapes(1, 1)]
+
+    def _run(self, x, hx):
+        if hx is not None:
+            raise _kiln.KilnError(f"{type(self).__name__}: initial states other than zeros "
+                                  "are not supported; call it without hx")
+        functional._check_tensor(x, type(self).__name__)
+        x = x if self.batch_first else x.transpose(0, 1)
+        finals = []
+        for layer in range(self.num_layers):
+            x, *last = _kiln.recurrent(self.kind, [x, *self._layer_params(layer)])
+            finals.append(last)
+        out = x if self.batch_first else x.transpose(0, 1)
+        return out, [_kiln.stack([f[i] for f in finals]) for i in range(len(finals[0]))]
+
+
+class LSTM(_Recurrent):
+    """An LSTM (gates ``i, f, g, o``, one bias per layer: PyTorch's two, added). Returns
+    ``(output, (h_n, c_n))`` as PyTorch: every step's hidden state of the last layer, and
+    each layer's last hidden and cell state ``[num_layers, N, hidden_size]``."""
 
     kind = "lstm"
 
-    def __init__(self, input_size, hidden_size, name=None):
-        super().__init__(name, input_size=input_size, hidden_size=hidden_size)
+    @staticmethod
+    def _shapes(d, h):
+        return [("w_ih", [d, 4 * h], True), ("w_hh", [h, 4 * h], True), ("b", [4 * h], False)]
+
+    def forward(self, x, hx=None):
+        """``(output, (h_n, c_n))`` for ``x`` (``hx``, initial states, must be ``None``)."""
+        out, (h_n, c_n) = self._run(x, hx)
+        return out, (h_n, c_n)
 
 
-class GRU(_Native):
-    """A GRU over ``[N, T, input_size]`` (PyTorch's gate equations); returns every step's
-    hidden state."""
+class GRU(_Recurrent):
+    """A GRU (PyTorch's gate equations, ``r, z, n``, both biases). Returns ``(output, h_n)``
+    as PyTorch: every step's hidden state of the last layer, and each layer's last hidden
+    state ``[num_layers, N, hidden_size]``."""
 
     kind = "gru"
 
-    def __init__(self, input_size, hidden_size, name=None):
-        super().__init__(name, input_size=input_size, hidden_size=hidden_size)
+    @staticmethod
+    def _shapes(d, h):
+        return [("w_ih", [d, 3 * h], True), ("w_hh", [h, 3 * h], True),
+                ("b_ih", [3 * h], False), ("b_hh", [3 * h], False)]
+
+    def forward(self, x, hx=None):
+        """``(output, h_n)`` for ``x`` (``hx``, the initial state, must be ``None``)."""
+        out, (h_n,) = self._run(x, hx)
+        return out, h_n
 
 
 class Embedding(_Native):
@@ -356,7 +444,7 @@ class ReLU(Layer):
 
     def forward(self, x):
         """``max(x, 0)`` elementwise."""
-        return x.relu()
+        return functional.relu(x)
 
 
 class Tanh(Layer):
@@ -364,7 +452,7 @@ class Tanh(Layer):
 
     def forward(self, x):
         """``tanh(x)`` elementwise."""
-        return x.tanh()
+        return functional.tanh(x)
 
 
 class GELU(Layer):
@@ -396,7 +484,7 @@ class Sigmoid(Layer):
 
     def forward(self, x):
         """``1 / (1 + exp(-x))`` elementwise."""
-        return x.sigmoid()
+        return functional.sigmoid(x)
 
 
 # The losses are kiln.nn.functional's (one definition), under the names kiln.nn has had.

@@ -5,9 +5,16 @@ gradient. ``import kiln.nn.functional as F``."""
 from .. import _kiln as _native
 
 
+def _check_tensor(x, function):
+    """A ``TypeError`` naming ``function`` unless ``x`` is a tensor (as PyTorch raises)."""
+    if not isinstance(x, _native.Tensor):
+        raise TypeError(f"{function}(): the input must be a kiln.Tensor, not {type(x).__name__}")
+    return x
+
+
 def relu(x):
     """``max(x, 0)`` elementwise."""
-    return x.relu()
+    return _check_tensor(x, "relu").relu()
 
 
 def gelu(x):
@@ -17,22 +24,22 @@ def gelu(x):
 
 def sigmoid(x):
     """``1 / (1 + exp(-x))`` elementwise."""
-    return x.sigmoid()
+    return _check_tensor(x, "sigmoid").sigmoid()
 
 
 def tanh(x):
     """``tanh(x)`` elementwise."""
-    return x.tanh()
+    return _check_tensor(x, "tanh").tanh()
 
 
 def softmax(x, dim=-1):
     """The softmax along ``dim``."""
-    return x.softmax(dim)
+    return _check_tensor(x, "softmax").softmax(dim)
 
 
 def log_softmax(x, dim=-1):
     """The log-softmax along ``dim``."""
-    return x.log_softmax(dim)
+    return _check_tensor(x, "log_softmax").log_softmax(dim)
 
 
 def cross_entropy(logits, labels):
@@ -53,7 +60,7 @@ def binary_cross_entropy_with_logits(logits, targets):
 def linear(x, weight, bias=None):
     """``x @ weight + bias`` with Kiln's layout, ``weight: [in, out]`` (PyTorch's is
     ``[out, in]``: pass ``weight.T`` from a PyTorch state)."""
-    y = x.matmul(weight)
+    y = _check_tensor(x, "linear").matmul(weight)
     return y if bias is None else y + bias
 
 

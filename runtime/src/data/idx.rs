@@ -213,7 +213,7 @@ pub fn images(dir: Option<&Path>) -> Result<Images, DataError> {
 
 /// The built-in digits as `[1, 8, 8]` images, split 80/20 (seed 0).
 pub fn digit_images() -> Result<Images, DataError> {
-    let (train, test) = digits()?.with_sample_shape(&[1, 8, 8])?.split(0.2, 0);
+    let (train, test) = digits()?.with_sample_shape(&[1, 8, 8])?.split(0.2, 0)?;
     Ok(Images {
         train,
         test,

@@ -236,10 +236,15 @@ impl Dataset {
     }
 
     /// A shuffled split into (train, test) with `test_fraction` of the rows in test.
-    pub fn split(&self, test_fraction: f64, seed: u64) -> (Dataset, Dataset) {
+    pub fn split(&self, test_fraction: f64, seed: u64) -> Result<(Dataset, Dataset), DataError> {
+        if !(0.0..=1.0).contains(&test_fraction) {
+            return Err(DataError::Invalid(format!(
+                "split: the test fraction {test_fraction} must be between 0 and 1"
+            )));
+        }
         let order = permutation(self.len(), seed);
         let n_test = (self.len() as f64 * test_fraction).round() as usize;
-        (self.select(&order[n_test..]), self.select(&order[..n_test]))
+        Ok((self.select(&order[n_test..]), self.select(&order[..n_test])))
     }
 
     /// Every row as one batch.
@@ -326,7 +331,7 @@ mod tests {
         assert_eq!(d.features.dim(), (1797, 64));
         assert!(d.features.iter().all(|&v| (0.0..=1.0).contains(&v)));
         assert!(d.labels.iter().all(|&l| (0..10).contains(&l)));
-        let (train, test) = d.split(0.2, 7);
+        let (train, test) = d.split(0.2, 7).unwrap();
         assert_eq!((train.len(), test.len()), (1438, 359));
         let batches = train.batches(100, Some(1));
         assert_eq!(batches.len(), 15);

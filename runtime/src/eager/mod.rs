@@ -259,19 +259,25 @@ pub fn tape_len() -> usize {
 /// While alive, ops record nothing for gradients (inference, updates).
 pub struct NoGradGuard {
     previous: bool,
+    /// The context it disabled recording in: dropped in another (another thread's, or this
+    /// thread's after a reset), it leaves that one alone.
+    context: u64,
 }
 
 /// Disables gradient recording until the guard is dropped.
 pub fn no_grad() -> NoGradGuard {
-    let previous = with(|cx| Ok(std::mem::replace(&mut cx.grad_enabled, false))).unwrap_or(true);
-    NoGradGuard { previous }
+    let (previous, context) =
+        with(|cx| Ok((std::mem::replace(&mut cx.grad_enabled, false), cx.id))).unwrap_or((true, 0));
+    NoGradGuard { previous, context }
 }
 
 impl Drop for NoGradGuard {
     fn drop(&mut self) {
-        let previous = self.previous;
+        let (previous, context) = (self.previous, self.context);
         let _ = with(|cx| {
-            cx.grad_enabled = previous;
+            if cx.id == context {
+                cx.grad_enabled = previous;
+            }
             Ok(())
         });
     }

@@ -194,6 +194,12 @@ pub trait Layer {
         Vec::new()
     }
 
+    /// State the layer keeps but does not train (batch norm's running statistics): saved
+    /// and loaded with the parameters.
+    fn buffers(&self) -> Vec<Parameter> {
+        Vec::new()
+    }
+
     /// Training mode changes what some layers do (dropout); the default ignores it.
     fn set_training(&mut self, _training: bool) {}
 
@@ -438,9 +444,8 @@ impl Lstm {
     #[track_caller]
     pub fn run(&self, x: &Tensor) -> EagerResult<(Tensor, Tensor)> {
         let (w_ih, w_hh, b) = (self.w_ih.tensor()?, self.w_hh.tensor()?, self.b.tensor()?);
-        run_recurrent(&[x, &w_ih, &w_hh, &b], |bd, v| {
-            composite::lstm(bd, v[0], v[1], v[2], v[3])
-        })
+        let [sequence, h, _] = lstm(x, &w_ih, &w_hh, &b)?;
+        Ok((sequence, h))
     }
 
     /// The last step's hidden state `[N, H]`.
@@ -460,21 +465,27 @@ impl Layer for Lstm {
     }
 }
 
-/// Runs a recurrent composite, which gives every step's state and the last one.
+/// An LSTM over `x` `[N, T, D]` with the given weights (see [`composite::lstm`]): every
+/// step's hidden state `[N, T, H]`, the last hidden state and the last cell state `[N, H]`.
 #[track_caller]
-fn run_recurrent(
-    inputs: &[&Tensor],
-    build: impl FnOnce(
-        &mut kiln_ir::FunctionBuilder,
-        &[kiln_ir::Value],
-    ) -> kiln_ir::BuildResult<(kiln_ir::Value, kiln_ir::Value)>,
-) -> EagerResult<(Tensor, Tensor)> {
-    let mut out = apply(inputs, Loc::caller(), |b, v| {
-        let (sequence, last) = build(b, v)?;
-        Ok(vec![sequence, last])
+pub fn lstm(x: &Tensor, w_ih: &Tensor, w_hh: &Tensor, bias: &Tensor) -> EagerResult<[Tensor; 3]> {
+    let out = apply(&[x, w_ih, w_hh, bias], Loc::caller(), |b, v| {
+        let (sequence, [h, c]) = composite::lstm(b, v[0], v[1], v[2], v[3])?;
+        Ok(vec![sequence, h, c])
     })?;
-    let last = out.pop().expect("two results");
-    Ok((out.pop().expect("two results"), last))
+    Ok(out.try_into().expect("three results"))
+}
+
+/// A GRU over `x` `[N, T, D]` with the given weights and biases (see [`composite::gru`]):
+/// every step's hidden state `[N, T, H]` and the last one `[N, H]`.
+#[track_caller]
+pub fn gru(x: &Tensor, weights: [&Tensor; 2], biases: [&Tensor; 2]) -> EagerResult<[Tensor; 2]> {
+    let inputs = [x, weights[0], weights[1], biases[0], biases[1]];
+    let out = apply(&inputs, Loc::caller(), |b, v| {
+        let (sequence, h) = composite::gru(b, v[0], [v[1], v[2]], [v[3], v[4]])?;
+        Ok(vec![sequence, h])
+    })?;
+    Ok(out.try_into().expect("two results"))
 }
 
 /// A GRU over sequences `[N, T, D]`: `forward` gives every step's hidden state, [`Gru::last`]
@@ -511,9 +522,8 @@ impl Gru {
     pub fn run(&self, x: &Tensor) -> EagerResult<(Tensor, Tensor)> {
         let [w_ih, w_hh] = [self.weights[0].tensor()?, self.weights[1].tensor()?];
         let [b_ih, b_hh] = [self.biases[0].tensor()?, self.biases[1].tensor()?];
-        run_recurrent(&[x, &w_ih, &w_hh, &b_ih, &b_hh], |bd, v| {
-            composite::gru(bd, v[0], [v[1], v[2]], [v[3], v[4]])
-        })
+        let [sequence, h] = gru(x, [&w_ih, &w_hh], [&b_ih, &b_hh])?;
+        Ok((sequence, h))
     }
 
     /// The last step's hidden state `[N, H]`.
@@ -607,6 +617,10 @@ impl Layer for BatchNorm {
 
     fn parameters(&self) -> Vec<Parameter> {
         vec![self.gamma.clone(), self.beta.clone()]
+    }
+
+    fn buffers(&self) -> Vec<Parameter> {
+        vec![self.running_mean.clone(), self.running_var.clone()]
     }
 
     fn set_training(&mut self, training: bool) {
