@@ -24,6 +24,7 @@ from ._kiln import (
     KilnError,
     RunError,
     ShapeError,
+    Parameter,
     Tensor,
     load_predictor,
     manual_seed,
@@ -46,6 +47,7 @@ __all__ = [
     "FeedError",
     "IrError",
     "KilnError",
+    "Parameter",
     "PyLayer",
     "RunError",
     "Session",
@@ -128,3 +130,32 @@ def _install_tensor_methods():
 
 
 _install_tensor_methods()
+
+
+def _install_parameter_as_tensor():
+    # A parameter is a tensor, as in PyTorch: its tensor methods, operators and indexing act
+    # on its current value (recorded for gradients), so `x @ self.weight` and `p.sum()` work.
+    # `==` stays identity for parameters, which are kept in lists and dicts.
+    Parameter = _kiln.Parameter
+    skip = {"__eq__", "__ne__", "__hash__", "__init__", "__new__", "__repr__", "__getattribute__",
+            "__setattr__", "__delattr__", "__doc__", "__module__", "__class__", "__dict__",
+            "__init_subclass__", "__subclasshook__", "__reduce__", "__reduce_ex__", "__dir__",
+            "__sizeof__", "__format__", "__str__"}
+    for name in dir(Tensor):
+        if name in skip or hasattr(Parameter, name) and not name.startswith("__"):
+            continue
+        attr = getattr(Tensor, name)
+        if isinstance(attr, property) or not callable(attr):
+            continue
+        if name.startswith("__") and name in vars(object) and name not in ("__lt__", "__le__", "__gt__", "__ge__"):
+            continue
+        method = lambda self, *a, _n=name, **k: getattr(self.tensor(), _n)(*a, **k)  # noqa: E731
+        method.__doc__ = attr.__doc__
+        setattr(Parameter, name, method)
+    for name in ("dtype", "ndim", "T", "requires_grad"):
+        if hasattr(Tensor, name) and not hasattr(Parameter, name):
+            doc = getattr(Tensor, name).__doc__
+            setattr(Parameter, name, property(lambda self, _n=name: getattr(self.tensor(), _n), doc=doc))
+
+
+_install_parameter_as_tensor()

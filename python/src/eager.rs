@@ -47,10 +47,31 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
 #[derive(Clone)]
 pub(crate) struct PyTensor(pub(crate) Tensor);
 
+/// A tensor argument: a `Tensor`, or a `Parameter` — its current value, recorded for
+/// gradients — since a parameter is a tensor, as in PyTorch (`x @ self.weight`).
+pub(crate) struct TensorArg(pub(crate) Tensor);
+
+impl<'a, 'py> FromPyObject<'a, 'py> for TensorArg {
+    type Error = PyErr;
+
+    fn extract(obj: pyo3::Borrowed<'a, 'py, PyAny>) -> PyResult<TensorArg> {
+        if let Ok(t) = obj.extract::<PyRef<'_, PyTensor>>() {
+            return Ok(TensorArg(t.0.clone()));
+        }
+        if let Ok(p) = obj.extract::<PyRef<'_, PyParameter>>() {
+            return py_eager(p.0.tensor()).map(TensorArg);
+        }
+        Err(PyTypeError::new_err(format!(
+            "expected a kiln.Tensor, found {}",
+            obj.get_type().name()?
+        )))
+    }
+}
+
 /// A tensor or a Python number, as an operand.
 fn operand(t: &PyTensor, other: &Bound<'_, PyAny>) -> PyResult<Tensor> {
-    if let Ok(o) = other.extract::<PyRef<'_, PyTensor>>() {
-        return Ok(o.0.clone());
+    if let Ok(o) = other.extract::<TensorArg>() {
+        return Ok(o.0);
     }
     if let Ok(v) = other.extract::<f64>() {
         return Ok(Tensor::new(scalar(t.0.dtype(), v)));
@@ -369,7 +390,7 @@ impl PyTensor {
 
     /// The matrix product `self @ other` (batch dimensions broadcast). Raises `ShapeError`
     /// naming both shapes when the contracted dimensions differ.
-    fn matmul(&self, other: &PyTensor) -> PyResult<PyTensor> {
+    fn matmul(&self, other: TensorArg) -> PyResult<PyTensor> {
         py_eager(self.0.matmul(&other.0)).map(PyTensor)
     }
 
@@ -587,7 +608,7 @@ fn reshape_dims(from: &Shape, sizes: &[Option<i64>]) -> PyResult<Vec<Dim>> {
 /// `kiln.cat(tensors, dim=0)`: the tensors joined along `dim`.
 #[pyfunction]
 #[pyo3(signature = (tensors, dim = 0))]
-fn cat(tensors: Vec<PyRef<'_, PyTensor>>, dim: i64) -> PyResult<PyTensor> {
+fn cat(tensors: Vec<TensorArg>, dim: i64) -> PyResult<PyTensor> {
     let first = tensors
         .first()
         .ok_or_else(|| PyValueError::new_err("cat of no tensors"))?;
@@ -599,7 +620,7 @@ fn cat(tensors: Vec<PyRef<'_, PyTensor>>, dim: i64) -> PyResult<PyTensor> {
 /// `kiln.stack(tensors, dim=0)`: the tensors (of one shape) along a new axis `dim`.
 #[pyfunction]
 #[pyo3(signature = (tensors, dim = 0))]
-fn stack(tensors: Vec<PyRef<'_, PyTensor>>, dim: i64) -> PyResult<PyTensor> {
+fn stack(tensors: Vec<TensorArg>, dim: i64) -> PyResult<PyTensor> {
     let first = tensors
         .first()
         .ok_or_else(|| PyValueError::new_err("stack of no tensors"))?;
@@ -625,7 +646,7 @@ fn stack(tensors: Vec<PyRef<'_, PyTensor>>, dim: i64) -> PyResult<PyTensor> {
 /// every step's hidden state, the last hidden state and the last cell state; for `gru` (`x,
 /// w_ih, w_hh, b_ih, b_hh`) every step's hidden state and the last one.
 #[pyfunction]
-fn recurrent(kind: &str, inputs: Vec<PyRef<'_, PyTensor>>) -> PyResult<Vec<PyTensor>> {
+fn recurrent(kind: &str, inputs: Vec<TensorArg>) -> PyResult<Vec<PyTensor>> {
     let t: Vec<&Tensor> = inputs.iter().map(|t| &t.0).collect();
     let out: Vec<Tensor> = match (kind, &t[..]) {
         ("lstm", [x, w_ih, w_hh, b]) => py_eager(nn::lstm(x, w_ih, w_hh, b))?.into(),
@@ -648,7 +669,7 @@ fn recurrent(kind: &str, inputs: Vec<PyRef<'_, PyTensor>>) -> PyResult<Vec<PyTen
 #[pyo3(signature = (name, inputs, **options))]
 fn functional(
     name: &str,
-    inputs: Vec<PyRef<'_, PyTensor>>,
+    inputs: Vec<TensorArg>,
     options: Option<&Bound<'_, PyDict>>,
 ) -> PyResult<PyTensor> {
     let o = Options {
@@ -708,7 +729,7 @@ fn functional(
 #[pyfunction]
 fn cond(
     py: Python<'_>,
-    pred: &PyTensor,
+    pred: TensorArg,
     true_fn: Py<PyAny>,
     false_fn: Py<PyAny>,
 ) -> PyResult<Py<PyAny>> {
@@ -717,11 +738,11 @@ fn cond(
         Python::attach(|py| {
             let out = f.call0(py).map_err(raised_in_branch)?;
             let out = out.bind(py);
-            if let Ok(t) = out.extract::<PyRef<'_, PyTensor>>() {
+            if let Ok(t) = out.extract::<TensorArg>() {
                 single.set(true);
-                return Ok(vec![t.0.clone()]);
+                return Ok(vec![t.0]);
             }
-            let list: Vec<PyRef<'_, PyTensor>> = out.extract().map_err(raised_in_branch)?;
+            let list: Vec<TensorArg> = out.extract().map_err(raised_in_branch)?;
             Ok(list.iter().map(|t| t.0.clone()).collect())
         })
     };
@@ -784,6 +805,7 @@ impl PyParameter {
         py_eager(self.0.tensor()).map(PyTensor)
     }
 
+    /// The value as a numpy array.
     fn numpy(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
         let t = py_eager(self.0.tensor())?;
         Ok(to_py(py, py_eager(t.to_array())?))
@@ -794,6 +816,7 @@ impl PyParameter {
         py_eager(self.0.set(from_py(value)?))
     }
 
+    /// The gradient `backward()` accumulated, or `None`.
     #[getter]
     fn grad(&self) -> PyResult<Option<PyTensor>> {
         py_eager(self.0.check_thread())?;
@@ -807,6 +830,7 @@ impl PyParameter {
         PyTuple::new(py, dims)
     }
 
+    /// Forgets the gradient `backward()` accumulated.
     fn clear_gradient(&self) {
         self.0.zero_grad()
     }
@@ -1126,7 +1150,7 @@ fn register_pylayer(
 
 /// Applies registered PyLayer `name` to `inputs`: eagerly, or traced as `call @name`.
 #[pyfunction]
-fn apply_pylayer(name: &str, inputs: Vec<PyRef<'_, PyTensor>>) -> PyResult<Vec<PyTensor>> {
+fn apply_pylayer(name: &str, inputs: Vec<TensorArg>) -> PyResult<Vec<PyTensor>> {
     let tensors: Vec<&Tensor> = inputs.iter().map(|t| &t.0).collect();
     Ok(py_eager(custom::call(name, &tensors))?
         .into_iter()
@@ -1145,7 +1169,7 @@ pub(crate) struct PyStaticFunction {
 impl PyStaticFunction {
     /// Runs the compiled program; with `train`, also the updates `minimize` added.
     #[pyo3(signature = (inputs, train = false))]
-    fn call(&mut self, inputs: Vec<PyRef<'_, PyTensor>>, train: bool) -> PyResult<Vec<PyTensor>> {
+    fn call(&mut self, inputs: Vec<TensorArg>, train: bool) -> PyResult<Vec<PyTensor>> {
         let tensors: Vec<&Tensor> = inputs.iter().map(|t| &t.0).collect();
         let out = if train {
             self.function.call_and_update(&tensors, &self.targets)
@@ -1205,7 +1229,7 @@ fn to_static(
         Python::attach(|py| {
             let args = PyList::new(py, tensors.iter().map(|t| PyTensor(t.clone())))?;
             let out = f.bind(py).call1((args,))?;
-            let items: Vec<PyRef<'_, PyTensor>> = match out.extract() {
+            let items: Vec<TensorArg> = match out.extract() {
                 Ok(list) => list,
                 Err(_) => vec![out.extract()?],
             };
@@ -1229,7 +1253,7 @@ fn to_static(
 /// An eager loss by name over two tensors: `cross_entropy` (logits, integer labels), `mse`,
 /// `binary_cross_entropy_with_logits`, or the metric `accuracy`. Traced like any op.
 #[pyfunction]
-fn loss(name: &str, a: &PyTensor, b: &PyTensor) -> PyResult<PyTensor> {
+fn loss(name: &str, a: TensorArg, b: TensorArg) -> PyResult<PyTensor> {
     let result = match name {
         "cross_entropy" => nn::cross_entropy(&a.0, &b.0),
         "mse" => nn::mse(&a.0, &b.0),
@@ -1357,7 +1381,7 @@ impl PyNativeLayer {
         native_layer(kind, name, options).map(PyNativeLayer)
     }
 
-    fn forward(&self, x: &PyTensor) -> PyResult<PyTensor> {
+    fn forward(&self, x: TensorArg) -> PyResult<PyTensor> {
         py_eager(self.0.forward(&x.0)).map(PyTensor)
     }
 

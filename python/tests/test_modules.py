@@ -103,3 +103,16 @@ def test_transpose_swaps_two_axes_as_pytorch_and_permute_reorders():
     np.testing.assert_array_equal(x.permute(2, 0, 1).numpy(), x.numpy().transpose(2, 0, 1))
     with pytest.raises(TypeError, match="permute"):
         x.transpose(2, 0, 1)
+
+
+def test_a_parameter_is_a_tensor():
+    kiln.reset()
+    m = nn.Linear(3, 2)
+    x = kiln.tensor(np.ones([4, 3], np.float32))
+    y = x @ m.weight + m.bias                       # operators and methods take parameters
+    np.testing.assert_allclose(y.numpy(), np.ones([4, 3]) @ m.weight.numpy() + m.bias.numpy(), rtol=1e-6)
+    assert (m.weight * 2).shape == (3, 2) and m.weight.T.shape == (2, 3) and m.weight[0].shape == (2,)
+    assert m.weight.dtype == "float32" and nn.functional.relu(m.weight).shape == (3, 2)
+    (x @ m.weight).sum().backward()                 # and gradients reach the parameter
+    np.testing.assert_allclose(m.weight.grad.numpy(), np.full([3, 2], 4.0))
+    assert isinstance(m.weight, kiln.Parameter) and m.weight in m.parameters()

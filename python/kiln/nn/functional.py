@@ -6,7 +6,10 @@ from .. import _kiln as _native
 
 
 def _check_tensor(x, function):
-    """A ``TypeError`` naming ``function`` unless ``x`` is a tensor (as PyTorch raises)."""
+    """``x`` as a tensor (a parameter's current value); a ``TypeError`` naming ``function``
+    for anything else (as PyTorch raises)."""
+    if isinstance(x, _native.Parameter):
+        return x.tensor()
     if not isinstance(x, _native.Tensor):
         raise TypeError(f"{function}(): the input must be a kiln.Tensor, not {type(x).__name__}")
     return x
