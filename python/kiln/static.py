@@ -1,6 +1,8 @@
 """Static programs: placeholders, parameters and layers added to a ``Program``, run in a
 ``kiln.Session`` with feeds and fetches."""
 
+import threading
+
 from . import _kiln, init as _init
 from ._methods import unary_method as _unary_method
 from . import layers  # noqa: F401  (kiln.static.layers)
@@ -40,8 +42,9 @@ class Program:
 
 class Session:
     """Runs any part of a ``Program`` with feeds and fetches, over one set of parameters
-    (initialised when the session starts). The GIL is released while a run computes.
-    ``with Session(program) as s:`` closes it at the end of the block."""
+    (initialised when the session starts). The GIL is released while a run computes; runs
+    from several threads take turns. ``with Session(program) as s:`` closes it at the end of
+    the block."""
 
     def __init__(self, program):
         if isinstance(program, Program):
@@ -49,6 +52,7 @@ class Session:
         elif not isinstance(program, _kiln.Program):
             raise TypeError(f"Session(program): a kiln.static.Program, not {type(program).__name__}")
         self._native = _kiln.Session(program)
+        self._turn = threading.Lock()
 
     @property
     def _session(self):
@@ -72,7 +76,8 @@ class Session:
         """Runs what ``fetches`` (a Var, a Target, a name, or a list of them) need, feeding
         placeholders by name or by their ``Var``; returns numpy arrays (``None`` for a
         target)."""
-        return self._session.run(fetches, feed or {})
+        with self._turn:
+            return self._session.run(fetches, feed or {})
 
     def state(self, name):
         """The value of state ``name`` (a parameter or an optimizer moment)."""
@@ -84,7 +89,8 @@ class Session:
 
     def load(self, path):
         """Loads a checkpoint; on error nothing changes."""
-        self._session.load(str(path))
+        with self._turn:
+            self._session.load(str(path))
 
 
 def function(inputs, outputs, updates=(), session=None):

@@ -7,7 +7,8 @@
 //! (Kiln's eager context is per thread); the runtime refuses them elsewhere with an error
 //! naming them, and a plain tensor (no gradient) works in any thread. A trainer is bound to
 //! its thread ([`thread::ThreadBound`]). No class is pyo3-`unsendable`, whose check panics.
-//! Programs and sessions are plain data (pyo3's borrow flag allows one `run` at a time).
+//! Programs and sessions are plain data; `kiln.Session`'s runs from several threads take
+//! turns (a lock in Python, so that pyo3's borrow flag never refuses one).
 
 mod array;
 mod data;

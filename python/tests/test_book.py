@@ -1,5 +1,5 @@
-"""Every Python sample of the book (docs/src) runs as written; the Python guide's gives what
-its comments say."""
+"""Every Python sample of the book (docs/src) and the README runs as written; the Python
+guide's and the README's give what their comments say."""
 
 import pathlib
 import re
@@ -7,15 +7,16 @@ import re
 import numpy as np
 import pytest
 
-BOOK = pathlib.Path(__file__).resolve().parents[2] / "docs" / "src"
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+BOOK = ROOT / "docs" / "src"
 
 
 def samples():
-    """(page, index, code) for each ```python block of the book."""
+    """(page, index, code) for each ```python block of the book and the README."""
     found = []
-    for page in sorted(BOOK.rglob("*.md")):
+    for page in [*sorted(BOOK.rglob("*.md")), ROOT / "README.md"]:
         for i, code in enumerate(re.findall(r"^```python\n(.*?)^```", page.read_text(), re.S | re.M)):
-            found.append((str(page.relative_to(BOOK)), i, code))
+            found.append((str(page.relative_to(BOOK if page.is_relative_to(BOOK) else ROOT)), i, code))
     return found
 
 
@@ -52,3 +53,12 @@ def test_the_python_guide_gives_what_its_comments_say(tmp_path, monkeypatch, cap
     # The static program trained: y = 3 is fitted (the last line printed is its loss).
     final = float(printed.split()[-1])
     assert final < 1e-3, printed
+
+
+def test_the_readme_model_trains_compiles_and_reloads(tmp_path, monkeypatch, capsys):
+    _, _, code = next(s for s in samples() if s[0] == "README.md")
+    names = run("README.md", code, tmp_path, monkeypatch)   # its own assert: the reload agrees
+    printed = capsys.readouterr().out
+    assert names["accuracy"] > 0.95, printed                # "about 97 %"
+    assert (tmp_path / "net.npz").exists()
+    assert sorted(np.load(tmp_path / "net.npz")) == sorted(names["model"].state_dict())

@@ -84,3 +84,26 @@ def test_a_trainer_stays_in_its_thread():
     with pytest.raises(kiln.KilnError, match="belongs to the thread that made it"):
         in_thread(lambda: trainer.history)
     assert trainer.history["epochs"] == []
+
+
+def test_runs_of_one_session_from_several_threads_take_turns():
+    p = kiln.static.Program(seed=0)
+    x = p.placeholder("x", "float32", [None, 64])
+    out = kiln.static.layers.dense(p, x, 64, name="fc").sum()
+    session = kiln.Session(p)
+    feed = {x: np.ones([256, 64], np.float32)}
+    want = session.run(out, feed)
+    results, errors = [], []
+
+    def work():
+        try:
+            results.extend(session.run(out, feed) for _ in range(20))
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=work) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors and len(results) == 80 and all(r == want for r in results)
