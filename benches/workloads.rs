@@ -93,10 +93,46 @@ fn training(c: &mut Criterion) {
     group.finish();
 }
 
+/// Where a stage's two codes cross: a softmax over rows of length 3 to 2048 (about 2²⁰
+/// elements in all; its reductions keep the rows), on Cranelift's f32x4 code and on the
+/// vector routines, so that the rule choosing between them is a measured one.
+fn paths(c: &mut Criterion) {
+    use kiln::backend::Array;
+    use kiln::ir::{DType, FunctionBuilder, ReduceOp, Shape, Type};
+    let mut group = c.benchmark_group("paths_softmax");
+    group
+        .sample_size(10)
+        .measurement_time(Duration::from_secs(1));
+    for row in [3usize, 10, 16, 64, 96, 128, 192, 256, 2048] {
+        let rows = (1 << 20) / row;
+        let mut b = FunctionBuilder::new("k");
+        let x = b.arg("x", Type::new(DType::F32, Shape::fixed(&[rows, row])));
+        let m = b.reduce(ReduceOp::Max, x, vec![1], true).unwrap();
+        let z = b.sub(x, m).unwrap();
+        let e = b.exp(z).unwrap();
+        let s = b.reduce(ReduceOp::Sum, e, vec![1], true).unwrap();
+        let y = b.div(e, s).unwrap();
+        let func = b.finish(&[y]).unwrap();
+        let kernel = jit::kernel(&func).unwrap();
+        assert!(kernel.plan.scratch.is_empty() && kernel.plan.symbols.is_empty());
+        let input = Array::zeros(DType::F32, &[rows, row]);
+        let mut output = Array::zeros(DType::F32, &[rows, row]);
+        let buffers = [input.data_ptr().cast_mut(), output.data_mut_ptr()];
+        group.throughput(Throughput::Elements((rows * row) as u64));
+        for path in [jit::Path::Cranelift, jit::Path::Routines] {
+            group.bench_function(BenchmarkId::new(format!("{path:?}"), row), |bench| {
+                // SAFETY: the kernel's one input and one output, contiguous, of its types.
+                bench.iter(|| unsafe { kernel.execute_on(&buffers, &[], false, Some(path)) })
+            });
+        }
+    }
+    group.finish();
+}
+
 fn eager(c: &mut Criterion) {
     let x = workloads::eager_add_input();
     c.bench_function("w6_eager_add_f32x4", |b| b.iter(|| black_box(&x + &x)));
 }
 
-criterion_group!(benches, elementwise, matmul, training, eager);
+criterion_group!(benches, elementwise, matmul, training, eager, paths);
 criterion_main!(benches);

@@ -19,11 +19,8 @@
 
 pub(crate) mod codegen;
 mod math;
-mod paths;
 pub(crate) mod plan;
 mod shape;
-
-pub use paths::Path;
 
 use crate::Array;
 use crate::debug;
@@ -106,9 +103,28 @@ pub struct Kernel {
     pub code_size: usize,
 }
 
+/// A stage's code.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Path {
+    /// Cranelift's code alone (f32x4 lanes).
+    Cranelift,
+    /// Cranelift's code calling vector routines on tiles of a row.
+    Routines,
+}
+
+/// A stage with both codes runs the routines on rows of at least this many elements, and
+/// Cranelift's code alone on shorter ones, where setting up a row's tiles costs more than the
+/// routines save. Measured (`cargo bench --bench workloads -- paths`, a softmax over 2²⁰
+/// elements, AVX-512): routines 6.8 ms against 2.1 ms for rows of 16, 1.47 against 1.48 ms for
+/// rows of 96, 1.19 against 1.46 ms for 128, 0.50 against 1.38 ms for 2048. Elementwise
+/// kernels are one long row, so they always take the routines. The rule depends only on the
+/// shapes, so a program always runs the same code (it replaced a choice by timing the first
+/// calls).
+pub const ROUTINES_MIN_ROW: i64 = 128;
+
 /// One stage's generated code: Cranelift's alone, and, when the stage has transcendental
 /// functions on vectorised rows, a second code that gives them to vector routines on tiles.
-/// Calls choose between the two by measured cost ([`paths`]).
+/// Calls take the second on rows of at least [`ROUTINES_MIN_ROW`] elements.
 pub struct StageCode {
     /// Cranelift's code alone.
     pub cranelift: StageFn,
@@ -116,16 +132,14 @@ pub struct StageCode {
     pub routines: Option<StageFn>,
     /// The functions the routines compute, by name.
     pub routine_ops: Vec<&'static str>,
-    choice: paths::Choice,
 }
 
 impl StageCode {
-    /// The path the stage's calls take from now on, once measured (a stage with one code
-    /// always takes [`Path::Cranelift`]).
-    pub fn chosen_path(&self) -> Option<Path> {
+    /// The path a call over rows of `row_len` elements takes.
+    pub fn path_for(&self, row_len: i64) -> Path {
         match self.routines {
-            None => Some(Path::Cranelift),
-            Some(_) => self.choice.decided(),
+            Some(_) if row_len >= ROUTINES_MIN_ROW => Path::Routines,
+            _ => Path::Cranelift,
         }
     }
 }
@@ -239,7 +253,7 @@ impl Kernel {
     }
 
     /// [`Kernel::execute`] with every stage on `path` (where it has that code), or on the
-    /// path measured fastest.
+    /// path its row length chooses ([`StageCode::path_for`]).
     ///
     /// # Safety
     /// As for [`Kernel::run_stage`].
@@ -252,19 +266,16 @@ impl Kernel {
     ) -> Result<(), Status> {
         for (index, stage) in self.plan.stages.iter().enumerate() {
             let rows = stage.rows(&self.plan, sizes);
-            let elements = rows.saturating_mul(stage.row_len(&self.plan, sizes));
-            let work = elements.saturating_mul(self.cost[index]);
+            let row_len = stage.row_len(&self.plan, sizes);
+            let work = rows
+                .saturating_mul(row_len)
+                .saturating_mul(self.cost[index]);
             let compiled = &self.stages[index];
-            let (path, timed) = match (path, compiled.routines) {
-                (_, None) => (Path::Cranelift, false),
-                (Some(forced), Some(_)) => (forced, false),
-                (None, Some(_)) => compiled.choice.pick(elements),
-            };
+            let path = path.unwrap_or_else(|| compiled.path_for(row_len));
             let f = match (path, compiled.routines) {
                 (Path::Routines, Some(f)) => f,
                 _ => compiled.cranelift,
             };
-            let started = timed.then(std::time::Instant::now);
             let chunks = if threads && stage.parallel() && work >= PARALLEL_WORK {
                 crate::team::width().min(rows.max(1) as usize)
             } else {
@@ -294,11 +305,6 @@ impl Kernel {
                 });
                 first_failure.into_inner()
             };
-            if let Some(started) = started {
-                compiled.choice.record(path, started.elapsed(), || {
-                    format!("kernel stage {index} ({})", compiled.routine_ops.join(", "))
-                });
-            }
             if let Some(status) = Status::from_code(code) {
                 return Err(status);
             }
@@ -489,7 +495,6 @@ impl Jit {
                 cranelift: pointer(cranelift),
                 routines: tiled.map(pointer),
                 routine_ops,
-                choice: Default::default(),
             })
             .collect();
         Ok((stages, code_size))
