@@ -26,7 +26,9 @@
 //! Any other op: a variant of [`Op`] with its attributes in [`Op::attributes`],
 //! [`Op::from_parts`] and [`Op::all_names`]; then the compiler lists the exhaustive matches
 //! that must learn it (type rule in `infer.rs`, cost, class, interpreter, gradient, extraction,
-//! executor).
+//! executor). A region, a call or a communication op joins [`opaque_op!`] (and a
+//! communication op [`communication_op!`]), the one list the passes, the schedule and the
+//! interpreter match such ops by.
 
 use crate::literal::Literal;
 use crate::types::{DType, Shape, Type};
@@ -373,6 +375,36 @@ impl fmt::Display for AxisSlice {
             AxisSlice::Range { start, end, step } => write!(f, "{start}:{end}:{step}"),
         }
     }
+}
+
+/// The ops that move data between ranks, as a pattern: `communication_op!() => …`. Declared
+/// once, so that the passes, the schedule and the interpreter that treat them alike list them
+/// alike; a new op outside it still has to be named in every exhaustive `match`.
+#[macro_export]
+macro_rules! communication_op {
+    () => {
+        $crate::Op::AllReduce { .. }
+            | $crate::Op::ReduceScatter { .. }
+            | $crate::Op::AllGather { .. }
+            | $crate::Op::Shard { .. }
+            | $crate::Op::CollectiveBroadcast { .. }
+            | $crate::Op::Send { .. }
+            | $crate::Op::Recv { .. }
+    };
+}
+
+/// The ops the optimising passes do not look inside, as a pattern: regions (`cond`, `while`,
+/// `fused`), calls and communication. No elementwise cost, no fusion, no rewrite, no local
+/// gradient rule (a region's gradient is the sweep's, a call's its custom op's).
+#[macro_export]
+macro_rules! opaque_op {
+    () => {
+        $crate::Op::Cond
+            | $crate::Op::While
+            | $crate::Op::Fused
+            | $crate::Op::Call { .. }
+            | $crate::communication_op!()
+    };
 }
 
 /// What an instruction computes. Operands, results and regions live in the instruction.
@@ -781,13 +813,7 @@ impl Op {
             Op::Store { .. } => OpClass::Effect,
             Op::Cond | Op::While | Op::Fused => OpClass::Control,
             Op::Call { .. } => OpClass::Call,
-            Op::AllReduce { .. }
-            | Op::ReduceScatter { .. }
-            | Op::AllGather { .. }
-            | Op::Shard { .. }
-            | Op::CollectiveBroadcast { .. }
-            | Op::Send { .. }
-            | Op::Recv { .. } => OpClass::Communication,
+            communication_op!() => OpClass::Communication,
         }
     }
 
@@ -812,19 +838,7 @@ impl Op {
             | Op::OneHot { .. } => Cost::DataMovement,
             Op::Reduce { .. } | Op::ArgReduce { .. } | Op::Pool2d { .. } => Cost::Reduction,
             Op::MatMul { .. } | Op::Conv2d { .. } => Cost::Contraction,
-            Op::Load { .. }
-            | Op::Store { .. }
-            | Op::Cond
-            | Op::While
-            | Op::Fused
-            | Op::Call { .. }
-            | Op::AllReduce { .. }
-            | Op::ReduceScatter { .. }
-            | Op::AllGather { .. }
-            | Op::Shard { .. }
-            | Op::CollectiveBroadcast { .. }
-            | Op::Send { .. }
-            | Op::Recv { .. } => Cost::Opaque,
+            Op::Load { .. } | Op::Store { .. } | opaque_op!() => Cost::Opaque,
         }
     }
 
@@ -1314,17 +1328,7 @@ impl Op {
                 | Op::Random { .. }
                 | Op::Load { .. }
                 | Op::Store { .. }
-                | Op::Cond
-                | Op::While
-                | Op::Fused
-                | Op::Call { .. }
-                | Op::AllReduce { .. }
-                | Op::ReduceScatter { .. }
-                | Op::AllGather { .. }
-                | Op::Shard { .. }
-                | Op::CollectiveBroadcast { .. }
-                | Op::Send { .. }
-                | Op::Recv { .. } => {}
+                | opaque_op!() => {}
             }
         }
         ops

@@ -70,17 +70,7 @@ pub(crate) fn fusible(op: &Op) -> bool {
         | Op::Random { .. }
         | Op::Load { .. }
         | Op::Store { .. }
-        | Op::Cond
-        | Op::While
-        | Op::Fused
-        | Op::Call { .. }
-        | Op::AllReduce { .. }
-        | Op::ReduceScatter { .. }
-        | Op::AllGather { .. }
-        | Op::Shard { .. }
-        | Op::CollectiveBroadcast { .. }
-        | Op::Send { .. }
-        | Op::Recv { .. } => false,
+        | kiln_ir::opaque_op!() => false,
     }
 }
 

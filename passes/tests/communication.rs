@@ -2,7 +2,7 @@
 //! same collectives and messages in the same order, whatever one rank's passes would make of
 //! them. One test per pass, and one for each pipeline.
 
-use kiln_ir::{Function, Module, Op, parse_and_verify, verify_module};
+use kiln_ir::{Function, Module, parse_and_verify, verify_module};
 use kiln_passes::PassManager;
 use kiln_passes::manager::pass_by_name;
 
@@ -82,18 +82,7 @@ fn check_after(passes: &[&str]) {
     let after = effects(&m.functions[0]);
     assert_eq!(before, after, "after {passes:?}:\n{}", m);
     let comms = (m.functions[0].walk_insts().into_iter())
-        .filter(|&i| {
-            matches!(
-                m.functions[0].inst(i).op,
-                Op::AllReduce { .. }
-                    | Op::ReduceScatter { .. }
-                    | Op::AllGather { .. }
-                    | Op::Shard { .. }
-                    | Op::CollectiveBroadcast { .. }
-                    | Op::Send { .. }
-                    | Op::Recv { .. }
-            )
-        })
+        .filter(|&i| matches!(m.functions[0].inst(i).op, kiln_ir::communication_op!()))
         .count();
     assert_eq!(comms, 11);
 }

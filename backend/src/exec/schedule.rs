@@ -650,13 +650,7 @@ fn step_kind(
             StepKind::Interpret
         }),
         Op::Call { .. } => StepKind::Interpret,
-        Op::AllReduce { .. }
-        | Op::ReduceScatter { .. }
-        | Op::AllGather { .. }
-        | Op::Shard { .. }
-        | Op::CollectiveBroadcast { .. }
-        | Op::Send { .. }
-        | Op::Recv { .. } => StepKind::Communicate,
+        kiln_ir::communication_op!() => StepKind::Communicate,
         _ => StepKind::Direct,
     }
 }

@@ -529,15 +529,11 @@ impl<'a> Interpreter<'a> {
                     .map(|rs| rs.into_iter().map(Array::into_standard_layout).collect())
                     .map_err(|e| OpError(format!("custom op @{callee}: {e}")))
             }
-            Op::AllReduce { .. }
-            | Op::ReduceScatter { .. }
-            | Op::AllGather { .. }
-            | Op::Shard { .. }
-            | Op::CollectiveBroadcast { .. }
-            | Op::Send { .. }
-            | Op::Recv { .. } => crate::comm::start(op, crate::comm::borrowed(args), result_shapes)
-                .and_then(crate::comm::Started::wait)
-                .map_err(OpError),
+            kiln_ir::communication_op!() => {
+                crate::comm::start(op, crate::comm::borrowed(args), result_shapes)
+                    .and_then(crate::comm::Started::wait)
+                    .map_err(OpError)
+            }
             Op::Load { .. } | Op::Store { .. } | Op::Cond | Op::While | Op::Fused => Err(format!(
                 "`{}` needs state or regions; run it in a function",
                 op.name()

@@ -278,17 +278,7 @@ pub(super) fn vjp(
         // `cond` and `while` are handled by the sweep (their gradients have regions of their
         // own); `call` above.
         // A broadcast's or a message's adjoint flows back to another rank: no local rule.
-        Op::Cond
-        | Op::While
-        | Op::Fused
-        | Op::Call { .. }
-        | Op::AllReduce { .. }
-        | Op::ReduceScatter { .. }
-        | Op::AllGather { .. }
-        | Op::Shard { .. }
-        | Op::CollectiveBroadcast { .. }
-        | Op::Send { .. }
-        | Op::Recv { .. } => return Err(no_rule()),
+        kiln_ir::opaque_op!() => return Err(no_rule()),
     }
     Ok(out)
 }

@@ -72,18 +72,7 @@ pub fn node_cost(egraph: &Graph, node: &Node) -> Option<f64> {
         Op::UpdateSlice { .. } => 2.0 * child_bytes(1),
         Op::Random { .. } => out_bytes,
         Op::Load { .. } => 0.0,
-        Op::Store { .. }
-        | Op::Cond
-        | Op::While
-        | Op::Fused
-        | Op::Call { .. }
-        | Op::AllReduce { .. }
-        | Op::ReduceScatter { .. }
-        | Op::AllGather { .. }
-        | Op::Shard { .. }
-        | Op::CollectiveBroadcast { .. }
-        | Op::Send { .. }
-        | Op::Recv { .. } => return None,
+        Op::Store { .. } | kiln_ir::opaque_op!() => return None,
     };
     Some(cost.max(MIN_COST))
 }
