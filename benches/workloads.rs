@@ -94,12 +94,13 @@ fn training(c: &mut Criterion) {
 }
 
 /// Where a stage's two codes cross: a softmax over rows of length 3 to 2048 (about 2²⁰
-/// elements in all; its reductions keep the rows), on Cranelift's f32x4 code and on the
-/// vector routines, so that the rule choosing between them is a measured one.
+/// elements in all; its reductions keep the rows) on Cranelift's f32x4 code and on the tile
+/// program with the vector routines, so that the rule choosing between them is a measured
+/// one.
 fn paths(c: &mut Criterion) {
     use kiln::backend::Array;
     use kiln::ir::{DType, FunctionBuilder, ReduceOp, Shape, Type};
-    let mut group = c.benchmark_group("paths_softmax");
+    let mut group = c.benchmark_group("paths");
     group
         .sample_size(10)
         .measurement_time(Duration::from_secs(1));
@@ -120,10 +121,13 @@ fn paths(c: &mut Criterion) {
         let buffers = [input.data_ptr().cast_mut(), output.data_mut_ptr()];
         group.throughput(Throughput::Elements((rows * row) as u64));
         for path in [jit::Path::Cranelift, jit::Path::Routines] {
-            group.bench_function(BenchmarkId::new(format!("{path:?}"), row), |bench| {
-                // SAFETY: the kernel's one input and one output, contiguous, of its types.
-                bench.iter(|| unsafe { kernel.execute_on(&buffers, &[], false, Some(path)) })
-            });
+            group.bench_function(
+                BenchmarkId::new(format!("{path:?}/softmax"), row),
+                |bench| {
+                    // SAFETY: the kernel's one input and one output, contiguous, of its types.
+                    bench.iter(|| unsafe { kernel.execute_on(&buffers, &[], false, Some(path)) })
+                },
+            );
         }
     }
     group.finish();
