@@ -133,10 +133,47 @@ fn paths(c: &mut Criterion) {
     group.finish();
 }
 
+/// `x·a + b` over 2²⁰ f32 (4 MiB in, 4 MiB out): an elementwise kernel with no
+/// transcendental, on Cranelift's f32x4 code and on its tile program (one fused multiply-add
+/// pass at the CPU's width).
+fn xa_plus_b(c: &mut Criterion) {
+    use kiln::backend::Array;
+    use kiln::ir::{DType, FunctionBuilder, Shape, Type};
+    let mut b = FunctionBuilder::new("k");
+    let x = b.arg("x", Type::new(DType::F32, Shape::fixed(&[1 << 20])));
+    let a = b.scalar(DType::F32, 0.7).unwrap();
+    let y = b.mul(x, a).unwrap();
+    let shift = b.scalar(DType::F32, 0.1).unwrap();
+    let y = b.add(y, shift).unwrap();
+    let kernel = jit::kernel(&b.finish(&[y]).unwrap()).unwrap();
+    let input = Array::zeros(DType::F32, &[1 << 20]);
+    let mut output = Array::zeros(DType::F32, &[1 << 20]);
+    let buffers = [input.data_ptr().cast_mut(), output.data_mut_ptr()];
+    let mut group = c.benchmark_group("xa_plus_b_2^20");
+    group
+        .sample_size(20)
+        .throughput(Throughput::Elements(1 << 20));
+    for path in [jit::Path::Cranelift, jit::Path::Routines] {
+        group.bench_function(format!("{path:?}"), |bench| {
+            // SAFETY: the kernel's one input and one output, contiguous, of its types.
+            bench.iter(|| unsafe { kernel.execute_on(&buffers, &[], false, Some(path)) })
+        });
+    }
+    group.finish();
+}
+
 fn eager(c: &mut Criterion) {
     let x = workloads::eager_add_input();
     c.bench_function("w6_eager_add_f32x4", |b| b.iter(|| black_box(&x + &x)));
 }
 
-criterion_group!(benches, elementwise, matmul, training, eager, paths);
+criterion_group!(
+    benches,
+    elementwise,
+    matmul,
+    training,
+    eager,
+    paths,
+    xa_plus_b
+);
 criterion_main!(benches);

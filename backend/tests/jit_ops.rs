@@ -869,3 +869,45 @@ fn symbolic_sizes_compile_once() {
     let again = jit::kernel(&func.clone()).unwrap();
     assert!(std::sync::Arc::ptr_eq(&again, &first));
 }
+
+/// A tile program reading one register twice (`t·t`) freed its scratch tile twice, so two
+/// later values shared one tile while both were live: a silent wrong answer on the program's
+/// path. Found when an Adam update (this kernel's shape, with an `exp` so that its stage has a
+/// program) gave another loss under parameter servers than in one process.
+#[test]
+fn a_program_reading_a_register_twice_frees_its_tile_once() {
+    let ty = Type::new(DType::F32, fixed(&[1024]));
+    let inputs: Vec<Array> = (0..3)
+        .map(|i| Gen(40 + i).array(DType::F32, &[1024], false, false))
+        .collect();
+    check(
+        "adam-like update",
+        &[ty.clone(), ty.clone(), ty],
+        inputs,
+        APPROX,
+        |b, a| {
+            let (x, m, v) = (a[0], a[1], a[2]);
+            let scalar = |b: &mut FunctionBuilder, c: f64| b.scalar(DType::F32, c);
+            let three = scalar(b, 3.0)?;
+            let g = b.div(x, three)?;
+            let (c1, c2) = (scalar(b, 0.9)?, scalar(b, 0.1)?);
+            let m1 = b.mul(m, c1)?;
+            let g1 = b.mul(g, c2)?;
+            let m_next = b.add(m1, g1)?;
+            let g2 = b.mul(g, g)?;
+            let (c3, c4) = (scalar(b, 0.999)?, scalar(b, 0.001)?);
+            let v1 = b.mul(v, c3)?;
+            let g3 = b.mul(g2, c4)?;
+            let v_next = b.add(v1, g3)?;
+            let root = b.unary(UnaryOp::Sqrt, v_next)?;
+            let eps = scalar(b, 1e-8)?;
+            let denom = b.add(root, eps)?;
+            let step = b.div(m_next, denom)?;
+            let lr = scalar(b, 0.01)?;
+            let scaled = b.mul(step, lr)?;
+            let w = b.sub(x, scaled)?;
+            let e = b.unary(UnaryOp::Exp, w)?;
+            Ok(vec![m_next, v_next, w, e])
+        },
+    );
+}

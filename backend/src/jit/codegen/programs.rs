@@ -285,7 +285,12 @@ impl Program {
                 });
                 self.registers[dst as usize] = Register::Scratch(tile);
             }
-            for r in Self::reads(i) {
+            // Each register once: `t·t` reads `t` twice, and freeing its tile twice let two
+            // live values share it.
+            let mut reads = Self::reads(i);
+            reads.sort_unstable();
+            reads.dedup();
+            for r in reads {
                 if last_read[r as usize] == k
                     && let Register::Scratch(t) = self.registers[r as usize]
                 {

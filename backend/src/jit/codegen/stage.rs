@@ -147,19 +147,15 @@ impl Gen<'_, '_> {
     }
 
     /// Makes tile programs of the groups that can be ones (where this code calls routines:
-    /// in a stage with a transcendental function, every group it can), their frames filled
-    /// before the rows; by segment.
+    /// every vectorised f32 group whose ops a program has, with a transcendental or not, so
+    /// that it runs at the CPU's width), their frames filled before the rows; by segment.
     fn prepare_programs(
         &mut self,
         segments: &[Segment],
         stashes: &[Stash],
     ) -> Vec<Option<programs::Frame>> {
         let mut frames: Vec<_> = segments.iter().map(|_| None).collect();
-        let has_routines = |g: &mut Self, s: &Segment| match s {
-            Segment::Group(works) => !g.routine_calls(works).is_empty(),
-            Segment::Row(_) => false,
-        };
-        if !self.routines || !segments.iter().any(|s| has_routines(self, s)) {
+        if !self.routines {
             return frames;
         }
         for (index, segment) in segments.iter().enumerate() {
