@@ -911,3 +911,23 @@ fn a_program_reading_a_register_twice_frees_its_tile_once() {
         },
     );
 }
+
+/// Every transcendental function of the op table has its vector routine at every ISA level
+/// the CPU has: a table row added without its `routines!` entry fails here, not by leaving a
+/// kernel slower (the program then leaves that group to Cranelift's code).
+#[test]
+fn every_transcendental_has_its_routine() {
+    for isa in [Isa::Avx512, Isa::Avx2] {
+        if !isa.supported() {
+            continue;
+        }
+        for &op in UnaryOp::ALL {
+            let transcendental = op.cost() == kiln_ir::Cost::Transcendental;
+            let has = vecmath::routine(op, isa).is_some();
+            // sin and cos are transcendental but call scalar helpers (no f32 vector form).
+            if transcendental && op.vector_form() == kiln_ir::VectorForm::F32x4 {
+                assert!(has, "`{}` has no {isa:?} routine", op.name());
+            }
+        }
+    }
+}

@@ -9,19 +9,24 @@
 //! place matches on [`Op`] (or the table's enum) exhaustively, so a new op that the table knows
 //! but a backend does not is a compile error.
 //!
-//! The checklist for a new elementwise op (`softplus` touched exactly these):
+//! The checklist for a new elementwise op (what a transcendental such as `softplus` touches;
+//! issue 25 is merging the vector paths of step 4 into one):
 //!
 //! 1. its row in the table here;
 //! 2. its scalar function in the interpreter (`kiln-backend`, `interp/kernels.rs`; the JIT's
 //!    helper symbols call the same function) — a compile error until written;
 //! 3. its gradient rule (`kiln-passes`, `autodiff/rules.rs`) — a compile error until written;
-//! 4. its f32 kernel code (`kiln-backend`, `jit/codegen/`; a polynomial in `jit/math.rs` if it
-//!    is a new approximation) — a compile error until written, unless its row says
-//!    `F32AndF64` helpers;
+//! 4. its f32 kernel code, unless its row says `F32AndF64` helpers: Cranelift's in
+//!    `jit/codegen/elementwise.rs` and the tile-program runner's in `tile_program.rs` (each a
+//!    compile error until written); for a new approximation, its polynomial in `jit/math.rs`,
+//!    the same body in `vecmath.rs` and its `routines!` entry there (the test
+//!    `every_transcendental_has_its_routine` fails until written; until then its groups stay
+//!    in Cranelift's code);
 //! 5. tests: hand values in `backend/tests/interp_ops.rs`, its domain in the exhaustive match of
 //!    `passes/tests/grad_check.rs` (a compile error until added), and for a new approximation
-//!    its ULP bound in `backend/tests/math_ulp.rs`. The JIT differential tests iterate the
-//!    table, so they cover it already.
+//!    its ULP bound in `backend/tests/math_ulp.rs`, which also checks the polynomial and the
+//!    routine agree bit for bit. The JIT differential tests iterate the table, so they cover
+//!    it already.
 //!
 //! Any other op: a variant of [`Op`] with its attributes in [`Op::attributes`],
 //! [`Op::from_parts`] and [`Op::all_names`]; then the compiler lists the exhaustive matches

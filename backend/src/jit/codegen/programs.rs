@@ -394,7 +394,14 @@ impl Gen<'_, '_> {
                     let (x, m) = &operands[0];
                     self.program_operand(p, *x, m)?
                 }
-                Op::Unary(op) if f32 && op.vector_form() == VectorForm::F32x4 => {
+                // A transcendental function runs in a program only by its routine: one whose
+                // routine is missing leaves the group to Cranelift's code instead of failing.
+                Op::Unary(op)
+                    if f32
+                        && op.vector_form() == VectorForm::F32x4
+                        && (!plan::is_transcendental(&Op::Unary(*op))
+                            || vecmath::routine(*op, vecmath::isa()).is_some()) =>
+                {
                     let (x, m) = &operands[0];
                     let a = self.program_operand(p, *x, m)?;
                     let dst = p.scratch();
