@@ -80,6 +80,28 @@ macro_rules! map_array {
 }
 
 impl Array {
+    /// Checks the array against an argument's type `expected`, binding its symbolic sizes in
+    /// `bindings` (so that the arguments of one call agree on them); `Err` says why it does
+    /// not fit, in words. The one argument check of the interpreter, the executor and the
+    /// session, which each name the argument in their own error.
+    pub fn check_fits(
+        &self,
+        expected: &Type,
+        bindings: &mut kiln_ir::SymbolBindings,
+    ) -> Result<(), String> {
+        if self.dtype() != expected.dtype {
+            return Err(format!(
+                "the dtype is {}, not {}",
+                self.dtype(),
+                expected.dtype
+            ));
+        }
+        expected
+            .shape
+            .bind(self.shape(), bindings)
+            .map_err(|e| e.to_string())
+    }
+
     /// The element type.
     pub fn dtype(&self) -> DType {
         match self {

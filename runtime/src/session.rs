@@ -347,16 +347,7 @@ fn arguments(prepared: &Prepared, feeds: &[(&str, Arc<Array>)]) -> RuntimeResult
             found: Box::new(array.ty()),
             reason,
         };
-        if array.dtype() != ty.dtype {
-            return Err(mismatch(format!(
-                "the dtype differs: {} vs {}",
-                array.dtype(),
-                ty.dtype
-            )));
-        }
-        ty.shape
-            .bind(array.shape(), &mut bindings)
-            .map_err(|e| mismatch(e.to_string()))?;
+        array.check_fits(ty, &mut bindings).map_err(mismatch)?;
         args.push(array.clone());
     }
     Ok(args)

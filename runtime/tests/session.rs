@@ -121,7 +121,7 @@ fn errors_name_the_placeholder_and_what_exists() {
         .to_string();
     assert_eq!(
         err,
-        "feed `x`: the placeholder is f32[N,3], but the fed array is f64[2,3] (the dtype differs: f64 vs f32)"
+        "feed `x`: the placeholder is f32[N,3], but the fed array is f64[2,3] (the dtype is f64, not f32)"
     );
     let err = s
         .run(&[pred.into()], &[("x", f32s(&[2, 4], &[0.0; 8]))])

@@ -23,7 +23,7 @@ use kiln_ir::{
     Conv2dAttrs, ConvKind, DType, Function, Inst, Op, Pool2dAttrs, PoolKind, Shape, SymbolBindings,
     Type, Value,
 };
-use schedule::{DimRecipe, Output, Schedule, ShapeRecipe, Step, StepKind};
+use schedule::{Output, Schedule, ShapeRecipe, Step, StepKind};
 use std::borrow::Cow;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -32,8 +32,6 @@ use std::sync::{Arc, Mutex, PoisonError};
 pub struct Executable {
     func: Function,
     schedule: Schedule,
-    /// Each argument's shape, to bind the symbols.
-    arg_shapes: Vec<ShapeRecipe>,
     /// Results that own a slot: `(result position, slot)`.
     result_slots: Vec<(usize, usize)>,
     runtime: Mutex<Option<Runtime>>,
@@ -187,25 +185,6 @@ impl Executable {
                 eprintln!("kiln: interpreted instead of compiled: {reason}");
             }
         }
-        let symbol = |s| {
-            schedule
-                .symbols
-                .iter()
-                .position(|x| x == s)
-                .expect("a listed symbol")
-        };
-        let arg_shapes = (func.args().iter())
-            .map(|&a| {
-                ShapeRecipe(
-                    (func.value_type(a).shape.0.iter())
-                        .map(|d| match d {
-                            kiln_ir::Dim::Fixed(n) => DimRecipe::Fixed(*n),
-                            kiln_ir::Dim::Sym(s) => DimRecipe::Symbol(symbol(s)),
-                        })
-                        .collect(),
-                )
-            })
-            .collect();
         let steps = schedule.steps.len();
         let mut result_slots = Vec::new();
         for step in &schedule.steps {
@@ -220,7 +199,6 @@ impl Executable {
         Executable {
             func: func.clone(),
             schedule,
-            arg_shapes,
             result_slots,
             runtime: Mutex::new(None),
             counters: Counters::default(),
@@ -424,40 +402,23 @@ impl Executable {
                 found: args.len(),
             });
         }
-        rt.sizes.clear();
-        rt.sizes.resize(self.schedule.symbols.len(), -1);
-        for ((&a, array), recipe) in func.args().iter().zip(args).zip(&self.arg_shapes) {
+        let mut bindings = kiln_ir::SymbolBindings::new();
+        for (&a, array) in func.args().iter().zip(args) {
             let expected = func.value_type(a);
-            let mismatch = |reason: String| InterpError::ArgMismatch {
-                func: func.name().to_owned(),
-                arg: ValueNames::new(func).get(a),
-                expected: Box::new(expected.clone()),
-                found: Box::new(array.ty()),
-                reason,
-            };
-            if array.dtype() != expected.dtype {
-                return Err(mismatch(format!("the dtype is {}", array.dtype())));
-            }
-            if array.shape().len() != recipe.0.len() {
-                return Err(mismatch(format!("the rank is {}", array.shape().len())));
-            }
-            for (axis, (&n, dim)) in array.shape().iter().zip(&recipe.0).enumerate() {
-                match *dim {
-                    DimRecipe::Fixed(m) if m != n => {
-                        return Err(mismatch(format!("axis {axis} has size {n}, not {m}")));
-                    }
-                    DimRecipe::Symbol(s) if rt.sizes[s] >= 0 && rt.sizes[s] != n as i64 => {
-                        let name = &self.schedule.symbols[s];
-                        return Err(mismatch(format!(
-                            "axis {axis} has size {n}, but {name} is already {}",
-                            rt.sizes[s]
-                        )));
-                    }
-                    DimRecipe::Symbol(s) => rt.sizes[s] = n as i64,
-                    DimRecipe::Fixed(_) => {}
-                }
-            }
+            array
+                .check_fits(expected, &mut bindings)
+                .map_err(|reason| InterpError::ArgMismatch {
+                    func: func.name().to_owned(),
+                    arg: ValueNames::new(func).get(a),
+                    expected: Box::new(expected.clone()),
+                    found: Box::new(array.ty()),
+                    reason,
+                })?;
         }
+        rt.sizes.clear();
+        (rt.sizes).extend(
+            (self.schedule.symbols.iter()).map(|s| bindings.get(s).map_or(-1, |&n| n as i64)),
+        );
         if let Some(s) = rt.sizes.iter().position(|&n| n < 0) {
             return Err(self.fail(
                 self.func.region(self.func.body()).insts[0],

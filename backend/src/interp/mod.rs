@@ -223,13 +223,9 @@ impl<'a> Interpreter<'a> {
                 found: Box::new(array.ty()),
                 reason,
             };
-            if array.dtype() != expected.dtype {
-                return Err(mismatch(format!("the dtype is {}", array.dtype())));
-            }
-            expected
-                .shape
-                .bind(array.shape(), &mut frame.bindings)
-                .map_err(|e| mismatch(e.to_string()))?;
+            array
+                .check_fits(expected, &mut frame.bindings)
+                .map_err(mismatch)?;
             frame.values.insert(v, array);
         }
         crate::limits::check_function(func, |s| frame.bindings.get(s).copied())?;
