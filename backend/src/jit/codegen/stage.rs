@@ -387,7 +387,6 @@ impl Gen<'_, '_> {
         if works.is_empty() {
             return;
         }
-        let plan = self.plan;
         let n = self.extents[self.dims.len() - 1];
         let roots = self.roots(works);
         let vector = self.vectorizable(works);
@@ -397,92 +396,12 @@ impl Gen<'_, '_> {
                 self.base(slot, &map);
             }
         }
-        let zero = self.b.ins().iconst(types::I64, 0);
-        // One accumulator per reduction (per unrolled copy when vectorised).
-        let mut scalar_accs: Vec<Option<Variable>> = Vec::new();
-        let mut start = zero;
-        if vector {
-            let reduces =
-                (works.iter()).any(|w| matches!(w, Work::Reduce(_) | Work::ReduceInto(_)));
-            let unroll = if reduces { REDUCE_UNROLL } else { UNROLL };
-            let step = LANES * unroll;
-            let vec_end = self.b.ins().band_imm_s(n, !(step - 1));
-            let mut vector_accs: Vec<Vec<Variable>> = Vec::new();
-            for &w in works {
-                let accs = match w {
-                    Work::Reduce(v) | Work::ReduceInto(v) => {
-                        let (op, _) = plan.reduce_op(v).expect("a reduction");
-                        let init = self.identity(op, DType::F32, true);
-                        (0..unroll)
-                            .map(|_| {
-                                let var = self.b.declare_var(types::F32X4);
-                                self.b.def_var(var, init);
-                                var
-                            })
-                            .collect()
-                    }
-                    _ => Vec::new(),
-                };
-                vector_accs.push(accs);
-            }
-            // One vector step of the group at `self.inner`, for unrolled copy `u`.
-            let mut body = |g: &mut Self, u: u32| {
-                g.scopes.push(HashMap::new());
-                for (i, &w) in works.iter().enumerate() {
-                    let acc = vector_accs[i].get(u as usize).copied();
-                    g.element(w, acc, true);
-                }
-                g.store_stashes(true);
-                g.scopes.pop();
-            };
-            let phases = match (&program, self.routines) {
-                (None, true) => self.routine_calls(works),
-                _ => Vec::new(),
-            };
-            if let Some(program) = program {
-                self.run_program(&program, vec_end, &vector_accs);
-            } else if phases.is_empty() {
-                let l = self.begin_loop(zero, vec_end);
-                for u in 0..unroll {
-                    self.inner = Some(self.b.ins().iadd_imm_s(l.index, u * LANES));
-                    body(self, u as u32);
-                }
-                self.end_loop(l, step);
-            } else {
-                self.tiled_vector_loop(&phases, vec_end, unroll, &mut body);
-            }
-            for (i, &w) in works.iter().enumerate() {
-                if let Work::Reduce(v) | Work::ReduceInto(v) = w {
-                    let (op, _) = plan.reduce_op(v).expect("a reduction");
-                    let mut acc = self.b.use_var(vector_accs[i][0]);
-                    for &other in &vector_accs[i][1..] {
-                        let x = self.b.use_var(other);
-                        acc = self.combine(op, DType::F32, acc, x);
-                    }
-                    let total = self.horizontal(op, acc);
-                    let var = self.b.declare_var(types::F32);
-                    self.b.def_var(var, total);
-                    scalar_accs.push(Some(var));
-                } else {
-                    scalar_accs.push(None);
-                }
-            }
-            start = vec_end;
+        let (start, scalar_accs) = if vector {
+            self.vector_part(works, program, n)
         } else {
-            for &w in works {
-                scalar_accs.push(match w {
-                    Work::Reduce(v) | Work::ReduceInto(v) => {
-                        let (op, _) = plan.reduce_op(v).expect("a reduction");
-                        let dtype = self.dtype(v);
-                        let init = self.identity(op, dtype, false);
-                        let var = self.b.declare_var(clif_type(dtype));
-                        self.b.def_var(var, init);
-                        Some(var)
-                    }
-                    _ => None,
-                });
-            }
-        }
+            let zero = self.b.ins().iconst(types::I64, 0);
+            (zero, self.scalar_accumulators(works))
+        };
         let l = self.begin_loop(start, n);
         self.scopes.push(HashMap::new());
         self.inner = Some(l.index);
@@ -493,6 +412,112 @@ impl Gen<'_, '_> {
         self.scopes.pop();
         self.inner = None;
         self.end_loop(l, 1);
+        self.finish_works(works, &scalar_accs, n);
+    }
+
+    /// The vectorised part of the row, `0..n` rounded down to whole trips: by the tile
+    /// `program`, the routines' tiles, or Cranelift's unrolled loop. Returns where the scalar
+    /// tail starts and each reduction's accumulator, folded to a scalar.
+    fn vector_part(
+        &mut self,
+        works: &[Work],
+        program: Option<programs::Frame>,
+        n: CValue,
+    ) -> (CValue, Vec<Option<Variable>>) {
+        let plan = self.plan;
+        let zero = self.b.ins().iconst(types::I64, 0);
+        let mut scalar_accs: Vec<Option<Variable>> = Vec::new();
+        let reduces = (works.iter()).any(|w| matches!(w, Work::Reduce(_) | Work::ReduceInto(_)));
+        let unroll = if reduces { REDUCE_UNROLL } else { UNROLL };
+        let step = LANES * unroll;
+        let vec_end = self.b.ins().band_imm_s(n, !(step - 1));
+        let mut vector_accs: Vec<Vec<Variable>> = Vec::new();
+        for &w in works {
+            let accs = match w {
+                Work::Reduce(v) | Work::ReduceInto(v) => {
+                    let (op, _) = plan.reduce_op(v).expect("a reduction");
+                    let init = self.identity(op, DType::F32, true);
+                    (0..unroll)
+                        .map(|_| {
+                            let var = self.b.declare_var(types::F32X4);
+                            self.b.def_var(var, init);
+                            var
+                        })
+                        .collect()
+                }
+                _ => Vec::new(),
+            };
+            vector_accs.push(accs);
+        }
+        // One vector step of the group at `self.inner`, for unrolled copy `u`.
+        let mut body = |g: &mut Self, u: u32| {
+            g.scopes.push(HashMap::new());
+            for (i, &w) in works.iter().enumerate() {
+                let acc = vector_accs[i].get(u as usize).copied();
+                g.element(w, acc, true);
+            }
+            g.store_stashes(true);
+            g.scopes.pop();
+        };
+        let phases = match (&program, self.routines) {
+            (None, true) => self.routine_calls(works),
+            _ => Vec::new(),
+        };
+        if let Some(program) = program {
+            self.run_program(&program, vec_end, &vector_accs);
+        } else if phases.is_empty() {
+            let l = self.begin_loop(zero, vec_end);
+            for u in 0..unroll {
+                self.inner = Some(self.b.ins().iadd_imm_s(l.index, u * LANES));
+                body(self, u as u32);
+            }
+            self.end_loop(l, step);
+        } else {
+            self.tiled_vector_loop(&phases, vec_end, unroll, &mut body);
+        }
+        for (i, &w) in works.iter().enumerate() {
+            if let Work::Reduce(v) | Work::ReduceInto(v) = w {
+                let (op, _) = plan.reduce_op(v).expect("a reduction");
+                let mut acc = self.b.use_var(vector_accs[i][0]);
+                for &other in &vector_accs[i][1..] {
+                    let x = self.b.use_var(other);
+                    acc = self.combine(op, DType::F32, acc, x);
+                }
+                let total = self.horizontal(op, acc);
+                let var = self.b.declare_var(types::F32);
+                self.b.def_var(var, total);
+                scalar_accs.push(Some(var));
+            } else {
+                scalar_accs.push(None);
+            }
+        }
+        (vec_end, scalar_accs)
+    }
+
+    /// A scalar accumulator per reduction of `works`, at its identity (`None` for the rest).
+    fn scalar_accumulators(&mut self, works: &[Work]) -> Vec<Option<Variable>> {
+        let plan = self.plan;
+        let mut scalar_accs = Vec::new();
+        for &w in works {
+            scalar_accs.push(match w {
+                Work::Reduce(v) | Work::ReduceInto(v) => {
+                    let (op, _) = plan.reduce_op(v).expect("a reduction");
+                    let dtype = self.dtype(v);
+                    let init = self.identity(op, dtype, false);
+                    let var = self.b.declare_var(clif_type(dtype));
+                    self.b.def_var(var, init);
+                    Some(var)
+                }
+                _ => None,
+            });
+        }
+        scalar_accs
+    }
+
+    /// After the row's loops: each reduction finished and stored, or combined into its
+    /// buffer.
+    fn finish_works(&mut self, works: &[Work], scalar_accs: &[Option<Variable>], n: CValue) {
+        let plan = self.plan;
         for (i, &w) in works.iter().enumerate() {
             match w {
                 Work::Reduce(v) => {
