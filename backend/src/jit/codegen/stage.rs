@@ -1,4 +1,4 @@
-//! A stage's loops: rows, inner loops (vector and scalar), accumulations, stashes, and
+//! A stage's loops: rows, inner loops (tile programs or scalar), accumulations, stashes, and
 //! how each value's work is stored or reduced.
 
 use super::*;
@@ -111,7 +111,7 @@ impl Gen<'_, '_> {
                 _ => self.root(Work::Store(v)),
             })
             .collect();
-        self.hoist(&all, Level::Entry, false);
+        self.hoist(&all, Level::Entry);
         let segments = self.segments();
         let stashes = self.stashes(&segments);
         let mut programs = self.prepare_programs(&segments, &stashes);
@@ -122,8 +122,8 @@ impl Gen<'_, '_> {
             match segment {
                 Segment::Row(v) => {
                     let map = KernelPlan::identity_mapping(&plan.ty(*v).shape);
-                    let x = self.emit(*v, &map, false);
-                    self.store_to_destinations(*v, &map, x, false);
+                    let x = self.emit(*v, &map);
+                    self.store_to_destinations(*v, &map, x);
                 }
                 Segment::Group(works) => {
                     self.use_stashes(&stashes, index);
@@ -146,31 +146,29 @@ impl Gen<'_, '_> {
             .collect();
     }
 
-    /// Makes tile programs of the groups that can be ones (where this code calls routines:
-    /// every vectorised f32 group whose ops a program has, with a transcendental or not, so
-    /// that it runs at the CPU's width), their frames filled before the rows; by segment.
+    /// Makes tile programs of the groups that can be ones, their frames filled before the
+    /// rows; by segment.
     fn prepare_programs(
         &mut self,
         segments: &[Segment],
         stashes: &[Stash],
     ) -> Vec<Option<programs::Frame>> {
         let mut frames: Vec<_> = segments.iter().map(|_| None).collect();
-        if !self.routines {
-            return frames;
-        }
         for (index, segment) in segments.iter().enumerate() {
             let Segment::Group(works) = segment else {
                 continue;
             };
             self.use_stashes(stashes, index);
-            if self.vectorizable(works)
-                && let Some(program) = self.tile_program(works)
-            {
-                frames[index] = Some(self.prepare_frame(program));
-            }
+            frames[index] = self.group_program(works);
             self.use_stashes(&[], index);
         }
         frames
+    }
+
+    /// The group's tile program, its frame filled here (before the rows), if it has one.
+    fn group_program(&mut self, works: &[Work]) -> Option<programs::Frame> {
+        let program = self.tile_program(works)?;
+        Some(self.prepare_frame(program))
     }
 
     /// The stage's values in the order they are computed along a row: groups of values that
@@ -299,9 +297,9 @@ impl Gen<'_, '_> {
         let size = dtype.size_bytes() as i64;
         let out_len = self.value_len(v);
         let root = self.root(Work::Combine(v));
-        self.hoist(std::slice::from_ref(&root), Level::Entry, false);
+        self.hoist(std::slice::from_ref(&root), Level::Entry);
         // Start from the identity.
-        let identity = self.identity(op, dtype, false);
+        let identity = self.identity(op, dtype);
         let l = self.begin_loop_from_zero(out_len);
         let addr = self.element_address(primary, l.index, size);
         self.b.ins().store(flags(), identity, addr, 0);
@@ -314,10 +312,11 @@ impl Gen<'_, '_> {
         } else {
             Work::Combine(v)
         };
+        let program = self.group_program(&[work]);
         let l = self.begin_loop(begin, end);
         self.scopes.push(HashMap::new());
         self.decompose_row(l.index);
-        self.inner_loop(&[work], None);
+        self.inner_loop(&[work], program);
         self.scopes.pop();
         self.row_index.clear();
         self.end_loop(l, 1);
@@ -381,117 +380,42 @@ impl Gen<'_, '_> {
         }
     }
 
-    /// One inner loop computing `works` along the current row: vectorised (unrolled) when it
-    /// can be — by the group's tile `program` when it has one — then a scalar tail.
+    /// One inner loop computing `works` along the current row: by the group's tile `program`
+    /// when it has one, else one element at a time.
     pub(super) fn inner_loop(&mut self, works: &[Work], program: Option<programs::Frame>) {
         if works.is_empty() {
             return;
         }
         let n = self.extents[self.dims.len() - 1];
         let roots = self.roots(works);
-        let vector = self.vectorizable(works);
-        self.hoist(&roots, Level::Row, vector);
+        self.hoist(&roots, Level::Row);
         for &w in works {
             for (slot, map) in self.work_destinations(w) {
                 self.base(slot, &map);
             }
         }
-        let (start, scalar_accs) = if vector {
-            self.vector_part(works, program, n)
-        } else {
-            let zero = self.b.ins().iconst(types::I64, 0);
-            (zero, self.scalar_accumulators(works))
+        let totals = match program {
+            Some(program) => self.run_program(&program, works.len(), n),
+            None => self.scalar_loop(works, n),
         };
-        let l = self.begin_loop(start, n);
+        self.finish_works(works, &totals, n);
+    }
+
+    /// The row `0..n` one element at a time; returns each reduction's accumulator, by work.
+    fn scalar_loop(&mut self, works: &[Work], n: CValue) -> Vec<Option<Variable>> {
+        let accs = self.scalar_accumulators(works);
+        let zero = self.b.ins().iconst(types::I64, 0);
+        let l = self.begin_loop(zero, n);
         self.scopes.push(HashMap::new());
         self.inner = Some(l.index);
         for (i, &w) in works.iter().enumerate() {
-            self.element(w, scalar_accs[i], false);
+            self.element(w, accs[i]);
         }
-        self.store_stashes(false);
+        self.store_stashes();
         self.scopes.pop();
         self.inner = None;
         self.end_loop(l, 1);
-        self.finish_works(works, &scalar_accs, n);
-    }
-
-    /// The vectorised part of the row, `0..n` rounded down to whole trips: by the tile
-    /// `program`, the routines' tiles, or Cranelift's unrolled loop. Returns where the scalar
-    /// tail starts and each reduction's accumulator, folded to a scalar.
-    fn vector_part(
-        &mut self,
-        works: &[Work],
-        program: Option<programs::Frame>,
-        n: CValue,
-    ) -> (CValue, Vec<Option<Variable>>) {
-        let plan = self.plan;
-        let zero = self.b.ins().iconst(types::I64, 0);
-        let mut scalar_accs: Vec<Option<Variable>> = Vec::new();
-        let reduces = (works.iter()).any(|w| matches!(w, Work::Reduce(_) | Work::ReduceInto(_)));
-        let unroll = if reduces { REDUCE_UNROLL } else { UNROLL };
-        let step = LANES * unroll;
-        let vec_end = self.b.ins().band_imm_s(n, !(step - 1));
-        let mut vector_accs: Vec<Vec<Variable>> = Vec::new();
-        for &w in works {
-            let accs = match w {
-                Work::Reduce(v) | Work::ReduceInto(v) => {
-                    let (op, _) = plan.reduce_op(v).expect("a reduction");
-                    let init = self.identity(op, DType::F32, true);
-                    (0..unroll)
-                        .map(|_| {
-                            let var = self.b.declare_var(types::F32X4);
-                            self.b.def_var(var, init);
-                            var
-                        })
-                        .collect()
-                }
-                _ => Vec::new(),
-            };
-            vector_accs.push(accs);
-        }
-        // One vector step of the group at `self.inner`, for unrolled copy `u`.
-        let mut body = |g: &mut Self, u: u32| {
-            g.scopes.push(HashMap::new());
-            for (i, &w) in works.iter().enumerate() {
-                let acc = vector_accs[i].get(u as usize).copied();
-                g.element(w, acc, true);
-            }
-            g.store_stashes(true);
-            g.scopes.pop();
-        };
-        let phases = match (&program, self.routines) {
-            (None, true) => self.routine_calls(works),
-            _ => Vec::new(),
-        };
-        if let Some(program) = program {
-            self.run_program(&program, vec_end, &vector_accs);
-        } else if phases.is_empty() {
-            let l = self.begin_loop(zero, vec_end);
-            for u in 0..unroll {
-                self.inner = Some(self.b.ins().iadd_imm_s(l.index, u * LANES));
-                body(self, u as u32);
-            }
-            self.end_loop(l, step);
-        } else {
-            self.tiled_vector_loop(&phases, vec_end, unroll, &mut body);
-        }
-        for (i, &w) in works.iter().enumerate() {
-            if let Work::Reduce(v) | Work::ReduceInto(v) = w {
-                let (op, _) = plan.reduce_op(v).expect("a reduction");
-                let mut acc = self.b.use_var(vector_accs[i][0]);
-                for &other in &vector_accs[i][1..] {
-                    let x = self.b.use_var(other);
-                    acc = self.combine(op, DType::F32, acc, x);
-                }
-                let total = self.horizontal(op, acc);
-                let var = self.b.declare_var(types::F32);
-                self.b.def_var(var, total);
-                scalar_accs.push(Some(var));
-            } else {
-                scalar_accs.push(None);
-            }
-        }
-        (vec_end, scalar_accs)
+        accs
     }
 
     /// A scalar accumulator per reduction of `works`, at its identity (`None` for the rest).
@@ -503,7 +427,7 @@ impl Gen<'_, '_> {
                 Work::Reduce(v) | Work::ReduceInto(v) => {
                     let (op, _) = plan.reduce_op(v).expect("a reduction");
                     let dtype = self.dtype(v);
-                    let init = self.identity(op, dtype, false);
+                    let init = self.identity(op, dtype);
                     let var = self.b.declare_var(clif_type(dtype));
                     self.b.def_var(var, init);
                     Some(var)
@@ -527,8 +451,8 @@ impl Gen<'_, '_> {
                     self.scopes
                         .last_mut()
                         .expect("a row scope")
-                        .insert(Memo::Value(v, map.clone(), false), total);
-                    self.store_to_destinations(v, &map, total, false);
+                        .insert(Memo::Value(v, map.clone()), total);
+                    self.store_to_destinations(v, &map, total);
                 }
                 Work::ReduceInto(v) => {
                     let (op, _) = plan.reduce_op(v).expect("a reduction");
@@ -547,9 +471,9 @@ impl Gen<'_, '_> {
     }
 
     /// Stores this iteration's stashed expressions for the next inner loop.
-    pub(super) fn store_stashes(&mut self, vector: bool) {
+    pub(super) fn store_stashes(&mut self) {
         for stash in self.stash_in.clone() {
-            let x = self.emit(stash.value, &stash.map, vector);
+            let x = self.emit(stash.value, &stash.map);
             let addr = self.address(stash.slot, &stash.slot_map, self.dtype(stash.value));
             self.b.ins().store(flags(), x, addr, 0);
         }
@@ -573,12 +497,12 @@ impl Gen<'_, '_> {
         }
     }
 
-    /// The work of one element (or one vector of elements) at the current inner position.
-    pub(super) fn element(&mut self, w: Work, acc: Option<Variable>, vector: bool) {
+    /// The work of one element at the current inner position.
+    pub(super) fn element(&mut self, w: Work, acc: Option<Variable>) {
         let (root, map) = self.root(w);
-        let x = self.emit(root, &map, vector);
+        let x = self.emit(root, &map);
         match w {
-            Work::Store(v) => self.store_to_destinations(v, &map, x, vector),
+            Work::Store(v) => self.store_to_destinations(v, &map, x),
             Work::Reduce(v) | Work::ReduceInto(v) => {
                 let (op, _) = self.plan.reduce_op(v).expect("a reduction");
                 let var = acc.expect("an accumulator");
@@ -592,25 +516,14 @@ impl Gen<'_, '_> {
                 let slot = self.plan.slot(self.plan.source[&v]);
                 let out_map = self.output_mapping(v);
                 let addr = self.address(slot, &out_map, dtype);
-                let ty = if vector {
-                    types::F32X4
-                } else {
-                    clif_type(dtype)
-                };
-                let old = self.b.ins().load(ty, flags(), addr, 0);
+                let old = self.b.ins().load(clif_type(dtype), flags(), addr, 0);
                 let new = self.combine(op, dtype, old, x);
                 self.b.ins().store(flags(), new, addr, 0);
             }
         }
     }
 
-    pub(super) fn store_to_destinations(
-        &mut self,
-        v: Value,
-        map: &Mapping,
-        x: CValue,
-        _vector: bool,
-    ) {
+    pub(super) fn store_to_destinations(&mut self, v: Value, map: &Mapping, x: CValue) {
         let plan = self.plan;
         let dtype = self.dtype(v);
         for d in plan.destinations(v) {
@@ -629,9 +542,9 @@ impl Gen<'_, '_> {
                 self.b.ins().fdiv(total, count)
             }
             // A max or min is the same in any order but for a NaN's sign and payload: one
-            // NaN, so that a tile program (which combines in its own order) gives these bits.
+            // NaN, whatever order a tile program combined in.
             Some((ReduceOp::Max | ReduceOp::Min, _)) if dtype.is_float() => {
-                let nan = self.float_const(dtype, f64::NAN, false);
+                let nan = self.float_const(dtype, f64::NAN);
                 let is_nan = self.b.ins().fcmp(FloatCC::Unordered, total, total);
                 self.b.ins().select(is_nan, nan, total)
             }
