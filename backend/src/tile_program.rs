@@ -12,14 +12,17 @@
 //!
 //! - bools are tiles of `0.0` and `1.0` (a compare writes them, a select reads them);
 //! - a sum keeps 16 partial sums (element `i` of the row into partial `i mod 16`, in order),
-//!   which the kernel folds in a fixed order when the row ends;
+//!   set to the identity by the row's first tile and folded in a fixed order, into the first,
+//!   by its last;
 //! - a max or min may combine in any order: it is exact, and its NaN is made canonical when
 //!   the row's reduction finishes.
 //!
-//! A call's *frame* is an array of words: the program's address, its length, the scalars'
-//! address, the partial accumulators' address, a mask of the buffer registers streamed from
-//! row to row (the ones it prefetches), the tile's first position along the row, then one
-//! pointer per register (a tile of scratch, or a buffer at the tile's first element).
+//! A call's *frame* is an array of words: a header ([`word`]: the program, the scalars, the
+//! partial accumulators, the tile's first position along the row, how many rows, …), then
+//! per row one pointer per register: a buffer at the row's first element, or (row 0 only) a
+//! tile of scratch. A call computes one tile of a long row, or a block of whole short rows
+//! (up to [`BLOCK_ROWS`], as many as fill a tile): each instruction over every row of the
+//! block in turn, row `i`'s scratch at `i·len` in the register's tile.
 //!
 //! Only a program's first instructions read memory beyond L1 and its last ones write it, so
 //! a call prefetches the next tile of every buffer: the loads arrive while this tile computes,
@@ -40,8 +43,40 @@ const _: () = assert!(
     "every tile but a row's last is whole trips"
 );
 
+/// The words of a frame's header, by index; the registers follow it.
+pub(crate) mod word {
+    /// The program's address, and its length in words.
+    pub(crate) const PROGRAM: usize = 0;
+    pub(crate) const COUNT: usize = 1;
+    /// The scalars' address (row `i`'s scalar `k` at `i·SCALARS_PER_ROW + k`).
+    pub(crate) const SCALARS: usize = 2;
+    /// The partial accumulators' address (row `i`'s reduction `k` at `i·REDUCTIONS + k`,
+    /// [`super::PARTIALS`] f32s each).
+    pub(crate) const PARTIALS: usize = 3;
+    /// The mask of the buffer registers streamed from row to row (prefetched).
+    pub(crate) const STREAMED: usize = 4;
+    /// The tile's first position along the row.
+    pub(crate) const START: usize = 5;
+    /// How many rows the call computes.
+    pub(crate) const ROWS: usize = 6;
+    /// The mask of the registers that are buffers (the rest are scratch).
+    pub(crate) const BUFFERS: usize = 7;
+    /// Registers, scalars and reductions per row.
+    pub(crate) const REGISTERS: usize = 8;
+    pub(crate) const SCALARS_PER_ROW: usize = 9;
+    pub(crate) const REDUCTIONS: usize = 10;
+    /// The row's length: the call whose tile ends it folds each reduction's partials.
+    pub(crate) const ROW_LENGTH: usize = 11;
+}
+
 /// Words of a frame before the registers.
-pub(crate) const FRAME_HEADER: usize = 6;
+pub(crate) const FRAME_HEADER: usize = 12;
+
+/// Rows one call computes at most, when a row is shorter than a tile.
+pub(crate) const BLOCK_ROWS: usize = 32;
+
+/// Registers a program may have (the masks' bits).
+pub(crate) const MAX_REGISTERS: usize = 64;
 
 /// Where an instruction reads: a register (a tile), or a scalar broadcast over the tile.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -308,8 +343,12 @@ pub(crate) fn apply_unary(op: UnaryOp, isa: Isa, data: &mut [f32]) -> bool {
     .encode(&mut words);
     for tile in data.chunks_mut(TILE) {
         let mut frame = [0u64; FRAME_HEADER + 1];
-        frame[0] = words.as_ptr() as u64;
-        frame[1] = words.len() as u64;
+        frame[word::PROGRAM] = words.as_ptr() as u64;
+        frame[word::COUNT] = words.len() as u64;
+        frame[word::ROWS] = 1;
+        frame[word::BUFFERS] = 1;
+        frame[word::REGISTERS] = 1;
+        frame[word::ROW_LENGTH] = tile.len() as u64;
         frame[FRAME_HEADER] = tile.as_mut_ptr() as u64;
         // SAFETY: the frame names one register of `tile.len()` f32s and no scalars,
         // accumulators or streamed buffers; the CPU has `isa`.
@@ -325,16 +364,42 @@ enum Src {
     Scalar(f32),
 }
 
-/// `d[i] = f(i)` for `i < n`. A plain counted loop, which LLVM vectorises at the ISA's width
-/// behind a check that `d` overlaps none of the pointers `f` reads: a result written over its
-/// own operand (a routine in place, an output over its stash) reads `d` itself, which the
-/// callers spell as such, so the check passes.
+/// `d[i] = f(i)` for `i < n`, in chunks of 64, 16 and 4 elements, then one at a time. Each
+/// chunk's results are computed before any is stored, so `d` may be one of the tiles `f`
+/// reads; a chunk of a fixed size is a few whole vectors, so a row of 16 costs one 512-bit
+/// step, not a loop that only vectorises from 64 elements.
 #[inline(always)]
 unsafe fn fill(d: *mut f32, n: usize, f: impl Fn(usize) -> f32) {
-    for i in 0..n {
-        // SAFETY: `d` holds `n` elements.
-        unsafe { *d.add(i) = f(i) };
+    let mut i = 0;
+    // SAFETY (each chunk): `d` holds `n` elements.
+    while i + 64 <= n {
+        unsafe { chunk::<64>(d, i, &f) };
+        i += 64;
     }
+    while i + 16 <= n {
+        unsafe { chunk::<16>(d, i, &f) };
+        i += 16;
+    }
+    while i + 4 <= n {
+        unsafe { chunk::<4>(d, i, &f) };
+        i += 4;
+    }
+    while i < n {
+        // SAFETY: `i < n`.
+        unsafe { *d.add(i) = f(i) };
+        i += 1;
+    }
+}
+
+/// `d[at..at + K] = f(at..at + K)`.
+#[inline(always)]
+unsafe fn chunk<const K: usize>(d: *mut f32, at: usize, f: &impl Fn(usize) -> f32) {
+    let mut out = [0.0f32; K];
+    for (k, o) in out.iter_mut().enumerate() {
+        *o = f(at + k);
+    }
+    // SAFETY: the caller's `d` holds `at + K` elements.
+    unsafe { std::ptr::copy_nonoverlapping(out.as_ptr(), d.add(at), K) };
 }
 
 /// Brings the next tile of the streamed buffers into cache while this one computes: a share
@@ -355,16 +420,16 @@ impl Prefetch {
     /// Buffers prefetched: few programs stream more, and a small array stays in registers.
     const MAX: usize = 8;
 
+    /// Prefetches for the registers of `mask`, whose tiles `tile` gives.
     #[inline(always)]
-    fn new(mask: u64, registers: *const *mut f32, n: usize, words: usize) -> Prefetch {
+    fn new(mask: u64, tile: impl Fn(u16) -> *mut f32, n: usize, words: usize) -> Prefetch {
         let mut next = [std::ptr::null(); Self::MAX];
         let mut buffers = 0;
         let mut bits = mask;
         while bits != 0 && buffers < Self::MAX {
-            let r = bits.trailing_zeros() as usize;
+            let r = bits.trailing_zeros() as u16;
             bits &= bits - 1;
-            // SAFETY: the mask names registers of the frame.
-            next[buffers] = unsafe { *registers.add(r) }.wrapping_add(n);
+            next[buffers] = tile(r).wrapping_add(n).cast_const();
             buffers += 1;
         }
         let lines = n.div_ceil(Self::LINE);
@@ -504,28 +569,49 @@ fn truth(b: bool) -> f32 {
     if b { 1.0 } else { 0.0 }
 }
 
-/// Runs the frame's program over `len` elements of each register.
+/// Runs the frame's program over `len` elements of each register, for each row of the call.
 ///
 /// # Safety
-/// `frame` is a frame as the module documents it, whose registers hold `len` elements each
-/// and whose accumulators hold [`PARTIALS`] f32s per reduction; `len` is a multiple of
-/// [`PARTIALS`] unless this is a row's last tile; the CPU has the entry's level.
+/// `frame` is a frame as the module documents it: each register holds `len` elements from
+/// the tile's start in every row (scratch: `rows·len`), the accumulators [`PARTIALS`] f32s
+/// per reduction and row; `len` is a multiple of [`PARTIALS`] unless this is a row's last
+/// tile; the CPU has the entry's level.
 #[inline(always)]
 unsafe fn run(frame: *const u64, len: i64) {
-    // SAFETY: as the function's contract states.
-    let (program, count, scalars, accs, streamed, start) = unsafe {
-        (
-            *frame as *const u64,
-            *frame.add(1) as usize,
-            *frame.add(2) as *const f32,
-            *frame.add(3) as *mut f32,
-            *frame.add(4),
-            *frame.add(5) as i64,
-        )
-    };
+    // SAFETY: the header's words, as the function's contract states.
+    let h = |k: usize| unsafe { *frame.add(k) };
+    let (program, count) = (h(word::PROGRAM) as *const u64, h(word::COUNT) as usize);
+    let (scalars, accs) = (
+        h(word::SCALARS) as *const f32,
+        h(word::PARTIALS) as *mut f32,
+    );
+    let (start, rows, buffers) = (
+        h(word::START) as usize,
+        h(word::ROWS) as usize,
+        h(word::BUFFERS),
+    );
+    let per_row = (
+        h(word::REGISTERS) as usize,
+        h(word::SCALARS_PER_ROW) as usize,
+    );
+    let reductions = h(word::REDUCTIONS) as usize;
+    let ends_row = start + len as usize == h(word::ROW_LENGTH) as usize;
     let registers = frame.wrapping_add(FRAME_HEADER) as *const *mut f32;
     let n = len as usize;
-    let mut prefetch = Prefetch::new(streamed, registers, n, count);
+    // Row `i`'s tile of register `r`: a buffer's row from the tile's start, or scratch row `i`.
+    let tile_at = |i: usize, r: u16| -> *mut f32 {
+        let r = r as usize;
+        // SAFETY: the frame has a pointer per register and row (scratch: for row 0).
+        unsafe {
+            match buffers >> r & 1 {
+                1 => (*registers.add(i * per_row.0 + r)).add(start),
+                _ => (*registers.add(r)).add(i * n),
+            }
+        }
+    };
+    // One row: the next tile of its streamed buffers. Several: rows the next call computes.
+    let streamed = if rows == 1 { h(word::STREAMED) } else { 0 };
+    let mut prefetch = Prefetch::new(streamed, |r| tile_at(0, r), n, count);
     // SAFETY: the program has `count` words.
     let program = unsafe { std::slice::from_raw_parts(program, count) };
     let mut k = 0;
@@ -533,42 +619,82 @@ unsafe fn run(frame: *const u64, len: i64) {
         let (instr, words) = Instr::decode(&program[k..]);
         k += words;
         prefetch.step(words);
-        // SAFETY: the program's registers and scalars are the frame's; the registers hold `n`
-        // elements and the accumulators `PARTIALS` per reduction, as the contract states.
-        unsafe {
-            let tile = |r: u16| *registers.add(r as usize);
+        for i in 0..rows {
+            let tile = |r: u16| tile_at(i, r);
+            // SAFETY: row `i`'s scalars and accumulators are the frame's.
             let src = |o: Operand| match o {
                 Operand::Tile(r) => Src::Tile(tile(r)),
-                Operand::Scalar(s) => Src::Scalar(*scalars.add(s as usize)),
+                Operand::Scalar(s) => unsafe {
+                    Src::Scalar(*scalars.add(i * per_row.1 + s as usize))
+                },
             };
-            match instr {
-                Instr::Copy { dst, a } => copy(tile(dst), src(a), n),
-                Instr::Fused {
-                    first,
-                    then,
-                    swap,
-                    dst,
-                    a,
-                    b,
-                    c,
-                    scale,
-                } => {
-                    let abc = [src(a), src(b), src(c)];
-                    let scale = scale.map(|s| *scalars.add(s as usize));
-                    fused([first, then], swap, scale, tile(dst), abc, n)
+            let accs = accs.wrapping_add(i * reductions * PARTIALS);
+            // SAFETY: the registers hold `n` elements and the accumulators `PARTIALS` per
+            // reduction, as the contract states.
+            unsafe { execute(instr, tile, src, accs, start, n) };
+            if let (Instr::Reduce { op, acc, .. }, true) = (instr, ends_row) {
+                // SAFETY: the row's accumulators, as above.
+                let partials = unsafe { &mut *(accs.add(acc as usize * PARTIALS) as *mut _) };
+                fold(op, partials);
+            }
+        }
+    }
+}
+
+/// One instruction over one row's `n` elements.
+///
+/// # Safety
+/// As [`run`]'s, for the row's tiles `tile`, operands `src` and accumulators `accs`.
+#[inline(always)]
+unsafe fn execute(
+    instr: Instr,
+    tile: impl Fn(u16) -> *mut f32,
+    src: impl Fn(Operand) -> Src,
+    accs: *mut f32,
+    start: usize,
+    n: usize,
+) {
+    // SAFETY: as the function's contract states.
+    unsafe {
+        match instr {
+            Instr::Copy { dst, a } => copy(tile(dst), src(a), n),
+            Instr::Fused {
+                first,
+                then,
+                swap,
+                dst,
+                a,
+                b,
+                c,
+                scale,
+            } => {
+                let abc = [src(a), src(b), src(c)];
+                let scale = scale.map(|s| match src(Operand::Scalar(s)) {
+                    Src::Scalar(x) => x,
+                    Src::Tile(_) => unreachable!("a scale is a scalar"),
+                });
+                fused([first, then], swap, scale, tile(dst), abc, n)
+            }
+            Instr::Unary { op, dst, a } => unary(op, tile(dst), src(a), n),
+            Instr::Binary { op, dst, a, b } => binary(op, tile(dst), src(a), src(b), n),
+            Instr::Compare { op, dst, a, b } => compare(op, tile(dst), src(a), src(b), n),
+            Instr::Select { dst, c, a, b } => {
+                map3(tile(dst), [src(c), src(a), src(b)], n, |c, a, b| {
+                    if c != 0.0 { a } else { b }
+                })
+            }
+            Instr::Iota { dst } => fill(tile(dst), n, |i| (start + i) as f32),
+            Instr::Reduce { op, acc, a } => {
+                let partials = accs.add(acc as usize * PARTIALS);
+                if start == 0 {
+                    let identity = match op {
+                        ReduceOp::Sum | ReduceOp::Mean => 0.0,
+                        ReduceOp::Max => f32::NEG_INFINITY,
+                        ReduceOp::Min => f32::INFINITY,
+                    };
+                    std::slice::from_raw_parts_mut(partials, PARTIALS).fill(identity);
                 }
-                Instr::Unary { op, dst, a } => unary(op, tile(dst), src(a), n),
-                Instr::Binary { op, dst, a, b } => binary(op, tile(dst), src(a), src(b), n),
-                Instr::Compare { op, dst, a, b } => compare(op, tile(dst), src(a), src(b), n),
-                Instr::Select { dst, c, a, b } => {
-                    map3(tile(dst), [src(c), src(a), src(b)], n, |c, a, b| {
-                        if c != 0.0 { a } else { b }
-                    })
-                }
-                Instr::Iota { dst } => fill(tile(dst), n, |i| (start + i as i64) as f32),
-                Instr::Reduce { op, acc, a } => {
-                    reduce(op, accs.add(acc as usize * PARTIALS), src(a), n)
-                }
+                reduce(op, partials, src(a), n)
             }
         }
     }
@@ -768,6 +894,16 @@ unsafe fn reduce(op: ReduceOp, p: *mut f32, a: Src, n: usize) {
     }
 }
 
+/// A row's total from its partials, in a fixed order — partial `j` with `j + 4`, `j + 8` and
+/// `j + 12` in turn, then the four results pairwise — into the first.
+fn fold(op: ReduceOp, partials: &mut [f32; PARTIALS]) {
+    let lane =
+        |j: usize| (1..PARTIALS / 4).fold(partials[j], |x, u| combine(op, x, partials[4 * u + j]));
+    let low = combine(op, lane(0), lane(1));
+    let high = combine(op, lane(2), lane(3));
+    partials[0] = combine(op, low, high);
+}
+
 fn combine(op: ReduceOp, acc: f32, x: f32) -> f32 {
     match op {
         ReduceOp::Sum | ReduceOp::Mean => acc + x,
@@ -789,8 +925,14 @@ fn any_order(partials: &mut [f32; PARTIALS], x: &[f32], f: impl Fn(f32, f32) -> 
             *m = f(*m, *x);
         }
     }
-    // A row's last tile may end in a part of 64 (and of 16).
-    for (m, x) in m.iter_mut().zip(rows.remainder()) {
+    // A row's last tile (or a short row) may end in a part of 64: its 16s, then the rest.
+    let mut parts = rows.remainder().chunks_exact(PARTIALS);
+    for part in &mut parts {
+        for (m, x) in m.iter_mut().zip(part) {
+            *m = f(*m, *x);
+        }
+    }
+    for (m, x) in m.iter_mut().zip(parts.remainder()) {
         *m = f(*m, *x);
     }
     // Halves folded into halves: three steps at full width, not eight in a chain.
@@ -960,8 +1102,12 @@ mod tests {
             let Some(run) = runner(isa) else { continue };
             let mut d = vec![0.0f32; x.len()];
             let mut frame = [0u64; FRAME_HEADER + 3];
-            frame[0] = words.as_ptr() as u64;
-            frame[1] = words.len() as u64;
+            frame[word::PROGRAM] = words.as_ptr() as u64;
+            frame[word::COUNT] = words.len() as u64;
+            frame[word::ROWS] = 1;
+            frame[word::BUFFERS] = 0b111;
+            frame[word::REGISTERS] = 3;
+            frame[word::ROW_LENGTH] = x.len() as u64;
             frame[FRAME_HEADER] = x.as_mut_ptr() as u64;
             frame[FRAME_HEADER + 1] = y.as_mut_ptr() as u64;
             frame[FRAME_HEADER + 2] = d.as_mut_ptr() as u64;
@@ -1053,6 +1199,73 @@ mod tests {
             b: Operand::Tile(0),
         };
         assert_eq!(run_one(select, &p, &q)[0], [1.0, 0.0, 0.0, 0.0]);
+    }
+
+    /// A block of three rows of five: each row its own buffer rows, scalar and partials, the
+    /// scratch rows one after another in the register's tile, each row's sum folded.
+    #[test]
+    fn a_call_computes_a_block_of_short_rows() {
+        let (rows, n) = (3usize, 5usize);
+        let x: Vec<f32> = (0..rows * n).map(|i| i as f32).collect();
+        let mut y = vec![0.0f32; rows * n];
+        let scalars = [10.0f32, 20.0, 30.0];
+        let mut partials = [7.0f32; 3 * PARTIALS];
+        let mut scratch = vec![0.0f32; TILE];
+        // t = x + s (scratch); y = t · t; the sum of t.
+        let (t, x_reg, y_reg) = (0u16, 1u16, 2u16);
+        let program = [
+            Instr::Binary {
+                op: BinaryOp::Add,
+                dst: t,
+                a: Operand::Tile(x_reg),
+                b: Operand::Scalar(0),
+            },
+            Instr::Binary {
+                op: BinaryOp::Mul,
+                dst: y_reg,
+                a: Operand::Tile(t),
+                b: Operand::Tile(t),
+            },
+            Instr::Reduce {
+                op: ReduceOp::Sum,
+                acc: 0,
+                a: Operand::Tile(t),
+            },
+        ];
+        let mut words = Vec::new();
+        program.iter().for_each(|i| i.encode(&mut words));
+        let mut frame = vec![0u64; FRAME_HEADER + rows * 3];
+        frame[word::PROGRAM] = words.as_ptr() as u64;
+        frame[word::COUNT] = words.len() as u64;
+        frame[word::SCALARS] = scalars.as_ptr() as u64;
+        frame[word::PARTIALS] = partials.as_mut_ptr() as u64;
+        frame[word::ROWS] = rows as u64;
+        frame[word::BUFFERS] = 0b110;
+        frame[word::REGISTERS] = 3;
+        frame[word::SCALARS_PER_ROW] = 1;
+        frame[word::REDUCTIONS] = 1;
+        frame[word::ROW_LENGTH] = n as u64;
+        frame[FRAME_HEADER + t as usize] = scratch.as_mut_ptr() as u64;
+        for i in 0..rows {
+            let at = FRAME_HEADER + 3 * i;
+            frame[at + x_reg as usize] = x[i * n..].as_ptr() as u64;
+            frame[at + y_reg as usize] = y[i * n..].as_mut_ptr() as u64;
+        }
+        for isa in Isa::ALL {
+            let Some(run) = runner(isa) else { continue };
+            // SAFETY: the frame's registers hold `n` elements per row (scratch `rows·n`).
+            unsafe { run(frame.as_mut_ptr(), n as i64) };
+            for i in 0..rows {
+                let t: Vec<f32> = (0..n).map(|j| x[i * n + j] + scalars[i]).collect();
+                let squares: Vec<f32> = t.iter().map(|t| t * t).collect();
+                assert_eq!(y[i * n..(i + 1) * n], squares[..], "{isa:?}, row {i}");
+                assert_eq!(
+                    partials[i * PARTIALS],
+                    t.iter().sum::<f32>(),
+                    "{isa:?}, row {i}"
+                );
+            }
+        }
     }
 
     #[test]

@@ -15,7 +15,9 @@
 //! Every other group runs one element at a time in Cranelift's scalar code.
 
 use super::*;
-use crate::tile_program::{self, FRAME_HEADER, Instr, Operand, PARTIALS, TILE};
+use crate::tile_program::{
+    self, BLOCK_ROWS, FRAME_HEADER, Instr, MAX_REGISTERS, Operand, PARTIALS, TILE, word,
+};
 
 /// What a program register points at.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -380,7 +382,7 @@ impl Gen<'_, '_> {
         p.write_results_in_place(&mut stores);
         (p.instrs).extend(stores.into_iter().map(|(dst, a)| Instr::Copy { dst, a }));
         p.assign_scratch();
-        Some(p)
+        (p.registers.len() <= MAX_REGISTERS).then_some(p)
     }
 
     /// Where the program finds `v`'s tile (bools as `0.0` and `1.0`), adding the instructions
@@ -477,7 +479,7 @@ impl Gen<'_, '_> {
     }
 
     /// Fills, before the rows, what a program's frame keeps from row to row: the program,
-    /// the header, the scratch tiles' addresses.
+    /// the header, the scratch tiles' addresses. The frame has room for [`BLOCK_ROWS`] rows.
     pub(super) fn prepare_frame(&mut self, program: Program) -> Frame {
         let ptr = self.module.target_config().pointer_type();
         let slot = |g: &mut Self, bytes: usize| {
@@ -502,10 +504,12 @@ impl Gen<'_, '_> {
         for i in &p.instrs {
             i.encode(&mut words);
         }
-        let program_at = (FRAME_HEADER + p.registers.len()) * 8;
+        let (registers, scalar_count) = (p.registers.len(), p.scalars.len());
+        let reductions = p.reductions.len();
+        let program_at = (FRAME_HEADER + BLOCK_ROWS * registers) * 8;
         let frame = slot(self, program_at + words.len() * 8);
-        let scalars = slot(self, p.scalars.len() * 4);
-        let partials = slot(self, p.reductions.len() * PARTIALS * 4);
+        let scalars = slot(self, BLOCK_ROWS * scalar_count * 4);
+        let partials = slot(self, BLOCK_ROWS * reductions * PARTIALS * 4);
         let scratch = slot(self, p.scratch_tiles * TILE * 4);
         for (k, &w) in words.iter().enumerate() {
             let word = self.b.ins().iconst(types::I64, w as i64);
@@ -514,13 +518,28 @@ impl Gen<'_, '_> {
                 .store(flags(), word, frame, (program_at + 8 * k) as i32);
         }
         let code = self.b.ins().iadd_imm_s(frame, program_at as i64);
-        let count = self.b.ins().iconst(types::I64, words.len() as i64);
+        let buffers = (p.registers.iter().enumerate())
+            .filter(|(_, r)| matches!(r, Register::Buffer(..)))
+            .fold(0u64, |mask, (r, _)| mask | 1 << r);
         let streamed = self.streamed_buffers(p);
-        let mask = self.b.ins().iconst(types::I64, streamed as i64);
-        for (k, x) in [code, count, scalars, partials, mask]
-            .into_iter()
-            .enumerate()
-        {
+        let constants = [
+            (word::COUNT, words.len() as u64),
+            (word::STREAMED, streamed),
+            (word::BUFFERS, buffers),
+            (word::REGISTERS, registers as u64),
+            (word::SCALARS_PER_ROW, scalar_count as u64),
+            (word::REDUCTIONS, reductions as u64),
+        ];
+        for (k, x) in constants {
+            let x = self.b.ins().iconst(types::I64, x as i64);
+            self.b.ins().store(flags(), x, frame, 8 * k as i32);
+        }
+        let addresses = [
+            (word::PROGRAM, code),
+            (word::SCALARS, scalars),
+            (word::PARTIALS, partials),
+        ];
+        for (k, x) in addresses {
             self.b.ins().store(flags(), x, frame, 8 * k as i32);
         }
         for (r, register) in p.registers.iter().enumerate() {
@@ -545,7 +564,7 @@ impl Gen<'_, '_> {
     fn streamed_buffers(&mut self, p: &Program) -> u64 {
         let rows = self.dims.len() - 1;
         let mut mask = 0u64;
-        for (r, register) in p.registers.iter().enumerate().take(64) {
+        for (r, register) in p.registers.iter().enumerate() {
             if let Register::Buffer(slot, map) = register
                 && !(self.strides(*slot, map)[..rows].iter()).all(|s| matches!(s, Stride::Zero))
             {
@@ -555,7 +574,7 @@ impl Gen<'_, '_> {
         mask
     }
 
-    /// The row `0..n` by the prepared program `f`, tile by tile; returns each reduction's
+    /// The current row (decomposed) by the prepared program `f`; returns each reduction's
     /// total, by work (as [`Gen::scalar_loop`] does).
     pub(super) fn run_program(
         &mut self,
@@ -563,7 +582,22 @@ impl Gen<'_, '_> {
         works: usize,
         n: CValue,
     ) -> Vec<Option<Variable>> {
-        let (p, frame, partials) = (&f.program, f.frame, f.partials);
+        let first = self.b.ins().iconst(types::I64, 0);
+        let one = self.b.ins().iconst(types::I64, 1);
+        self.fill_program_row(f, first);
+        self.call_program(f, one, n);
+        self.program_totals(f, works, first, n)
+    }
+
+    /// Fills row `i` of the frame for the current row: its scalars and its buffers' row starts
+    /// (the runner sets the reductions' partials to their identities).
+    pub(super) fn fill_program_row(&mut self, f: &Frame, i: CValue) {
+        let p = &f.program;
+        let at = |g: &mut Self, base: CValue, bytes: usize| {
+            let offset = g.b.ins().imul_imm_s(i, bytes as i64);
+            g.b.ins().iadd(base, offset)
+        };
+        let scalars = at(self, f.scalars, p.scalars.len() * 4);
         for (k, scalar) in p.scalars.iter().enumerate() {
             let x = match scalar {
                 Scalar::Value(v, map) if self.dtype(*v) == DType::Bool => {
@@ -574,66 +608,68 @@ impl Gen<'_, '_> {
                 Scalar::Value(v, map) => self.emit(*v, map),
                 Scalar::Const(bits) => self.b.ins().f32const(f32::from_bits(*bits)),
             };
-            self.b.ins().store(flags(), x, f.scalars, 4 * k as i32);
+            self.b.ins().store(flags(), x, scalars, 4 * k as i32);
         }
-        for (k, &(_, op)) in p.reductions.iter().enumerate() {
-            let identity = self.identity(op, DType::F32);
-            for j in 0..PARTIALS {
-                let at = (k * PARTIALS + j) * 4;
-                self.b.ins().store(flags(), identity, partials, at as i32);
-            }
-        }
-        let mut buffers = Vec::new();
+        let registers = at(self, f.frame, p.registers.len() * 8);
         for (r, register) in p.registers.iter().enumerate() {
             if let Register::Buffer(slot, map) = register {
-                buffers.push((self.base(*slot, map), ((FRAME_HEADER + r) * 8) as i32));
+                let base = self.base(*slot, map);
+                let offset = ((FRAME_HEADER + r) * 8) as i32;
+                self.b.ins().store(flags(), base, registers, offset);
             }
         }
+    }
+
+    /// Runs the program over the `rows` rows the frame holds, `n` elements each: one call per
+    /// tile of a long row (one row), or one call for a block of short rows.
+    pub(super) fn call_program(&mut self, f: &Frame, rows: CValue, n: CValue) {
+        let frame = f.frame;
+        self.b
+            .ins()
+            .store(flags(), rows, frame, (word::ROWS * 8) as i32);
+        (self.b.ins()).store(flags(), n, frame, (word::ROW_LENGTH * 8) as i32);
         let zero = self.b.ins().iconst(types::I64, 0);
         let tiles = self.begin_loop(zero, n);
         let full = self.b.ins().iadd_imm_s(tiles.index, TILE as i64);
         let short = self.b.ins().icmp(IntCC::SignedLessThan, n, full);
         let end = self.b.ins().select(short, n, full);
         let len = self.b.ins().isub(end, tiles.index);
-        let offset = self.b.ins().imul_imm_s(tiles.index, 4);
-        for &(base, at) in &buffers {
-            let x = self.b.ins().iadd(base, offset);
-            self.b.ins().store(flags(), x, frame, at);
-        }
-        self.b.ins().store(flags(), tiles.index, frame, 8 * 5);
+        self.b
+            .ins()
+            .store(flags(), tiles.index, frame, (word::START * 8) as i32);
         self.call_runner(frame, len);
         self.end_loop(tiles, TILE as i64);
+        self.program_ops.extend(f.program.functions());
+        self.program_ops.push("tile program");
+    }
+
+    /// Row `i`'s reductions' totals, by work: each folded into its first partial by the
+    /// runner, or the identity where the row is empty (and the runner was not called).
+    pub(super) fn program_totals(
+        &mut self,
+        f: &Frame,
+        works: usize,
+        i: CValue,
+        n: CValue,
+    ) -> Vec<Option<Variable>> {
+        let p = &f.program;
+        let offset = self
+            .b
+            .ins()
+            .imul_imm_s(i, (p.reductions.len() * PARTIALS * 4) as i64);
+        let partials = self.b.ins().iadd(f.partials, offset);
+        let empty = self.b.ins().icmp_imm_s(IntCC::Equal, n, 0);
         let mut totals = vec![None; works];
         for (k, &(work, op)) in p.reductions.iter().enumerate() {
-            let total = self.fold_partials(op, partials, k);
+            let at = (k * PARTIALS * 4) as i32;
+            let folded = self.b.ins().load(types::F32, flags(), partials, at);
+            let identity = self.identity(op, DType::F32);
+            let total = self.b.ins().select(empty, identity, folded);
             let var = self.b.declare_var(types::F32);
             self.b.def_var(var, total);
             totals[work] = Some(var);
         }
-        self.program_ops.extend(p.functions());
-        self.program_ops.push("tile program");
         totals
-    }
-
-    /// Reduction `k`'s total from its partials, in a fixed order: partial `j` with `j + 4`,
-    /// `j + 8` and `j + 12` in turn, then the four results pairwise.
-    fn fold_partials(&mut self, op: ReduceOp, partials: CValue, k: usize) -> CValue {
-        let load = |g: &mut Self, j: usize| {
-            let at = ((k * PARTIALS + j) * 4) as i32;
-            g.b.ins().load(types::F32, flags(), partials, at)
-        };
-        let mut lanes = Vec::new();
-        for j in 0..4 {
-            let mut x = load(self, j);
-            for u in 1..PARTIALS / 4 {
-                let y = load(self, u * 4 + j);
-                x = self.combine(op, DType::F32, x, y);
-            }
-            lanes.push(x);
-        }
-        let low = self.combine(op, DType::F32, lanes[0], lanes[1]);
-        let high = self.combine(op, DType::F32, lanes[2], lanes[3]);
-        self.combine(op, DType::F32, low, high)
     }
 
     /// Calls the runner in the platform's convention: only the loop's few addresses are live

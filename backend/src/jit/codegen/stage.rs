@@ -2,6 +2,7 @@
 //! how each value's work is stored or reduced.
 
 use super::*;
+use crate::tile_program::{BLOCK_ROWS, TILE};
 
 impl Gen<'_, '_> {
     /// Opens `for index in start..end` (stepping by `step` at `end_loop`).
@@ -115,6 +116,10 @@ impl Gen<'_, '_> {
         let segments = self.segments();
         let stashes = self.stashes(&segments);
         let mut programs = self.prepare_programs(&segments, &stashes);
+        if let ([Segment::Group(works)], [Some(frame)]) = (&segments[..], &programs[..]) {
+            self.blocks_of_rows(begin, end, works, frame);
+            return;
+        }
         let l = self.begin_loop(begin, end);
         self.scopes.push(HashMap::new());
         self.decompose_row(l.index);
@@ -132,6 +137,50 @@ impl Gen<'_, '_> {
                 }
             }
         }
+        self.scopes.pop();
+        self.row_index.clear();
+        self.end_loop(l, 1);
+    }
+
+    /// A stage of one group with a tile program: its rows in blocks of as many whole rows as
+    /// fill a tile (at most [`BLOCK_ROWS`]), each block one call of the runner — or, where a
+    /// row fills a tile, one row at a time in tiles. Rows of 16 (a bias and an activation
+    /// over 4×4 planes) then cost a vector step each, not a call each.
+    fn blocks_of_rows(&mut self, begin: CValue, end: CValue, works: &[Work], f: &programs::Frame) {
+        let n = self.extents[self.dims.len() - 1];
+        let one = self.b.ins().iconst(types::I64, 1);
+        let length = self.b.ins().umax(n, one);
+        let tile = self.b.ins().iconst(types::I64, TILE as i64);
+        let per_block = self.b.ins().udiv(tile, length);
+        let most = self.b.ins().iconst(types::I64, BLOCK_ROWS as i64);
+        let per_block = self.b.ins().umin(per_block, most);
+        let per_block = self.b.ins().umax(per_block, one);
+        let l = self.begin_loop(begin, end);
+        let left = self.b.ins().isub(end, l.index);
+        let count = self.b.ins().umin(per_block, left);
+        self.each_row(l.index, count, |g, i| g.fill_program_row(f, i));
+        self.call_program(f, count, n);
+        if (works.iter()).any(|w| matches!(w, Work::Reduce(_) | Work::ReduceInto(_))) {
+            self.each_row(l.index, count, |g, i| {
+                let totals = g.program_totals(f, works.len(), i, n);
+                g.finish_works(works, &totals, n);
+            });
+        }
+        let next = self.b.ins().iadd(l.index, count);
+        self.b.def_var(l.var, next);
+        self.b.ins().jump(l.header, &[]);
+        self.b.seal_block(l.header);
+        self.b.switch_to_block(l.exit);
+        self.b.seal_block(l.exit);
+    }
+
+    /// `body(i)` for rows `first + i`, `i < count`, each decomposed in a scope of its own.
+    fn each_row(&mut self, first: CValue, count: CValue, mut body: impl FnMut(&mut Self, CValue)) {
+        let l = self.begin_loop_from_zero(count);
+        let row = self.b.ins().iadd(first, l.index);
+        self.scopes.push(HashMap::new());
+        self.decompose_row(row);
+        body(self, l.index);
         self.scopes.pop();
         self.row_index.clear();
         self.end_loop(l, 1);
