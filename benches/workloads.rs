@@ -93,13 +93,14 @@ fn training(c: &mut Criterion) {
     group.finish();
 }
 
-/// A softmax over rows of length 3 to 2048 (about 2²⁰ elements in all; its reductions keep
-/// the rows): what a row's tile programs cost by its length, from rows shorter than a vector
-/// to several tiles.
-fn short_rows(c: &mut Criterion) {
+/// Where a stage's two codes cross: a softmax over rows of length 3 to 2048 (about 2²⁰
+/// elements in all; its reductions keep the rows) on Cranelift's f32x4 code and on the tile
+/// program with the vector routines, so that the rule choosing between them is a measured
+/// one.
+fn paths(c: &mut Criterion) {
     use kiln::backend::Array;
     use kiln::ir::{DType, FunctionBuilder, ReduceOp, Shape, Type};
-    let mut group = c.benchmark_group("short_rows");
+    let mut group = c.benchmark_group("paths");
     group
         .sample_size(10)
         .measurement_time(Duration::from_secs(1));
@@ -119,16 +120,22 @@ fn short_rows(c: &mut Criterion) {
         let mut output = Array::zeros(DType::F32, &[rows, row]);
         let buffers = [input.data_ptr().cast_mut(), output.data_mut_ptr()];
         group.throughput(Throughput::Elements((rows * row) as u64));
-        group.bench_function(BenchmarkId::new("softmax", row), |bench| {
-            // SAFETY: the kernel's one input and one output, contiguous, of its types.
-            bench.iter(|| unsafe { kernel.execute(&buffers, &[], false) })
-        });
+        for path in [jit::Path::Cranelift, jit::Path::Routines] {
+            group.bench_function(
+                BenchmarkId::new(format!("{path:?}/softmax"), row),
+                |bench| {
+                    // SAFETY: the kernel's one input and one output, contiguous, of its types.
+                    bench.iter(|| unsafe { kernel.execute_on(&buffers, &[], false, Some(path)) })
+                },
+            );
+        }
     }
     group.finish();
 }
 
 /// `x·a + b` over 2²⁰ f32 (4 MiB in, 4 MiB out): an elementwise kernel with no
-/// transcendental, its tile program one fused multiply-add pass at the CPU's width.
+/// transcendental, on Cranelift's f32x4 code and on its tile program (one fused multiply-add
+/// pass at the CPU's width).
 fn xa_plus_b(c: &mut Criterion) {
     use kiln::backend::Array;
     use kiln::ir::{DType, FunctionBuilder, Shape, Type};
@@ -146,10 +153,12 @@ fn xa_plus_b(c: &mut Criterion) {
     group
         .sample_size(20)
         .throughput(Throughput::Elements(1 << 20));
-    group.bench_function("tile program", |bench| {
-        // SAFETY: the kernel's one input and one output, contiguous, of its types.
-        bench.iter(|| unsafe { kernel.execute(&buffers, &[], false) })
-    });
+    for path in [jit::Path::Cranelift, jit::Path::Routines] {
+        group.bench_function(format!("{path:?}"), |bench| {
+            // SAFETY: the kernel's one input and one output, contiguous, of its types.
+            bench.iter(|| unsafe { kernel.execute_on(&buffers, &[], false, Some(path)) })
+        });
+    }
     group.finish();
 }
 
@@ -164,7 +173,7 @@ criterion_group!(
     matmul,
     training,
     eager,
-    short_rows,
+    paths,
     xa_plus_b
 );
 criterion_main!(benches);

@@ -1,50 +1,26 @@
-//! Vector math: the ISA level tile programs run at, and the scalar bodies of exp, log, tanh,
-//! sigmoid, softplus and erf that they vectorise — what compiled kernels compute these
-//! functions with on f32, the way XLA's CPU backend calls its vectorised runtime functions.
+//! Vector math routines: exp, log, tanh, sigmoid, softplus and erf over slices of f32, compiled
+//! for AVX-512 and AVX2 and chosen at run time — what compiled kernels call on tiles of a row,
+//! the way XLA's CPU backend calls its vectorised runtime functions, because Cranelift emits
+//! nothing wider than 128 bits on x86-64.
 //!
-//! Each function is written once, as a branch-free scalar body ([`scalar`]). Inlined into the
-//! tile-program runner compiled for a level (`#[target_feature]`), LLVM vectorises it at the
-//! level's width (16 lanes on AVX-512, 8 on AVX2, 4 at the baseline), and since every step is
-//! an exactly rounded IEEE operation (fused multiply-adds included), every level gives the
-//! same bits — which the tests check, besides the ULP bounds.
+//! Each function is written once, as a branch-free scalar body ([`scalar`]) that mirrors
+//! `jit/math.rs` step for step: the same range reductions, coefficients and fused multiply-adds
+//! in the same order. Compiled inside a `#[target_feature]` function, LLVM vectorises the
+//! loop over the slice at the ISA's width (16 lanes on AVX-512, 8 on AVX2), and since every
+//! step is an exactly rounded IEEE operation, a routine gives the *same bits* as the kernel's
+//! own Cranelift code — which is what the tests check, besides the ULP bounds.
 //!
-//! - `exp`: range reduction `x = n·ln2 + r` (n by rounding `x·log2 e` with the add-magic-number
-//!   trick), Cephes' degree-6 minimax polynomial for `eʳ`, and `2ⁿ` built in the exponent bits
-//!   (in two halves, so `n` may reach either end of the range).
-//! - `log`: Cephes' `logf` — mantissa in `[√½, √2)`, a degree-9 polynomial; denormals scaled.
-//! - `tanh`: Eigen's rational approximation on `|x| ≤ 7.9` (odd degree-13 over even degree-6).
-//! - `sigmoid`: `1 / (1 + exp(−x))`, with the `exp` above.
-//! - `erf`: XLA's rational approximation on `|x| ≤ 4`.
-//! - `softplus`: `max(x, 0) + log1p(exp(−|x|))` with the `exp` and `log` above.
-//!
-//! Maximum errors against the f64 function rounded to f32, measured over sweeps of 130k–400k
-//! inputs by `backend/tests/math_ulp.rs` (which fails if any gets worse):
-//!
-//! | function | max ULPs | max relative error | range swept |
-//! |---|---|---|---|
-//! | exp | 1 | 1.2e-7 | [−104, 88.7] (subnormal results included) |
-//! | log | 1 | 7.5e-8 | every binade, subnormals to the largest float |
-//! | tanh | 6 | 3.4e-7 | [−10, 10] |
-//! | sigmoid | 3 | 1.8e-7 | [−80, 30] |
-//! | erf | 6 | 3.7e-7 | [−5, 5] |
-//! | softplus | 3 | 2.4e-7 | [−80, 30] (subnormal results included) |
-//!
-//! tanh and erf use the same rational forms as XLA (what `jax.jit` runs on the CPU). Where a
-//! kernel computes one of these one element at a time (a group that is not vectorised, f64),
-//! it calls the interpreter's own scalar function by symbol (`jit/helpers.rs`).
-//!
-//! The level is detected once per process; `KILN_VECTOR_MATH` = `avx512`, `avx2` or `base`
-//! caps it, for debugging (a level the CPU lacks is never used).
+//! The ISA is detected once per process; `KILN_VECTOR_MATH` = `avx512`, `avx2` or `off` caps
+//! it (`off` keeps every kernel on its Cranelift code). A level the CPU lacks is never used.
 
 use kiln_ir::UnaryOp;
 use std::sync::OnceLock;
 
-/// The instruction-set level tile programs are compiled for.
+/// The instruction-set level the routines are compiled for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Isa {
-    /// The target's baseline: 128-bit vectors (SSE2 on x86-64), without fused multiply-add
-    /// instructions (each is a call to `fmaf`, which is slow but gives the same bits).
-    Base,
+    /// No routines: kernels keep their Cranelift f32x4 code.
+    Off,
     /// 256-bit vectors with fused multiply-add.
     Avx2,
     /// 512-bit vectors.
@@ -55,19 +31,19 @@ impl Isa {
     /// The level's name, as `KILN_VECTOR_MATH` spells it.
     pub fn name(self) -> &'static str {
         match self {
-            Isa::Base => "base",
+            Isa::Off => "off",
             Isa::Avx2 => "avx2",
             Isa::Avx512 => "avx512",
         }
     }
 
     /// Every level, lowest first.
-    pub const ALL: [Isa; 3] = [Isa::Base, Isa::Avx2, Isa::Avx512];
+    pub const ALL: [Isa; 3] = [Isa::Off, Isa::Avx2, Isa::Avx512];
 
-    /// Whether this CPU can run the level's code.
+    /// Whether this CPU can run the level's routines.
     pub fn supported(self) -> bool {
         match self {
-            Isa::Base => true,
+            Isa::Off => true,
             #[cfg(target_arch = "x86_64")]
             Isa::Avx2 => is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma"),
             #[cfg(target_arch = "x86_64")]
@@ -75,7 +51,6 @@ impl Isa {
                 Isa::Avx2.supported()
                     && is_x86_feature_detected!("avx512f")
                     && is_x86_feature_detected!("avx512dq")
-                    && is_x86_feature_detected!("avx512vl")
             }
             #[cfg(not(target_arch = "x86_64"))]
             _ => false,
@@ -88,39 +63,82 @@ pub fn isa() -> Isa {
     static ISA: OnceLock<Isa> = OnceLock::new();
     *ISA.get_or_init(|| {
         let cap = match std::env::var("KILN_VECTOR_MATH").as_deref() {
-            Ok("base") => Isa::Base,
+            Ok("off") => Isa::Off,
             Ok("avx2") => Isa::Avx2,
             _ => Isa::Avx512,
         };
         (Isa::ALL.into_iter())
             .filter(|&i| i <= cap && i.supported())
             .max()
-            .unwrap_or(Isa::Base)
+            .unwrap_or(Isa::Off)
     })
 }
 
-/// Applies `op` to `data` as a kernel's tile program at level `isa` would; false if the CPU
-/// lacks the level or the op has no vector body.
-pub fn apply(op: UnaryOp, isa: Isa, data: &mut [f32]) -> bool {
-    crate::tile_program::apply_unary(op, isa, data)
+/// A routine: replaces `len` f32s at `data` by the function's values.
+pub type Routine = unsafe extern "C" fn(data: *mut f32, len: i64);
+
+/// The routine of `op` at level `isa`, if the op has one there.
+pub fn routine(op: UnaryOp, isa: Isa) -> Option<Routine> {
+    let has_routine = match op {
+        UnaryOp::Exp
+        | UnaryOp::Log
+        | UnaryOp::Tanh
+        | UnaryOp::Sigmoid
+        | UnaryOp::Softplus
+        | UnaryOp::Erf => true,
+        // Cheap or slow single instructions stay in Cranelift; sin and cos call helpers.
+        UnaryOp::Neg
+        | UnaryOp::Abs
+        | UnaryOp::Sign
+        | UnaryOp::Relu
+        | UnaryOp::Sqrt
+        | UnaryOp::Rsqrt
+        | UnaryOp::Recip
+        | UnaryOp::Sin
+        | UnaryOp::Cos
+        | UnaryOp::Floor
+        | UnaryOp::Ceil
+        | UnaryOp::Round
+        | UnaryOp::Not => false,
+    };
+    if !has_routine || !isa.supported() {
+        return None;
+    }
+    routines::table(op, isa)
 }
 
-/// The scalar bodies (methods and measured errors above). Branch-free, so that LLVM vectorises a loop over
-/// them.
+/// The symbol a kernel calls `op`'s routine by.
+pub(crate) fn symbol(op: UnaryOp) -> String {
+    format!("kiln_vector_{}", op.name())
+}
+
+/// Applies `op`'s routine at level `isa` to `data`; false if there is none.
+pub fn apply(op: UnaryOp, isa: Isa, data: &mut [f32]) -> bool {
+    let Some(f) = routine(op, isa) else {
+        return false;
+    };
+    // SAFETY: `data` is `len` valid, exclusively borrowed f32s, and `routine` only returns
+    // routines whose ISA this CPU supports.
+    unsafe { f(data.as_mut_ptr(), data.len() as i64) };
+    true
+}
+
+/// The scalar bodies, step for step as `jit/math.rs` builds them (see there for the methods
+/// and their measured errors). Branch-free, so that LLVM vectorises a loop over them.
 pub mod scalar {
-    // The approximations' constants.
+    // The approximations' constants, shared with the kernels' Cranelift code (`jit/math.rs`).
     /// Adding it rounds to an integer in the low bits (1.5·2²³).
-    const MAGIC: f32 = 12_582_912.0;
+    pub(crate) const MAGIC: f32 = 12_582_912.0;
     /// Below it `eˣ` rounds to zero; down to it the result is subnormal.
-    const EXP_LO: f32 = -103.972_08;
+    pub(crate) const EXP_LO: f32 = -103.972_08;
     /// Above it `eˣ` overflows.
-    const EXP_HI: f32 = 88.722_84;
+    pub(crate) const EXP_HI: f32 = 88.722_84;
     /// `ln 2` in two parts (Cody–Waite): the high part exact in few bits.
-    const LN2_HI: f32 = 0.693_359_4;
+    pub(crate) const LN2_HI: f32 = 0.693_359_4;
     /// The rest of `ln 2` (subtracted from the high part).
-    const LN2_LO: f32 = 2.121_944_4e-4;
+    pub(crate) const LN2_LO: f32 = 2.121_944_4e-4;
     /// Cephes' degree-6 minimax polynomial for `eʳ` (Horner, highest degree first).
-    const EXP_POLY: [f32; 6] = [
+    pub(crate) const EXP_POLY: [f32; 6] = [
         1.987_569_1e-4,
         1.398_199_9e-3,
         8.333_452e-3,
@@ -129,7 +147,7 @@ pub mod scalar {
         0.5,
     ];
     /// Cephes' `logf` polynomial.
-    const LOG_POLY: [f32; 9] = [
+    pub(crate) const LOG_POLY: [f32; 9] = [
         7.037_683_6e-2,
         -1.151_461e-1,
         1.167_699_9e-1,
@@ -141,11 +159,11 @@ pub mod scalar {
         3.333_333e-1,
     ];
     /// Beyond it tanh is ±1 to within 5 ULPs.
-    const TANH_BOUND: f32 = 7.905_311;
+    pub(crate) const TANH_BOUND: f32 = 7.905_311;
     /// Below it tanh(x) = x to within rounding.
-    const TANH_TINY: f32 = 4e-4;
+    pub(crate) const TANH_TINY: f32 = 4e-4;
     /// Eigen's (and XLA's) rational tanh: odd numerator, even denominator, in `x²`.
-    const TANH_P: [f32; 7] = [
+    pub(crate) const TANH_P: [f32; 7] = [
         -2.760_768_5e-16,
         2.000_188e-13,
         -8.604_672e-11,
@@ -155,11 +173,12 @@ pub mod scalar {
         4.893_524_6e-3,
     ];
     /// The denominator of [`TANH_P`].
-    const TANH_Q: [f32; 4] = [1.198_258_4e-6, 1.185_347_1e-4, 2.268_434_6e-3, 4.893_525e-3];
+    pub(crate) const TANH_Q: [f32; 4] =
+        [1.198_258_4e-6, 1.185_347_1e-4, 2.268_434_6e-3, 4.893_525e-3];
     /// XLA's rational erf, on `|x| ≤ 4`.
-    const ERF_BOUND: f32 = 4.0;
+    pub(crate) const ERF_BOUND: f32 = 4.0;
     /// The numerator of XLA's erf.
-    const ERF_P: [f32; 7] = [
+    pub(crate) const ERF_P: [f32; 7] = [
         -2.726_142_3e-10,
         2.770_681_4e-8,
         -2.101_024e-6,
@@ -169,7 +188,7 @@ pub mod scalar {
         -1.609_603_3e-2,
     ];
     /// The denominator of XLA's erf.
-    const ERF_Q: [f32; 5] = [
+    pub(crate) const ERF_Q: [f32; 5] = [
         -1.456_607_2e-5,
         -2.133_740_6e-4,
         -1.682_827e-3,
@@ -276,5 +295,70 @@ pub mod scalar {
         let scaled = log(u) * (e / (u - 1.0));
         let log1p = if u == 1.0 { e } else { scaled };
         pos + log1p
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod routines {
+    use super::{Isa, Routine, scalar};
+    use kiln_ir::UnaryOp;
+
+    /// One routine per (function, ISA): the scalar body in a loop that LLVM vectorises under
+    /// the ISA's target features.
+    macro_rules! routines {
+        ($($op:ident $f:ident),*) => {
+            pub(super) fn table(op: UnaryOp, isa: Isa) -> Option<Routine> {
+                mod avx512 {
+                    use super::scalar;
+                    $(
+                        /// # Safety
+                        /// `data` points to `len` f32s; the CPU has AVX-512F/DQ, AVX2 and FMA.
+                        #[target_feature(enable = "avx512f,avx512dq,avx512vl,avx2,fma")]
+                        pub(super) unsafe extern "C" fn $f(data: *mut f32, len: i64) {
+                            // SAFETY: as the function's contract states.
+                            let xs = unsafe { std::slice::from_raw_parts_mut(data, len as usize) };
+                            for x in xs {
+                                *x = scalar::$f(*x);
+                            }
+                        }
+                    )*
+                }
+                mod avx2 {
+                    use super::scalar;
+                    $(
+                        /// # Safety
+                        /// `data` points to `len` f32s; the CPU has AVX2 and FMA.
+                        #[target_feature(enable = "avx2,fma")]
+                        pub(super) unsafe extern "C" fn $f(data: *mut f32, len: i64) {
+                            // SAFETY: as the function's contract states.
+                            let xs = unsafe { std::slice::from_raw_parts_mut(data, len as usize) };
+                            for x in xs {
+                                *x = scalar::$f(*x);
+                            }
+                        }
+                    )*
+                }
+                let f: Routine = match (op, isa) {
+                    $(
+                        (UnaryOp::$op, Isa::Avx512) => avx512::$f,
+                        (UnaryOp::$op, Isa::Avx2) => avx2::$f,
+                    )*
+                    _ => return None,
+                };
+                Some(f)
+            }
+        };
+    }
+
+    routines!(Exp exp, Log log, Tanh tanh, Sigmoid sigmoid, Softplus softplus, Erf erf);
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+mod routines {
+    use super::{Isa, Routine};
+    use kiln_ir::UnaryOp;
+
+    pub(super) fn table(_: UnaryOp, _: Isa) -> Option<Routine> {
+        None
     }
 }

@@ -3,12 +3,12 @@
 //! float approximations. Shapes include size-0 dimensions, size-1 (broadcast) dimensions,
 //! lengths with and without a vector tail, and non-contiguous inputs.
 
-use kiln_backend::jit::{self, KernelError, Status};
+use kiln_backend::jit::{self, KernelError, Path, Status};
 use kiln_backend::vecmath::{self, Isa};
 use kiln_backend::{Array, Interpreter, StateStore};
 use kiln_ir::{
-    BinaryOp, BuildResult, CompareOp, Cost, DType, DTypeClass, Dim, FunctionBuilder, Literal,
-    Module, ReduceOp, Shape, Type, UnaryOp, Value, VectorForm,
+    BinaryOp, BuildResult, CompareOp, Cost, DType, DTypeClass, Dim, FunctionBuilder, Helper,
+    Literal, Module, ReduceOp, Shape, Type, UnaryOp, Value,
 };
 use ndarray::{ArrayD, IxDyn};
 
@@ -157,7 +157,22 @@ fn check(
         Interpreter::new(&module).run_function(&func, inputs.clone(), &mut StateStore::default());
     let kernel = jit::kernel(&func).unwrap_or_else(|e| panic!("{what}: {e}\n{func}"));
     let refs: Vec<&Array> = inputs.iter().collect();
-    let got = kernel.call(&refs);
+    // Both codes of each stage (Cranelift's alone, and with vector routines where a stage has
+    // them) against the interpreter, and against each other: they give the same bits.
+    let on_routines = kernel.call_with(&refs, Path::Routines);
+    let got = kernel.call_with(&refs, Path::Cranelift);
+    if let (Ok(a), Ok(b)) = (&got, &on_routines) {
+        for (x, y) in a.iter().zip(b) {
+            let bits = |v: &Array| {
+                v.to_f64_vec()
+                    .iter()
+                    .map(|f| f.to_bits())
+                    .collect::<Vec<_>>()
+            };
+            assert_eq!(bits(x), bits(y), "{what}: the two paths differ\n{func}");
+        }
+    }
+    assert_eq!(got.is_ok(), on_routines.is_ok(), "{what}");
     match (got, want) {
         (Ok(got), Ok(want)) => {
             assert_eq!(got.len(), want.len());
@@ -196,10 +211,10 @@ fn check(
     }
 }
 
-/// Approximate where f32 kernels compute the op with an approximation of their own (the op
-/// table's transcendental ops with a vector body); exact everywhere else.
+/// Approximate where f32 kernels compute the op inline with a polynomial (the op table's
+/// transcendental ops that call a helper only for f64); exact everywhere else.
 fn unary_tolerance(op: UnaryOp) -> Tolerance {
-    if op.cost() == Cost::Transcendental && op.vector_form() == VectorForm::Tile {
+    if op.cost() == Cost::Transcendental && op.helper() == Helper::F64 {
         APPROX
     } else {
         EXACT
@@ -601,8 +616,9 @@ fn vector_routines_on_tiles() {
     }
 }
 
-/// Every f32 op again beside an `exp` on rows with whole tiles and a partial one, in a tile
-/// program: each op's vector body against the interpreter, special values included.
+/// Every f32 op again beside an `exp` on rows long enough to vectorise, so that its group
+/// becomes a tile program where the CPU runs them: each op's program form against the
+/// interpreter and (in `check`) against Cranelift's own bits, special values included.
 #[test]
 fn every_op_in_a_tile_program() {
     let mut g = Gen(3);
@@ -709,37 +725,42 @@ fn every_op_in_a_tile_program() {
     }
 }
 
-/// A stage has one code: its vectorised groups are tile programs on rows long and short, and
-/// a program runs the same code on every call, from the first (before, a stage had two codes,
-/// once chosen by timing its first calls, then by its row length).
+/// A stage with both codes takes one by its row length alone: the same code on every call,
+/// from the first (before, its first calls alternated between the two and timed them).
 #[test]
-fn a_stage_has_one_code_on_rows_long_and_short() {
-    for row in [1024, 10] {
-        let mut b = FunctionBuilder::new("k");
-        let x = b.arg("x", Type::new(DType::F32, fixed(&[64, row])));
-        let y = b.unary(UnaryOp::Tanh, x).unwrap();
-        let z = b.unary(UnaryOp::Exp, y).unwrap();
-        let func = b.finish(&[z]).unwrap();
-        let kernel = jit::kernel(&func).unwrap();
-        assert_eq!(
-            kernel.stages[0].program_ops,
-            ["exp", "tanh", "tile program"]
-        );
-        let input = Gen(12).array(DType::F32, &[64, row], false, false);
-        let first = kernel.call(&[&input]).unwrap();
-        for _ in 0..10 {
-            assert_eq!(kernel.call(&[&input]).unwrap(), first, "a call differs");
-        }
+fn a_stage_with_both_codes_chooses_one_by_its_row_length() {
+    let mut b = FunctionBuilder::new("k");
+    let x = b.arg("x", Type::new(DType::F32, fixed(&[64, 1024])));
+    let y = b.unary(UnaryOp::Tanh, x).unwrap();
+    let z = b.unary(UnaryOp::Exp, y).unwrap();
+    let func = b.finish(&[z]).unwrap();
+    let kernel = jit::kernel(&func).unwrap();
+    let stage = &kernel.stages[0];
+    if vecmath::isa() == Isa::Off {
+        assert!(stage.routines.is_none());
+        return;
+    }
+    let program: &[&str] = match std::env::var("KILN_TILE_PROGRAMS").as_deref() {
+        Ok("off") => &[],
+        _ => &["tile program"],
+    };
+    assert_eq!(stage.routine_ops, [&["exp", "tanh"], program].concat());
+    assert_eq!(stage.path_for(jit::ROUTINES_MIN_ROW), Path::Routines);
+    assert_eq!(stage.path_for(jit::ROUTINES_MIN_ROW - 1), Path::Cranelift);
+    let input = Gen(12).array(DType::F32, &[64, 1024], false, false);
+    let first = kernel.call(&[&input]).unwrap();
+    for _ in 0..10 {
+        assert_eq!(kernel.call(&[&input]).unwrap(), first, "the paths differ");
     }
 }
 
-/// The ISA level tile programs run at in this process, named in the output: when a parent
+/// The ISA level the routines run at in this process, named in the output: when a parent
 /// test (or CI, on a machine with AVX-512) sets `KILN_EXPECT_ISA`, it must be that one; with no
 /// cap, it is the best this CPU has, so no test silently runs below the machine's width.
 #[test]
 fn isa_in_use() {
     let isa = vecmath::isa();
-    eprintln!("tile programs run at: {}", isa.name());
+    eprintln!("vector routines run at: {}", isa.name());
     if let Ok(expected) = std::env::var("KILN_EXPECT_ISA") {
         assert_eq!(isa.name(), expected);
     }
@@ -749,39 +770,31 @@ fn isa_in_use() {
     }
 }
 
-/// The differential tests again in child processes whose `KILN_VECTOR_MATH` caps the tile
-/// programs at each lower level — AVX2, and the 128-bit baseline (as on a CPU without AVX2) —
+/// The differential tests again in child processes whose `KILN_VECTOR_MATH` caps the routines
+/// at each lower level — AVX2, and off (Cranelift's code alone, as on a CPU without AVX2) —
+/// and once with `KILN_TILE_PROGRAMS=off` (tiles calling only the transcendental routines),
 /// so every code shipped is checked against the interpreter on this machine.
 #[test]
 fn differential_tests_at_every_isa_level() {
     let exe = std::env::current_exe().expect("the test binary");
-    let tests = [
-        "isa_in_use",
-        "unary_ops",
-        "comparisons_and_select",
-        "casts",
-        "reductions",
-        "fused_patterns",
-        "vector_routines_on_tiles",
-        "every_op_in_a_tile_program",
-    ];
-    for cap in [Isa::Base, Isa::Avx2] {
+    for (cap, programs) in [(Isa::Off, "on"), (Isa::Avx2, "on"), (Isa::Avx512, "off")] {
         let expected = (Isa::ALL.into_iter())
             .filter(|&i| i <= cap && i.supported())
             .max()
-            .expect("the baseline is always supported");
+            .expect("off is always supported");
         let out = std::process::Command::new(&exe)
-            .arg("--exact")
-            .args(tests)
+            .args(["--exact", "isa_in_use", "unary_ops", "fused_patterns"])
+            .args(["vector_routines_on_tiles", "every_op_in_a_tile_program"])
             .args(["--test-threads", "1"])
             .env("KILN_VECTOR_MATH", cap.name())
             .env("KILN_EXPECT_ISA", expected.name())
+            .env("KILN_TILE_PROGRAMS", programs)
             .output()
             .expect("the test binary runs");
         let stdout = String::from_utf8_lossy(&out.stdout);
         assert!(
-            out.status.success() && stdout.contains(&format!("{} passed", tests.len())),
-            "KILN_VECTOR_MATH={}:\n{stdout}\n{}",
+            out.status.success() && stdout.contains("5 passed"),
+            "KILN_VECTOR_MATH={} KILN_TILE_PROGRAMS={programs}:\n{stdout}\n{}",
             cap.name(),
             String::from_utf8_lossy(&out.stderr)
         );
@@ -897,4 +910,24 @@ fn a_program_reading_a_register_twice_frees_its_tile_once() {
             Ok(vec![m_next, v_next, w, e])
         },
     );
+}
+
+/// Every transcendental function of the op table has its vector routine at every ISA level
+/// the CPU has: a table row added without its `routines!` entry fails here, not by leaving a
+/// kernel slower (the program then leaves that group to Cranelift's code).
+#[test]
+fn every_transcendental_has_its_routine() {
+    for isa in [Isa::Avx512, Isa::Avx2] {
+        if !isa.supported() {
+            continue;
+        }
+        for &op in UnaryOp::ALL {
+            let transcendental = op.cost() == kiln_ir::Cost::Transcendental;
+            let has = vecmath::routine(op, isa).is_some();
+            // sin and cos are transcendental but call scalar helpers (no f32 vector form).
+            if transcendental && op.vector_form() == kiln_ir::VectorForm::F32x4 {
+                assert!(has, "`{}` has no {isa:?} routine", op.name());
+            }
+        }
+    }
 }

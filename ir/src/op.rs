@@ -9,24 +9,24 @@
 //! place matches on [`Op`] (or the table's enum) exhaustively, so a new op that the table knows
 //! but a backend does not is a compile error.
 //!
-//! The checklist for a new elementwise op (what a transcendental such as `softplus` touches):
+//! The checklist for a new elementwise op (what a transcendental such as `softplus` touches;
+//! issue 25 is merging the vector paths of step 4 into one):
 //!
 //! 1. its row in the table here;
-//! 2. its scalar function in the interpreter (`kiln-backend`, `interp/kernels.rs`; where a
-//!    kernel computes it one element at a time — f64, or a row that is not vectorised — the
-//!    JIT's helper symbols call the same function) — a compile error until written;
+//! 2. its scalar function in the interpreter (`kiln-backend`, `interp/kernels.rs`; the JIT's
+//!    helper symbols call the same function) — a compile error until written;
 //! 3. its gradient rule (`kiln-passes`, `autodiff/rules.rs`) — a compile error until written;
-//! 4. its one vector body, in `unary_bodies!` of `tile_program.rs` (a new approximation as a
-//!    branch-free scalar function in `vecmath.rs`, which the runner vectorises per ISA) — a
-//!    compile error until listed there, as a body or as having none; a row whose vector form
-//!    says `Tile` needs a body (the test `the_table_and_the_vector_bodies_agree`), and one
-//!    without a body says `Scalar` and `F32AndF64`, and is computed by its helper. Cheap ops
-//!    with inline Cranelift code (`Helper::None`) also have their scalar code in
-//!    `jit/codegen/elementwise.rs`, an exhaustive match;
+//! 4. its f32 kernel code, unless its row says `F32AndF64` helpers: Cranelift's in
+//!    `jit/codegen/elementwise.rs` and the tile-program runner's in `tile_program.rs` (each a
+//!    compile error until written); for a new approximation, its polynomial in `jit/math.rs`,
+//!    the same body in `vecmath.rs` and its `routines!` entry there (the test
+//!    `every_transcendental_has_its_routine` fails until written; until then its groups stay
+//!    in Cranelift's code);
 //! 5. tests: hand values in `backend/tests/interp_ops.rs`, its domain in the exhaustive match of
 //!    `passes/tests/grad_check.rs` (a compile error until added), and for a new approximation
-//!    its ULP bound in `backend/tests/math_ulp.rs`. The JIT differential tests iterate the
-//!    table, so they cover it already.
+//!    its ULP bound in `backend/tests/math_ulp.rs`, which also checks the polynomial and the
+//!    routine agree bit for bit. The JIT differential tests iterate the table, so they cover
+//!    it already.
 //!
 //! Any other op: a variant of [`Op`] with its attributes in [`Op::attributes`],
 //! [`Op::from_parts`] and [`Op::all_names`]; then the compiler lists the exhaustive matches
@@ -95,12 +95,11 @@ pub enum Cost {
     Opaque,
 }
 
-/// Whether an f32 elementwise op has a vector body in compiled kernels' tile programs (the
-/// backend's `tile_program.rs`, which a test holds to this column).
+/// Whether an f32 elementwise op has a four-lane form in compiled kernels.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum VectorForm {
-    /// Computed by tile programs, at the CPU's vector width.
-    Tile,
+    /// Computed on f32x4 lanes.
+    F32x4,
     /// Computed one element at a time (a scalar helper call): the whole inner loop runs scalar.
     Scalar,
 }
@@ -111,6 +110,8 @@ pub enum VectorForm {
 pub enum Helper {
     /// Inline for every dtype.
     None,
+    /// A polynomial inline for f32; `kiln_<name>` for f64.
+    F64,
     /// `kiln_<name>f` for f32 and `kiln_<name>` for f64.
     F32AndF64,
 }
@@ -153,7 +154,7 @@ macro_rules! op_table {
                 match self { $($name::$variant => Cost::$cost),* }
             }
 
-            /// Whether compiled kernels compute the op in tile programs.
+            /// Whether compiled kernels compute the op on f32x4 lanes.
             pub fn vector_form(self) -> VectorForm {
                 match self { $($name::$variant => VectorForm::$vector),* }
             }
@@ -171,7 +172,7 @@ macro_rules! op_table {
                         ($name::$variant, DType::F32, Helper::F32AndF64) => {
                             Some(concat!("kiln_", $text, "f"))
                         }
-                        ($name::$variant, DType::F64, Helper::F32AndF64) => {
+                        ($name::$variant, DType::F64, Helper::F64 | Helper::F32AndF64) => {
                             Some(concat!("kiln_", $text))
                         }
                     )*
@@ -197,25 +198,25 @@ macro_rules! with_unary_ops {
         $m! {
             /// Elementwise functions of one operand; the result has the operand's type.
             UnaryOp {
-                Neg = "neg", neg, Numeric, Cheap, Tile, None;
-                Abs = "abs", abs, Numeric, Cheap, Tile, None;
-                Sign = "sign", sign, Numeric, Cheap, Tile, None;
-                Relu = "relu", relu, Numeric, Cheap, Tile, None;
-                Exp = "exp", exp, Float, Transcendental, Tile, F32AndF64;
-                Log = "log", log, Float, Transcendental, Tile, F32AndF64;
-                Sqrt = "sqrt", sqrt, Float, Slow, Tile, None;
-                Rsqrt = "rsqrt", rsqrt, Float, Slow, Tile, None;
-                Recip = "recip", recip, Float, Slow, Tile, None;
-                Tanh = "tanh", tanh, Float, Transcendental, Tile, F32AndF64;
-                Sigmoid = "sigmoid", sigmoid, Float, Transcendental, Tile, F32AndF64;
-                Softplus = "softplus", softplus, Float, Transcendental, Tile, F32AndF64;
-                Erf = "erf", erf, Float, Transcendental, Tile, F32AndF64;
+                Neg = "neg", neg, Numeric, Cheap, F32x4, None;
+                Abs = "abs", abs, Numeric, Cheap, F32x4, None;
+                Sign = "sign", sign, Numeric, Cheap, F32x4, None;
+                Relu = "relu", relu, Numeric, Cheap, F32x4, None;
+                Exp = "exp", exp, Float, Transcendental, F32x4, F64;
+                Log = "log", log, Float, Transcendental, F32x4, F64;
+                Sqrt = "sqrt", sqrt, Float, Slow, F32x4, None;
+                Rsqrt = "rsqrt", rsqrt, Float, Slow, F32x4, None;
+                Recip = "recip", recip, Float, Slow, F32x4, None;
+                Tanh = "tanh", tanh, Float, Transcendental, F32x4, F64;
+                Sigmoid = "sigmoid", sigmoid, Float, Transcendental, F32x4, F64;
+                Softplus = "softplus", softplus, Float, Transcendental, F32x4, F64;
+                Erf = "erf", erf, Float, Transcendental, F32x4, F64;
                 Sin = "sin", sin, Float, Transcendental, Scalar, F32AndF64;
                 Cos = "cos", cos, Float, Transcendental, Scalar, F32AndF64;
-                Floor = "floor", floor, Float, Slow, Tile, None;
-                Ceil = "ceil", ceil, Float, Slow, Tile, None;
-                Round = "round", round, Float, Slow, Tile, None;
-                Not = "not", not, Bool, Cheap, Tile, None;
+                Floor = "floor", floor, Float, Slow, F32x4, None;
+                Ceil = "ceil", ceil, Float, Slow, F32x4, None;
+                Round = "round", round, Float, Slow, F32x4, None;
+                Not = "not", not, Bool, Cheap, F32x4, None;
             }
         }
     };
@@ -228,16 +229,16 @@ macro_rules! with_binary_ops {
         $m! {
             /// Elementwise functions of two operands of one type; the result has that type.
             BinaryOp {
-                Add = "add", add, Numeric, Cheap, Tile, None;
-                Sub = "sub", sub, Numeric, Cheap, Tile, None;
-                Mul = "mul", mul, Numeric, Cheap, Tile, None;
-                Div = "div", div, Numeric, Slow, Tile, None;
-                Max = "max", maximum, Numeric, Cheap, Tile, None;
-                Min = "min", minimum, Numeric, Cheap, Tile, None;
+                Add = "add", add, Numeric, Cheap, F32x4, None;
+                Sub = "sub", sub, Numeric, Cheap, F32x4, None;
+                Mul = "mul", mul, Numeric, Cheap, F32x4, None;
+                Div = "div", div, Numeric, Slow, F32x4, None;
+                Max = "max", maximum, Numeric, Cheap, F32x4, None;
+                Min = "min", minimum, Numeric, Cheap, F32x4, None;
                 Pow = "pow", pow, Float, Transcendental, Scalar, F32AndF64;
-                And = "and", and, Bool, Cheap, Tile, None;
-                Or = "or", or, Bool, Cheap, Tile, None;
-                Xor = "xor", xor, Bool, Cheap, Tile, None;
+                And = "and", and, Bool, Cheap, F32x4, None;
+                Or = "or", or, Bool, Cheap, F32x4, None;
+                Xor = "xor", xor, Bool, Cheap, F32x4, None;
             }
         }
     };
@@ -250,12 +251,12 @@ macro_rules! with_compare_ops {
         $m! {
             /// Elementwise comparisons of two operands of one type; the result is bool.
             CompareOp {
-                Eq = "eq", eq, Any, Cheap, Tile, None;
-                Ne = "ne", ne, Any, Cheap, Tile, None;
-                Lt = "lt", lt, Numeric, Cheap, Tile, None;
-                Le = "le", le, Numeric, Cheap, Tile, None;
-                Gt = "gt", gt, Numeric, Cheap, Tile, None;
-                Ge = "ge", ge, Numeric, Cheap, Tile, None;
+                Eq = "eq", eq, Any, Cheap, F32x4, None;
+                Ne = "ne", ne, Any, Cheap, F32x4, None;
+                Lt = "lt", lt, Numeric, Cheap, F32x4, None;
+                Le = "le", le, Numeric, Cheap, F32x4, None;
+                Gt = "gt", gt, Numeric, Cheap, F32x4, None;
+                Ge = "ge", ge, Numeric, Cheap, F32x4, None;
             }
         }
     };
@@ -268,10 +269,10 @@ with_compare_ops!(op_table);
 op_table! {
     /// Reductions over a set of axes.
     ReduceOp {
-        Sum = "reduce_sum", sum, Numeric, Reduction, Tile, None;
-        Mean = "reduce_mean", mean, Float, Reduction, Tile, None;
-        Max = "reduce_max", max, Numeric, Reduction, Tile, None;
-        Min = "reduce_min", min, Numeric, Reduction, Tile, None;
+        Sum = "reduce_sum", sum, Numeric, Reduction, F32x4, None;
+        Mean = "reduce_mean", mean, Float, Reduction, F32x4, None;
+        Max = "reduce_max", max, Numeric, Reduction, F32x4, None;
+        Min = "reduce_min", min, Numeric, Reduction, F32x4, None;
     }
 }
 

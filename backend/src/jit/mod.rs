@@ -18,7 +18,7 @@
 //! `2` also prints its Cranelift IR, `3` its machine code.
 
 pub(crate) mod codegen;
-mod helpers;
+mod math;
 pub(crate) mod plan;
 mod shape;
 
@@ -103,13 +103,45 @@ pub struct Kernel {
     pub code_size: usize,
 }
 
-/// One stage's generated code.
+/// A stage's code.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Path {
+    /// Cranelift's code alone (f32x4 lanes).
+    Cranelift,
+    /// Cranelift's code calling vector routines on tiles of a row.
+    Routines,
+}
+
+/// A stage with both codes runs the routines on rows of at least this many elements, and
+/// Cranelift's code alone on shorter ones, where setting up a row's tiles costs more than the
+/// routines save. Measured (`cargo bench --bench workloads -- paths`, a softmax over 2²⁰
+/// elements, AVX-512): routines 6.8 ms against 2.1 ms for rows of 16, 1.47 against 1.48 ms for
+/// rows of 96, 1.19 against 1.46 ms for 128, 0.50 against 1.38 ms for 2048. Elementwise
+/// kernels are one long row, so they always take the routines. The rule depends only on the
+/// shapes, so a program always runs the same code (it replaced a choice by timing the first
+/// calls).
+pub const ROUTINES_MIN_ROW: i64 = 128;
+
+/// One stage's generated code: Cranelift's alone, and, when the stage has transcendental
+/// functions on vectorised rows, a second code that gives them to vector routines on tiles.
+/// Calls take the second on rows of at least [`ROUTINES_MIN_ROW`] elements.
 pub struct StageCode {
-    /// The native function.
-    pub code: StageFn,
-    /// What its tile programs compute at the vector level in use: `tile program` when it has
-    /// one, and each transcendental function they apply, by name.
-    pub program_ops: Vec<&'static str>,
+    /// Cranelift's code alone.
+    pub cranelift: StageFn,
+    /// The code calling vector routines ([`crate::vecmath`]) on tiles of a row.
+    pub routines: Option<StageFn>,
+    /// The functions the routines compute, by name.
+    pub routine_ops: Vec<&'static str>,
+}
+
+impl StageCode {
+    /// The path a call over rows of `row_len` elements takes.
+    pub fn path_for(&self, row_len: i64) -> Path {
+        match self.routines {
+            Some(_) if row_len >= ROUTINES_MIN_ROW => Path::Routines,
+            _ => Path::Cranelift,
+        }
+    }
 }
 
 /// Buffer pointers shared by the threads of one stage, each writing its own rows.
@@ -128,6 +160,16 @@ const PARALLEL_WORK: i64 = 1 << 19;
 impl Kernel {
     /// Runs the kernel on host arrays, allocating its outputs.
     pub fn call(&self, inputs: &[&Array]) -> Result<Vec<Array>, KernelError> {
+        self.call_on(inputs, None)
+    }
+
+    /// Runs the kernel as [`Kernel::call`] does, every stage on `path` where it has that
+    /// code: for comparing the paths.
+    pub fn call_with(&self, inputs: &[&Array], path: Path) -> Result<Vec<Array>, KernelError> {
+        self.call_on(inputs, Some(path))
+    }
+
+    fn call_on(&self, inputs: &[&Array], path: Option<Path>) -> Result<Vec<Array>, KernelError> {
         let func = &self.func;
         if inputs.len() != func.args().len() {
             return Err(KernelError::Shape(format!(
@@ -180,7 +222,7 @@ impl Kernel {
         buffers.extend(scratch.iter_mut().map(Array::data_mut_ptr));
         // SAFETY: every buffer is a contiguous array of its value's type under `sizes`, and
         // outputs and scratch are fresh, so nothing overlaps.
-        unsafe { self.execute(&buffers, &sizes, true) }.map_err(KernelError::Status)?;
+        unsafe { self.execute_on(&buffers, &sizes, true, path) }.map_err(KernelError::Status)?;
         Ok(outputs)
     }
 
@@ -206,13 +248,34 @@ impl Kernel {
         sizes: &[i64],
         threads: bool,
     ) -> Result<(), Status> {
+        // SAFETY: forwarded from the caller.
+        unsafe { self.execute_on(buffers, sizes, threads, None) }
+    }
+
+    /// [`Kernel::execute`] with every stage on `path` (where it has that code), or on the
+    /// path its row length chooses ([`StageCode::path_for`]).
+    ///
+    /// # Safety
+    /// As for [`Kernel::run_stage`].
+    pub unsafe fn execute_on(
+        &self,
+        buffers: &[*mut u8],
+        sizes: &[i64],
+        threads: bool,
+        path: Option<Path>,
+    ) -> Result<(), Status> {
         for (index, stage) in self.plan.stages.iter().enumerate() {
             let rows = stage.rows(&self.plan, sizes);
             let row_len = stage.row_len(&self.plan, sizes);
             let work = rows
                 .saturating_mul(row_len)
                 .saturating_mul(self.cost[index]);
-            let f = self.stages[index].code;
+            let compiled = &self.stages[index];
+            let path = path.unwrap_or_else(|| compiled.path_for(row_len));
+            let f = match (path, compiled.routines) {
+                (Path::Routines, Some(f)) => f,
+                _ => compiled.cranelift,
+            };
             let chunks = if threads && stage.parallel() && work >= PARALLEL_WORK {
                 crate::team::width().min(rows.max(1) as usize)
             } else {
@@ -301,13 +364,16 @@ fn jit() -> &'static Mutex<Jit> {
             .finish(settings::Flags::new(flags))
             .expect("the host ISA builds");
         let mut builder = JITBuilder::with_isa(isa, default_libcall_names());
-        helpers::register_symbols(&mut builder);
-        let module = JITModule::new(builder);
-        let ctx = module.make_context();
+        math::register_symbols(&mut builder);
+        let mut module = JITModule::new(builder);
+        let mut ctx = module.make_context();
+        let mut builder = FunctionBuilderContext::new();
+        codegen::define_trampolines(&mut module, &mut ctx, &mut builder)
+            .expect("the vector routines' trampolines compile");
         Mutex::new(Jit {
             module,
             ctx,
-            builder: FunctionBuilderContext::new(),
+            builder,
             next_name: 0,
         })
     })
@@ -358,21 +424,21 @@ pub fn kernel(func: &Function) -> Result<Arc<Kernel>, JitError> {
     let (stages, code_size) = jit.compile(&plan, func)?;
     drop(jit);
     if debug::level() >= 1 {
-        let programs: Vec<String> = (stages.iter().enumerate())
-            .filter(|(_, s)| !s.program_ops.is_empty())
-            .map(|(i, s)| format!("stage {i}: {}", s.program_ops.join(", ")))
+        let routines: Vec<String> = (stages.iter().enumerate())
+            .filter(|(_, s)| s.routines.is_some())
+            .map(|(i, s)| format!("stage {i}: {}", s.routine_ops.join(", ")))
             .collect();
-        let programs = if programs.is_empty() {
+        let routines = if routines.is_empty() {
             String::new()
         } else {
             format!(
-                "; {} vectors for {}",
+                "; vector routines ({}) for {}",
                 crate::vecmath::isa().name(),
-                programs.join("; ")
+                routines.join("; ")
             )
         };
         eprintln!(
-            "kiln: compiled a kernel of {} stages, {code_size} bytes{programs}",
+            "kiln: compiled a kernel of {} stages, {code_size} bytes{routines}",
             plan.stages.len()
         );
     }
@@ -395,38 +461,52 @@ pub fn kernel(func: &Function) -> Result<Arc<Kernel>, JitError> {
 }
 
 impl Jit {
-    /// Compiles every stage of `plan`, then finalises and takes the pointers. Returns the
-    /// stages' code and its total size.
+    /// Compiles every stage of `plan` — with vector routines first; if the stage gave them
+    /// nothing, that code is Cranelift's alone, else Cranelift's alone is compiled too — then
+    /// finalises and takes the pointers. Returns the stages' code and its total size.
     fn compile(
         &mut self,
         plan: &KernelPlan,
         func: &Function,
     ) -> Result<(Vec<StageCode>, usize), JitError> {
+        let routines = crate::vecmath::isa() != crate::vecmath::Isa::Off;
         let mut ids = Vec::new();
         let mut code_size = 0;
         for index in 0..plan.stages.len() {
-            ids.push(self.compile_stage(plan, func, index, &mut code_size)?);
+            let (first, ops) = self.compile_stage(plan, func, index, routines, &mut code_size)?;
+            let (cranelift, tiled) = if ops.is_empty() {
+                (first, None)
+            } else {
+                let (plain, _) = self.compile_stage(plan, func, index, false, &mut code_size)?;
+                (plain, Some(first))
+            };
+            ids.push((cranelift, tiled, ops));
         }
         self.module
             .finalize_definitions()
             .map_err(|e| JitError::Codegen(e.to_string()))?;
+        let pointer = |id| {
+            let code = self.module.get_finalized_function(id);
+            // SAFETY: `code` was compiled above with exactly `StageFn`'s signature.
+            unsafe { std::mem::transmute::<*const u8, StageFn>(code) }
+        };
         let stages = (ids.into_iter())
-            .map(|(id, program_ops)| {
-                let code = self.module.get_finalized_function(id);
-                // SAFETY: `code` was compiled above with exactly `StageFn`'s signature.
-                let code = unsafe { std::mem::transmute::<*const u8, StageFn>(code) };
-                StageCode { code, program_ops }
+            .map(|(cranelift, tiled, routine_ops)| StageCode {
+                cranelift: pointer(cranelift),
+                routines: tiled.map(pointer),
+                routine_ops,
             })
             .collect();
         Ok((stages, code_size))
     }
 
-    /// Declares, builds and defines stage `index`'s code: declare, build, define, clear.
+    /// Declares, builds and defines one code of stage `index`: declare, build, define, clear.
     fn compile_stage(
         &mut self,
         plan: &KernelPlan,
         func: &Function,
         index: usize,
+        routines: bool,
         code_size: &mut usize,
     ) -> Result<(FuncId, Vec<&'static str>), JitError> {
         // A failed or interrupted compilation may have left the context dirty.
@@ -452,11 +532,12 @@ impl Jit {
             &mut self.builder,
             plan,
             index,
+            routines,
         )?;
         let which = if ops.is_empty() {
             String::new()
         } else {
-            format!(" ({})", ops.join(", "))
+            format!(" (vector routines for {})", ops.join(", "))
         };
         if debug::level() >= 2 {
             eprintln!(

@@ -4,9 +4,14 @@
 use super::*;
 
 impl Gen<'_, '_> {
-    pub(super) fn unary(&mut self, op: UnaryOp, dtype: DType, x: CValue) -> CValue {
+    pub(super) fn unary(&mut self, op: UnaryOp, dtype: DType, x: CValue, vector: bool) -> CValue {
+        let lanes = Lanes { vector };
         if dtype == DType::Bool {
-            return self.b.ins().bxor_imm_s(x, 1);
+            return if vector {
+                self.b.ins().bnot(x)
+            } else {
+                self.b.ins().bxor_imm_s(x, 1)
+            };
         }
         if !dtype.is_float() {
             let ty = clif_type(dtype);
@@ -30,8 +35,8 @@ impl Gen<'_, '_> {
         if let Some(symbol) = op.helper_symbol(dtype) {
             return self.call(symbol, &[x], clif_type(dtype));
         }
-        let zero = self.float_const(dtype, 0.0);
-        let one = self.float_const(dtype, 1.0);
+        let zero = self.float_const(dtype, 0.0, vector);
+        let one = self.float_const(dtype, 1.0, vector);
         match op {
             UnaryOp::Neg => self.b.ins().fneg(x),
             UnaryOp::Abs => self.b.ins().fabs(x),
@@ -46,31 +51,61 @@ impl Gen<'_, '_> {
             }
             UnaryOp::Relu => {
                 let keep = self.b.ins().fcmp(FloatCC::UnorderedOrGreaterThan, x, zero);
-                self.b.ins().select(keep, x, zero)
+                self.float_select(keep, x, zero, vector)
             }
             UnaryOp::Sign => {
-                // Ordered and not equal: below or above zero.
+                // Ordered and not equal (f32x4 has no `one` compare): below or above zero.
                 let below = self.b.ins().fcmp(FloatCC::LessThan, x, zero);
                 let above = self.b.ins().fcmp(FloatCC::GreaterThan, x, zero);
                 let nonzero = self.b.ins().bor(below, above);
-                let signed_one = self.b.ins().fcopysign(one, x);
-                self.b.ins().select(nonzero, signed_one, x)
+                let signed_one = if vector {
+                    let bits = lanes.to_int(&mut self.b, x);
+                    let sign_mask = lanes.ci(&mut self.b, i32::MIN);
+                    let sign = self.b.ins().band(bits, sign_mask);
+                    let one_bits = lanes.to_int(&mut self.b, one);
+                    let s = self.b.ins().bor(sign, one_bits);
+                    lanes.to_float(&mut self.b, s)
+                } else {
+                    self.b.ins().fcopysign(one, x)
+                };
+                self.float_select(nonzero, signed_one, x, vector)
             }
-            UnaryOp::Exp
-            | UnaryOp::Log
-            | UnaryOp::Tanh
-            | UnaryOp::Sigmoid
-            | UnaryOp::Softplus
-            | UnaryOp::Erf
-            | UnaryOp::Sin
-            | UnaryOp::Cos => {
+            // f32 only: f64 calls the helper the table names (above).
+            UnaryOp::Exp => math::exp(&mut self.b, lanes, x),
+            UnaryOp::Log => math::log(&mut self.b, lanes, x),
+            UnaryOp::Tanh => math::tanh(&mut self.b, lanes, x),
+            UnaryOp::Sigmoid => math::sigmoid(&mut self.b, lanes, x),
+            UnaryOp::Softplus => math::softplus(&mut self.b, lanes, x),
+            UnaryOp::Erf => math::erf(&mut self.b, lanes, x),
+            UnaryOp::Sin | UnaryOp::Cos => {
                 unreachable!("`{}` calls its helper for every float dtype", op.name())
             }
             UnaryOp::Not => panic!("kernel codegen: `not` on floats"),
         }
     }
 
-    pub(super) fn binary(&mut self, op: BinaryOp, dtype: DType, x: CValue, y: CValue) -> CValue {
+    pub(super) fn float_select(
+        &mut self,
+        cond: CValue,
+        x: CValue,
+        y: CValue,
+        vector: bool,
+    ) -> CValue {
+        if vector {
+            Lanes { vector }.select(&mut self.b, cond, x, y)
+        } else {
+            self.b.ins().select(cond, x, y)
+        }
+    }
+
+    pub(super) fn binary(
+        &mut self,
+        op: BinaryOp,
+        dtype: DType,
+        x: CValue,
+        y: CValue,
+        vector: bool,
+    ) -> CValue {
         let ins = self.b.ins();
         match (op, dtype) {
             (BinaryOp::And, _) => ins.band(x, y),
@@ -93,7 +128,10 @@ impl Gen<'_, '_> {
             (BinaryOp::Mul, _) => ins.imul(x, y),
             (BinaryOp::Max, _) => ins.smax(x, y),
             (BinaryOp::Min, _) => ins.smin(x, y),
-            (BinaryOp::Div, _) => self.checked_div(dtype, x, y),
+            (BinaryOp::Div, _) => {
+                debug_assert!(!vector);
+                self.checked_div(dtype, x, y)
+            }
         }
     }
 
@@ -120,6 +158,7 @@ impl Gen<'_, '_> {
         operand: DType,
         x: CValue,
         y: CValue,
+        vector: bool,
     ) -> CValue {
         if operand.is_float() {
             let cc = match op {
@@ -131,6 +170,14 @@ impl Gen<'_, '_> {
                 CompareOp::Ge => FloatCC::GreaterThanOrEqual,
             };
             return self.b.ins().fcmp(cc, x, y);
+        }
+        if vector {
+            // Masks of bools: only equality has a vector form.
+            let differ = self.b.ins().bxor(x, y);
+            return match op {
+                CompareOp::Ne => differ,
+                _ => self.b.ins().bnot(differ),
+            };
         }
         let unsigned = operand == DType::Bool;
         let cc = match (op, unsigned) {
@@ -148,9 +195,24 @@ impl Gen<'_, '_> {
         self.b.ins().icmp(cc, x, y)
     }
 
-    pub(super) fn cast(&mut self, from: DType, to: DType, x: CValue) -> CValue {
+    pub(super) fn cast(&mut self, from: DType, to: DType, x: CValue, vector: bool) -> CValue {
         if from == to {
             return x;
+        }
+        if vector {
+            return match (from, to) {
+                (DType::Bool, DType::F32) => {
+                    let lanes = Lanes { vector };
+                    let one = lanes.ci(&mut self.b, 1.0f32.to_bits() as i32);
+                    let bits = self.b.ins().band(x, one);
+                    lanes.to_float(&mut self.b, bits)
+                }
+                (DType::F32, DType::Bool) => {
+                    let zero = Lanes { vector }.c(&mut self.b, 0.0);
+                    self.b.ins().fcmp(FloatCC::NotEqual, x, zero)
+                }
+                _ => panic!("kernel codegen: no vector cast from {from} to {to}"),
+            };
         }
         let (cf, ct) = (clif_type(from), clif_type(to));
         let ins = self.b.ins();
@@ -165,7 +227,7 @@ impl Gen<'_, '_> {
             (true, _, true, _) => ins.fdemote(ct, x),
             // float → bool: non-zero (NaN included)
             (true, _, _, true) => {
-                let zero = self.float_const(from, 0.0);
+                let zero = self.float_const(from, 0.0, false);
                 self.b.ins().fcmp(FloatCC::NotEqual, x, zero)
             }
             // float → integer: saturating, NaN gives 0
@@ -186,7 +248,7 @@ impl Gen<'_, '_> {
         }
     }
 
-    /// Calls an imported scalar function (registered with the JIT in `jit/helpers.rs`).
+    /// Calls an imported scalar function (registered with the JIT in [`math`]).
     pub(super) fn call(&mut self, name: &str, args: &[CValue], ty: ClType) -> CValue {
         let callee = match self.imports.get(name) {
             Some(&f) => f,

@@ -4,20 +4,20 @@
 //! loops* along the last axis, each computing a group of the stage's values:
 //!
 //! ```text
-//! entry:  buffer pointers, sizes, strides, constants, tile programs' frames  (Level::Entry)
-//! row r:  row indices, row base addresses, row-invariant ops                 (Level::Row)
-//!         inner loop: the group's tile program, one runner call per tile,
-//!                     or Cranelift's scalar code, one element at a time
+//! entry:  buffer pointers, sizes, strides, constants          (Level::Entry)
+//! row r:  row indices, row base addresses, row-invariant ops  (Level::Row)
+//!         inner loop, f32x4 × UNROLL: loads, ops, stores, vector accumulators
+//!         inner loop, scalar tail
 //!         reductions finished: registers for the rest of the row
 //! ```
 //!
 //! Every expression is emitted at the outermost level where its inputs are known
 //! ([`Gen::hoist`]), and memoised per scope, so a broadcast operand is loaded once per row and
-//! a constant once per call. An f32 group is a tile program (`programs.rs`) when every op in it
-//! has a vector body and its buffers have unit stride along the row; everything else (f64,
-//! integers, bool in memory, strided rows, ops whose table row says `Scalar`) runs scalar.
+//! a constant once per call. f32 groups are vectorised when every op in them has a vector form;
+//! everything else (f64, integers, bool in memory, ops whose table row says `Scalar`) runs scalar.
 
 use super::JitError;
+use super::math::{self, Lanes};
 use super::plan::{self, KernelPlan, Mapping, RowRole};
 use cranelift_codegen::ir::condcodes::{FloatCC, IntCC};
 use cranelift_codegen::ir::{
@@ -36,7 +36,18 @@ mod levels;
 mod programs;
 mod reductions;
 mod stage;
+mod tiles;
+
+pub(crate) use tiles::define_trampolines;
 mod values;
+
+/// f32 lanes per vector (Cranelift's vectors are 128-bit on x86_64).
+const LANES: i64 = 4;
+/// Vector iterations per inner-loop trip.
+const UNROLL: i64 = 2;
+/// Vector iterations per trip of a loop that reduces: its element `i` goes to partial
+/// `i mod 16`, so four independent chains hide the adds' latency.
+const REDUCE_UNROLL: i64 = 4;
 
 /// Where an expression can be computed: once per call, once per row, or per element.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -56,8 +67,8 @@ enum Stride {
 
 #[derive(Clone, PartialEq, Eq, Hash)]
 enum Memo {
-    /// A value read under a mapping.
-    Value(Value, Mapping),
+    /// A value read under a mapping, scalar or vector.
+    Value(Value, Mapping, bool),
     /// The address of a buffer's element at the current row and inner position 0.
     Base(usize, Mapping),
 }
@@ -83,14 +94,17 @@ impl Work {
     }
 }
 
-/// Builds stage `stage` of `plan` into `func`, whose signature is the kernel ABI. Returns what
-/// its tile programs compute ([`super::StageCode::program_ops`]).
+/// Builds stage `stage` of `plan` into `func`, whose signature is the kernel ABI; with
+/// `routines`, transcendental functions on vectorised rows call vector routines on tiles.
+/// Returns the names of the functions it gave to routines (none: the code is Cranelift's
+/// alone).
 pub(crate) fn build_stage(
     module: &mut JITModule,
     func: &mut cranelift_codegen::ir::Function,
     builder_ctx: &mut FunctionBuilderContext,
     plan: &KernelPlan,
     stage: usize,
+    routines: bool,
 ) -> Result<Vec<&'static str>, JitError> {
     let config = module.target_config();
     let mut b = FunctionBuilder::new(func, builder_ctx);
@@ -138,15 +152,17 @@ pub(crate) fn build_stage(
         imports: HashMap::new(),
         stash_in: Vec::new(),
         stash_out: Vec::new(),
-        program_ops: Vec::new(),
+        routines,
+        tile: None,
+        routines_called: Vec::new(),
     };
     g.extents = g.dims.clone().iter().map(|d| g.extent(d)).collect();
     g.run(begin, end);
     g.b.finalize(config);
-    let mut ops = g.program_ops;
-    ops.sort_unstable();
-    ops.dedup();
-    Ok(ops)
+    let mut called = g.routines_called;
+    called.sort_unstable();
+    called.dedup();
+    Ok(called)
 }
 
 fn flags() -> MemFlagsData {
@@ -185,8 +201,12 @@ struct Gen<'a, 'f> {
     /// Stashes the current inner loop writes, and those it reads back.
     stash_in: Vec<Stash>,
     stash_out: Vec<Stash>,
-    /// What the stage's tile programs compute, so far.
-    program_ops: Vec<&'static str>,
+    /// Whether transcendentals on vectorised rows call vector routines on tiles.
+    routines: bool,
+    /// The tile being computed, in a tiled inner loop.
+    tile: Option<tiles::Tile>,
+    /// The functions given to routines so far.
+    routines_called: Vec<&'static str>,
 }
 
 /// A part of a rows stage's work along one row.

@@ -1,16 +1,17 @@
-//! Reductions: identities, and combining an element into an accumulator.
+//! Reductions: identities, combining an element into an accumulator, and horizontal
+//! reduction of a vector accumulator.
 
 use super::*;
 
 impl Gen<'_, '_> {
-    pub(super) fn identity(&mut self, op: ReduceOp, dtype: DType) -> CValue {
+    pub(super) fn identity(&mut self, op: ReduceOp, dtype: DType, vector: bool) -> CValue {
         if dtype.is_float() {
             let x = match op {
                 ReduceOp::Sum | ReduceOp::Mean => 0.0,
                 ReduceOp::Max => f64::NEG_INFINITY,
                 ReduceOp::Min => f64::INFINITY,
             };
-            return self.float_const(dtype, x);
+            return self.float_const(dtype, x, vector);
         }
         let (min, max) = match dtype {
             DType::I32 => (i64::from(i32::MIN), i64::from(i32::MAX)),
@@ -34,5 +35,14 @@ impl Gen<'_, '_> {
             (ReduceOp::Max, false) => ins.smax(acc, x),
             (ReduceOp::Min, false) => ins.smin(acc, x),
         }
+    }
+
+    /// Reduces the four lanes of an f32x4 accumulator.
+    pub(super) fn horizontal(&mut self, op: ReduceOp, v: CValue) -> CValue {
+        let lane = |g: &mut Self, i: u8| g.b.ins().extractlane(v, i);
+        let (a, b, c, d) = (lane(self, 0), lane(self, 1), lane(self, 2), lane(self, 3));
+        let ab = self.combine(op, DType::F32, a, b);
+        let cd = self.combine(op, DType::F32, c, d);
+        self.combine(op, DType::F32, ab, cd)
     }
 }

@@ -1,8 +1,7 @@
-//! A stage's loops: rows, inner loops (tile programs or scalar), accumulations, stashes, and
+//! A stage's loops: rows, inner loops (vector and scalar), accumulations, stashes, and
 //! how each value's work is stored or reduced.
 
 use super::*;
-use crate::tile_program::{BLOCK_ROWS, TILE};
 
 impl Gen<'_, '_> {
     /// Opens `for index in start..end` (stepping by `step` at `end_loop`).
@@ -112,14 +111,10 @@ impl Gen<'_, '_> {
                 _ => self.root(Work::Store(v)),
             })
             .collect();
-        self.hoist(&all, Level::Entry);
+        self.hoist(&all, Level::Entry, false);
         let segments = self.segments();
         let stashes = self.stashes(&segments);
         let mut programs = self.prepare_programs(&segments, &stashes);
-        if let ([Segment::Group(works)], [Some(frame)]) = (&segments[..], &programs[..]) {
-            self.blocks_of_rows(begin, end, works, frame);
-            return;
-        }
         let l = self.begin_loop(begin, end);
         self.scopes.push(HashMap::new());
         self.decompose_row(l.index);
@@ -127,8 +122,8 @@ impl Gen<'_, '_> {
             match segment {
                 Segment::Row(v) => {
                     let map = KernelPlan::identity_mapping(&plan.ty(*v).shape);
-                    let x = self.emit(*v, &map);
-                    self.store_to_destinations(*v, &map, x);
+                    let x = self.emit(*v, &map, false);
+                    self.store_to_destinations(*v, &map, x, false);
                 }
                 Segment::Group(works) => {
                     self.use_stashes(&stashes, index);
@@ -137,50 +132,6 @@ impl Gen<'_, '_> {
                 }
             }
         }
-        self.scopes.pop();
-        self.row_index.clear();
-        self.end_loop(l, 1);
-    }
-
-    /// A stage of one group with a tile program: its rows in blocks of as many whole rows as
-    /// fill a tile (at most [`BLOCK_ROWS`]), each block one call of the runner — or, where a
-    /// row fills a tile, one row at a time in tiles. Rows of 16 (a bias and an activation
-    /// over 4×4 planes) then cost a vector step each, not a call each.
-    fn blocks_of_rows(&mut self, begin: CValue, end: CValue, works: &[Work], f: &programs::Frame) {
-        let n = self.extents[self.dims.len() - 1];
-        let one = self.b.ins().iconst(types::I64, 1);
-        let length = self.b.ins().umax(n, one);
-        let tile = self.b.ins().iconst(types::I64, TILE as i64);
-        let per_block = self.b.ins().udiv(tile, length);
-        let most = self.b.ins().iconst(types::I64, BLOCK_ROWS as i64);
-        let per_block = self.b.ins().umin(per_block, most);
-        let per_block = self.b.ins().umax(per_block, one);
-        let l = self.begin_loop(begin, end);
-        let left = self.b.ins().isub(end, l.index);
-        let count = self.b.ins().umin(per_block, left);
-        self.each_row(l.index, count, |g, i| g.fill_program_row(f, i));
-        self.call_program(f, count, n);
-        if (works.iter()).any(|w| matches!(w, Work::Reduce(_) | Work::ReduceInto(_))) {
-            self.each_row(l.index, count, |g, i| {
-                let totals = g.program_totals(f, works.len(), i, n);
-                g.finish_works(works, &totals, n);
-            });
-        }
-        let next = self.b.ins().iadd(l.index, count);
-        self.b.def_var(l.var, next);
-        self.b.ins().jump(l.header, &[]);
-        self.b.seal_block(l.header);
-        self.b.switch_to_block(l.exit);
-        self.b.seal_block(l.exit);
-    }
-
-    /// `body(i)` for rows `first + i`, `i < count`, each decomposed in a scope of its own.
-    fn each_row(&mut self, first: CValue, count: CValue, mut body: impl FnMut(&mut Self, CValue)) {
-        let l = self.begin_loop_from_zero(count);
-        let row = self.b.ins().iadd(first, l.index);
-        self.scopes.push(HashMap::new());
-        self.decompose_row(row);
-        body(self, l.index);
         self.scopes.pop();
         self.row_index.clear();
         self.end_loop(l, 1);
@@ -195,29 +146,31 @@ impl Gen<'_, '_> {
             .collect();
     }
 
-    /// Makes tile programs of the groups that can be ones, their frames filled before the
-    /// rows; by segment.
+    /// Makes tile programs of the groups that can be ones (where this code calls routines:
+    /// every vectorised f32 group whose ops a program has, with a transcendental or not, so
+    /// that it runs at the CPU's width), their frames filled before the rows; by segment.
     fn prepare_programs(
         &mut self,
         segments: &[Segment],
         stashes: &[Stash],
     ) -> Vec<Option<programs::Frame>> {
         let mut frames: Vec<_> = segments.iter().map(|_| None).collect();
+        if !self.routines {
+            return frames;
+        }
         for (index, segment) in segments.iter().enumerate() {
             let Segment::Group(works) = segment else {
                 continue;
             };
             self.use_stashes(stashes, index);
-            frames[index] = self.group_program(works);
+            if self.vectorizable(works)
+                && let Some(program) = self.tile_program(works)
+            {
+                frames[index] = Some(self.prepare_frame(program));
+            }
             self.use_stashes(&[], index);
         }
         frames
-    }
-
-    /// The group's tile program, its frame filled here (before the rows), if it has one.
-    fn group_program(&mut self, works: &[Work]) -> Option<programs::Frame> {
-        let program = self.tile_program(works)?;
-        Some(self.prepare_frame(program))
     }
 
     /// The stage's values in the order they are computed along a row: groups of values that
@@ -346,9 +299,9 @@ impl Gen<'_, '_> {
         let size = dtype.size_bytes() as i64;
         let out_len = self.value_len(v);
         let root = self.root(Work::Combine(v));
-        self.hoist(std::slice::from_ref(&root), Level::Entry);
+        self.hoist(std::slice::from_ref(&root), Level::Entry, false);
         // Start from the identity.
-        let identity = self.identity(op, dtype);
+        let identity = self.identity(op, dtype, false);
         let l = self.begin_loop_from_zero(out_len);
         let addr = self.element_address(primary, l.index, size);
         self.b.ins().store(flags(), identity, addr, 0);
@@ -361,11 +314,10 @@ impl Gen<'_, '_> {
         } else {
             Work::Combine(v)
         };
-        let program = self.group_program(&[work]);
         let l = self.begin_loop(begin, end);
         self.scopes.push(HashMap::new());
         self.decompose_row(l.index);
-        self.inner_loop(&[work], program);
+        self.inner_loop(&[work], None);
         self.scopes.pop();
         self.row_index.clear();
         self.end_loop(l, 1);
@@ -429,42 +381,117 @@ impl Gen<'_, '_> {
         }
     }
 
-    /// One inner loop computing `works` along the current row: by the group's tile `program`
-    /// when it has one, else one element at a time.
+    /// One inner loop computing `works` along the current row: vectorised (unrolled) when it
+    /// can be — by the group's tile `program` when it has one — then a scalar tail.
     pub(super) fn inner_loop(&mut self, works: &[Work], program: Option<programs::Frame>) {
         if works.is_empty() {
             return;
         }
         let n = self.extents[self.dims.len() - 1];
         let roots = self.roots(works);
-        self.hoist(&roots, Level::Row);
+        let vector = self.vectorizable(works);
+        self.hoist(&roots, Level::Row, vector);
         for &w in works {
             for (slot, map) in self.work_destinations(w) {
                 self.base(slot, &map);
             }
         }
-        let totals = match program {
-            Some(program) => self.run_program(&program, works.len(), n),
-            None => self.scalar_loop(works, n),
+        let (start, scalar_accs) = if vector {
+            self.vector_part(works, program, n)
+        } else {
+            let zero = self.b.ins().iconst(types::I64, 0);
+            (zero, self.scalar_accumulators(works))
         };
-        self.finish_works(works, &totals, n);
-    }
-
-    /// The row `0..n` one element at a time; returns each reduction's accumulator, by work.
-    fn scalar_loop(&mut self, works: &[Work], n: CValue) -> Vec<Option<Variable>> {
-        let accs = self.scalar_accumulators(works);
-        let zero = self.b.ins().iconst(types::I64, 0);
-        let l = self.begin_loop(zero, n);
+        let l = self.begin_loop(start, n);
         self.scopes.push(HashMap::new());
         self.inner = Some(l.index);
         for (i, &w) in works.iter().enumerate() {
-            self.element(w, accs[i]);
+            self.element(w, scalar_accs[i], false);
         }
-        self.store_stashes();
+        self.store_stashes(false);
         self.scopes.pop();
         self.inner = None;
         self.end_loop(l, 1);
-        accs
+        self.finish_works(works, &scalar_accs, n);
+    }
+
+    /// The vectorised part of the row, `0..n` rounded down to whole trips: by the tile
+    /// `program`, the routines' tiles, or Cranelift's unrolled loop. Returns where the scalar
+    /// tail starts and each reduction's accumulator, folded to a scalar.
+    fn vector_part(
+        &mut self,
+        works: &[Work],
+        program: Option<programs::Frame>,
+        n: CValue,
+    ) -> (CValue, Vec<Option<Variable>>) {
+        let plan = self.plan;
+        let zero = self.b.ins().iconst(types::I64, 0);
+        let mut scalar_accs: Vec<Option<Variable>> = Vec::new();
+        let reduces = (works.iter()).any(|w| matches!(w, Work::Reduce(_) | Work::ReduceInto(_)));
+        let unroll = if reduces { REDUCE_UNROLL } else { UNROLL };
+        let step = LANES * unroll;
+        let vec_end = self.b.ins().band_imm_s(n, !(step - 1));
+        let mut vector_accs: Vec<Vec<Variable>> = Vec::new();
+        for &w in works {
+            let accs = match w {
+                Work::Reduce(v) | Work::ReduceInto(v) => {
+                    let (op, _) = plan.reduce_op(v).expect("a reduction");
+                    let init = self.identity(op, DType::F32, true);
+                    (0..unroll)
+                        .map(|_| {
+                            let var = self.b.declare_var(types::F32X4);
+                            self.b.def_var(var, init);
+                            var
+                        })
+                        .collect()
+                }
+                _ => Vec::new(),
+            };
+            vector_accs.push(accs);
+        }
+        // One vector step of the group at `self.inner`, for unrolled copy `u`.
+        let mut body = |g: &mut Self, u: u32| {
+            g.scopes.push(HashMap::new());
+            for (i, &w) in works.iter().enumerate() {
+                let acc = vector_accs[i].get(u as usize).copied();
+                g.element(w, acc, true);
+            }
+            g.store_stashes(true);
+            g.scopes.pop();
+        };
+        let phases = match (&program, self.routines) {
+            (None, true) => self.routine_calls(works),
+            _ => Vec::new(),
+        };
+        if let Some(program) = program {
+            self.run_program(&program, vec_end, &vector_accs);
+        } else if phases.is_empty() {
+            let l = self.begin_loop(zero, vec_end);
+            for u in 0..unroll {
+                self.inner = Some(self.b.ins().iadd_imm_s(l.index, u * LANES));
+                body(self, u as u32);
+            }
+            self.end_loop(l, step);
+        } else {
+            self.tiled_vector_loop(&phases, vec_end, unroll, &mut body);
+        }
+        for (i, &w) in works.iter().enumerate() {
+            if let Work::Reduce(v) | Work::ReduceInto(v) = w {
+                let (op, _) = plan.reduce_op(v).expect("a reduction");
+                let mut acc = self.b.use_var(vector_accs[i][0]);
+                for &other in &vector_accs[i][1..] {
+                    let x = self.b.use_var(other);
+                    acc = self.combine(op, DType::F32, acc, x);
+                }
+                let total = self.horizontal(op, acc);
+                let var = self.b.declare_var(types::F32);
+                self.b.def_var(var, total);
+                scalar_accs.push(Some(var));
+            } else {
+                scalar_accs.push(None);
+            }
+        }
+        (vec_end, scalar_accs)
     }
 
     /// A scalar accumulator per reduction of `works`, at its identity (`None` for the rest).
@@ -476,7 +503,7 @@ impl Gen<'_, '_> {
                 Work::Reduce(v) | Work::ReduceInto(v) => {
                     let (op, _) = plan.reduce_op(v).expect("a reduction");
                     let dtype = self.dtype(v);
-                    let init = self.identity(op, dtype);
+                    let init = self.identity(op, dtype, false);
                     let var = self.b.declare_var(clif_type(dtype));
                     self.b.def_var(var, init);
                     Some(var)
@@ -500,8 +527,8 @@ impl Gen<'_, '_> {
                     self.scopes
                         .last_mut()
                         .expect("a row scope")
-                        .insert(Memo::Value(v, map.clone()), total);
-                    self.store_to_destinations(v, &map, total);
+                        .insert(Memo::Value(v, map.clone(), false), total);
+                    self.store_to_destinations(v, &map, total, false);
                 }
                 Work::ReduceInto(v) => {
                     let (op, _) = plan.reduce_op(v).expect("a reduction");
@@ -520,9 +547,9 @@ impl Gen<'_, '_> {
     }
 
     /// Stores this iteration's stashed expressions for the next inner loop.
-    pub(super) fn store_stashes(&mut self) {
+    pub(super) fn store_stashes(&mut self, vector: bool) {
         for stash in self.stash_in.clone() {
-            let x = self.emit(stash.value, &stash.map);
+            let x = self.emit(stash.value, &stash.map, vector);
             let addr = self.address(stash.slot, &stash.slot_map, self.dtype(stash.value));
             self.b.ins().store(flags(), x, addr, 0);
         }
@@ -546,12 +573,12 @@ impl Gen<'_, '_> {
         }
     }
 
-    /// The work of one element at the current inner position.
-    pub(super) fn element(&mut self, w: Work, acc: Option<Variable>) {
+    /// The work of one element (or one vector of elements) at the current inner position.
+    pub(super) fn element(&mut self, w: Work, acc: Option<Variable>, vector: bool) {
         let (root, map) = self.root(w);
-        let x = self.emit(root, &map);
+        let x = self.emit(root, &map, vector);
         match w {
-            Work::Store(v) => self.store_to_destinations(v, &map, x),
+            Work::Store(v) => self.store_to_destinations(v, &map, x, vector),
             Work::Reduce(v) | Work::ReduceInto(v) => {
                 let (op, _) = self.plan.reduce_op(v).expect("a reduction");
                 let var = acc.expect("an accumulator");
@@ -565,14 +592,25 @@ impl Gen<'_, '_> {
                 let slot = self.plan.slot(self.plan.source[&v]);
                 let out_map = self.output_mapping(v);
                 let addr = self.address(slot, &out_map, dtype);
-                let old = self.b.ins().load(clif_type(dtype), flags(), addr, 0);
+                let ty = if vector {
+                    types::F32X4
+                } else {
+                    clif_type(dtype)
+                };
+                let old = self.b.ins().load(ty, flags(), addr, 0);
                 let new = self.combine(op, dtype, old, x);
                 self.b.ins().store(flags(), new, addr, 0);
             }
         }
     }
 
-    pub(super) fn store_to_destinations(&mut self, v: Value, map: &Mapping, x: CValue) {
+    pub(super) fn store_to_destinations(
+        &mut self,
+        v: Value,
+        map: &Mapping,
+        x: CValue,
+        _vector: bool,
+    ) {
         let plan = self.plan;
         let dtype = self.dtype(v);
         for d in plan.destinations(v) {
@@ -591,9 +629,9 @@ impl Gen<'_, '_> {
                 self.b.ins().fdiv(total, count)
             }
             // A max or min is the same in any order but for a NaN's sign and payload: one
-            // NaN, whatever order a tile program combined in.
+            // NaN, so that a tile program (which combines in its own order) gives these bits.
             Some((ReduceOp::Max | ReduceOp::Min, _)) if dtype.is_float() => {
-                let nan = self.float_const(dtype, f64::NAN);
+                let nan = self.float_const(dtype, f64::NAN, false);
                 let is_nan = self.b.ins().fcmp(FloatCC::Unordered, total, total);
                 self.b.ins().select(is_nan, nan, total)
             }
