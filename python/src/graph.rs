@@ -649,6 +649,34 @@ fn size_of(program: &Program) -> (usize, usize) {
     (program.graph().num_insts(), program.module().states.len())
 }
 
+/// Waits until no other thread's run holds `session`: a run releases the GIL while it
+/// computes, holding the session, so another thread (a function, a trainer) may find it in
+/// use — it takes its turn instead of failing (pyo3 raised "Already borrowed" as a panic).
+pub(crate) fn session_mut<'py>(
+    session: &'py Py<PySession>,
+    py: Python<'py>,
+) -> PyRefMut<'py, PySession> {
+    loop {
+        match session.try_borrow_mut(py) {
+            Ok(s) => return s,
+            Err(_) => py.detach(|| std::thread::sleep(std::time::Duration::from_micros(50))),
+        }
+    }
+}
+
+/// [`session_mut`] for reading.
+pub(crate) fn session_ref<'py>(
+    session: &'py Py<PySession>,
+    py: Python<'py>,
+) -> PyRef<'py, PySession> {
+    loop {
+        match session.try_borrow(py) {
+            Ok(s) => return s,
+            Err(_) => py.detach(|| std::thread::sleep(std::time::Duration::from_micros(50))),
+        }
+    }
+}
+
 impl PySession {
     /// Every state value, for a trainer's checkpoint.
     pub(crate) fn state_values(&self) -> std::collections::BTreeMap<String, Array> {
@@ -786,7 +814,7 @@ impl PyFunction {
         updates: Vec<PyRef<'_, PyTarget>>,
         py: Python<'_>,
     ) -> PyResult<PyFunction> {
-        let program = session.borrow(py).program.clone_ref(py);
+        let program = session_ref(&session, py).program.clone_ref(py);
         let program = program.bind(py).as_any();
         let values = |vars: &[PyRef<'_, PyVar>]| -> PyResult<Vec<Value>> {
             vars.iter()
@@ -797,20 +825,18 @@ impl PyFunction {
         let updates: Vec<Target> = (updates.iter())
             .map(|t| t.target_in(program, "function"))
             .collect::<PyResult<_>>()?;
-        session.borrow_mut(py).catch_up(py)?;
-        let function = kiln_ok(
-            session
-                .borrow(py)
-                .session
-                .function(&inputs, &outputs, &updates),
-        )?;
+        let function = {
+            let mut s = session_mut(&session, py);
+            s.catch_up(py)?;
+            kiln_ok(s.session.function(&inputs, &outputs, &updates))?
+        };
         Ok(PyFunction { session, function })
     }
 
     #[pyo3(signature = (*args))]
     fn __call__(&self, py: Python<'_>, args: Vec<Bound<'_, PyAny>>) -> PyResult<Vec<Py<PyAny>>> {
         let arrays: Vec<Array> = args.iter().map(from_py).collect::<PyResult<_>>()?;
-        let mut session = self.session.borrow_mut(py);
+        let mut session = session_mut(&self.session, py);
         session.catch_up(py)?;
         let out = kiln_ok(self.function.call(&mut session.session, &arrays))?;
         Ok(out.into_iter().map(|a| to_py(py, a)).collect())

@@ -6,7 +6,7 @@ use crate::array::{from_py, to_py};
 use crate::data::PyDataLoader;
 use crate::eager::PyTensor;
 use crate::errors::{kiln_ok, stash};
-use crate::graph::PySession;
+use crate::graph::{PySession, session_mut, session_ref};
 use crate::thread::ThreadBound;
 use kiln::backend::Array;
 use kiln::runtime::data::Batch;
@@ -77,7 +77,7 @@ impl Learner for PyLearner {
     fn state(&self) -> Result<BTreeMap<String, Array>, TrainError> {
         match &self.state_of {
             StateOf::Eager => Ok(kiln::runtime::eager::scope()?.values()),
-            StateOf::Session(s) => Python::attach(|py| Ok(s.borrow(py).state_values())),
+            StateOf::Session(s) => Python::attach(|py| Ok(session_ref(s, py).state_values())),
         }
     }
 
@@ -89,7 +89,7 @@ impl Learner for PyLearner {
                 }
                 Ok(())
             }
-            StateOf::Session(s) => Python::attach(|py| Ok(s.borrow_mut(py).set_states(state)?)),
+            StateOf::Session(s) => Python::attach(|py| Ok(session_mut(s, py).set_states(state)?)),
         }
     }
 }

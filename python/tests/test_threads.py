@@ -107,3 +107,36 @@ def test_runs_of_one_session_from_several_threads_take_turns():
     for t in threads:
         t.join()
     assert not errors and len(results) == 80 and all(r == want for r in results)
+
+
+def test_a_function_waits_for_a_run_of_its_session_in_another_thread():
+    # Before: the function found the session borrowed by the other thread's run (whose GIL is
+    # released while it computes) and raised RuntimeError "Already borrowed".
+    p = kiln.static.Program(seed=0)
+    x = p.placeholder("x", "float32", [None, 256])
+    out = kiln.static.layers.dense(p, x, 256, name="fc").sum()
+    session = kiln.Session(p)
+    f = kiln.function([x], [out], session=session)
+    data = np.ones([512, 256], np.float32)
+    want = session.run(out, {x: data})
+    results, errors = [], []
+
+    def runs():
+        try:
+            results.extend(session.run(out, {x: data}) for _ in range(30))
+        except BaseException as e:  # noqa: BLE001 - reported below (a panic too)
+            errors.append(e)
+
+    def calls():
+        try:
+            results.extend(f(data)[0] for _ in range(30))
+        except BaseException as e:  # noqa: BLE001 - reported below (a panic too)
+            errors.append(e)
+
+    threads = [threading.Thread(target=runs), threading.Thread(target=calls)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    assert len(results) == 60 and all(r == want for r in results)
