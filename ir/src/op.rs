@@ -17,9 +17,10 @@
 //!    helper symbols call the same function) — a compile error until written;
 //! 3. its gradient rule (`kiln-passes`, `autodiff/rules.rs`) — a compile error until written;
 //! 4. its f32 kernel code, unless its row says `F32AndF64` helpers: Cranelift's in
-//!    `jit/codegen/elementwise.rs` and the tile-program runner's in `tile_program.rs` (each a
-//!    compile error until written); for a new approximation, its polynomial in `jit/math.rs`,
-//!    the same body in `vecmath.rs` and its `routines!` entry there (the test
+//!    `jit/codegen/elementwise.rs`, the tile-program runner's in `tile_program.rs`, and
+//!    whether it has a vector routine (`vecmath::routine`'s match) — each a compile error
+//!    until written; for a new approximation, its polynomial in `jit/math.rs`, the same body
+//!    in `vecmath.rs` and its `routines!` entry there (the test
 //!    `every_transcendental_has_its_routine` fails until written; until then its groups stay
 //!    in Cranelift's code);
 //! 5. tests: hand values in `backend/tests/interp_ops.rs`, its domain in the exhaustive match of
@@ -27,6 +28,11 @@
 //!    its ULP bound in `backend/tests/math_ulp.rs`, which also checks the polynomial and the
 //!    routine agree bit for bit. The JIT differential tests iterate the table, so they cover
 //!    it already.
+//!
+//! `scripts/checklist_op.sh` (run by CI) proves it: it adds a throwaway op, `cube`, to a copy of
+//! the workspace by these steps and checks that after each the compiler names exactly the
+//! places of the next, and at the end that the op's kernels match the interpreter on every
+//! path and its gradient matches finite differences.
 //!
 //! Any other op: a variant of [`Op`] with its attributes in [`Op::attributes`],
 //! [`Op::from_parts`] and [`Op::all_names`]; then the compiler lists the exhaustive matches
