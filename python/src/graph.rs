@@ -656,12 +656,7 @@ pub(crate) fn session_mut<'py>(
     session: &'py Py<PySession>,
     py: Python<'py>,
 ) -> PyRefMut<'py, PySession> {
-    loop {
-        match session.try_borrow_mut(py) {
-            Ok(s) => return s,
-            Err(_) => py.detach(|| std::thread::sleep(std::time::Duration::from_micros(50))),
-        }
-    }
+    in_turn(py, || session.try_borrow_mut(py))
 }
 
 /// [`session_mut`] for reading.
@@ -669,11 +664,16 @@ pub(crate) fn session_ref<'py>(
     session: &'py Py<PySession>,
     py: Python<'py>,
 ) -> PyRef<'py, PySession> {
+    in_turn(py, || session.try_borrow(py))
+}
+
+/// `take()` once it succeeds, the GIL released between tries so the holder can finish.
+fn in_turn<T, E>(py: Python<'_>, mut take: impl FnMut() -> Result<T, E>) -> T {
     loop {
-        match session.try_borrow(py) {
-            Ok(s) => return s,
-            Err(_) => py.detach(|| std::thread::sleep(std::time::Duration::from_micros(50))),
+        if let Ok(x) = take() {
+            return x;
         }
+        py.detach(|| std::thread::sleep(std::time::Duration::from_micros(50)));
     }
 }
 
