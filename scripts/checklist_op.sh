@@ -17,17 +17,15 @@ rm -rf "$WS" && mkdir -p "$WS"
   | xargs -0 cp --parents -t "$WS")
 cd "$WS"
 
-# Replaces `anchor` in `file` by `anchor` followed (or preceded, with `before`) by `text`.
+# Inserts `text` after `anchor` (which must occur once) in `file`.
 patch() {
   python3 - "$@" <<'EOF'
 import sys
 file, anchor, text = sys.argv[1:4]
-before = len(sys.argv) > 4
 s = open(file).read()
 if s.count(anchor) != 1:
     sys.exit(f"checklist: the anchor in {file} is gone or not unique: {anchor!r}")
-s = s.replace(anchor, text + anchor if before else anchor + text)
-open(file, "w").write(s)
+open(file, "w").write(s.replace(anchor, anchor + text))
 EOF
 }
 
@@ -37,9 +35,8 @@ expect_errors() {
   local got
   got=$(cargo test --offline -p kiln-backend -p kiln-passes --no-run --message-format short 2>&1 \
     | grep -oE '^[a-z_/]+\.rs:[0-9]+:[0-9]+: error' | cut -d: -f1 | sort -u | tr '\n' ' ' || true)
-  local want
-  want=$(printf '%s\n' "$@" | sort -u | tr '\n' ' ')
-  [ -z "$*" ] && want=""
+  local want=""
+  [ $# -gt 0 ] && want=$(printf '%s\n' "$@" | sort -u | tr '\n' ' ')
   if [ "$got" != "$want" ]; then
     echo "checklist: after '$STEP' the compiler named [${got}], the checklist [${want}]"
     exit 1
@@ -85,9 +82,18 @@ patch passes/tests/grad_check.rs '                UnaryOp::Neg
                 | UnaryOp::Cube'
 expect_errors
 
+# Runs `cargo test` with the arguments after `count`; at least `count` tests must have run and
+# passed (a renamed test must not turn this into a run of nothing).
+expect_passed() {
+  local count=$1 out
+  shift
+  out=$(cargo test --offline "$@" 2>&1) || { echo "$out"; exit 1; }
+  echo "$out" | grep -E "^test |test result"
+  echo "$out" | grep -qE "test result: ok\. ([$count-9]|[1-9][0-9]+) passed" \
+    || { echo "checklist: fewer than $count tests ran: $*"; exit 1; }
+}
+
 echo "checklist: the op against the interpreter (every path) and finite differences"
-cargo test --offline -p kiln-backend --test jit_ops -- unary_ops every_op_in_a_tile_program 2>&1 \
-  | grep -E "^test |test result"
-cargo test --offline -p kiln-passes --test grad_check -- unary 2>&1 | grep -E "^test |test result"
-grep -q '"cube"' ir/src/op.rs
+expect_passed 2 -p kiln-backend --test jit_ops -- unary_ops every_op_in_a_tile_program
+expect_passed 1 -p kiln-passes --test grad_check -- unary_ops
 echo "checklist: a new op by the checklist alone compiles, computes and differentiates"

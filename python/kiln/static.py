@@ -1,7 +1,6 @@
 """Static programs: placeholders, parameters and layers added to a ``Program``, run in a
 ``kiln.Session`` with feeds and fetches."""
 
-import threading
 
 from . import _kiln, init as _init
 from ._methods import unary_method as _unary_method
@@ -52,7 +51,6 @@ class Session:
         elif not isinstance(program, _kiln.Program):
             raise TypeError(f"Session(program): a kiln.static.Program, not {type(program).__name__}")
         self._native = _kiln.Session(program)
-        self._turn = threading.Lock()
 
     @property
     def _session(self):
@@ -76,8 +74,7 @@ class Session:
         """Runs what ``fetches`` (a Var, a Target, a name, or a list of them) need, feeding
         placeholders by name or by their ``Var``; returns numpy arrays (``None`` for a
         target)."""
-        with self._turn:
-            return self._session.run(fetches, feed or {})
+        return self._session.run(fetches, feed or {})
 
     def state(self, name):
         """The value of state ``name`` (a parameter or an optimizer moment)."""
@@ -89,8 +86,7 @@ class Session:
 
     def load(self, path):
         """Loads a checkpoint; on error nothing changes."""
-        with self._turn:
-            self._session.load(str(path))
+        self._session.load(str(path))
 
 
 def function(inputs, outputs, updates=(), session=None):

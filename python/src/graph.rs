@@ -650,21 +650,15 @@ fn size_of(program: &Program) -> (usize, usize) {
 }
 
 /// Waits until no other thread's run holds `session`: a run releases the GIL while it
-/// computes, holding the session, so another thread (a function, a trainer) may find it in
-/// use — it takes its turn instead of failing (pyo3 raised "Already borrowed" as a panic).
-pub(crate) fn session_mut<'py>(
-    session: &'py Py<PySession>,
-    py: Python<'py>,
-) -> PyRefMut<'py, PySession> {
-    in_turn(py, || session.try_borrow_mut(py))
+/// computes, holding the session, so another thread (a run, a function, a trainer) may find
+/// it in use — it takes its turn instead of failing (pyo3 raised "Already borrowed").
+pub(crate) fn session_mut<'py>(session: &Bound<'py, PySession>) -> PyRefMut<'py, PySession> {
+    in_turn(session.py(), || session.try_borrow_mut())
 }
 
 /// [`session_mut`] for reading.
-pub(crate) fn session_ref<'py>(
-    session: &'py Py<PySession>,
-    py: Python<'py>,
-) -> PyRef<'py, PySession> {
-    in_turn(py, || session.try_borrow(py))
+pub(crate) fn session_ref<'py>(session: &Bound<'py, PySession>) -> PyRef<'py, PySession> {
+    in_turn(session.py(), || session.try_borrow())
 }
 
 /// `take()` once it succeeds, the GIL released between tries so the holder can finish.
@@ -731,7 +725,7 @@ impl PySession {
     /// array per fetched value, `None` for a target. The GIL is released while it runs.
     #[pyo3(signature = (fetches, feed = None))]
     fn run(
-        &mut self,
+        slf: &Bound<'_, Self>,
         py: Python<'_>,
         fetches: &Bound<'_, PyAny>,
         feed: Option<&Bound<'_, PyDict>>,
@@ -743,11 +737,12 @@ impl PySession {
         } else {
             fetches.extract()?
         };
-        let program = self.program.clone_ref(py);
+        let mut this = session_mut(slf);
+        let program = this.program.clone_ref(py);
         let fetches: Vec<Fetch> = (items.iter())
             .map(|item| fetch_in(item, program.bind(py).as_any()))
             .collect::<PyResult<_>>()?;
-        self.catch_up(py)?;
+        this.catch_up(py)?;
         let (mut names, mut arrays): (Vec<String>, Vec<Array>) = (Vec::new(), Vec::new());
         if let Some(feed) = feed {
             for (k, v) in feed.iter() {
@@ -757,7 +752,7 @@ impl PySession {
         }
         let feeds: Vec<(&str, Array)> = names.iter().map(String::as_str).zip(arrays).collect();
         let fetches_for_run = fetches.clone();
-        let session = &mut self.session;
+        let session = &mut this.session;
         let result = py.detach(move || session.run(&fetches_for_run, &feeds));
         let mut values = kiln_ok(result)?.into_iter();
         let out: Vec<Py<PyAny>> = fetches
@@ -774,8 +769,8 @@ impl PySession {
     }
 
     /// The value of state `name` (a parameter, an optimizer moment).
-    fn state(&self, py: Python<'_>, name: &str) -> PyResult<Py<PyAny>> {
-        let value = self
+    fn state(slf: &Bound<'_, Self>, py: Python<'_>, name: &str) -> PyResult<Py<PyAny>> {
+        let value = session_ref(slf)
             .session
             .scope()
             .get(name)
@@ -785,14 +780,15 @@ impl PySession {
     }
 
     /// Saves every state value as a safetensors checkpoint (atomically).
-    fn save(&self, path: std::path::PathBuf) -> PyResult<()> {
-        kiln_ok(self.session.scope().save(&path))
+    fn save(slf: &Bound<'_, Self>, path: std::path::PathBuf) -> PyResult<()> {
+        kiln_ok(session_ref(slf).session.scope().save(&path))
     }
 
     /// Loads state values from a checkpoint; nothing changes on error.
-    fn load(&mut self, py: Python<'_>, path: std::path::PathBuf) -> PyResult<()> {
-        self.catch_up(py)?;
-        kiln_ok(self.session.scope_mut().load(&path))
+    fn load(slf: &Bound<'_, Self>, py: Python<'_>, path: std::path::PathBuf) -> PyResult<()> {
+        let mut this = session_mut(slf);
+        this.catch_up(py)?;
+        kiln_ok(this.session.scope_mut().load(&path))
     }
 }
 
@@ -814,7 +810,7 @@ impl PyFunction {
         updates: Vec<PyRef<'_, PyTarget>>,
         py: Python<'_>,
     ) -> PyResult<PyFunction> {
-        let program = session_ref(&session, py).program.clone_ref(py);
+        let program = session_ref(session.bind(py)).program.clone_ref(py);
         let program = program.bind(py).as_any();
         let values = |vars: &[PyRef<'_, PyVar>]| -> PyResult<Vec<Value>> {
             vars.iter()
@@ -826,7 +822,7 @@ impl PyFunction {
             .map(|t| t.target_in(program, "function"))
             .collect::<PyResult<_>>()?;
         let function = {
-            let mut s = session_mut(&session, py);
+            let mut s = session_mut(session.bind(py));
             s.catch_up(py)?;
             kiln_ok(s.session.function(&inputs, &outputs, &updates))?
         };
@@ -836,7 +832,7 @@ impl PyFunction {
     #[pyo3(signature = (*args))]
     fn __call__(&self, py: Python<'_>, args: Vec<Bound<'_, PyAny>>) -> PyResult<Vec<Py<PyAny>>> {
         let arrays: Vec<Array> = args.iter().map(from_py).collect::<PyResult<_>>()?;
-        let mut session = session_mut(&self.session, py);
+        let mut session = session_mut(self.session.bind(py));
         session.catch_up(py)?;
         let out = kiln_ok(self.function.call(&mut session.session, &arrays))?;
         Ok(out.into_iter().map(|a| to_py(py, a)).collect())

@@ -77,7 +77,7 @@ impl Learner for PyLearner {
     fn state(&self) -> Result<BTreeMap<String, Array>, TrainError> {
         match &self.state_of {
             StateOf::Eager => Ok(kiln::runtime::eager::scope()?.values()),
-            StateOf::Session(s) => Python::attach(|py| Ok(session_ref(s, py).state_values())),
+            StateOf::Session(s) => Python::attach(|py| Ok(session_ref(s.bind(py)).state_values())),
         }
     }
 
@@ -89,7 +89,9 @@ impl Learner for PyLearner {
                 }
                 Ok(())
             }
-            StateOf::Session(s) => Python::attach(|py| Ok(session_mut(s, py).set_states(state)?)),
+            StateOf::Session(s) => {
+                Python::attach(|py| Ok(session_mut(s.bind(py)).set_states(state)?))
+            }
         }
     }
 }
