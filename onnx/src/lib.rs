@@ -1,0 +1,90 @@
+//! ONNX import: an `.onnx` model becomes a Kiln [`Module`] — its main graph one function, with
+//! symbolic dimensions for ONNX's named or unknown ones — and its initializers the module's
+//! parameters.
+//!
+//! ```no_run
+//! let model = kiln_onnx::import("model.onnx".as_ref())?;
+//! println!("{}", model.module); // the graph as Kiln's text IR
+//! # Ok::<(), kiln_onnx::OnnxError>(())
+//! ```
+//!
+//! The messages are decoded by [prost](https://docs.rs/prost) from structs generated once from
+//! the vendored `onnx.proto` (`scripts/gen_onnx_proto.sh`): building needs no `protoc`.
+//! Every node is converted by one function of [`ops`], found through one table; nodes whose
+//! inputs are all known when importing (shape arithmetic, constants) are evaluated then, by the
+//! reference interpreter, so `Shape → Gather → Concat → Reshape` chains become constants.
+
+mod context;
+mod error;
+mod import;
+mod node;
+pub mod ops;
+#[allow(missing_docs, clippy::all, unreachable_pub)]
+pub mod proto;
+pub mod tensor;
+
+pub use context::{Ctx, Fail};
+pub use error::{OnnxError, OnnxResult, Unsupported};
+pub use node::Node;
+
+use kiln_backend::Array;
+use kiln_ir::Module;
+use prost::Message;
+use std::collections::BTreeMap;
+use std::path::Path;
+
+/// An imported model.
+#[derive(Debug, Clone)]
+pub struct Model {
+    /// The program: one function (named after the graph) and the parameters' declarations.
+    pub module: Module,
+    /// The parameters' values (the initializers), by state name.
+    pub parameters: BTreeMap<String, Array>,
+    /// The graph's inputs, in argument order (initializers excluded).
+    pub inputs: Vec<String>,
+    /// The graph's outputs, in result order.
+    pub outputs: Vec<String>,
+}
+
+impl Model {
+    /// The name of the function the graph became.
+    pub fn function_name(&self) -> &str {
+        self.module.functions[0].name()
+    }
+}
+
+/// Reads and imports the model at `path` (external data is read beside it).
+pub fn import(path: &Path) -> OnnxResult<Model> {
+    let bytes = std::fs::read(path).map_err(|source| OnnxError::Read {
+        path: path.to_owned(),
+        source,
+    })?;
+    import_bytes(&bytes, path.parent())
+}
+
+/// Imports a serialized model; `base` is the folder external data is read from.
+pub fn import_bytes(bytes: &[u8], base: Option<&Path>) -> OnnxResult<Model> {
+    import_fixing(bytes, base, &BTreeMap::new())
+}
+
+/// Like [`import_bytes`], with some graph inputs fixed to values: they become constants of
+/// the program (not arguments), so shapes, axes or pads fed as inputs are known when importing.
+pub fn import_fixing(
+    bytes: &[u8],
+    base: Option<&Path>,
+    fixed: &BTreeMap<String, Array>,
+) -> OnnxResult<Model> {
+    let model = decode_model(bytes)?;
+    import::import_model(&model, base, fixed)
+}
+
+/// Decodes a serialized `ModelProto`.
+pub fn decode_model(bytes: &[u8]) -> OnnxResult<proto::ModelProto> {
+    proto::ModelProto::decode(bytes).map_err(|e| OnnxError::Decode(e.to_string()))
+}
+
+/// Decodes a serialized `TensorProto` (the `.pb` files of ONNX's test data) into an array.
+pub fn decode_tensor(bytes: &[u8]) -> OnnxResult<Array> {
+    let t = proto::TensorProto::decode(bytes).map_err(|e| OnnxError::Decode(e.to_string()))?;
+    tensor::to_array(&t, None).map_err(OnnxError::Invalid)
+}

@@ -1,0 +1,534 @@
+//! Neural-network ops: convolution, pooling, normalisation, products and softmax. Kiln's
+//! convolution and pooling are 2-D over NCHW; 1-D ones run as 2-D over a height of 1.
+
+use crate::context::{Converted, Ctx, Fail, axis, unsupported};
+use kiln_ir::{Conv2dAttrs, ConvKind, DType, Dim, Pool2dAttrs, ReduceOp, Shape, Value};
+use kiln_runtime::composite;
+
+/// A window op's spatial attributes, for 2 spatial axes.
+struct Window {
+    strides: [usize; 2],
+    dilations: [usize; 2],
+    pads: [(usize, usize); 2],
+}
+
+fn pair(
+    values: Option<&[i64]>,
+    spatial: usize,
+    default: usize,
+    what: &str,
+) -> Result<[usize; 2], Fail> {
+    let Some(v) = values else {
+        return Ok([default; 2]);
+    };
+    if v.len() != spatial || v.iter().any(|&x| x < 0) {
+        return Err(Fail::Invalid(format!(
+            "{what} {v:?} should be {spatial} non-negative numbers"
+        )));
+    }
+    Ok(if spatial == 1 {
+        [default, v[0] as usize]
+    } else {
+        [v[0] as usize, v[1] as usize]
+    })
+}
+
+/// Reads kernel, strides, dilations and pads (with `auto_pad`) for `spatial` axes of sizes
+/// `input` (1-D ops as 2-D over a height of 1).
+fn window(c: &Ctx, spatial: usize, input: [usize; 2], kernel: [usize; 2]) -> Result<Window, Fail> {
+    let n = c.node;
+    let strides = pair(n.ints("strides"), spatial, 1, "strides")?;
+    let dilations = pair(n.ints("dilations"), spatial, 1, "dilations")?;
+    if strides.contains(&0) || dilations.contains(&0) {
+        return Err("strides and dilations should be positive".into());
+    }
+    let mut pads = [(0, 0); 2];
+    match n.string("auto_pad")?.as_deref().unwrap_or("NOTSET") {
+        "NOTSET" => {
+            if let Some(p) = n.ints("pads") {
+                if p.len() != 2 * spatial || p.iter().any(|&x| x < 0) {
+                    return Err(Fail::Invalid(format!(
+                        "pads {p:?} should be {} non-negative numbers",
+                        2 * spatial
+                    )));
+                }
+                let first = 2 - spatial;
+                for i in 0..spatial {
+                    pads[first + i] = (p[i] as usize, p[i + spatial] as usize);
+                }
+            }
+        }
+        "VALID" => {}
+        mode @ ("SAME_UPPER" | "SAME_LOWER") => {
+            for i in 0..2 {
+                let span = (kernel[i] - 1) * dilations[i] + 1;
+                let out = input[i].div_ceil(strides[i]);
+                let total = ((out.max(1) - 1) * strides[i] + span).saturating_sub(input[i]);
+                let small = total / 2;
+                pads[i] = if mode == "SAME_UPPER" {
+                    (small, total - small)
+                } else {
+                    (total - small, small)
+                };
+            }
+        }
+        other => return Err(Fail::Invalid(format!("auto_pad {other:?}"))),
+    }
+    Ok(Window {
+        strides,
+        dilations,
+        pads,
+    })
+}
+
+/// `x` (rank 3 or 4) as 4-D NCHW, and the number of spatial axes it had.
+fn as_2d(c: &mut Ctx, x: Value, what: &str) -> Result<(Value, usize, [usize; 4]), Fail> {
+    let d = c.ty(x).shape.dims().to_vec();
+    match d.len() {
+        4 => {
+            let s = c.shape(x, what)?;
+            Ok((x, 2, [s[0], s[1], s[2], s[3]]))
+        }
+        3 => {
+            let s = c.shape(x, what)?;
+            let y = c.b.reshape(x, Shape::fixed(&[s[0], s[1], 1, s[2]]))?;
+            Ok((y, 1, [s[0], s[1], 1, s[2]]))
+        }
+        r => unsupported(format!(
+            "{what} of rank {r} (Kiln's windows are 1-D or 2-D)"
+        )),
+    }
+}
+
+/// A 4-D result back to 3-D when the op was 1-D.
+fn from_2d(c: &mut Ctx, y: Value, spatial: usize) -> Result<Value, Fail> {
+    if spatial == 2 {
+        return Ok(y);
+    }
+    let d = c.ty(y).shape.dims().to_vec();
+    Ok(c.b.reshape(y, Shape(vec![d[0].clone(), d[1].clone(), d[3].clone()]))?)
+}
+
+/// The bias `[M]` added over channels of a 4-D result.
+fn add_channel_bias(c: &mut Ctx, y: Value, bias: Option<Value>) -> Result<Value, Fail> {
+    let Some(bias) = bias else { return Ok(y) };
+    let m = c.shape(bias, "the bias")?;
+    let bias =
+        c.b.reshape(bias, Shape::fixed(&[1, m.iter().product(), 1, 1]))?;
+    Ok(c.b.add(y, bias)?)
+}
+
+/// `Conv(X, W, B)`.
+pub(super) fn conv(c: &mut Ctx) -> Converted {
+    let (x, w) = (c.input(0)?, c.input(1)?);
+    let bias = c.optional(2)?;
+    let (x, spatial, [_, _, h, wd]) = as_2d(c, x, "the input")?;
+    let (w, _, [_, _, kh, kw]) = as_2d(c, w, "the weights")?;
+    let win = window(c, spatial, [h, wd], [kh, kw])?;
+    let groups = c.node.int("group", 1)?;
+    let attrs = Conv2dAttrs {
+        strides: win.strides,
+        padding: win.pads,
+        dilation: win.dilations,
+        groups: usize::try_from(groups)
+            .ok()
+            .filter(|&g| g > 0)
+            .ok_or("group should be positive")?,
+    };
+    let y = c.b.conv2d(x, w, attrs)?;
+    let y = add_channel_bias(c, y, bias)?;
+    Ok(vec![from_2d(c, y, spatial)?])
+}
+
+/// `ConvTranspose(X, W, B)`: the input gradient of a convolution whose weights are `W`.
+pub(super) fn conv_transpose(c: &mut Ctx) -> Converted {
+    let (x, w) = (c.input(0)?, c.input(1)?);
+    let bias = c.optional(2)?;
+    let (x, spatial, [_, _, h, wd]) = as_2d(c, x, "the input")?;
+    let (w, _, [_, _, kh, kw]) = as_2d(c, w, "the weights")?;
+    let n = c.node;
+    let strides = pair(n.ints("strides"), spatial, 1, "strides")?;
+    let dilations = pair(n.ints("dilations"), spatial, 1, "dilations")?;
+    let extra = pair(n.ints("output_padding"), spatial, 0, "output_padding")?;
+    let input = [h, wd];
+    let span = |i: usize| (([kh, kw][i]) - 1) * dilations[i] + 1;
+    let full = |i: usize| strides[i] * (input[i] - 1) + extra[i] + span(i);
+    let mut pads = window(c, spatial, input, [kh, kw])?.pads;
+    let auto = n.string("auto_pad")?.unwrap_or_default();
+    let output_shape = pair(n.ints("output_shape"), spatial, 0, "output_shape")?;
+    let out: [usize; 2] = if n.ints("output_shape").is_some() || auto.starts_with("SAME") {
+        let mut out = [0; 2];
+        for i in 0..2 {
+            out[i] = if n.ints("output_shape").is_some() {
+                output_shape[i].max(if spatial == 1 && i == 0 { 1 } else { 0 })
+            } else {
+                input[i] * strides[i]
+            };
+            // A larger output than the input covers gains zeros at the end.
+            let total = full(i).saturating_sub(out[i]);
+            let small = total / 2;
+            pads[i] = if auto == "SAME_UPPER" {
+                (small, total - small)
+            } else {
+                (total - small, small)
+            };
+        }
+        out
+    } else {
+        let mut out = [0; 2];
+        for i in 0..2 {
+            out[i] = (full(i))
+                .checked_sub(pads[i].0 + pads[i].1)
+                .ok_or("the pads are larger than the output")?;
+        }
+        out
+    };
+    let groups = usize::try_from(n.int("group", 1)?)
+        .ok()
+        .filter(|&g| g > 0)
+        .ok_or("group should be positive")?;
+    let attrs = Conv2dAttrs {
+        strides,
+        padding: pads,
+        dilation: dilations,
+        groups,
+    };
+    let y = c.b.conv(ConvKind::InputGrad { input: out }, attrs, x, w)?;
+    let y = add_channel_bias(c, y, bias)?;
+    Ok(vec![from_2d(c, y, spatial)?])
+}
+
+/// `MaxPool` / `AveragePool`.
+pub(super) fn pool(c: &mut Ctx, max: bool) -> Converted {
+    if c.node.proto.output.get(1).is_some_and(|o| !o.is_empty()) {
+        return unsupported("MaxPool's Indices output");
+    }
+    let x = c.input(0)?;
+    let (x, spatial, [_, _, h, wd]) = as_2d(c, x, "the input")?;
+    let kernel = pair(c.node.ints("kernel_shape"), spatial, 1, "kernel_shape")?;
+    if c.node.ints("kernel_shape").is_none() {
+        return Err("attribute kernel_shape is required".into());
+    }
+    let win = window(c, spatial, [h, wd], kernel)?;
+    if win.dilations != [1, 1] {
+        return unsupported("dilated pooling");
+    }
+    c.node.refuse_int("storage_order", 0)?;
+    // ceil_mode: more padding at the end, so the last partial window is counted.
+    let ceil = c.node.int("ceil_mode", 0)? != 0;
+    let input = [h, wd];
+    let mut extra = [0usize; 2];
+    for i in 0..2 {
+        let padded = input[i] + win.pads[i].0 + win.pads[i].1;
+        let span = padded
+            .checked_sub(kernel[i])
+            .ok_or("the window is larger than the padded input")?;
+        let mut out = span / win.strides[i] + 1;
+        if ceil && span % win.strides[i] != 0 {
+            out += 1;
+            // PyTorch's and ONNX's rule: the last window starts inside the input or its left pad.
+            if (out - 1) * win.strides[i] >= input[i] + win.pads[i].0 {
+                out -= 1;
+            }
+        }
+        extra[i] = ((out - 1) * win.strides[i] + kernel[i]).saturating_sub(padded);
+    }
+    let padding = [
+        (win.pads[0].0, win.pads[0].1 + extra[0]),
+        (win.pads[1].0, win.pads[1].1 + extra[1]),
+    ];
+    let attrs = Pool2dAttrs {
+        window: kernel,
+        strides: win.strides,
+        padding,
+    };
+    if max {
+        let y = c.b.max_pool2d(x, attrs)?;
+        return Ok(vec![from_2d(c, y, spatial)?]);
+    }
+    let include_pad = c.node.int("count_include_pad", 0)? != 0;
+    let y = c.b.avg_pool2d(x, attrs)?;
+    let counted = padding.iter().any(|&(lo, hi)| lo + hi > 0) && !(include_pad && extra == [0, 0]);
+    let y = if counted {
+        divide_by_counted(c, y, input, win.pads, attrs, include_pad)?
+    } else {
+        y
+    };
+    Ok(vec![from_2d(c, y, spatial)?])
+}
+
+/// An average over each window's counted positions: the input's, or also the explicit
+/// padding's (`count_include_pad`), never the extra end padding of `ceil_mode`.
+fn divide_by_counted(
+    c: &mut Ctx,
+    y: Value,
+    input: [usize; 2],
+    pads: [(usize, usize); 2],
+    attrs: Pool2dAttrs,
+    include_pad: bool,
+) -> Result<Value, Fail> {
+    let dtype = c.dtype(y);
+    let one = c.scalar(dtype, 1.0)?;
+    let counted = match include_pad {
+        true => [
+            1,
+            1,
+            input[0] + pads[0].0 + pads[0].1,
+            input[1] + pads[1].0 + pads[1].1,
+        ],
+        false => [1, 1, input[0], input[1]],
+    };
+    let ones = c.b.broadcast_to(one, &Shape::fixed(&counted))?;
+    let mask = match include_pad {
+        // The counted region is the padded input: pool over it with only ceil_mode's extra.
+        true => {
+            let attrs = Pool2dAttrs {
+                padding: [
+                    (0, attrs.padding[0].1 - pads[0].1),
+                    (0, attrs.padding[1].1 - pads[1].1),
+                ],
+                ..attrs
+            };
+            c.b.avg_pool2d(ones, attrs)?
+        }
+        false => c.b.avg_pool2d(ones, attrs)?,
+    };
+    Ok(c.b.div(y, mask)?)
+}
+
+/// `GlobalAveragePool` / `GlobalMaxPool`: over every spatial axis, kept with size 1.
+pub(super) fn global_pool(c: &mut Ctx, op: ReduceOp) -> Converted {
+    let x = c.input(0)?;
+    let axes: Vec<usize> = (2..c.rank(x)).collect();
+    Ok(vec![c.b.reduce(op, x, axes, true)?])
+}
+
+/// A per-channel vector `[C]` shaped to broadcast over `[N, C, ...]` of rank `rank`.
+fn per_channel(c: &mut Ctx, v: Value, rank: usize) -> Result<Value, Fail> {
+    let n: usize = c.shape(v, "a per-channel input")?.iter().product();
+    let mut dims = vec![1; rank.max(2)];
+    dims[1] = n;
+    Ok(c.b.reshape(v, Shape::fixed(&dims))?)
+}
+
+/// `BatchNormalization` at inference: `(x − mean) · scale / √(var + ε) + B`.
+pub(super) fn batch_norm(c: &mut Ctx) -> Converted {
+    if c.node.int("training_mode", 0)? != 0
+        || c.node.proto.output.iter().skip(1).any(|o| !o.is_empty())
+    {
+        return unsupported("training-mode BatchNormalization");
+    }
+    let x = c.input(0)?;
+    let rank = c.rank(x);
+    let mut v = [x; 4];
+    for (i, slot) in v.iter_mut().enumerate() {
+        let input = c.input(i + 1)?;
+        *slot = per_channel(c, input, rank)?;
+    }
+    let [scale, bias, mean, var] = v;
+    let eps = c.scalar(c.dtype(x), c.node.float("epsilon", 1e-5)? as f64)?;
+    let ve = c.b.add(var, eps)?;
+    let inv = c.b.rsqrt(ve)?;
+    let k = c.b.mul(scale, inv)?;
+    let centred = c.b.sub(x, mean)?;
+    let y = c.b.mul(centred, k)?;
+    Ok(vec![c.b.add(y, bias)?])
+}
+
+/// `(x − mean) / √(var + ε)` over `axes` (kept), with the mean and `1/√(var + ε)`.
+fn normalize(c: &mut Ctx, x: Value, axes: Vec<usize>, eps: f64) -> Result<[Value; 3], Fail> {
+    let mu = c.b.reduce(ReduceOp::Mean, x, axes.clone(), true)?;
+    let d = c.b.sub(x, mu)?;
+    let d2 = c.b.mul(d, d)?;
+    let var = c.b.reduce(ReduceOp::Mean, d2, axes, true)?;
+    let eps = c.scalar(c.dtype(x), eps)?;
+    let ve = c.b.add(var, eps)?;
+    let inv = c.b.rsqrt(ve)?;
+    Ok([c.b.mul(d, inv)?, mu, inv])
+}
+
+/// `InstanceNormalization(epsilon)`: each channel of each example normalised over space.
+pub(super) fn instance_norm(c: &mut Ctx) -> Converted {
+    let x = c.input(0)?;
+    let rank = c.rank(x);
+    let (scale, bias) = (c.input(1)?, c.input(2)?);
+    let (scale, bias) = (per_channel(c, scale, rank)?, per_channel(c, bias, rank)?);
+    let [xhat, _, _] = normalize(
+        c,
+        x,
+        (2..rank).collect(),
+        c.node.float("epsilon", 1e-5)? as f64,
+    )?;
+    let y = c.b.mul(xhat, scale)?;
+    Ok(vec![c.b.add(y, bias)?])
+}
+
+/// `LayerNormalization(axis, epsilon)`: over the axes from `axis` on; also the mean and
+/// `1/√(var + ε)` when asked for.
+pub(super) fn layer_norm(c: &mut Ctx) -> Converted {
+    let x = c.input(0)?;
+    let rank = c.rank(x);
+    let first = axis(c.node.int("axis", -1)?, rank)?;
+    let scale = c.input(1)?;
+    let bias = c.optional(2)?;
+    let [xhat, mu, inv] = normalize(
+        c,
+        x,
+        (first..rank).collect(),
+        c.node.float("epsilon", 1e-5)? as f64,
+    )?;
+    let mut y = c.b.mul(xhat, scale)?;
+    if let Some(bias) = bias {
+        y = c.b.add(y, bias)?;
+    }
+    Ok(vec![y, mu, inv])
+}
+
+/// `LRN(alpha, beta, bias, size)`: `x / (bias + alpha/size · Σ x²)^beta`, the sum over `size`
+/// neighbouring channels.
+pub(super) fn lrn(c: &mut Ctx) -> Converted {
+    let x = c.input(0)?;
+    let d = c.shape(x, "the input")?;
+    let size = c
+        .node
+        .int_opt("size")?
+        .ok_or("attribute size is required")?;
+    let size = usize::try_from(size)
+        .ok()
+        .filter(|&s| s > 0)
+        .ok_or("size should be positive")?;
+    let dtype = c.dtype(x);
+    let sq = c.b.mul(x, x)?;
+    let (low, high) = ((size - 1) / 2, (size - 1).div_ceil(2));
+    let rank = d.len();
+    let mut lo = vec![0; rank];
+    let mut hi = vec![0; rank];
+    (lo[1], hi[1]) = (low, high);
+    let padded = c.b.pad(sq, lo, hi, vec![0; rank])?;
+    let mut sum: Option<Value> = None;
+    for k in 0..size {
+        let mut ranges = vec![kiln_ir::AxisSlice::Full; rank];
+        ranges[1] = kiln_ir::AxisSlice::Range {
+            start: k,
+            end: k + d[1],
+            step: 1,
+        };
+        let s = c.b.slice(padded, ranges)?;
+        sum = Some(match sum {
+            Some(acc) => c.b.add(acc, s)?,
+            None => s,
+        });
+    }
+    let sum = sum.expect("size is positive");
+    let alpha = c.node.float("alpha", 1e-4)? as f64;
+    let k = c.scalar(dtype, alpha / size as f64)?;
+    let bias = c.scalar(dtype, c.node.float("bias", 1.0)? as f64)?;
+    let beta = c.scalar(dtype, c.node.float("beta", 0.75)? as f64)?;
+    let scaled = c.b.mul(sum, k)?;
+    let base = c.b.add(scaled, bias)?;
+    let den = c.b.pow(base, beta)?;
+    Ok(vec![c.b.div(x, den)?])
+}
+
+/// `Gemm(alpha, beta, transA, transB)`: `alpha · A'·B' + beta · C`.
+pub(super) fn gemm(c: &mut Ctx) -> Converted {
+    let (a, b) = (c.input(0)?, c.input(1)?);
+    let bias = c.optional(2)?;
+    let (ta, tb) = (c.node.int("transA", 0)? != 0, c.node.int("transB", 0)? != 0);
+    let dtype = c.dtype(a);
+    let mut y = c.b.matmul_t(a, b, ta, tb)?;
+    let alpha = c.node.float("alpha", 1.0)? as f64;
+    if alpha != 1.0 {
+        let s = c.scalar(dtype, alpha)?;
+        y = c.b.mul(y, s)?;
+    }
+    if let Some(bias) = bias {
+        let beta = c.node.float("beta", 1.0)? as f64;
+        let bias = match beta {
+            1.0 => bias,
+            _ => {
+                let s = c.scalar(dtype, beta)?;
+                c.b.mul(bias, s)?
+            }
+        };
+        y = c.b.add(y, bias)?;
+    }
+    Ok(vec![y])
+}
+
+/// `MatMul` with NumPy's rules: a 1-D operand gains an axis that the result then loses.
+pub(super) fn matmul(c: &mut Ctx) -> Converted {
+    let (mut a, mut b) = (c.input(0)?, c.input(1)?);
+    let (ra, rb) = (c.rank(a), c.rank(b));
+    if ra == 1 {
+        let k = c.ty(a).shape.dims()[0].clone();
+        a = c.b.reshape(a, Shape(vec![Dim::Fixed(1), k]))?;
+    }
+    if rb == 1 {
+        let k = c.ty(b).shape.dims()[0].clone();
+        b = c.b.reshape(b, Shape(vec![k, Dim::Fixed(1)]))?;
+    }
+    let mut y = c.b.matmul(a, b)?;
+    if ra == 1 || rb == 1 {
+        let mut d = c.ty(y).shape.dims().to_vec();
+        let n = d.len();
+        if rb == 1 {
+            d.remove(n - 1);
+        }
+        if ra == 1 {
+            d.remove(n - 2);
+        }
+        y = c.b.reshape(y, Shape(d))?;
+    }
+    Ok(vec![y])
+}
+
+/// Which softmax.
+#[derive(Clone, Copy)]
+pub(super) enum SoftmaxKind {
+    /// `Softmax`.
+    Softmax,
+    /// `LogSoftmax`.
+    LogSoftmax,
+    /// `Hardmax`: one-hot of the first maximum.
+    Hardmax,
+}
+
+/// `Softmax`, `LogSoftmax`, `Hardmax`: over one axis (opset 13 on), or before it over the
+/// input flattened to 2-D at `axis` (default 1).
+pub(super) fn softmax(c: &mut Ctx, kind: SoftmaxKind) -> Converted {
+    let x = c.input(0)?;
+    let d = c.ty(x).shape.dims().to_vec();
+    let rank = d.len();
+    if c.node.opset >= 13 {
+        let a = axis(c.node.int("axis", -1)?, rank)?;
+        return Ok(vec![softmax_along(c, x, a, kind)?]);
+    }
+    let a = match c.node.int("axis", 1)? {
+        a if a == rank as i64 => rank,
+        a => axis(a, rank)?,
+    };
+    let shape = c.shape(x, "the input")?;
+    let (outer, inner) = (
+        shape[..a].iter().product::<usize>(),
+        shape[a..].iter().product::<usize>(),
+    );
+    let flat = c.b.reshape(x, Shape::fixed(&[outer, inner]))?;
+    let y = softmax_along(c, flat, 1, kind)?;
+    Ok(vec![c.b.reshape(y, Shape(d))?])
+}
+
+fn softmax_along(c: &mut Ctx, x: Value, a: usize, kind: SoftmaxKind) -> Result<Value, Fail> {
+    Ok(match kind {
+        SoftmaxKind::Softmax => composite::softmax(c.b, x, a)?,
+        SoftmaxKind::LogSoftmax => composite::log_softmax(c.b, x, a)?,
+        SoftmaxKind::Hardmax => {
+            let i = c.b.arg_reduce(kiln_ir::ArgOp::ArgMax, x, a, true)?;
+            let dtype = c.dtype(x);
+            let t = c.ty(x);
+            let positions = c.b.iota(t.with_dtype(DType::I64), a)?;
+            let hit = c.b.eq(positions, i)?;
+            c.b.cast(hit, dtype)?
+        }
+    })
+}

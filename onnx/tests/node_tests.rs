@@ -1,0 +1,292 @@
+//! ONNX's backend node tests (generated from the pinned `onnx` wheel by
+//! `scripts/onnx_node_tests.py` into `target/onnx-node`, or `$KILN_ONNX_NODE_TESTS`): every
+//! case on the manifest (`tests/node_manifest.txt`) must import and give the expected outputs,
+//! within the case's tolerances, both through the reference interpreter and compiled. Cases off
+//! the manifest are run and counted by why they fail, not hidden. No case may panic.
+//!
+//! Without the data the test says so and passes, unless `KILN_ONNX_NODE_REQUIRED=1` (CI).
+//! `KILN_ONNX_WRITE_MANIFEST=1` rewrites the manifest with the cases that pass.
+
+use kiln_backend::exec::Executable;
+use kiln_backend::{Array, Interpreter, StateStore, unshare};
+use kiln_onnx::{OnnxError, decode_tensor};
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+const MANIFEST: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/node_manifest.txt");
+
+fn data_dir() -> PathBuf {
+    match std::env::var_os("KILN_ONNX_NODE_TESTS") {
+        Some(d) => PathBuf::from(d),
+        None => Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/onnx-node"),
+    }
+}
+
+/// Why a case did not pass.
+#[derive(Debug)]
+#[allow(dead_code)] // the reasons are printed by Debug
+enum Outcome {
+    Pass,
+    /// Passes with its integer inputs (shapes, axes, pads) fixed when importing.
+    PassFixed,
+    /// Not a case of Kiln's tensors (other dtypes, sequences, …).
+    NotTensors(String),
+    Unsupported(String),
+    Failed(String),
+}
+
+struct Case {
+    dir: PathBuf,
+    rtol: f64,
+    atol: f64,
+}
+
+fn read_tensors(dir: &Path, kind: &str) -> Result<Vec<Array>, OnnxError> {
+    let mut out = Vec::new();
+    for i in 0.. {
+        let path = dir.join(format!("test_data_set_0/{kind}_{i}.pb"));
+        let Ok(bytes) = std::fs::read(&path) else {
+            break;
+        };
+        out.push(decode_tensor(&bytes)?);
+    }
+    Ok(out)
+}
+
+/// The names of the graph's inputs that are not initializers, in order.
+fn graph_inputs(bytes: &[u8]) -> Vec<String> {
+    let model = kiln_onnx::decode_model(bytes).unwrap();
+    let graph = model.graph.unwrap();
+    let inits: Vec<_> = graph.initializer.iter().map(|t| t.name.clone()).collect();
+    (graph.input.iter())
+        .filter(|i| !inits.contains(&i.name))
+        .map(|i| i.name.clone().unwrap_or_default())
+        .collect()
+}
+
+fn run_case(case: &Case) -> Outcome {
+    let meta: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(case.dir.join("meta.json")).unwrap())
+            .unwrap();
+    if meta["tensors_only"] != serde_json::Value::Bool(true) {
+        return Outcome::NotTensors("sequence or optional values".into());
+    }
+    let (inputs, expected) = match (
+        read_tensors(&case.dir, "input"),
+        read_tensors(&case.dir, "output"),
+    ) {
+        (Ok(i), Ok(o)) => (i, o),
+        (Err(e), _) | (_, Err(e)) => return Outcome::NotTensors(e.to_string()),
+    };
+    let bytes = std::fs::read(case.dir.join("model.onnx")).unwrap();
+    let mut model = kiln_onnx::import_bytes(&bytes, Some(&case.dir));
+    let mut inputs = inputs;
+    let mut outcome_if_pass = Outcome::Pass;
+    if let Err(OnnxError::Unsupported(u)) = &model
+        && u.iter().any(|u| u.reason.contains("computed at run time"))
+    {
+        // Shapes, axes or pads fed as graph inputs: import with the integer inputs fixed.
+        let names = graph_inputs(&bytes);
+        let (fixed, rest): (Vec<_>, Vec<_>) = names
+            .into_iter()
+            .zip(inputs)
+            .partition(|(_, a)| a.dtype().is_int());
+        model = kiln_onnx::import_fixing(&bytes, Some(&case.dir), &fixed.into_iter().collect());
+        inputs = rest.into_iter().map(|(_, a)| a).collect();
+        outcome_if_pass = Outcome::PassFixed;
+    }
+    let model = match model {
+        Ok(m) => m,
+        Err(OnnxError::Unsupported(u)) if u[0].reason.contains("no Kiln dtype") => {
+            return Outcome::NotTensors(u[0].reason.clone());
+        }
+        Err(OnnxError::Unsupported(u)) => return Outcome::Unsupported(u[0].reason.clone()),
+        Err(OnnxError::Invalid(m)) if m.contains("no Kiln dtype") => return Outcome::NotTensors(m),
+        Err(e) => return Outcome::Failed(format!("import: {e}")),
+    };
+    if inputs.len() != model.inputs.len() {
+        return Outcome::Failed(format!(
+            "{} inputs for {} arguments",
+            inputs.len(),
+            model.inputs.len()
+        ));
+    }
+    let mut state = StateStore::new();
+    for (name, value) in &model.parameters {
+        state.insert(name.clone(), value.clone());
+    }
+    let name = model.function_name().to_owned();
+    let interp = Interpreter::new(&model.module);
+    let interpreted = match interp.run(&name, inputs.clone(), &mut state.clone()) {
+        Ok(r) => r,
+        Err(e) => return Outcome::Failed(format!("interpreter: {e}")),
+    };
+    if let Err(e) = compare(&interpreted, &expected, case) {
+        return Outcome::Failed(format!("interpreter: {e}"));
+    }
+    let mut module = model.module.clone();
+    if let Err(e) = kiln_passes::PassManager::pipeline("default")
+        .unwrap()
+        .run(&mut module)
+    {
+        return Outcome::Failed(format!("passes: {e}"));
+    }
+    let function = module
+        .function(&name)
+        .expect("the pipeline keeps the function");
+    let executable = Executable::new(function);
+    let interp = Interpreter::new(&module);
+    let args = inputs.into_iter().map(Arc::new).collect();
+    let compiled = match executable.run(args, &mut state, &interp, false) {
+        Ok(r) => r.into_iter().map(unshare).collect::<Vec<_>>(),
+        Err(e) => return Outcome::Failed(format!("compiled: {e}")),
+    };
+    match compare(&compiled, &expected, case) {
+        Ok(()) => outcome_if_pass,
+        Err(e) => Outcome::Failed(format!("compiled: {e}")),
+    }
+}
+
+/// NumPy's `assert_allclose`: `|actual − expected| ≤ atol + rtol·|expected|`, NaN where NaN.
+fn compare(actual: &[Array], expected: &[Array], case: &Case) -> Result<(), String> {
+    if actual.len() != expected.len() {
+        return Err(format!(
+            "{} results, {} expected",
+            actual.len(),
+            expected.len()
+        ));
+    }
+    for (i, (a, e)) in actual.iter().zip(expected).enumerate() {
+        if a.dtype() != e.dtype() || a.shape() != e.shape() {
+            return Err(format!(
+                "output {i}: {} where {} was expected",
+                a.ty(),
+                e.ty()
+            ));
+        }
+        let (av, ev) = (a.to_f64_vec(), e.to_f64_vec());
+        for (k, (&x, &y)) in av.iter().zip(&ev).enumerate() {
+            let close = (x.is_nan() && y.is_nan())
+                || x == y
+                || (x - y).abs() <= case.atol + case.rtol * y.abs();
+            if !close {
+                return Err(format!(
+                    "output {i}, element {k}: {x} where {y} was expected"
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+#[test]
+fn onnx_node_tests() {
+    let dir = data_dir();
+    if !dir.is_dir() {
+        let required = std::env::var("KILN_ONNX_NODE_REQUIRED").is_ok_and(|v| v == "1");
+        assert!(!required, "no node test data at {}", dir.display());
+        eprintln!(
+            "skipped: no ONNX node test data at {} (scripts/onnx_node_tests.py)",
+            dir.display()
+        );
+        return;
+    }
+    let listed: Vec<String> = std::fs::read_to_string(MANIFEST)
+        .unwrap_or_default()
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with('#'))
+        .map(str::to_owned)
+        .collect();
+    let mut names: Vec<String> = std::fs::read_dir(&dir)
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .filter(|e| e.path().join("model.onnx").is_file())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    let mut outcomes = BTreeMap::new();
+    for name in &names {
+        let meta = std::fs::read_to_string(dir.join(name).join("meta.json")).unwrap();
+        let meta: serde_json::Value = serde_json::from_str(&meta).unwrap();
+        let case = Case {
+            dir: dir.join(name),
+            rtol: meta["rtol"].as_f64().unwrap_or(1e-3),
+            atol: meta["atol"].as_f64().unwrap_or(1e-7),
+        };
+        let outcome = std::panic::catch_unwind(|| run_case(&case))
+            .unwrap_or_else(|p| Outcome::Failed(format!("PANIC: {}", panic_message(&p))));
+        outcomes.insert(name.clone(), outcome);
+    }
+    report(&names, &listed, &outcomes);
+}
+
+fn panic_message(p: &Box<dyn std::any::Any + Send>) -> String {
+    (p.downcast_ref::<String>().cloned())
+        .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
+        .unwrap_or_default()
+}
+
+fn report(names: &[String], listed: &[String], outcomes: &BTreeMap<String, Outcome>) {
+    let passes = |o: &Outcome| matches!(o, Outcome::Pass | Outcome::PassFixed);
+    let passing: Vec<&String> = names.iter().filter(|n| passes(&outcomes[*n])).collect();
+    let mut counts: BTreeMap<&str, usize> = BTreeMap::new();
+    for o in outcomes.values() {
+        let kind = match o {
+            Outcome::Pass => "pass",
+            Outcome::PassFixed => "pass with integer inputs fixed",
+            Outcome::NotTensors(_) => "not Kiln tensors",
+            Outcome::Unsupported(_) => "unsupported",
+            Outcome::Failed(_) => "failed",
+        };
+        *counts.entry(kind).or_default() += 1;
+    }
+    eprintln!(
+        "{} node test cases: {counts:?}; {} on the manifest",
+        names.len(),
+        listed.len()
+    );
+    if std::env::var("KILN_ONNX_NODE_VERBOSE").is_ok() {
+        for (name, o) in outcomes {
+            eprintln!("  {name}: {o:?}");
+        }
+    }
+    if std::env::var("KILN_ONNX_WRITE_MANIFEST").is_ok_and(|v| v == "1") {
+        let mut text = String::from(
+            "# ONNX backend node test cases (onnx 1.23.2) that Kiln must pass; maintained by\n\
+             # KILN_ONNX_WRITE_MANIFEST=1 cargo test -p kiln-onnx --test node_tests\n",
+        );
+        for n in &passing {
+            text.push_str(n);
+            text.push('\n');
+        }
+        std::fs::write(MANIFEST, text).unwrap();
+        eprintln!("wrote {} cases to {MANIFEST}", passing.len());
+    }
+    let panics: Vec<String> = (outcomes.iter())
+        .filter_map(|(n, o)| match o {
+            Outcome::Failed(m) if m.starts_with("PANIC") => Some(format!("{n}: {m}")),
+            _ => None,
+        })
+        .collect();
+    let broken: Vec<String> = (listed.iter())
+        .filter_map(|n| match outcomes.get(n) {
+            Some(Outcome::Pass | Outcome::PassFixed) => None,
+            Some(o) => Some(format!("{n}: {o:?}")),
+            None => Some(format!("{n}: no such case in the data")),
+        })
+        .collect();
+    assert!(
+        panics.is_empty(),
+        "{} cases panicked:\n{}",
+        panics.len(),
+        panics.join("\n")
+    );
+    assert!(
+        broken.is_empty(),
+        "{} listed cases fail:\n{}",
+        broken.len(),
+        broken.join("\n")
+    );
+}
