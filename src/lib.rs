@@ -128,6 +128,7 @@
 
 pub use kiln_backend as backend;
 pub use kiln_ir as ir;
+pub use kiln_onnx as onnx;
 pub use kiln_passes as passes;
 pub use kiln_runtime as runtime;
 

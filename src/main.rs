@@ -12,11 +12,12 @@ use std::process::ExitCode;
 #[command(
     name = "kiln",
     version,
-    about = "Kiln: check, optimise, inspect, draw and run Kiln IR programs (.kir)",
+    about = "Kiln: check, optimise, inspect, draw and run Kiln IR programs (.kir) and ONNX models",
     after_help = "Examples:\n  \
         kiln                                     the tour: train, compile, write IR, drawings, a plot\n  \
         kiln check tests/programs/mlp.kir        parse and verify\n  \
         kiln run tests/programs/mlp.kir --feed 'x=[[1,2,3,4]]'\n  \
+        kiln import model.onnx -o imported/      an ONNX model as Kiln IR and parameters\n  \
         kiln opt tests/programs/layer_norm.kir --print-after-all\n  \
         kiln stats tests/programs/mlp.kir --bind N=256\n  \
         kiln dot tests/programs/mlp.kir | dot -Tsvg > mlp.svg\n\n\
@@ -66,6 +67,19 @@ enum Command {
         /// One or more .kir files.
         #[arg(required = true)]
         files: Vec<PathBuf>,
+    },
+    /// Import an ONNX model: writes DIR/model.kir (the graph as Kiln IR) and
+    /// DIR/model.safetensors (its initializers); lists every unsupported node at once.
+    #[command(after_help = "Examples:\n  \
+        kiln import model.onnx -o imported/\n  \
+        kiln run imported/model.kir --state imported/model.safetensors --feed x=input.npy\n  \
+        kiln run model.onnx --feed x=input.npy           (imports on the fly)")]
+    Import {
+        /// The .onnx file (external data is read beside it).
+        file: PathBuf,
+        /// The folder written.
+        #[arg(short, long, value_name = "DIR")]
+        out: PathBuf,
     },
     /// Print a program in canonical form.
     #[command(after_help = "Example:\n  kiln dump tests/programs/mlp.kir")]
@@ -251,6 +265,7 @@ fn main() -> ExitCode {
             })
         }
         Command::Check { files } => check(&files),
+        Command::Import { file, out } => import_onnx(&file, &out),
         Command::Dump { file } => load(&file).map(|m| print!("{m}")),
         Command::Run {
             file,
@@ -344,11 +359,53 @@ fn book_ops(args: &[String]) -> Result<(), Failed> {
 }
 
 /// Reads, parses and verifies a program, rendering errors against its source.
+/// A program from its text IR, or imported from an `.onnx` model (its parameters dropped).
 fn load(path: &Path) -> Result<Module, Failed> {
+    load_with_parameters(path).map(|(module, _)| module)
+}
+
+/// A program and, for an `.onnx` model, its parameters (a `.kir` file has none of its own).
+fn load_with_parameters(
+    path: &Path,
+) -> Result<(Module, std::collections::BTreeMap<String, kiln::backend::Array>), Failed> {
+    if path.extension().is_some_and(|e| e.eq_ignore_ascii_case("onnx")) {
+        let model = kiln::onnx::import(path)
+            .map_err(|e| Failed(format!("error: {}: {e}", path.display())))?;
+        return Ok((model.module, model.parameters));
+    }
+    Ok((load_text(path)?, Default::default()))
+}
+
+fn load_text(path: &Path) -> Result<Module, Failed> {
     let source = std::fs::read_to_string(path)
         .map_err(|e| Failed(format!("error: cannot read {}: {e}", path.display())))?;
     parse_and_verify(&source)
         .map_err(|e| Failed(format!("{}: {}", path.display(), e.render(&source))))
+}
+
+fn import_onnx(file: &Path, out: &Path) -> Result<(), Failed> {
+    let model = kiln::onnx::import(file)
+        .map_err(|e| Failed(format!("error: {}: {e}", file.display())))?;
+    let failed = |e: &dyn std::fmt::Display| Failed(format!("error: {e}"));
+    std::fs::create_dir_all(out).map_err(|e| failed(&e))?;
+    let (kir, weights) = (out.join("model.kir"), out.join("model.safetensors"));
+    kiln::runtime::checkpoint::write_atomically(&kir, model.module.to_string().as_bytes())
+        .map_err(|e| failed(&e))?;
+    kiln::runtime::checkpoint::save(model.parameters.iter().map(|(n, a)| (n.as_str(), a)), &weights)
+        .map_err(|e| failed(&e))?;
+    let bytes: usize = (model.parameters.values()).map(|a| a.len() * a.dtype().size_bytes()).sum();
+    let f = &model.module.functions[0];
+    println!(
+        "imported {}: @{} ({} instructions; inputs {}; outputs {}), {} parameters ({bytes} bytes)",
+        file.display(),
+        f.name(),
+        f.num_insts(),
+        model.inputs.join(", "),
+        model.outputs.join(", "),
+        model.parameters.len()
+    );
+    println!("wrote {} and {}", kir.display(), weights.display());
+    Ok(())
 }
 
 fn check(files: &[PathBuf]) -> Result<(), Failed> {
@@ -603,7 +660,7 @@ fn parse_bytes(text: &str) -> Result<u64, String> {
 
 fn run(opts: &RunArgs<'_>) -> Result<(), Failed> {
     let (feeds, out) = (opts.feeds, opts.out);
-    let module = load(opts.file)?;
+    let (module, parameters) = load_with_parameters(opts.file)?;
     let func = pick_function(&module, opts.func)?;
     let names = ValueNames::new(func);
     let mut given: Vec<(&str, &str)> = Vec::new();
@@ -641,6 +698,9 @@ fn run(opts: &RunArgs<'_>) -> Result<(), Failed> {
         )));
     }
     let mut scope = Scope::from_module(&module).map_err(|e| Failed(format!("error: {e}")))?;
+    for (name, value) in parameters {
+        scope.set(&name, value).map_err(|e| Failed(format!("error: {e}")))?;
+    }
     if let Some(checkpoint) = opts.state {
         scope
             .load(checkpoint)

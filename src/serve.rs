@@ -1,5 +1,5 @@
-//! Serving a saved program from Rust: load its text IR and a checkpoint of its parameters,
-//! compile it once (pass pipeline, JIT kernels), then call it as often as needed.
+//! Serving a saved program from Rust: load its text IR and a checkpoint of its parameters (or
+//! an ONNX model, [`Predictor::load_onnx`]), compile it once (pass pipeline, JIT kernels), then call it as often as needed.
 //!
 //! ```no_run
 //! use kiln::serve::Predictor;
@@ -93,6 +93,21 @@ impl Predictor {
         })?;
         let name = module.functions[function].name().to_owned();
         Predictor::compile(module, &name, scope.store().clone())
+    }
+
+    /// Imports the ONNX model at `path` (see [`kiln_onnx`]) and compiles its graph, with its
+    /// initializers as the parameters.
+    pub fn load_onnx(path: &Path) -> Result<Predictor, ServeError> {
+        let model = kiln_onnx::import(path).map_err(|e| ServeError::Program {
+            path: path.to_owned(),
+            message: e.to_string(),
+        })?;
+        let mut state = StateStore::new();
+        for (name, value) in model.parameters {
+            state.insert(name, value);
+        }
+        let name = model.module.functions[0].name().to_owned();
+        Predictor::compile(model.module, &name, state)
     }
 
     /// Compiles function `name` of `module` (verified) after the default pass pipeline, to run

@@ -1,0 +1,212 @@
+//! Importing models built here message by message: results against hand-computed values, and
+//! hostile files (truncated, bit-flipped, crafted) refused with errors, never a panic.
+
+use kiln_backend::{Array, Interpreter, StateStore};
+use kiln_onnx::proto::tensor_proto::DataType;
+use kiln_onnx::proto::{
+    AttributeProto, GraphProto, ModelProto, NodeProto, OperatorSetIdProto, TensorProto,
+    TensorShapeProto, TypeProto, ValueInfoProto, tensor_shape_proto, type_proto,
+};
+use kiln_onnx::{OnnxError, import_bytes};
+use ndarray::{ArrayD, IxDyn};
+use prost::Message;
+
+fn value_info(name: &str, dims: &[i64]) -> ValueInfoProto {
+    let dim = dims
+        .iter()
+        .map(|&d| tensor_shape_proto::Dimension {
+            value: Some(match d {
+                -1 => tensor_shape_proto::dimension::Value::DimParam("batch".into()),
+                d => tensor_shape_proto::dimension::Value::DimValue(d),
+            }),
+            ..Default::default()
+        })
+        .collect();
+    ValueInfoProto {
+        name: Some(name.into()),
+        r#type: Some(TypeProto {
+            value: Some(type_proto::Value::TensorType(type_proto::Tensor {
+                elem_type: Some(DataType::Float as i32),
+                shape: Some(TensorShapeProto { dim }),
+            })),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+fn floats(name: &str, dims: &[i64], values: &[f32]) -> TensorProto {
+    TensorProto {
+        name: Some(name.into()),
+        dims: dims.to_vec(),
+        data_type: Some(DataType::Float as i32),
+        float_data: values.to_vec(),
+        ..Default::default()
+    }
+}
+
+fn node(op: &str, name: &str, inputs: &[&str], outputs: &[&str]) -> NodeProto {
+    NodeProto {
+        op_type: Some(op.into()),
+        name: Some(name.into()),
+        input: inputs.iter().map(|s| s.to_string()).collect(),
+        output: outputs.iter().map(|s| s.to_string()).collect(),
+        ..Default::default()
+    }
+}
+
+fn model(nodes: Vec<NodeProto>, initializer: Vec<TensorProto>, output: &str) -> ModelProto {
+    ModelProto {
+        ir_version: Some(8),
+        opset_import: vec![OperatorSetIdProto {
+            domain: Some(String::new()),
+            version: Some(17),
+        }],
+        graph: Some(GraphProto {
+            name: Some("net".into()),
+            node: nodes,
+            initializer,
+            input: vec![value_info("x", &[-1, 2])],
+            output: vec![value_info(output, &[-1, 3])],
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+/// `relu(x · W + b)` as a Gemm with `transB`: W stored `[3, 2]`.
+fn gemm_relu() -> ModelProto {
+    let mut gemm = node("Gemm", "fc", &["x", "w", "b"], &["h"]);
+    gemm.attribute.push(AttributeProto {
+        name: Some("transB".into()),
+        i: Some(1),
+        r#type: Some(2),
+        ..Default::default()
+    });
+    let w = floats("w", &[3, 2], &[1., 2., -1., 0.5, 0., 3.]);
+    let b = floats("b", &[3], &[0.5, -4., 1.]);
+    model(vec![gemm, node("Relu", "act", &["h"], &["y"])], vec![w, b], "y")
+}
+
+fn run(m: &ModelProto, x: Array) -> Array {
+    let imported = import_bytes(&m.encode_to_vec(), None).unwrap();
+    let mut state = StateStore::new();
+    for (n, v) in imported.parameters {
+        state.insert(n, v);
+    }
+    let interp = Interpreter::new(&imported.module);
+    let name = imported.module.functions[0].name().to_owned();
+    interp.run(&name, vec![x], &mut state).unwrap().remove(0)
+}
+
+#[test]
+fn a_gemm_and_relu_give_hand_computed_values_for_any_batch() {
+    let x = Array::F32(ArrayD::from_shape_vec(IxDyn(&[2, 2]), vec![1., 1., 2., -1.]).unwrap());
+    let y = run(&gemm_relu(), x);
+    // Row 1: [1+2+0.5, -1+0.5-4, 0+3+1] = [3.5, -4.5, 4] → relu. Row 2: [0+0.5, -2-0.5-4, -3+1].
+    assert_eq!(y.to_f64_vec(), vec![3.5, 0., 4., 0.5, 0., 0.]);
+    assert_eq!(y.shape(), &[2, 2 + 1]);
+}
+
+#[test]
+fn every_unsupported_node_is_listed_at_once() {
+    let nodes = vec![
+        node("Relu", "ok", &["x"], &["a"]),
+        node("FancyOp", "first", &["a"], &["b"]),
+        node("Relu", "after_first", &["b"], &["c"]),
+        node("OtherOp", "second", &["a"], &["d"]),
+    ];
+    let m = model(nodes, vec![], "c");
+    let Err(OnnxError::Unsupported(list)) = import_bytes(&m.encode_to_vec(), None) else {
+        panic!("expected the unsupported nodes");
+    };
+    let names: Vec<&str> = list.iter().map(|u| u.op_type.as_str()).collect();
+    assert_eq!(names, ["FancyOp", "OtherOp"]);
+    let message = OnnxError::Unsupported(list).to_string();
+    assert!(message.contains("\"first\" (FancyOp, opset 17)"), "{message}");
+    assert!(message.contains("\"second\" (OtherOp, opset 17)"), "{message}");
+}
+
+#[test]
+fn truncated_and_bit_flipped_models_are_errors_not_panics() {
+    let bytes = gemm_relu().encode_to_vec();
+    for len in 0..bytes.len() {
+        let _ = import_bytes(&bytes[..len], None);
+    }
+    let mut seed = 0x2545_f491_4f6c_dd1du64;
+    for _ in 0..4000 {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        let mut flipped = bytes.clone();
+        let bit = (seed % (bytes.len() as u64 * 8)) as usize;
+        flipped[bit / 8] ^= 1 << (bit % 8);
+        let _ = import_bytes(&flipped, None);
+    }
+    assert!(matches!(import_bytes(b"not a model at all", None), Err(OnnxError::Decode(_)) | Err(OnnxError::Invalid(_))));
+}
+
+fn error_of(m: &ModelProto) -> String {
+    match import_bytes(&m.encode_to_vec(), None) {
+        Ok(_) => panic!("the crafted model was accepted"),
+        Err(e) => e.to_string(),
+    }
+}
+
+#[test]
+fn crafted_tensors_are_refused_with_what_is_wrong() {
+    let mut m = gemm_relu();
+    let graph = m.graph.as_mut().unwrap();
+    graph.initializer[0].float_data.pop();
+    assert!(error_of(&m).contains("holds 5 f32 elements"), "{}", error_of(&m));
+
+    let mut m = gemm_relu();
+    m.graph.as_mut().unwrap().initializer[0].dims = vec![1 << 40, 1 << 40, 1 << 40];
+    let e = error_of(&m);
+    assert!(e.contains("initializer \"w\""), "{e}");
+
+    let mut m = gemm_relu();
+    m.graph.as_mut().unwrap().initializer[0].dims = vec![-3, -2];
+    assert!(error_of(&m).contains("negative dimension"), "{}", error_of(&m));
+
+    let mut m = gemm_relu();
+    m.graph.as_mut().unwrap().initializer[1].raw_data = Some(vec![0; 7]);
+    assert!(error_of(&m).contains("raw data holds 7 bytes"), "{}", error_of(&m));
+
+    let mut m = gemm_relu();
+    let w = &mut m.graph.as_mut().unwrap().initializer[0];
+    w.data_location = Some(1);
+    w.external_data = vec![kiln_onnx::proto::StringStringEntryProto {
+        key: Some("location".into()),
+        value: Some("../../etc/passwd".into()),
+    }];
+    let e = error_of(&m);
+    assert!(e.contains("external data"), "{e}");
+}
+
+#[test]
+fn a_node_evaluated_at_import_that_is_too_large_is_an_error() {
+    // ConstantOfShape of 10^15 elements: folding it must be refused, not abort the process.
+    let shape = TensorProto {
+        name: Some("shape".into()),
+        dims: vec![3],
+        data_type: Some(DataType::Int64 as i32),
+        int64_data: vec![100_000, 100_000, 100_000],
+        ..Default::default()
+    };
+    let nodes = vec![
+        node("ConstantOfShape", "huge", &["shape"], &["z"]),
+        node("Relu", "act", &["x"], &["y"]),
+    ];
+    let m = model(nodes, vec![shape], "y");
+    let e = error_of(&m);
+    assert!(e.contains("huge"), "{e}");
+}
+
+#[test]
+fn a_wrong_node_names_itself_and_its_op() {
+    let mut m = gemm_relu();
+    m.graph.as_mut().unwrap().node[0].input[1] = "missing".into();
+    let e = error_of(&m);
+    assert!(e.contains("node \"fc\" (Gemm, opset 17)") && e.contains("\"missing\""), "{e}");
+}
