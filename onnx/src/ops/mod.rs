@@ -3,6 +3,7 @@
 mod elementwise;
 mod nn;
 mod reduce;
+mod rnn;
 mod shape;
 
 use crate::context::{Converted, Ctx};
@@ -49,6 +50,7 @@ pub(crate) const OPS: &[(&str, Convert)] = &[
     ("Gemm", nn::gemm),
     ("GlobalAveragePool", |c| nn::global_pool(c, ReduceOp::Mean)),
     ("GlobalMaxPool", |c| nn::global_pool(c, ReduceOp::Max)),
+    ("GRU", |c| rnn::recurrent(c, rnn::Cell::Gru)),
     ("Greater", |c| ew::compare(c, Cmp::Gt)),
     ("GreaterOrEqual", |c| ew::compare(c, Cmp::Ge)),
     ("Hardmax", |c| nn::softmax(c, SoftmaxKind::Hardmax)),
@@ -63,6 +65,7 @@ pub(crate) const OPS: &[(&str, Convert)] = &[
     ("Log", |c| ew::unary(c, U::Log)),
     ("LogSoftmax", |c| nn::softmax(c, SoftmaxKind::LogSoftmax)),
     ("LRN", nn::lrn),
+    ("LSTM", |c| rnn::recurrent(c, rnn::Cell::Lstm)),
     ("MatMul", nn::matmul),
     ("Max", |c| ew::variadic(c, B::Max)),
     ("MaxPool", |c| nn::pool(c, true)),
@@ -77,6 +80,7 @@ pub(crate) const OPS: &[(&str, Convert)] = &[
     ("Pow", ew::pow),
     ("PRelu", ew::prelu),
     ("Range", shape::range),
+    ("RNN", |c| rnn::recurrent(c, rnn::Cell::Rnn)),
     ("Reciprocal", |c| ew::unary(c, U::Recip)),
     ("ReduceL1", |c| reduce::reduce(c, Reduction::L1)),
     ("ReduceL2", |c| reduce::reduce(c, Reduction::L2)),
