@@ -3,6 +3,10 @@ layout: NAME/model.onnx, NAME/test_data_set_0/{input,output}_I.pb, plus NAME/met
 case's tolerances and op types. The wheel ships no data files for these cases; this generates
 them from `onnx.backend.test.case.node.collect_testcases()`.
 
+It also writes the wheel's `data/light` models (resnet50, squeezenet, vgg19, ...) to
+OUT_DIR/../onnx-models/NAME in the same layout, with the input ONNX's runner feeds them
+(`generate_dummy_data(random=False)`) and the expected output the wheel ships.
+
 usage: python scripts/onnx_node_tests.py OUT_DIR
 """
 
@@ -14,7 +18,9 @@ import warnings
 import numpy as np
 import onnx
 from onnx import numpy_helper
+from onnx.backend.test.case.model import collect_testcases as collect_model_testcases
 from onnx.backend.test.case.node import collect_testcases
+from onnx.backend.test.runner import Runner
 
 
 def tensor(value, name):
@@ -58,5 +64,34 @@ def main(out):
     print(f"wrote {written} node test cases (onnx {onnx.__version__}) to {out}")
 
 
+def light_models(out):
+    data = os.path.join(os.path.dirname(onnx.__file__), "backend", "test", "data", "light")
+    written = []
+    for case in collect_model_testcases():
+        if not (case.url or "").startswith("onnx/backend/test/data/light/"):
+            continue
+        name = case.model_name
+        model = onnx.load(os.path.join(data, f"light_{name}.onnx"))
+        folder = os.path.join(out, name)
+        os.makedirs(os.path.join(folder, "test_data_set_0"), exist_ok=True)
+        onnx.save(model, os.path.join(folder, "model.onnx"))
+        inits = {i.name for i in model.graph.initializer}
+        inputs = [x for x in model.graph.input if x.name not in inits]
+        for i, x in enumerate(inputs):
+            value = Runner.generate_dummy_data(x, seed=0, name=name, random=False)
+            with open(os.path.join(folder, "test_data_set_0", f"input_{i}.pb"), "wb") as f:
+                f.write(numpy_helper.from_array(value).SerializeToString())
+        with open(os.path.join(data, f"light_{name}_output_0.pb"), "rb") as src:
+            expected = src.read()
+        with open(os.path.join(folder, "test_data_set_0", "output_0.pb"), "wb") as f:
+            f.write(expected)
+        meta = {"rtol": case.rtol, "atol": case.atol, "onnx": onnx.__version__}
+        with open(os.path.join(folder, "meta.json"), "w") as f:
+            json.dump(meta, f)
+        written.append(name)
+    print(f"wrote {len(written)} models ({', '.join(written)}) to {out}")
+
+
 if __name__ == "__main__":
     main(sys.argv[1])
+    light_models(os.path.join(os.path.dirname(os.path.abspath(sys.argv[1])), "onnx-models"))

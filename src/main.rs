@@ -361,20 +361,28 @@ fn book_ops(args: &[String]) -> Result<(), Failed> {
 /// Reads, parses and verifies a program, rendering errors against its source.
 /// A program from its text IR, or imported from an `.onnx` model (its parameters dropped).
 fn load(path: &Path) -> Result<Module, Failed> {
-    load_with_parameters(path).map(|(module, _)| module)
+    load_with_parameters(path).map(|(module, _, _)| module)
 }
 
-/// A program and, for an `.onnx` model, its parameters (a `.kir` file has none of its own).
-fn load_with_parameters(
-    path: &Path,
-) -> Result<(Module, std::collections::BTreeMap<String, kiln::backend::Array>), Failed> {
-    if path.extension().is_some_and(|e| e.eq_ignore_ascii_case("onnx")) {
+/// A program and, for an `.onnx` model, its parameters and the graph's input names (a `.kir`
+/// file has neither).
+fn load_with_parameters(path: &Path) -> Result<Loaded, Failed> {
+    if path
+        .extension()
+        .is_some_and(|e| e.eq_ignore_ascii_case("onnx"))
+    {
         let model = kiln::onnx::import(path)
             .map_err(|e| Failed(format!("error: {}: {e}", path.display())))?;
-        return Ok((model.module, model.parameters));
+        return Ok((model.module, model.parameters, model.inputs));
     }
-    Ok((load_text(path)?, Default::default()))
+    Ok((load_text(path)?, Default::default(), Vec::new()))
 }
+
+type Loaded = (
+    Module,
+    std::collections::BTreeMap<String, kiln::backend::Array>,
+    Vec<String>,
+);
 
 fn load_text(path: &Path) -> Result<Module, Failed> {
     let source = std::fs::read_to_string(path)
@@ -384,16 +392,21 @@ fn load_text(path: &Path) -> Result<Module, Failed> {
 }
 
 fn import_onnx(file: &Path, out: &Path) -> Result<(), Failed> {
-    let model = kiln::onnx::import(file)
-        .map_err(|e| Failed(format!("error: {}: {e}", file.display())))?;
+    let model =
+        kiln::onnx::import(file).map_err(|e| Failed(format!("error: {}: {e}", file.display())))?;
     let failed = |e: &dyn std::fmt::Display| Failed(format!("error: {e}"));
     std::fs::create_dir_all(out).map_err(|e| failed(&e))?;
     let (kir, weights) = (out.join("model.kir"), out.join("model.safetensors"));
     kiln::runtime::checkpoint::write_atomically(&kir, model.module.to_string().as_bytes())
         .map_err(|e| failed(&e))?;
-    kiln::runtime::checkpoint::save(model.parameters.iter().map(|(n, a)| (n.as_str(), a)), &weights)
-        .map_err(|e| failed(&e))?;
-    let bytes: usize = (model.parameters.values()).map(|a| a.len() * a.dtype().size_bytes()).sum();
+    kiln::runtime::checkpoint::save(
+        model.parameters.iter().map(|(n, a)| (n.as_str(), a)),
+        &weights,
+    )
+    .map_err(|e| failed(&e))?;
+    let bytes: usize = (model.parameters.values())
+        .map(|a| a.len() * a.dtype().size_bytes())
+        .sum();
     let f = &model.module.functions[0];
     println!(
         "imported {}: @{} ({} instructions; inputs {}; outputs {}), {} parameters ({bytes} bytes)",
@@ -660,14 +673,21 @@ fn parse_bytes(text: &str) -> Result<u64, String> {
 
 fn run(opts: &RunArgs<'_>) -> Result<(), Failed> {
     let (feeds, out) = (opts.feeds, opts.out);
-    let (module, parameters) = load_with_parameters(opts.file)?;
+    let (module, parameters, onnx_inputs) = load_with_parameters(opts.file)?;
     let func = pick_function(&module, opts.func)?;
     let names = ValueNames::new(func);
+    let arg_names: Vec<String> = (func.args().iter())
+        .map(|&a| names.get(a)[1..].to_owned())
+        .collect();
     let mut given: Vec<(&str, &str)> = Vec::new();
     for feed in feeds {
-        let (name, value) = feed
+        let (mut name, value) = feed
             .split_once('=')
             .ok_or_else(|| Failed(format!("error: --feed {feed:?} is not NAME=VALUE")))?;
+        // An ONNX input is fed by its name in the model, as well as by its IR name.
+        if let Some(i) = onnx_inputs.iter().position(|n| n == name) {
+            name = &arg_names[i];
+        }
         given.push((name.trim_start_matches('%'), value));
     }
     let mut args = Vec::new();
@@ -699,7 +719,9 @@ fn run(opts: &RunArgs<'_>) -> Result<(), Failed> {
     }
     let mut scope = Scope::from_module(&module).map_err(|e| Failed(format!("error: {e}")))?;
     for (name, value) in parameters {
-        scope.set(&name, value).map_err(|e| Failed(format!("error: {e}")))?;
+        scope
+            .set(&name, value)
+            .map_err(|e| Failed(format!("error: {e}")))?;
     }
     if let Some(checkpoint) = opts.state {
         scope

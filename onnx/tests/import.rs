@@ -85,7 +85,11 @@ fn gemm_relu() -> ModelProto {
     });
     let w = floats("w", &[3, 2], &[1., 2., -1., 0.5, 0., 3.]);
     let b = floats("b", &[3], &[0.5, -4., 1.]);
-    model(vec![gemm, node("Relu", "act", &["h"], &["y"])], vec![w, b], "y")
+    model(
+        vec![gemm, node("Relu", "act", &["h"], &["y"])],
+        vec![w, b],
+        "y",
+    )
 }
 
 fn run(m: &ModelProto, x: Array) -> Array {
@@ -123,8 +127,14 @@ fn every_unsupported_node_is_listed_at_once() {
     let names: Vec<&str> = list.iter().map(|u| u.op_type.as_str()).collect();
     assert_eq!(names, ["FancyOp", "OtherOp"]);
     let message = OnnxError::Unsupported(list).to_string();
-    assert!(message.contains("\"first\" (FancyOp, opset 17)"), "{message}");
-    assert!(message.contains("\"second\" (OtherOp, opset 17)"), "{message}");
+    assert!(
+        message.contains("\"first\" (FancyOp, opset 17)"),
+        "{message}"
+    );
+    assert!(
+        message.contains("\"second\" (OtherOp, opset 17)"),
+        "{message}"
+    );
 }
 
 #[test]
@@ -143,7 +153,10 @@ fn truncated_and_bit_flipped_models_are_errors_not_panics() {
         flipped[bit / 8] ^= 1 << (bit % 8);
         let _ = import_bytes(&flipped, None);
     }
-    assert!(matches!(import_bytes(b"not a model at all", None), Err(OnnxError::Decode(_)) | Err(OnnxError::Invalid(_))));
+    assert!(matches!(
+        import_bytes(b"not a model at all", None),
+        Err(OnnxError::Decode(_)) | Err(OnnxError::Invalid(_))
+    ));
 }
 
 fn error_of(m: &ModelProto) -> String {
@@ -158,7 +171,11 @@ fn crafted_tensors_are_refused_with_what_is_wrong() {
     let mut m = gemm_relu();
     let graph = m.graph.as_mut().unwrap();
     graph.initializer[0].float_data.pop();
-    assert!(error_of(&m).contains("holds 5 f32 elements"), "{}", error_of(&m));
+    assert!(
+        error_of(&m).contains("holds 5 f32 elements"),
+        "{}",
+        error_of(&m)
+    );
 
     let mut m = gemm_relu();
     m.graph.as_mut().unwrap().initializer[0].dims = vec![1 << 40, 1 << 40, 1 << 40];
@@ -167,11 +184,19 @@ fn crafted_tensors_are_refused_with_what_is_wrong() {
 
     let mut m = gemm_relu();
     m.graph.as_mut().unwrap().initializer[0].dims = vec![-3, -2];
-    assert!(error_of(&m).contains("negative dimension"), "{}", error_of(&m));
+    assert!(
+        error_of(&m).contains("negative dimension"),
+        "{}",
+        error_of(&m)
+    );
 
     let mut m = gemm_relu();
     m.graph.as_mut().unwrap().initializer[1].raw_data = Some(vec![0; 7]);
-    assert!(error_of(&m).contains("raw data holds 7 bytes"), "{}", error_of(&m));
+    assert!(
+        error_of(&m).contains("raw data holds 7 bytes"),
+        "{}",
+        error_of(&m)
+    );
 
     let mut m = gemm_relu();
     let w = &mut m.graph.as_mut().unwrap().initializer[0];
@@ -208,5 +233,8 @@ fn a_wrong_node_names_itself_and_its_op() {
     let mut m = gemm_relu();
     m.graph.as_mut().unwrap().node[0].input[1] = "missing".into();
     let e = error_of(&m);
-    assert!(e.contains("node \"fc\" (Gemm, opset 17)") && e.contains("\"missing\""), "{e}");
+    assert!(
+        e.contains("node \"fc\" (Gemm, opset 17)") && e.contains("\"missing\""),
+        "{e}"
+    );
 }

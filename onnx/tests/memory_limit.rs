@@ -16,10 +16,21 @@ fn an_initializer_over_the_memory_limit_is_refused_with_its_size() {
         ..Default::default()
     };
     let m = ModelProto {
-        opset_import: vec![OperatorSetIdProto { domain: None, version: Some(17) }],
-        graph: Some(GraphProto { initializer: vec![big], ..Default::default() }),
+        opset_import: vec![OperatorSetIdProto {
+            domain: None,
+            version: Some(17),
+        }],
+        graph: Some(GraphProto {
+            initializer: vec![big],
+            ..Default::default()
+        }),
         ..Default::default()
     };
-    let e = kiln_onnx::import_bytes(&m.encode_to_vec(), None).unwrap_err().to_string();
-    assert!(e.contains("4194304 bytes") && e.contains("memory limit"), "{e}");
+    let e = kiln_onnx::import_bytes(&m.encode_to_vec(), None)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("4194304 bytes") && e.contains("memory limit"),
+        "{e}"
+    );
 }

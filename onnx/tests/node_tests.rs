@@ -69,7 +69,7 @@ fn run_case(case: &Case) -> Outcome {
     let meta: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(case.dir.join("meta.json")).unwrap())
             .unwrap();
-    if meta["tensors_only"] != serde_json::Value::Bool(true) {
+    if meta["tensors_only"] == serde_json::Value::Bool(false) {
         return Outcome::NotTensors("sequence or optional values".into());
     }
     let (inputs, expected) = match (
@@ -220,6 +220,60 @@ fn onnx_node_tests() {
         outcomes.insert(name.clone(), outcome);
     }
     report(&names, &listed, &outcomes);
+}
+
+/// The wheel's `data/light` models (written beside the node tests by the same script): every
+/// one must import and reproduce its expected output, interpreted and compiled.
+#[test]
+fn onnx_zoo_models() {
+    let dir = data_dir().join("../onnx-models");
+    let required = std::env::var("KILN_ONNX_NODE_REQUIRED").is_ok_and(|v| v == "1");
+    if cfg!(debug_assertions) && !required {
+        eprintln!("skipped: the zoo models run with --release (vgg19 takes minutes unoptimised)");
+        return;
+    }
+    if !dir.is_dir() {
+        assert!(!required, "no models at {}", dir.display());
+        eprintln!(
+            "skipped: no ONNX models at {} (scripts/onnx_node_tests.py)",
+            dir.display()
+        );
+        return;
+    }
+    let mut names: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .map(|e| e.path())
+        .collect();
+    names.sort();
+    assert!(
+        names.len() >= 9,
+        "expected the wheel's 9 light models in {}",
+        dir.display()
+    );
+    let mut failures = Vec::new();
+    for path in names {
+        let meta: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(path.join("meta.json")).unwrap())
+                .unwrap();
+        let case = Case {
+            rtol: meta["rtol"].as_f64().unwrap(),
+            atol: meta["atol"].as_f64().unwrap(),
+            dir: path.clone(),
+        };
+        let started = std::time::Instant::now();
+        let outcome = std::panic::catch_unwind(|| run_case(&case))
+            .unwrap_or_else(|p| Outcome::Failed(format!("PANIC: {}", panic_message(&p))));
+        eprintln!(
+            "{}: {outcome:?} ({:.1} s)",
+            path.display(),
+            started.elapsed().as_secs_f64()
+        );
+        if !matches!(outcome, Outcome::Pass) {
+            failures.push(format!("{}: {outcome:?}", path.display()));
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
 fn panic_message(p: &Box<dyn std::any::Any + Send>) -> String {

@@ -48,7 +48,11 @@ struct Setup {
 /// Rows `[from, from + n)` of `x`'s axis `axis`.
 fn rows(c: &mut Ctx, x: Value, axis: usize, from: usize, n: usize) -> Result<Value, Fail> {
     let mut ranges = vec![AxisSlice::Full; c.rank(x)];
-    ranges[axis] = AxisSlice::Range { start: from, end: from + n, step: 1 };
+    ranges[axis] = AxisSlice::Range {
+        start: from,
+        end: from + n,
+        step: 1,
+    };
     Ok(c.b.slice(x, ranges)?)
 }
 
@@ -82,8 +86,18 @@ fn gate(c: &mut Ctx, z: Value, g: usize, hidden: usize) -> Result<Value, Fail> {
 }
 
 /// `f(gate g of xw + gate g of hr (+ extra))`, clipped first.
-fn gate_act(c: &mut Ctx, s: &Setup, sums: [Value; 2], g: usize, act: usize, extra: Option<Value>) -> Result<Value, Fail> {
-    let (a, b) = (gate(c, sums[0], g, s.hidden)?, gate(c, sums[1], g, s.hidden)?);
+fn gate_act(
+    c: &mut Ctx,
+    s: &Setup,
+    sums: [Value; 2],
+    g: usize,
+    act: usize,
+    extra: Option<Value>,
+) -> Result<Value, Fail> {
+    let (a, b) = (
+        gate(c, sums[0], g, s.hidden)?,
+        gate(c, sums[1], g, s.hidden)?,
+    );
     let mut z = c.b.add(a, b)?;
     if let Some(e) = extra {
         z = c.b.add(z, e)?;
@@ -93,8 +107,15 @@ fn gate_act(c: &mut Ctx, s: &Setup, sums: [Value; 2], g: usize, act: usize, extr
 }
 
 /// One step: the new hidden (and cell) state from the projected input `xw` `[batch, G·H]`.
-fn step(c: &mut Ctx, s: &Setup, xw: Value, r: Value, rb: Value, h: Value, cell: Value, peep: Option<Value>) -> Result<(Value, Value), Fail> {
-    let hidden = s.hidden;
+fn step(
+    c: &mut Ctx,
+    s: &Setup,
+    xw: Value,
+    weights: &Recurrent,
+    h: Value,
+    cell: Value,
+) -> Result<(Value, Value), Fail> {
+    let (hidden, Recurrent { r, rb, peep }) = (s.hidden, *weights);
     let hr = c.b.matmul_t(h, r, false, true)?;
     let hr = c.b.add(hr, rb)?;
     match s.cell {
@@ -147,10 +168,21 @@ fn step(c: &mut Ctx, s: &Setup, xw: Value, r: Value, rb: Value, h: Value, cell: 
     }
 }
 
+/// A direction's recurrent weights `[G·H, H]`, their bias and the LSTM's peepholes.
+#[derive(Clone, Copy)]
+struct Recurrent {
+    r: Value,
+    rb: Value,
+    peep: Option<Value>,
+}
+
 /// Values `[batch, H]` stacked along a new first axis.
 fn stack(c: &mut Ctx, values: &[Value], s: &Setup) -> Result<Value, Fail> {
     let shape = Shape(vec![Dim::Fixed(1), s.batch.clone(), Dim::Fixed(s.hidden)]);
-    let parts = values.iter().map(|&v| c.b.reshape(v, shape.clone())).collect::<Result<Vec<_>, _>>()?;
+    let parts = values
+        .iter()
+        .map(|&v| c.b.reshape(v, shape.clone()))
+        .collect::<Result<Vec<_>, _>>()?;
     Ok(c.b.concat(&parts, 0)?)
 }
 
@@ -162,8 +194,13 @@ pub(super) fn recurrent(c: &mut Ctx, cell: Cell) -> Converted {
         x = c.b.transpose(x, vec![1, 0, 2])?;
     }
     let d = c.ty(x).shape.dims().to_vec();
-    let steps = d[0].as_fixed().ok_or_else(|| Fail::Unsupported("a symbolic sequence length".into()))?;
-    let hidden = c.node.int_opt("hidden_size")?.ok_or("attribute hidden_size is required")? as usize;
+    let steps = d[0]
+        .as_fixed()
+        .ok_or_else(|| Fail::Unsupported("a symbolic sequence length".into()))?;
+    let hidden = c
+        .node
+        .int_opt("hidden_size")?
+        .ok_or("attribute hidden_size is required")? as usize;
     if let Some(lens) = c.known(4) {
         if lens.to_f64_vec().iter().any(|&l| l as usize != steps) {
             return unsupported("sequence_lens shorter than the sequence");
@@ -179,7 +216,11 @@ pub(super) fn recurrent(c: &mut Ctx, cell: Cell) -> Converted {
         other => return Err(Fail::Invalid(format!("direction {other:?}"))),
     };
     let mut activations: Vec<String> = match c.node.attr("activations") {
-        Some(a) => a.strings.iter().map(|s| String::from_utf8_lossy(s).into_owned()).collect(),
+        Some(a) => a
+            .strings
+            .iter()
+            .map(|s| String::from_utf8_lossy(s).into_owned())
+            .collect(),
         None => Vec::new(),
     };
     if activations.is_empty() {
@@ -189,7 +230,11 @@ pub(super) fn recurrent(c: &mut Ctx, cell: Cell) -> Converted {
     }
     let per_direction = cell.default_activations().len();
     if activations.len() != per_direction * directions.len() {
-        return Err(Fail::Invalid(format!("{} activations for {} directions", activations.len(), directions.len())));
+        return Err(Fail::Invalid(format!(
+            "{} activations for {} directions",
+            activations.len(),
+            directions.len()
+        )));
     }
     if c.node.floats("activation_alpha").is_some() || c.node.floats("activation_beta").is_some() {
         return unsupported("activation_alpha and activation_beta");
@@ -216,7 +261,16 @@ pub(super) fn recurrent(c: &mut Ctx, cell: Cell) -> Converted {
 
 /// Stacks the directions' outputs: `Y` `[T, D, N, H]`, `Y_h` and `Y_c` `[D, N, H]` (layout 0).
 #[allow(clippy::too_many_arguments)]
-fn finish(c: &mut Ctx, ys: &[Value], hs: &[Value], cs: &[Value], layout: i64, cell: Cell, hidden: usize, batch: &Dim) -> Converted {
+fn finish(
+    c: &mut Ctx,
+    ys: &[Value],
+    hs: &[Value],
+    cs: &[Value],
+    layout: i64,
+    cell: Cell,
+    hidden: usize,
+    batch: &Dim,
+) -> Converted {
     let parts = (ys.iter())
         .map(|&y| {
             let mut dims = c.ty(y).shape.dims().to_vec();
@@ -227,7 +281,10 @@ fn finish(c: &mut Ctx, ys: &[Value], hs: &[Value], cs: &[Value], layout: i64, ce
     let mut y = c.b.concat(&parts, 1)?;
     let setup_shape = Shape(vec![Dim::Fixed(1), batch.clone(), Dim::Fixed(hidden)]);
     let stack_states = |c: &mut Ctx, v: &[Value]| -> Result<Value, Fail> {
-        let parts = v.iter().map(|&s| c.b.reshape(s, setup_shape.clone())).collect::<Result<Vec<_>, _>>()?;
+        let parts = v
+            .iter()
+            .map(|&s| c.b.reshape(s, setup_shape.clone()))
+            .collect::<Result<Vec<_>, _>>()?;
         Ok(c.b.concat(&parts, 0)?)
     };
     let mut h = stack_states(c, hs)?;
@@ -244,7 +301,14 @@ fn finish(c: &mut Ctx, ys: &[Value], hs: &[Value], cs: &[Value], layout: i64, ce
 }
 
 /// One direction over the whole sequence: every step's `h` `[T, N, H]`, the last `h` and `c`.
-fn run_direction(c: &mut Ctx, s: &Setup, x: Value, k: usize, reverse: bool, steps: usize) -> Result<(Value, Value, Value), Fail> {
+fn run_direction(
+    c: &mut Ctx,
+    s: &Setup,
+    x: Value,
+    k: usize,
+    reverse: bool,
+    steps: usize,
+) -> Result<(Value, Value, Value), Fail> {
     let gh = s.cell.gates() * s.hidden;
     let w = c.input(1)?;
     let w = direction(c, w, k)?;
@@ -273,7 +337,11 @@ fn run_direction(c: &mut Ctx, s: &Setup, x: Value, k: usize, reverse: bool, step
         }
     };
     let mut h = initial(c, 5)?;
-    let mut cell = if s.cell == Cell::Lstm { initial(c, 6)? } else { h };
+    let mut cell = if s.cell == Cell::Lstm {
+        initial(c, 6)?
+    } else {
+        h
+    };
     let peep = match (s.cell, c.optional(7)?) {
         (Cell::Lstm, Some(p)) => Some(direction(c, p, k)?),
         _ => None,
@@ -282,11 +350,16 @@ fn run_direction(c: &mut Ctx, s: &Setup, x: Value, k: usize, reverse: bool, step
     let xw = c.b.matmul_t(x, w, false, true)?;
     let xw = c.b.add(xw, wb)?;
     let mut outputs = vec![h; steps];
-    let order: Vec<usize> = if reverse { (0..steps).rev().collect() } else { (0..steps).collect() };
+    let order: Vec<usize> = if reverse {
+        (0..steps).rev().collect()
+    } else {
+        (0..steps).collect()
+    };
     for t in order {
         let xt = rows(c, xw, 0, t, 1)?;
-        let xt = c.b.reshape(xt, Shape(vec![s.batch.clone(), Dim::Fixed(gh)]))?;
-        (h, cell) = step(c, s, xt, r, rb, h, cell, peep)?;
+        let xt =
+            c.b.reshape(xt, Shape(vec![s.batch.clone(), Dim::Fixed(gh)]))?;
+        (h, cell) = step(c, s, xt, &Recurrent { r, rb, peep }, h, cell)?;
         outputs[t] = h;
     }
     Ok((stack(c, &outputs, s)?, h, cell))
