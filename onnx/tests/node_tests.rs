@@ -226,29 +226,37 @@ fn onnx_node_tests() {
 /// one must import and reproduce its expected output, interpreted and compiled.
 #[test]
 fn onnx_zoo_models() {
-    let dir = data_dir().join("../onnx-models");
     let required = std::env::var("KILN_ONNX_NODE_REQUIRED").is_ok_and(|v| v == "1");
     if cfg!(debug_assertions) && !required {
         eprintln!("skipped: the zoo models run with --release (vgg19 takes minutes unoptimised)");
         return;
     }
+    every_model_passes(&data_dir().join("../onnx-models"), 9, required);
+}
+
+/// Small PyTorch models (CNN, LSTM, GRU, attention) exported by `scripts/onnx_from_torch.py`
+/// where torch is installed: each gives torch's outputs.
+#[test]
+fn torch_exports() {
+    every_model_passes(&data_dir().join("../onnx-torch"), 5, false);
+}
+
+/// Runs every model folder under `dir` (at least `expected` of them) and requires each to pass.
+fn every_model_passes(dir: &Path, expected: usize, required: bool) {
     if !dir.is_dir() {
         assert!(!required, "no models at {}", dir.display());
-        eprintln!(
-            "skipped: no ONNX models at {} (scripts/onnx_node_tests.py)",
-            dir.display()
-        );
+        eprintln!("skipped: no models at {}", dir.display());
         return;
     }
-    let mut names: Vec<_> = std::fs::read_dir(&dir)
+    let mut names: Vec<_> = std::fs::read_dir(dir)
         .unwrap()
         .filter_map(|e| e.ok())
         .map(|e| e.path())
         .collect();
     names.sort();
     assert!(
-        names.len() >= 9,
-        "expected the wheel's 9 light models in {}",
+        names.len() >= expected,
+        "expected {expected} models in {}",
         dir.display()
     );
     let mut failures = Vec::new();

@@ -32,7 +32,7 @@ from ._kiln import (
     save_parameters,
     load_parameters,
 )
-from . import data, init, nn, optim
+from . import data, init, nn, onnx, optim
 from . import static
 from .autograd import PyLayer
 from .jit import to_static

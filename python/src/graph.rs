@@ -22,6 +22,7 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyFunction>()?;
     m.add_class::<PyPredictor>()?;
     m.add_function(wrap_pyfunction!(load_predictor, m)?)?;
+    m.add_function(wrap_pyfunction!(load_onnx, m)?)?;
     Ok(())
 }
 
@@ -839,12 +840,31 @@ impl PyFunction {
     }
 }
 
-/// A saved program and checkpoint as a callable.
+/// A saved program and checkpoint (or an imported ONNX model) as a callable.
 #[pyclass(name = "Predictor", module = "kiln")]
-pub(crate) struct PyPredictor(kiln::serve::Predictor);
+pub(crate) struct PyPredictor(kiln::serve::Predictor, Names);
+
+/// The model's names for the inputs and outputs (an ONNX graph's; a program's arguments).
+#[derive(Default)]
+struct Names {
+    inputs: Vec<String>,
+    outputs: Vec<String>,
+}
 
 #[pymethods]
 impl PyPredictor {
+    /// The inputs' names, in the order the predictor takes them.
+    #[getter]
+    fn inputs(&self) -> Vec<String> {
+        self.1.inputs.clone()
+    }
+
+    /// The outputs' names, in the order the predictor returns them.
+    #[getter]
+    fn outputs(&self) -> Vec<String> {
+        self.1.outputs.clone()
+    }
+
     #[pyo3(signature = (*args))]
     fn __call__(
         &mut self,
@@ -866,7 +886,33 @@ fn load_predictor(
     program: std::path::PathBuf,
     parameters: std::path::PathBuf,
 ) -> PyResult<PyPredictor> {
-    kiln::serve::Predictor::load(&program, &parameters)
-        .map(PyPredictor)
-        .map_err(|e| KilnError::new_err(e.to_string()))
+    let predictor = kiln::serve::Predictor::load(&program, &parameters)
+        .map_err(|e| KilnError::new_err(e.to_string()))?;
+    let f = predictor.function();
+    let names = Names {
+        inputs: (f.args().iter().enumerate())
+            .map(|(i, &a)| f.value_name(a).map_or_else(|| format!("arg{i}"), str::to_owned))
+            .collect(),
+        outputs: Vec::new(),
+    };
+    Ok(PyPredictor(predictor, names))
+}
+
+/// Imports an ONNX model and compiles it as a predictor.
+#[pyfunction]
+fn load_onnx(path: std::path::PathBuf) -> PyResult<PyPredictor> {
+    let model = kiln::onnx::import(&path)
+        .map_err(|e| KilnError::new_err(format!("{}: {e}", path.display())))?;
+    let names = Names {
+        inputs: model.inputs,
+        outputs: model.outputs,
+    };
+    let mut state = kiln::backend::StateStore::new();
+    for (name, value) in model.parameters {
+        state.insert(name, value);
+    }
+    let function = model.module.functions[0].name().to_owned();
+    let predictor = kiln::serve::Predictor::compile(model.module, &function, state)
+        .map_err(|e| KilnError::new_err(e.to_string()))?;
+    Ok(PyPredictor(predictor, names))
 }

@@ -81,18 +81,25 @@ fn window(c: &Ctx, spatial: usize, input: [usize; 2], kernel: [usize; 2]) -> Res
     })
 }
 
-/// `x` (rank 3 or 4) as 4-D NCHW, and the number of spatial axes it had.
-fn as_2d(c: &mut Ctx, x: Value, what: &str) -> Result<(Value, usize, [usize; 4]), Fail> {
+/// `x` (rank 3 or 4) as 4-D NCHW, the number of spatial axes it had, and its fixed `[C, H, W]`
+/// (the batch may be symbolic).
+fn as_2d(c: &mut Ctx, x: Value, what: &str) -> Result<(Value, usize, [usize; 3]), Fail> {
     let d = c.ty(x).shape.dims().to_vec();
+    let fixed = |a: usize| {
+        d[a].as_fixed()
+            .ok_or_else(|| Fail::Unsupported(format!("{what} with symbolic axis {a} ({})", d[a])))
+    };
     match d.len() {
-        4 => {
-            let s = c.shape(x, what)?;
-            Ok((x, 2, [s[0], s[1], s[2], s[3]]))
-        }
+        4 => Ok((x, 2, [fixed(1)?, fixed(2)?, fixed(3)?])),
         3 => {
-            let s = c.shape(x, what)?;
-            let y = c.b.reshape(x, Shape::fixed(&[s[0], s[1], 1, s[2]]))?;
-            Ok((y, 1, [s[0], s[1], 1, s[2]]))
+            let (ch, len) = (fixed(1)?, fixed(2)?);
+            let shape = Shape(vec![
+                d[0].clone(),
+                Dim::Fixed(ch),
+                Dim::Fixed(1),
+                Dim::Fixed(len),
+            ]);
+            Ok((c.b.reshape(x, shape)?, 1, [ch, 1, len]))
         }
         r => unsupported(format!(
             "{what} of rank {r} (Kiln's windows are 1-D or 2-D)"
@@ -122,8 +129,8 @@ fn add_channel_bias(c: &mut Ctx, y: Value, bias: Option<Value>) -> Result<Value,
 pub(super) fn conv(c: &mut Ctx) -> Converted {
     let (x, w) = (c.input(0)?, c.input(1)?);
     let bias = c.optional(2)?;
-    let (x, spatial, [_, _, h, wd]) = as_2d(c, x, "the input")?;
-    let (w, _, [_, _, kh, kw]) = as_2d(c, w, "the weights")?;
+    let (x, spatial, [_, h, wd]) = as_2d(c, x, "the input")?;
+    let (w, _, [_, kh, kw]) = as_2d(c, w, "the weights")?;
     let win = window(c, spatial, [h, wd], [kh, kw])?;
     let groups = c.node.int("group", 1)?;
     let attrs = Conv2dAttrs {
@@ -144,8 +151,8 @@ pub(super) fn conv(c: &mut Ctx) -> Converted {
 pub(super) fn conv_transpose(c: &mut Ctx) -> Converted {
     let (x, w) = (c.input(0)?, c.input(1)?);
     let bias = c.optional(2)?;
-    let (x, spatial, [_, _, h, wd]) = as_2d(c, x, "the input")?;
-    let (w, _, [_, _, kh, kw]) = as_2d(c, w, "the weights")?;
+    let (x, spatial, [_, h, wd]) = as_2d(c, x, "the input")?;
+    let (w, _, [_, kh, kw]) = as_2d(c, w, "the weights")?;
     let n = c.node;
     let strides = pair(n.ints("strides"), spatial, 1, "strides")?;
     let dilations = pair(n.ints("dilations"), spatial, 1, "dilations")?;
@@ -204,7 +211,7 @@ pub(super) fn pool(c: &mut Ctx, max: bool) -> Converted {
         return unsupported("MaxPool's Indices output");
     }
     let x = c.input(0)?;
-    let (x, spatial, [_, _, h, wd]) = as_2d(c, x, "the input")?;
+    let (x, spatial, [_, h, wd]) = as_2d(c, x, "the input")?;
     let kernel = pair(c.node.ints("kernel_shape"), spatial, 1, "kernel_shape")?;
     if c.node.ints("kernel_shape").is_none() {
         return Err("attribute kernel_shape is required".into());

@@ -1,0 +1,58 @@
+"""ONNX models in Kiln: ``kiln.onnx.load(path)`` imports a model (its graph as Kiln IR, its
+initializers as parameters), compiles it, and returns a predictor that takes and returns numpy
+arrays.
+
+    model = kiln.onnx.load("model.onnx")
+    probs, = model(x)                  # positional, in the order of model.inputs
+    probs, = model(x=x)                # or by the model's input names
+
+Unsupported nodes are all listed in one ``KilnError``; see the book's "Importing ONNX models".
+"""
+
+from os import PathLike
+from typing import Union
+
+import numpy as np
+
+from . import _kiln
+
+
+class OnnxModel:
+    """An imported, compiled ONNX model: call it with numpy arrays (or anything
+    ``np.asarray`` takes), positionally or by input name; it returns a list of arrays, one per
+    graph output (``outputs``)."""
+
+    def __init__(self, predictor: _kiln.Predictor):
+        self._predictor = predictor
+
+    @property
+    def inputs(self) -> list[str]:
+        """The graph's input names, in call order (initializers excluded)."""
+        return self._predictor.inputs
+
+    @property
+    def outputs(self) -> list[str]:
+        """The graph's output names, in the order results are returned."""
+        return self._predictor.outputs
+
+    def __call__(self, *args, **feeds) -> list[np.ndarray]:
+        if feeds:
+            unknown = sorted(set(feeds) - set(self.inputs))
+            if unknown:
+                raise _kiln.FeedError(f"the model has no input {unknown[0]!r}; its inputs are {self.inputs}")
+            named = [n for n in self.inputs[len(args):]]
+            missing = [n for n in named if n not in feeds]
+            if missing:
+                raise _kiln.FeedError(f"no value for input {missing[0]!r}")
+            args = args + tuple(feeds[n] for n in named)
+        if len(args) != len(self.inputs):
+            raise _kiln.FeedError(f"the model takes {len(self.inputs)} inputs ({self.inputs}), not {len(args)}")
+        return self._predictor(*args)
+
+    def __repr__(self) -> str:
+        return f"OnnxModel(inputs={self.inputs}, outputs={self.outputs})"
+
+
+def load(path: Union[str, PathLike]) -> OnnxModel:
+    """Imports the ONNX model at ``path`` and compiles it."""
+    return OnnxModel(_kiln.load_onnx(path))
