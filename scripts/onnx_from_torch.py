@@ -70,7 +70,9 @@ def cases():
     yield "torch_cnn_dynamic_batch", cnn, torch.randn(4, 1, 12, 12), {"x": {0: "batch"}}
     yield "torch_lstm", Recurrent("lstm"), torch.randn(3, 5, 6), None
     yield "torch_gru", Recurrent("gru"), torch.randn(3, 5, 6), None
+    yield "torch_lstm_dynamic_batch", Recurrent("lstm"), torch.randn(3, 5, 6), {"x": {0: "batch"}}
     yield "torch_attention", Attention(), torch.randn(2, 7, 16), None
+    yield "torch_attention_dynamic_batch", Attention(), torch.randn(2, 7, 16), {"x": {0: "batch"}}
 
 
 def main(out):

@@ -2,6 +2,7 @@
 //! the view of it a node's converter gets ([`Ctx`]).
 
 use crate::node::Node;
+use crate::symbolic::SymShape;
 use kiln_backend::Array;
 use kiln_ir::{BuildError, DType, FunctionBuilder, Initializer, Literal, StateDecl, Type, Value};
 use std::collections::{HashMap, HashSet};
@@ -57,6 +58,8 @@ pub(crate) enum Slot {
         value: Option<Value>,
         initializer: bool,
     },
+    /// A shape computed from symbolic dimensions (see [`crate::symbolic`]).
+    Shape(SymShape),
     /// Produced by a node that could not be converted: its users are skipped, not reported.
     Missing,
 }
@@ -136,6 +139,10 @@ impl Env {
                 }
                 Ok(v)
             }
+            Some(Slot::Shape(shape)) => Err(Fail::Unsupported(format!(
+                "{name}, a shape with symbolic sizes ({:?}), used as data",
+                shape.entries
+            ))),
             Some(Slot::Missing) => Err(Fail::Invalid(format!("{name} was not produced"))),
             None => Err(Fail::Invalid(format!(
                 "input {name:?} is not defined before this node"
@@ -214,6 +221,20 @@ impl Ctx<'_> {
                 "{what} should be integers, not {}",
                 a.dtype().name()
             ))),
+            None => unsupported(format!(
+                "{what} computed at run time (Kiln needs it known when importing)"
+            )),
+        }
+    }
+
+    /// Input `i` as a shape known at import time, whose entries may be symbolic sizes (`None`
+    /// when the input is not given).
+    pub(crate) fn known_shape(&self, i: usize, what: &str) -> Result<Option<SymShape>, Fail> {
+        let Some(name) = self.input_name(i) else {
+            return Ok(None);
+        };
+        match crate::symbolic::entries(self.env, name) {
+            Some(s) => Ok(Some(s)),
             None => unsupported(format!(
                 "{what} computed at run time (Kiln needs it known when importing)"
             )),

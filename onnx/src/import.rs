@@ -5,7 +5,7 @@ use crate::error::{OnnxError, OnnxResult, Unsupported};
 use crate::node::Node;
 use crate::proto::tensor_shape_proto::dimension;
 use crate::proto::{GraphProto, ModelProto, NodeProto, ValueInfoProto, type_proto};
-use crate::{Model, ops, tensor};
+use crate::{Model, ops, symbolic, tensor};
 use kiln_backend::{Array, Interpreter, StateStore};
 use kiln_ir::{Dim, FunctionBuilder, Module, Op, Shape, Type, Value, ValueDef, verify_module};
 use std::collections::{BTreeMap, HashMap};
@@ -272,6 +272,13 @@ fn node_label(proto: &NodeProto, index: usize) -> String {
 /// Converts one node: folded into known arrays when all its inputs are known, else into ops.
 fn convert_node(node: &Node, b: &mut FunctionBuilder, env: &mut Env) -> Result<(), Fail> {
     let convert = ops::converter(node.op_type()).expect("checked by the caller");
+    if symbolic::applies(node, env, b) {
+        let shapes = symbolic::eval(node, env, b)?;
+        for (name, shape) in node.proto.output.iter().zip(shapes) {
+            env.slots.insert(name.clone(), shape_slot(shape));
+        }
+        return Ok(());
+    }
     let inputs_known = (node.proto.input.iter()).all(|i| i.is_empty() || env.known(i).is_some());
     if inputs_known {
         let arrays = fold(node, env, convert)?;
@@ -307,6 +314,26 @@ fn bind_outputs(
         };
     }
     Ok(())
+}
+
+/// A symbolic shape's slot: known integers when no entry is symbolic.
+fn shape_slot(shape: symbolic::SymShape) -> Slot {
+    let ints: Option<Vec<i64>> = (shape.entries.iter())
+        .map(|e| match e {
+            symbolic::Entry::Int(i) => Some(*i),
+            symbolic::Entry::Sym(_) => None,
+        })
+        .collect();
+    let Some(ints) = ints else {
+        return Slot::Shape(shape);
+    };
+    let dims: &[usize] = if shape.scalar { &[] } else { &[ints.len()] };
+    let array = ndarray::ArrayD::from_shape_vec(ndarray::IxDyn(dims), ints).expect("sized to fit");
+    Slot::Known {
+        array: Rc::new(Array::I64(array)),
+        value: None,
+        initializer: false,
+    }
 }
 
 /// The slot of `v` when it is a constant of static shape.

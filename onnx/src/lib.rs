@@ -21,6 +21,7 @@ mod node;
 pub mod ops;
 #[allow(missing_docs, clippy::all, unreachable_pub)]
 pub mod proto;
+mod symbolic;
 pub mod tensor;
 
 pub use context::{Ctx, Fail};

@@ -11,6 +11,16 @@ use kiln_onnx::{OnnxError, import_bytes};
 use ndarray::{ArrayD, IxDyn};
 use prost::Message;
 
+fn ints(name: &str, values: &[i64]) -> TensorProto {
+    TensorProto {
+        name: Some(name.into()),
+        dims: vec![values.len() as i64],
+        data_type: Some(DataType::Int64 as i32),
+        int64_data: values.to_vec(),
+        ..Default::default()
+    }
+}
+
 fn value_info(name: &str, dims: &[i64]) -> ValueInfoProto {
     let dim = dims
         .iter()
@@ -237,4 +247,46 @@ fn a_wrong_node_names_itself_and_its_op() {
         e.contains("node \"fc\" (Gemm, opset 17)") && e.contains("\"missing\""),
         "{e}"
     );
+}
+
+#[test]
+fn a_reshape_computed_from_a_dynamic_batch_stays_symbolic() {
+    // y = reshape(x, concat([shape(x)[0]], [-1])): PyTorch's export of x.reshape(x.shape[0], -1).
+    let mut gather = node("Gather", "batch", &["shape", "zero"], &["n"]);
+    gather.attribute.push(AttributeProto {
+        name: Some("axis".into()),
+        i: Some(0),
+        r#type: Some(2),
+        ..Default::default()
+    });
+    let mut concat = node("Concat", "target", &["n1", "minus_one"], &["target"]);
+    concat.attribute.push(AttributeProto {
+        name: Some("axis".into()),
+        i: Some(0),
+        r#type: Some(2),
+        ..Default::default()
+    });
+    let nodes = vec![
+        node("Shape", "shape", &["x"], &["shape"]),
+        gather,
+        node("Unsqueeze", "n1", &["n", "axes"], &["n1"]),
+        concat,
+        node("Reshape", "flat", &["x", "target"], &["y"]),
+    ];
+    let zero = TensorProto {
+        dims: vec![],
+        ..ints("zero", &[0])
+    };
+    let inits = vec![zero, ints("axes", &[0]), ints("minus_one", &[-1])];
+    let mut m = model(nodes, inits, "y");
+    m.graph.as_mut().unwrap().input = vec![value_info("x", &[-1, 2, 3])];
+    let imported = import_bytes(&m.encode_to_vec(), None).unwrap();
+    let f = &imported.module.functions[0];
+    assert_eq!(f.result_types()[0].to_string(), "f32[batch,6]");
+    let x = Array::F32(
+        ArrayD::from_shape_vec(IxDyn(&[5, 2, 3]), (0..30).map(|i| i as f32).collect()).unwrap(),
+    );
+    let y = run(&m, x);
+    assert_eq!(y.shape(), &[5, 6]);
+    assert_eq!(y.to_f64_vec(), (0..30).map(f64::from).collect::<Vec<_>>());
 }

@@ -2,6 +2,7 @@
 //! usually are: initializers, constants, or shape arithmetic the importer folds).
 
 use crate::context::{Converted, Ctx, Fail, axis, unsupported};
+use crate::symbolic::Entry;
 use crate::tensor;
 use kiln_backend::Array;
 use kiln_ir::{AxisSlice, DType, Dim, Literal, Shape, Type, Value};
@@ -22,33 +23,47 @@ fn product(dims: &[Dim]) -> Option<Dim> {
     }
 }
 
+/// The shape whose sizes are `entries` (none may be negative).
+fn shape_of(entries: &[Entry]) -> Result<Shape, Fail> {
+    let dims = (entries.iter())
+        .map(|e| match e {
+            Entry::Int(n) if *n >= 0 => Ok(Dim::Fixed(*n as usize)),
+            Entry::Int(n) => Err(Fail::Invalid(format!("a size of {n}"))),
+            Entry::Sym(s) => Ok(Dim::Sym(s.clone())),
+        })
+        .collect::<Result<_, _>>()?;
+    Ok(Shape(dims))
+}
+
 /// `Reshape`: 0 copies the input's dimension (unless `allowzero`), −1 takes what is left.
 pub(super) fn reshape(c: &mut Ctx) -> Converted {
     let x = c.input(0)?;
-    let target = match c.node.opset < 5 {
-        true => c
+    let target: Vec<Entry> = match c.node.opset < 5 {
+        true => (c
             .node
             .ints("shape")
-            .map(<[i64]>::to_vec)
-            .ok_or("attribute shape is required")?,
-        false => c
-            .known_ints(1, "the shape")?
-            .ok_or("input shape is required")?,
+            .ok_or("attribute shape is required")?
+            .iter())
+        .map(|&i| Entry::Int(i))
+        .collect(),
+        false => {
+            c.known_shape(1, "the shape")?
+                .ok_or("input shape is required")?
+                .entries
+        }
     };
     let allow_zero = c.node.int("allowzero", 0)? != 0;
     let input = dims(c, x);
     let mut out: Vec<Option<Dim>> = Vec::with_capacity(target.len());
-    for (i, &t) in target.iter().enumerate() {
-        out.push(match t {
-            -1 => None,
-            0 if !allow_zero => Some(
-                input
-                    .get(i)
-                    .cloned()
-                    .ok_or("shape copies a dimension the input lacks")?,
-            ),
-            t if t >= 0 => Some(Dim::Fixed(t as usize)),
-            t => return Err(Fail::Invalid(format!("shape entry {t} is negative"))),
+    for (i, t) in target.iter().enumerate() {
+        out.push(match *t {
+            Entry::Sym(ref s) => Some(Dim::Sym(s.clone())),
+            Entry::Int(-1) => None,
+            Entry::Int(0) if !allow_zero => {
+                Some((input.get(i).cloned()).ok_or("shape copies a dimension the input lacks")?)
+            }
+            Entry::Int(t) if t >= 0 => Some(Dim::Fixed(t as usize)),
+            Entry::Int(t) => return Err(Fail::Invalid(format!("shape entry {t} is negative"))),
         });
     }
     let shape = resolve_inferred(&input, out)?;
@@ -371,14 +386,9 @@ pub(super) fn split(c: &mut Ctx) -> Converted {
 pub(super) fn expand(c: &mut Ctx) -> Converted {
     let x = c.input(0)?;
     let target = c
-        .known_ints(1, "the shape")?
+        .known_shape(1, "the shape")?
         .ok_or("input shape is required")?;
-    let target = Shape(
-        target
-            .iter()
-            .map(|&n| Dim::Fixed(n.max(0) as usize))
-            .collect(),
-    );
+    let target = shape_of(&target.entries)?;
     let shape = Shape::broadcast(&c.ty(x).shape, &target)
         .ok_or_else(|| format!("{} does not broadcast with {target}", c.ty(x).shape))?;
     Ok(vec![c.b.broadcast_to(x, &shape)?])
@@ -551,8 +561,9 @@ pub(super) fn range(c: &mut Ctx) -> Converted {
 /// `ConstantOfShape(value)`.
 pub(super) fn constant_of_shape(c: &mut Ctx) -> Converted {
     let shape = c
-        .known_ints(0, "the shape")?
+        .known_shape(0, "the shape")?
         .ok_or("input shape is required")?;
+    let shape = shape_of(&shape.entries)?;
     let value = match c.node.tensor("value")? {
         Some(t) => tensor::to_array(t, None)?,
         None => Array::zeros(DType::F32, &[1]),
@@ -562,8 +573,7 @@ pub(super) fn constant_of_shape(c: &mut Ctx) -> Converted {
     }
     let scalar =
         c.b.constant(value.to_literal(), Type::scalar(value.dtype()))?;
-    let shape: Vec<usize> = shape.iter().map(|&n| n.max(0) as usize).collect();
-    Ok(vec![c.b.broadcast_to(scalar, &Shape::fixed(&shape))?])
+    Ok(vec![c.b.broadcast_to(scalar, &shape)?])
 }
 
 /// `Constant(value | value_float | value_floats | value_int | value_ints)`.

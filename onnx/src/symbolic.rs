@@ -1,0 +1,222 @@
+//! Shape arithmetic over symbolic dimensions. A model exported with a dynamic batch computes
+//! its reshapes from `Shape(x)`, whose entries are then symbols (`batch`) as well as numbers;
+//! such values are tracked here, entry by entry, through the ops shape arithmetic uses
+//! (`Gather`, `Unsqueeze`, `Squeeze`, `Concat`, `Slice`, `Cast`, `Identity`, and `Mul`, `Div`,
+//! `Add`, `Sub` where the result stays a number or a symbol) and given to `Reshape`, `Expand`
+//! and `ConstantOfShape` as shapes. Using one as data is refused by name.
+
+use crate::context::{Env, Fail, Slot, axis, unsupported};
+use crate::node::Node;
+use kiln_ir::{Dim, FunctionBuilder, Symbol};
+
+/// One entry of a shape value: a number or a symbolic size.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) enum Entry {
+    /// A number (a size, or -1 / 0 for `Reshape`).
+    Int(i64),
+    /// A symbolic size.
+    Sym(Symbol),
+}
+
+impl Entry {
+    /// The entry for a dimension.
+    pub(crate) fn of(d: &Dim) -> Entry {
+        match d {
+            Dim::Fixed(n) => Entry::Int(*n as i64),
+            Dim::Sym(s) => Entry::Sym(s.clone()),
+        }
+    }
+}
+
+/// A 0-D or 1-D integer tensor with symbolic entries.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) struct SymShape {
+    pub(crate) entries: Vec<Entry>,
+    pub(crate) scalar: bool,
+}
+
+/// Whether the node computes on symbolic shapes: its input is a symbolic shape value, or it is
+/// `Shape` of a value with symbolic dimensions.
+pub(crate) fn applies(node: &Node, env: &Env, b: &FunctionBuilder) -> bool {
+    let inputs = &node.proto.input;
+    const ARITHMETIC: [&str; 11] = [
+        "Identity",
+        "Cast",
+        "Gather",
+        "Unsqueeze",
+        "Squeeze",
+        "Concat",
+        "Slice",
+        "Mul",
+        "Div",
+        "Add",
+        "Sub",
+    ];
+    let on_shapes = inputs
+        .iter()
+        .any(|i| matches!(env.slots.get(i), Some(Slot::Shape(_))));
+    if on_shapes && ARITHMETIC.contains(&node.op_type()) {
+        return true; // the consumers (Reshape, Expand, ConstantOfShape) read shapes themselves
+    }
+    node.op_type() == "Shape"
+        && matches!(env.slots.get(&inputs[0]), Some(Slot::Value(v)) if !b.value_type(*v).shape.is_static())
+}
+
+/// The entries of input `name`: a symbolic shape, or known integers.
+pub(crate) fn entries(env: &Env, name: &str) -> Option<SymShape> {
+    match env.slots.get(name)? {
+        Slot::Shape(s) => Some(s.clone()),
+        Slot::Known { array, .. } if array.dtype().is_int() && array.shape().len() <= 1 => {
+            Some(SymShape {
+                entries: array
+                    .to_f64_vec()
+                    .iter()
+                    .map(|&x| Entry::Int(x as i64))
+                    .collect(),
+                scalar: array.shape().is_empty(),
+            })
+        }
+        _ => None,
+    }
+}
+
+/// Evaluates the node on symbolic shapes.
+pub(crate) fn eval(node: &Node, env: &Env, b: &FunctionBuilder) -> Result<Vec<SymShape>, Fail> {
+    let input = |i: usize| -> Result<SymShape, Fail> {
+        let name = node
+            .proto
+            .input
+            .get(i)
+            .ok_or_else(|| format!("input {i} is required"))?;
+        entries(env, name).ok_or_else(|| {
+            Fail::Unsupported(format!(
+                "{} mixing a symbolic shape with computed data",
+                node.op_type()
+            ))
+        })
+    };
+    let one = |entries: Vec<Entry>| {
+        Ok(vec![SymShape {
+            entries,
+            scalar: false,
+        }])
+    };
+    match node.op_type() {
+        "Shape" => {
+            let Some(Slot::Value(v)) = env.slots.get(&node.proto.input[0]) else {
+                return Err("Shape of an undefined value".into());
+            };
+            let dims = b.value_type(*v).shape.dims().to_vec();
+            let rank = dims.len() as i64;
+            let clamp = |v: i64| (if v < 0 { v + rank } else { v }).clamp(0, rank) as usize;
+            let (start, end) = (clamp(node.int("start", 0)?), clamp(node.int("end", rank)?));
+            one(dims[start..end.max(start)].iter().map(Entry::of).collect())
+        }
+        "Identity" | "Cast" => Ok(vec![input(0)?]),
+        "Gather" => {
+            let data = input(0)?;
+            if data.scalar || axis(node.int("axis", 0)?, 1)? != 0 {
+                return Err("Gather on a shape along an axis it lacks".into());
+            }
+            let idx = input(1)?;
+            let n = data.entries.len() as i64;
+            let entries = (idx.entries.iter())
+                .map(|e| match e {
+                    Entry::Int(i) if (-n..n).contains(i) => {
+                        Ok(data.entries[i.rem_euclid(n) as usize].clone())
+                    }
+                    _ => Err(Fail::Invalid(format!(
+                        "index {e:?} is out of range for a shape of {n}"
+                    ))),
+                })
+                .collect::<Result<_, _>>()?;
+            Ok(vec![SymShape {
+                entries,
+                scalar: idx.scalar,
+            }])
+        }
+        "Unsqueeze" => Ok(vec![SymShape {
+            scalar: false,
+            ..input(0)?
+        }]),
+        "Squeeze" => {
+            let s = input(0)?;
+            match s.entries.len() {
+                1 => Ok(vec![SymShape { scalar: true, ..s }]),
+                _ => unsupported("Squeeze of a symbolic shape of more than one entry"),
+            }
+        }
+        "Concat" => {
+            let mut all = Vec::new();
+            for i in 0..node.proto.input.len() {
+                all.extend(input(i)?.entries);
+            }
+            one(all)
+        }
+        "Slice" => slice(node, input(0)?, env),
+        "Mul" | "Div" | "Add" | "Sub" => arithmetic(node.op_type(), input(0)?, input(1)?),
+        other => unsupported(format!("{other} of a symbolic shape")),
+    }
+}
+
+fn slice(node: &Node, s: SymShape, env: &Env) -> Result<Vec<SymShape>, Fail> {
+    let ints = |i: usize| -> Option<Vec<i64>> {
+        let name = node.proto.input.get(i).filter(|n| !n.is_empty())?;
+        let e = entries(env, name)?;
+        e.entries
+            .iter()
+            .map(|x| {
+                if let Entry::Int(v) = x {
+                    Some(*v)
+                } else {
+                    None
+                }
+            })
+            .collect()
+    };
+    let (Some(starts), Some(ends)) = (ints(1), ints(2)) else {
+        return unsupported("Slice of a symbolic shape with bounds not known");
+    };
+    let steps = ints(4).unwrap_or(vec![1]);
+    if starts.len() != 1 || ends.len() != 1 || steps != [1] {
+        return unsupported("Slice of a symbolic shape other than one range by 1");
+    }
+    let n = s.entries.len() as i64;
+    let bound = |v: i64| (if v < 0 { v.saturating_add(n) } else { v }).clamp(0, n) as usize;
+    let (start, end) = (bound(starts[0]), bound(ends[0]));
+    Ok(vec![SymShape {
+        entries: s.entries[start..end.max(start)].to_vec(),
+        scalar: false,
+    }])
+}
+
+/// Elementwise arithmetic that keeps each entry a number or a symbol (`s·1`, `s/1`, `s+0`).
+fn arithmetic(op: &str, a: SymShape, b: SymShape) -> Result<Vec<SymShape>, Fail> {
+    let n = a.entries.len().max(b.entries.len());
+    let at = |s: &SymShape, i: usize| s.entries[if s.entries.len() == 1 { 0 } else { i }].clone();
+    if (a.entries.len() != n && a.entries.len() != 1)
+        || (b.entries.len() != n && b.entries.len() != 1)
+    {
+        return Err("shapes of different lengths combined".into());
+    }
+    let mut entries = Vec::with_capacity(n);
+    for i in 0..n {
+        entries.push(match (op, at(&a, i), at(&b, i)) {
+            ("Mul", Entry::Int(x), Entry::Int(y)) => Entry::Int(x * y),
+            ("Div", Entry::Int(x), Entry::Int(y)) if y != 0 => Entry::Int(x / y),
+            ("Add", Entry::Int(x), Entry::Int(y)) => Entry::Int(x + y),
+            ("Sub", Entry::Int(x), Entry::Int(y)) => Entry::Int(x - y),
+            ("Mul", Entry::Sym(s), Entry::Int(1)) | ("Mul", Entry::Int(1), Entry::Sym(s)) => {
+                Entry::Sym(s)
+            }
+            ("Div", Entry::Sym(s), Entry::Int(1)) => Entry::Sym(s),
+            ("Add" | "Sub", Entry::Sym(s), Entry::Int(0)) => Entry::Sym(s),
+            ("Add", Entry::Int(0), Entry::Sym(s)) => Entry::Sym(s),
+            (op, x, y) => return unsupported(format!("{op} of symbolic sizes {x:?} and {y:?}")),
+        });
+    }
+    Ok(vec![SymShape {
+        entries,
+        scalar: a.scalar && b.scalar,
+    }])
+}

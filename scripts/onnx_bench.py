@@ -1,0 +1,91 @@
+"""Kiln against onnxruntime on three of the onnx wheel's zoo models (data/light): the time to
+load (Kiln: import + compile; onnxruntime: session creation with its graph optimisations)
+and the inference latency at batch 1 and 32, alternating the two runtimes in one process.
+
+Batch 32 comes from the same model with its input's first dimension set to 32 and a reshape's
+leading 1 (the batch the model was exported with) set to -1, for both runtimes.
+
+usage: python scripts/onnx_bench.py [MODELS_DIR]     (default target/onnx-models, written by
+       scripts/onnx_node_tests.py); needs kiln (pip install ./python) and
+       scripts/onnx-requirements.txt
+"""
+
+import os
+import statistics
+import sys
+import tempfile
+import time
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+from onnx import numpy_helper
+
+import kiln
+
+MODELS = ["squeezenet", "resnet50", "densenet121"]
+
+
+def with_batch(path, batch):
+    model = onnx.load(path)
+    inits = {t.name: t for t in model.graph.initializer}
+    data = next(i for i in model.graph.input if i.name not in inits)
+    data.type.tensor_type.shape.dim[0].dim_value = batch
+    for node in model.graph.node:
+        if node.op_type == "Reshape" and node.input[1] in inits:
+            shape = numpy_helper.to_array(inits[node.input[1]]).copy()
+            if shape[0] == 1:
+                shape[0] = -1
+                inits[node.input[1]].CopyFrom(numpy_helper.from_array(shape, node.input[1]))
+    out = os.path.join(tempfile.mkdtemp(), f"batch{batch}.onnx")
+    onnx.save(model, out)
+    return out, data
+
+
+def timed(f, runs):
+    times = []
+    for _ in range(runs):
+        start = time.perf_counter()
+        f()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def bench(name, models_dir):
+    rows = []
+    for batch, runs in ((1, 20), (32, 5)):
+        path, info = with_batch(os.path.join(models_dir, name, "model.onnx"), batch)
+        shape = [d.dim_value for d in info.type.tensor_type.shape.dim]
+        x = np.random.default_rng(0).random(shape, dtype=np.float32)
+        start = time.perf_counter()
+        model = kiln.onnx.load(path)
+        kiln_load = time.perf_counter() - start
+        start = time.perf_counter()
+        session = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+        ort_load = time.perf_counter() - start
+        feed = {info.name: x}
+        ours, theirs = model(x)[0], session.run(None, feed)[0]
+        agree = np.allclose(ours, theirs, rtol=1e-3, atol=1e-5)
+        for _ in range(2):  # warm both
+            model(x), session.run(None, feed)
+        k, o = [], []
+        for _ in range(3):  # alternate, three rounds
+            k.append(timed(lambda: model(x), runs))
+            o.append(timed(lambda: session.run(None, feed), runs))
+        rows.append((name, batch, kiln_load, ort_load, min(k), min(o), agree))
+    return rows
+
+
+def main():
+    models_dir = sys.argv[1] if len(sys.argv) > 1 else "target/onnx-models"
+    print(f"onnxruntime {ort.__version__}, onnx {onnx.__version__}, {os.cpu_count()} cores")
+    print("| model | batch | load Kiln | load onnxruntime | latency Kiln | latency onnxruntime | ratio | outputs agree |")
+    print("|---|---|---|---|---|---|---|---|")
+    for name in MODELS:
+        for name, batch, kl, ol, k, o, agree in bench(name, models_dir):
+            print(f"| {name} | {batch} | {kl * 1e3:.0f} ms | {ol * 1e3:.0f} ms | {k * 1e3:.2f} ms "
+                  f"| {o * 1e3:.2f} ms | {o / k:.2f}x | {'yes' if agree else 'NO'} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
