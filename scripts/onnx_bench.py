@@ -31,6 +31,8 @@ def with_batch(path, batch):
     inits = {t.name: t for t in model.graph.initializer}
     data = next(i for i in model.graph.input if i.name not in inits)
     data.type.tensor_type.shape.dim[0].dim_value = batch
+    for output in model.graph.output:
+        output.type.tensor_type.shape.dim[0].dim_value = batch
     for node in model.graph.node:
         if node.op_type == "Reshape" and node.input[1] in inits:
             shape = numpy_helper.to_array(inits[node.input[1]]).copy()
@@ -61,7 +63,9 @@ def bench(name, models_dir):
         model = kiln.onnx.load(path)
         kiln_load = time.perf_counter() - start
         start = time.perf_counter()
-        session = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+        options = ort.SessionOptions()
+        options.log_severity_level = 3
+        session = ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
         ort_load = time.perf_counter() - start
         feed = {info.name: x}
         ours, theirs = model(x)[0], session.run(None, feed)[0]
