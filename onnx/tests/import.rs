@@ -290,3 +290,18 @@ fn a_reshape_computed_from_a_dynamic_batch_stays_symbolic() {
     assert_eq!(y.shape(), &[5, 6]);
     assert_eq!(y.to_f64_vec(), (0..30).map(f64::from).collect::<Vec<_>>());
 }
+
+#[test]
+fn the_guide_lists_every_op_kiln_imports() {
+    let guide = include_str!("../../docs/src/guides/onnx.md");
+    let words: std::collections::HashSet<&str> = guide.split_whitespace().collect();
+    let missing: Vec<&str> = kiln_onnx::ops::supported()
+        .filter(|op| !words.contains(op))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "docs/src/guides/onnx.md does not list {missing:?}"
+    );
+    let count = format!("The {} ops", kiln_onnx::ops::supported().count());
+    assert!(guide.contains(&count), "the guide should say {count:?}");
+}
