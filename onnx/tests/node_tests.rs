@@ -86,14 +86,28 @@ fn run_case(case: &Case) -> Outcome {
     if let Err(OnnxError::Unsupported(u)) = &model
         && u.iter().any(|u| u.reason.contains("computed at run time"))
     {
-        // Shapes, axes or pads fed as graph inputs: import with the integer inputs fixed.
-        let names = graph_inputs(&bytes);
-        let (fixed, rest): (Vec<_>, Vec<_>) = names
-            .into_iter()
-            .zip(inputs)
-            .partition(|(_, a)| a.dtype().is_int());
-        model = kiln_onnx::import_fixing(&bytes, Some(&case.dir), &fixed.into_iter().collect());
-        inputs = rest.into_iter().map(|(_, a)| a).collect();
+        // Shapes, axes, pads or scales fed as graph inputs: import with the integer inputs
+        // fixed, or failing that every input but the first (the data).
+        let named: Vec<(String, Array)> = graph_inputs(&bytes).into_iter().zip(inputs).collect();
+        let attempts: [&dyn Fn(usize, &Array) -> bool; 2] =
+            [&|_, a| a.dtype().is_int(), &|i, _| i > 0];
+        inputs = Vec::new();
+        for fix in attempts {
+            let (fixed, rest): (Vec<_>, Vec<_>) = named
+                .iter()
+                .cloned()
+                .enumerate()
+                .partition(|(i, (_, a))| fix(*i, a));
+            let fixed = fixed.into_iter().map(|(_, named)| named).collect();
+            model = kiln_onnx::import_fixing(&bytes, Some(&case.dir), &fixed);
+            inputs = rest.into_iter().map(|(_, (_, a))| a).collect();
+            let run_time = |u: &[kiln_onnx::Unsupported]| {
+                u.iter().any(|u| u.reason.contains("computed at run time"))
+            };
+            if !matches!(&model, Err(OnnxError::Unsupported(u)) if run_time(u)) {
+                break;
+            }
+        }
         outcome_if_pass = Outcome::PassFixed;
     }
     let model = match model {

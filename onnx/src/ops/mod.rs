@@ -4,6 +4,7 @@ mod elementwise;
 mod more;
 mod nn;
 mod reduce;
+mod resize;
 mod rnn;
 mod shape;
 
@@ -118,6 +119,7 @@ pub(crate) const OPS: &[(&str, Convert)] = &[
     }),
     ("Relu", |c| ew::unary(c, U::Relu)),
     ("Reshape", shape::reshape),
+    ("Resize", resize::resize),
     ("RMSNormalization", more::rms_norm),
     ("RNN", |c| rnn::recurrent(c, rnn::Cell::Rnn)),
     ("Round", |c| ew::unary(c, U::Round)),
@@ -148,6 +150,7 @@ pub(crate) const OPS: &[(&str, Convert)] = &[
     ("Transpose", shape::transpose),
     ("Trilu", more::trilu),
     ("Unsqueeze", shape::unsqueeze),
+    ("Upsample", resize::upsample),
     ("Where", ew::where_),
     ("Xor", |c| ew::binary(c, B::Xor)),
 ];
