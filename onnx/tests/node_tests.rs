@@ -54,6 +54,9 @@ fn read_tensors(dir: &Path, kind: &str) -> Result<Vec<Array>, OnnxError> {
     Ok(out)
 }
 
+/// Which inputs (by index and value) a retried import fixes.
+type Fixes = fn(usize, &Array) -> bool;
+
 /// The names of the graph's inputs that are not initializers, in order.
 fn graph_inputs(bytes: &[u8]) -> Vec<String> {
     let model = kiln_onnx::decode_model(bytes).unwrap();
@@ -89,8 +92,7 @@ fn run_case(case: &Case) -> Outcome {
         // Shapes, axes, pads or scales fed as graph inputs: import with the integer inputs
         // fixed, or failing that every input but the first (the data).
         let named: Vec<(String, Array)> = graph_inputs(&bytes).into_iter().zip(inputs).collect();
-        let attempts: [&dyn Fn(usize, &Array) -> bool; 2] =
-            [&|_, a| a.dtype().is_int(), &|i, _| i > 0];
+        let attempts: [Fixes; 2] = [|_, a| a.dtype().is_int(), |i, _| i > 0];
         inputs = Vec::new();
         for fix in attempts {
             let (fixed, rest): (Vec<_>, Vec<_>) = named
