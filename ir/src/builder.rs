@@ -19,6 +19,21 @@ use crate::types::{DType, Shape, Type};
 use crate::window::{Conv2dAttrs, ConvKind, Pool2dAttrs, PoolKind};
 use std::collections::{HashMap, HashSet};
 
+/// `name` made a valid name for the text form: characters other than ASCII letters, digits,
+/// `_` (and `.` when `dots`, as value and state names allow) become `_`, and `prefix` goes in
+/// front of a name that does not start with a letter or `_`.
+pub fn identifier(name: &str, dots: bool, prefix: &str) -> String {
+    let kept = |c: char| c.is_ascii_alphanumeric() || c == '_' || (dots && c == '.');
+    let base: String = name
+        .chars()
+        .map(|c| if kept(c) { c } else { '_' })
+        .collect();
+    match base.starts_with(|c: char| c.is_ascii_alphabetic() || c == '_') {
+        true => base,
+        false => format!("{prefix}{base}"),
+    }
+}
+
 /// An op that could not be built, and where the attempt was made.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[error("{error} (built at {loc})")]
@@ -108,19 +123,7 @@ impl FunctionBuilder {
     /// Names a value for the text form. Characters other than letters, digits, `_` and `.`
     /// become `_`, and a taken name gets a suffix, so names stay valid and unique.
     pub fn set_name(&mut self, v: Value, name: &str) -> Value {
-        let mut base: String = name
-            .chars()
-            .map(|c| {
-                if c.is_ascii_alphanumeric() || c == '_' || c == '.' {
-                    c
-                } else {
-                    '_'
-                }
-            })
-            .collect();
-        if !base.starts_with(|c: char| c.is_ascii_alphabetic() || c == '_') {
-            base.insert(0, '_');
-        }
+        let base = identifier(name, true, "_");
         let mut unique = base.clone();
         let mut n = 1;
         while self.names.contains(&unique) {

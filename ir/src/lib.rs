@@ -30,7 +30,7 @@ pub mod types;
 pub mod verify;
 pub mod window;
 
-pub use builder::{BuildError, BuildResult, FunctionBuilder};
+pub use builder::{BuildError, BuildResult, FunctionBuilder, identifier};
 pub use diagnostic::{SourceError, parse_and_verify};
 pub use entities::{Inst, Region, Value};
 pub use function::{Function, InstData, RegionData, ValueData, ValueDef};

@@ -104,18 +104,7 @@ impl Env {
 
     /// `name` made a valid, unused state name.
     fn state_name(&mut self, name: &str) -> String {
-        let mut base: String = (name.chars())
-            .map(|c| {
-                if c.is_ascii_alphanumeric() || c == '_' || c == '.' {
-                    c
-                } else {
-                    '_'
-                }
-            })
-            .collect();
-        if !base.starts_with(|c: char| c.is_ascii_alphabetic() || c == '_') {
-            base.insert(0, 'p');
-        }
+        let base = kiln_ir::identifier(name, true, "p");
         let mut unique = base.clone();
         let mut n = 1;
         while !self.state_names.insert(unique.clone()) {

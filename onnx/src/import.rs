@@ -7,7 +7,9 @@ use crate::proto::tensor_shape_proto::dimension;
 use crate::proto::{GraphProto, ModelProto, NodeProto, ValueInfoProto, type_proto};
 use crate::{Model, ops, symbolic, tensor};
 use kiln_backend::{Array, Interpreter, StateStore};
-use kiln_ir::{Dim, FunctionBuilder, Module, Op, Shape, Type, Value, ValueDef, verify_module};
+use kiln_ir::{
+    Dim, FunctionBuilder, Module, Op, Shape, Type, Value, ValueDef, identifier, verify_module,
+};
 use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 use std::rc::Rc;
@@ -141,19 +143,9 @@ fn message(fail: Fail) -> String {
 
 /// The graph's name made a function name (`main` when it has none).
 fn function_name(name: Option<&str>) -> String {
-    let name: String = (name.unwrap_or("").chars())
-        .map(|c| {
-            if c.is_ascii_alphanumeric() || c == '_' {
-                c
-            } else {
-                '_'
-            }
-        })
-        .collect();
-    match name.starts_with(|c: char| c.is_ascii_alphabetic()) {
-        true => name,
-        false if name.is_empty() => "main".into(),
-        false => format!("g{name}"),
+    match name.unwrap_or("") {
+        "" => "main".into(),
+        name => identifier(name, false, "g"),
     }
 }
 
@@ -179,19 +171,7 @@ fn value_type(info: &ValueInfoProto) -> Result<Type, Fail> {
 }
 
 fn symbol(name: &str) -> String {
-    let s: String = (name.chars())
-        .map(|c| {
-            if c.is_ascii_alphanumeric() || c == '_' {
-                c
-            } else {
-                '_'
-            }
-        })
-        .collect();
-    match s.starts_with(|c: char| c.is_ascii_alphabetic()) {
-        true => s,
-        false => format!("d{s}"),
-    }
+    identifier(name, false, "d")
 }
 
 /// Converts every node in order; nodes that cannot be converted for lack of support are all

@@ -33,6 +33,14 @@ impl Node<'_> {
             .transpose()
     }
 
+    /// A positive integer attribute: `default` when absent, required when `default` is `None`.
+    pub fn positive(&self, name: &str, default: Option<i64>) -> Result<usize, String> {
+        let value = (self.int_opt(name)?.or(default))
+            .ok_or_else(|| format!("attribute {name} is required"))?;
+        (usize::try_from(value).ok().filter(|&v| v > 0))
+            .ok_or_else(|| format!("attribute {name}={value} should be positive"))
+    }
+
     /// A float attribute, or `default`.
     pub fn float(&self, name: &str, default: f32) -> Result<f32, String> {
         self.attr(name)

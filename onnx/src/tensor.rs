@@ -60,11 +60,12 @@ pub fn to_array(t: &TensorProto, base: Option<&Path>) -> Result<Array, String> {
     } else {
         t.raw_data.as_deref()
     };
-    let array = match raw {
+    let mut array = match raw {
         Some(bytes) => from_le_bytes(dtype, bytes, count)?,
         None => from_typed_fields(t, dtype, count)?,
     };
-    reshaped(array, &shape)
+    array.reshape_in_place(&shape); // the element count was checked against the shape
+    Ok(array)
 }
 
 /// Refuses a tensor larger than the run's memory limit before allocating it.
@@ -147,20 +148,6 @@ fn from_typed_fields(t: &TensorProto, dtype: DType, count: usize) -> Result<Arra
         ));
     }
     Ok(array)
-}
-
-fn reshaped(array: Array, shape: &[usize]) -> Result<Array, String> {
-    fn go<T>(a: ArrayD<T>, shape: &[usize]) -> Result<ArrayD<T>, String> {
-        a.into_shape_with_order(IxDyn(shape))
-            .map_err(|e| e.to_string())
-    }
-    Ok(match array {
-        Array::F32(a) => Array::F32(go(a, shape)?),
-        Array::F64(a) => Array::F64(go(a, shape)?),
-        Array::I32(a) => Array::I32(go(a, shape)?),
-        Array::I64(a) => Array::I64(go(a, shape)?),
-        Array::Bool(a) => Array::Bool(go(a, shape)?),
-    })
 }
 
 /// The bytes of a tensor stored outside the model (`location`, `offset`, `length`), which

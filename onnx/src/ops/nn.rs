@@ -132,15 +132,11 @@ pub(super) fn conv(c: &mut Ctx) -> Converted {
     let (x, spatial, [_, h, wd]) = as_2d(c, x, "the input")?;
     let (w, _, [_, kh, kw]) = as_2d(c, w, "the weights")?;
     let win = window(c, spatial, [h, wd], [kh, kw])?;
-    let groups = c.node.int("group", 1)?;
     let attrs = Conv2dAttrs {
         strides: win.strides,
         padding: win.pads,
         dilation: win.dilations,
-        groups: usize::try_from(groups)
-            .ok()
-            .filter(|&g| g > 0)
-            .ok_or("group should be positive")?,
+        groups: c.node.positive("group", Some(1))?,
     };
     let y = c.b.conv2d(x, w, attrs)?;
     let y = add_channel_bias(c, y, bias)?;
@@ -190,10 +186,7 @@ pub(super) fn conv_transpose(c: &mut Ctx) -> Converted {
         }
         out
     };
-    let groups = usize::try_from(n.int("group", 1)?)
-        .ok()
-        .filter(|&g| g > 0)
-        .ok_or("group should be positive")?;
+    let groups = n.positive("group", Some(1))?;
     let attrs = Conv2dAttrs {
         strides,
         padding: pads,
@@ -396,14 +389,7 @@ pub(super) fn layer_norm(c: &mut Ctx) -> Converted {
 pub(super) fn lrn(c: &mut Ctx) -> Converted {
     let x = c.input(0)?;
     let d = c.shape(x, "the input")?;
-    let size = c
-        .node
-        .int_opt("size")?
-        .ok_or("attribute size is required")?;
-    let size = usize::try_from(size)
-        .ok()
-        .filter(|&s| s > 0)
-        .ok_or("size should be positive")?;
+    let size = c.node.positive("size", None)?;
     let dtype = c.dtype(x);
     let sq = c.b.mul(x, x)?;
     let (low, high) = ((size - 1) / 2, (size - 1).div_ceil(2));

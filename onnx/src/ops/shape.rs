@@ -616,14 +616,7 @@ pub(super) fn depth_space(c: &mut Ctx, to_space: bool) -> Converted {
         .shape(x, "the input")?
         .try_into()
         .map_err(|_| "the input should be [N, C, H, W]")?;
-    let bs = c
-        .node
-        .int_opt("blocksize")?
-        .ok_or("attribute blocksize is required")?;
-    let bs = usize::try_from(bs)
-        .ok()
-        .filter(|&b| b > 0)
-        .ok_or("blocksize should be positive")?;
+    let bs = c.node.positive("blocksize", None)?;
     let (split, perm, out) = if to_space {
         if ch % (bs * bs) != 0 {
             return Err("channels do not divide by blocksize²".into());
