@@ -1,5 +1,6 @@
 //! The conversions, one function per ONNX op (or family), found through one table: [`OPS`].
 
+mod attention;
 mod elementwise;
 mod more;
 mod nn;
@@ -27,6 +28,7 @@ pub(crate) const OPS: &[(&str, Convert)] = &[
     ("ArgMin", |c| reduce::arg(c, ArgOp::ArgMin)),
     ("Asinh", |c| more::trig(c, "Asinh")),
     ("Atanh", |c| more::trig(c, "Atanh")),
+    ("Attention", attention::attention),
     ("AveragePool", |c| nn::pool(c, false)),
     ("BatchNormalization", nn::batch_norm),
     ("Cast", ew::cast),
