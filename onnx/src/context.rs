@@ -288,6 +288,21 @@ impl Ctx<'_> {
     }
 }
 
+/// Refuses a value of `dims` (counted as 8-byte elements) that cannot be addressed or needs
+/// more than the memory limit — before tables or constants of that size are built.
+pub(crate) fn check_elements(dims: &[usize]) -> Result<(), Fail> {
+    let bytes = (dims.iter())
+        .try_fold(8u128, |n, &d| n.checked_mul(d as u128))
+        .ok_or_else(|| format!("a value of shape {dims:?} is too large to address"))?;
+    let limit = kiln_backend::limits::memory_limit();
+    match bytes > limit as u128 {
+        true => Err(Fail::Invalid(format!(
+            "a value of shape {dims:?} needs {bytes} bytes, more than the memory limit of {limit}"
+        ))),
+        false => Ok(()),
+    }
+}
+
 /// `axis` (negative counts from the end) as an index into `rank` axes.
 pub(crate) fn axis(axis: i64, rank: usize) -> Result<usize, Fail> {
     let r = rank as i64;

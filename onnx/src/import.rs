@@ -167,7 +167,10 @@ fn value_type(info: &ValueInfoProto) -> Result<Type, Fail> {
             _ => Dim::sym(&symbol(&format!("{name}_{axis}"))),
         })
         .collect();
-    Ok(Type::new(dtype, Shape(dims)))
+    let ty = Type::new(dtype, Shape(dims));
+    ty.check_addressable()
+        .map_err(|e| Fail::Invalid(e.to_string()))?;
+    Ok(ty)
 }
 
 fn symbol(name: &str) -> String {

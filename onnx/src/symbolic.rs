@@ -58,8 +58,9 @@ pub(crate) fn applies(node: &Node, env: &Env, b: &FunctionBuilder) -> bool {
     if on_shapes && ARITHMETIC.contains(&node.op_type()) {
         return true; // the consumers (Reshape, Expand, ConstantOfShape) read shapes themselves
     }
+    let input = inputs.first().and_then(|i| env.slots.get(i));
     node.op_type() == "Shape"
-        && matches!(env.slots.get(&inputs[0]), Some(Slot::Value(v)) if !b.value_type(*v).shape.is_static())
+        && matches!(input, Some(Slot::Value(v)) if !b.value_type(*v).shape.is_static())
 }
 
 /// The entries of input `name`: a symbolic shape, or known integers.
@@ -103,7 +104,8 @@ pub(crate) fn eval(node: &Node, env: &Env, b: &FunctionBuilder) -> Result<Vec<Sy
     };
     match node.op_type() {
         "Shape" => {
-            let Some(Slot::Value(v)) = env.slots.get(&node.proto.input[0]) else {
+            let Some(Slot::Value(v)) = node.proto.input.first().and_then(|i| env.slots.get(i))
+            else {
                 return Err("Shape of an undefined value".into());
             };
             let dims = b.value_type(*v).shape.dims().to_vec();
@@ -112,7 +114,11 @@ pub(crate) fn eval(node: &Node, env: &Env, b: &FunctionBuilder) -> Result<Vec<Sy
             let (start, end) = (clamp(node.int("start", 0)?), clamp(node.int("end", rank)?));
             one(dims[start..end.max(start)].iter().map(Entry::of).collect())
         }
-        "Identity" | "Cast" => Ok(vec![input(0)?]),
+        "Identity" => Ok(vec![input(0)?]),
+        "Cast" => match node.int("to", 0)? {
+            6 | 7 => Ok(vec![input(0)?]), // to i32 or i64: the sizes stay sizes
+            _ => unsupported("a symbolic shape cast to a non-integer type"),
+        },
         "Gather" => {
             let data = input(0)?;
             if data.scalar || axis(node.int("axis", 0)?, 1)? != 0 {
@@ -135,10 +141,10 @@ pub(crate) fn eval(node: &Node, env: &Env, b: &FunctionBuilder) -> Result<Vec<Sy
                 scalar: idx.scalar,
             }])
         }
-        "Unsqueeze" => Ok(vec![SymShape {
-            scalar: false,
-            ..input(0)?
-        }]),
+        "Unsqueeze" => match input(0)? {
+            s if s.scalar => Ok(vec![SymShape { scalar: false, ..s }]),
+            _ => unsupported("Unsqueeze of a 1-D symbolic shape (a 2-D shape value)"),
+        },
         "Squeeze" => {
             let s = input(0)?;
             match s.entries.len() {
@@ -177,8 +183,14 @@ fn slice(node: &Node, s: SymShape, env: &Env) -> Result<Vec<SymShape>, Fail> {
     let (Some(starts), Some(ends)) = (ints(1), ints(2)) else {
         return unsupported("Slice of a symbolic shape with bounds not known");
     };
-    let steps = ints(4).unwrap_or(vec![1]);
-    if starts.len() != 1 || ends.len() != 1 || steps != [1] {
+    let given = |i: usize| node.proto.input.get(i).is_some_and(|n| !n.is_empty());
+    let steps = match given(4) {
+        true => ints(4)
+            .ok_or_else(|| Fail::Unsupported("Slice of a shape with unknown steps".into()))?,
+        false => vec![1],
+    };
+    let axes_ok = !given(3) || matches!(ints(3).as_deref(), Some([0] | [-1]));
+    if starts.len() != 1 || ends.len() != 1 || steps != [1] || !axes_ok {
         return unsupported("Slice of a symbolic shape other than one range by 1");
     }
     let n = s.entries.len() as i64;
@@ -188,6 +200,10 @@ fn slice(node: &Node, s: SymShape, env: &Env) -> Result<Vec<SymShape>, Fail> {
         entries: s.entries[start..end.max(start)].to_vec(),
         scalar: false,
     }])
+}
+
+fn checked(v: Option<i64>) -> Result<i64, Fail> {
+    v.ok_or_else(|| Fail::Invalid("shape arithmetic overflows i64".into()))
 }
 
 /// Elementwise arithmetic that keeps each entry a number or a symbol (`s·1`, `s/1`, `s+0`).
@@ -202,10 +218,12 @@ fn arithmetic(op: &str, a: SymShape, b: SymShape) -> Result<Vec<SymShape>, Fail>
     let mut entries = Vec::with_capacity(n);
     for i in 0..n {
         entries.push(match (op, at(&a, i), at(&b, i)) {
-            ("Mul", Entry::Int(x), Entry::Int(y)) => Entry::Int(x * y),
-            ("Div", Entry::Int(x), Entry::Int(y)) if y != 0 => Entry::Int(x / y),
-            ("Add", Entry::Int(x), Entry::Int(y)) => Entry::Int(x + y),
-            ("Sub", Entry::Int(x), Entry::Int(y)) => Entry::Int(x - y),
+            ("Mul", Entry::Int(x), Entry::Int(y)) => Entry::Int(checked(x.checked_mul(y))?),
+            ("Div", Entry::Int(x), Entry::Int(y)) if y != 0 => {
+                Entry::Int(checked(x.checked_div(y))?)
+            }
+            ("Add", Entry::Int(x), Entry::Int(y)) => Entry::Int(checked(x.checked_add(y))?),
+            ("Sub", Entry::Int(x), Entry::Int(y)) => Entry::Int(checked(x.checked_sub(y))?),
             ("Mul", Entry::Sym(s), Entry::Int(1)) | ("Mul", Entry::Int(1), Entry::Sym(s)) => {
                 Entry::Sym(s)
             }

@@ -305,3 +305,210 @@ fn the_guide_lists_every_op_kiln_imports() {
     let count = format!("The {} ops", kiln_onnx::ops::supported().count());
     assert!(guide.contains(&count), "the guide should say {count:?}");
 }
+
+/// A graph of `nodes` over float inputs of the given dimensions (-1: `batch`), at `opset`.
+fn graph(
+    nodes: Vec<NodeProto>,
+    initializer: Vec<TensorProto>,
+    inputs: &[(&str, &[i64])],
+    output: &str,
+    opset: i64,
+) -> ModelProto {
+    let mut m = model(nodes, initializer, output);
+    m.opset_import[0].version = Some(opset);
+    let g = m.graph.as_mut().unwrap();
+    g.input = inputs.iter().map(|(n, d)| value_info(n, d)).collect();
+    m
+}
+
+fn with_ints(mut n: NodeProto, name: &str, values: &[i64]) -> NodeProto {
+    n.attribute.push(AttributeProto {
+        name: Some(name.into()),
+        ints: values.to_vec(),
+        r#type: Some(7),
+        ..Default::default()
+    });
+    n
+}
+
+fn with_int(mut n: NodeProto, name: &str, value: i64) -> NodeProto {
+    n.attribute.push(AttributeProto {
+        name: Some(name.into()),
+        i: Some(value),
+        r#type: Some(2),
+        ..Default::default()
+    });
+    n
+}
+
+fn evaluate(m: &ModelProto, x: Vec<f32>, dims: &[usize]) -> Vec<f64> {
+    let x = Array::F32(ArrayD::from_shape_vec(IxDyn(dims), x).unwrap());
+    run(m, x).to_f64_vec()
+}
+
+#[test]
+fn slice_backwards_from_before_the_start_keeps_the_first_element() {
+    // starts=-10 clamps to 0 (not -1) when stepping backwards: the result is [x0].
+    let inits = vec![
+        ints("s", &[-10]),
+        ints("e", &[-20]),
+        ints("a", &[0]),
+        ints("st", &[-1]),
+    ];
+    let node = node("Slice", "slice", &["x", "s", "e", "a", "st"], &["y"]);
+    let m = graph(vec![node], inits, &[("x", &[3])], "y", 13);
+    assert_eq!(evaluate(&m, vec![1., 2., 3.], &[3]), vec![1.]);
+}
+
+#[test]
+fn resize_of_opset_10_uses_asymmetric_coordinates() {
+    // ONNX's Resize-10: linear, scale 2 on [1, 2] gives [1, 1.5, 2, 2].
+    let mut node = node("Resize", "up", &["x", "scales"], &["y"]);
+    node.attribute.push(AttributeProto {
+        name: Some("mode".into()),
+        s: Some(b"linear".to_vec()),
+        r#type: Some(3),
+        ..Default::default()
+    });
+    let m = graph(
+        vec![node],
+        vec![floats("scales", &[1], &[2.0])],
+        &[("x", &[2])],
+        "y",
+        10,
+    );
+    assert_eq!(evaluate(&m, vec![1., 2.], &[2]), vec![1., 1.5, 2., 2.]);
+}
+
+#[test]
+fn asinh_of_a_large_negative_number_keeps_its_digits() {
+    let m = graph(
+        vec![node("Asinh", "f", &["x"], &["y"])],
+        vec![],
+        &[("x", &[1])],
+        "y",
+        17,
+    );
+    let y = evaluate(&m, vec![-1e4], &[1])[0];
+    assert!((y - (-1e4f64).asinh()).abs() < 1e-4, "{y}");
+}
+
+#[test]
+fn hostile_nodes_are_errors_not_panics() {
+    let models = [
+        graph(
+            vec![with_int(node("Concat", "c", &[], &["y"]), "axis", 0)],
+            vec![],
+            &[("x", &[2])],
+            "y",
+            13,
+        ),
+        graph(
+            vec![node("Shape", "s", &[], &["y"])],
+            vec![],
+            &[("x", &[2])],
+            "y",
+            13,
+        ),
+        graph(
+            vec![with_int(node("LRN", "l", &["x"], &["y"]), "size", 3)],
+            vec![],
+            &[("x", &[2])],
+            "y",
+            13,
+        ),
+        graph(
+            vec![with_int(
+                node("RNN", "r", &["x", "x", "x"], &["y"]),
+                "hidden_size",
+                2,
+            )],
+            vec![],
+            &[("x", &[2])],
+            "y",
+            13,
+        ),
+        graph(
+            vec![with_int(
+                node("RNN", "r", &["x", "x", "x"], &["y"]),
+                "hidden_size",
+                -1,
+            )],
+            vec![],
+            &[("x", &[1, 1, 1])],
+            "y",
+            13,
+        ),
+        graph(
+            vec![with_ints(
+                with_ints(
+                    node("MaxPool", "p", &["x"], &["y"]),
+                    "kernel_shape",
+                    &[0, 0],
+                ),
+                "strides",
+                &[1, 1],
+            )],
+            vec![],
+            &[("x", &[1, 1, 4, 4])],
+            "y",
+            13,
+        ),
+        graph(
+            vec![node("Range", "r", &["a", "b", "c"], &["y"])],
+            vec![
+                floats("a", &[], &[0.]),
+                floats("b", &[], &[1e18]),
+                floats("c", &[], &[1.]),
+            ],
+            &[("x", &[1])],
+            "y",
+            13,
+        ),
+        graph(
+            vec![node("Upsample", "u", &["x", "scales"], &["y"])],
+            vec![floats("scales", &[1], &[2.])],
+            &[("x", &[1, 1, 2, 2])],
+            "y",
+            9,
+        ),
+        graph(
+            vec![with_ints(
+                node("Tile", "t", &["x", "r"], &["y"]),
+                "unused",
+                &[],
+            )],
+            vec![ints("r", &[1 << 40, 1 << 40])],
+            &[("x", &[2, 2])],
+            "y",
+            13,
+        ),
+        graph(
+            vec![node("Pad", "p", &["x", "pads"], &["y"])],
+            vec![ints("pads", &[i64::MIN, i64::MAX])],
+            &[("x", &[2])],
+            "y",
+            13,
+        ),
+        graph(
+            vec![node("Reshape", "r", &["x", "s"], &["y"])],
+            vec![ints("s", &[1 << 33, 1 << 33, -1])],
+            &[("x", &[2])],
+            "y",
+            13,
+        ),
+        graph(
+            vec![node("Relu", "r", &["x"], &["y"])],
+            vec![],
+            &[("x", &[i64::MAX, i64::MAX])],
+            "y",
+            13,
+        ),
+    ];
+    for (i, m) in models.iter().enumerate() {
+        let result =
+            std::panic::catch_unwind(|| import_bytes(&m.encode_to_vec(), None).map(|_| ()));
+        assert!(result.is_ok(), "model {i} panicked");
+        assert!(result.unwrap().is_err(), "model {i} was accepted");
+    }
+}

@@ -891,7 +891,10 @@ fn load_predictor(
     let f = predictor.function();
     let names = Names {
         inputs: (f.args().iter().enumerate())
-            .map(|(i, &a)| f.value_name(a).map_or_else(|| format!("arg{i}"), str::to_owned))
+            .map(|(i, &a)| {
+                f.value_name(a)
+                    .map_or_else(|| format!("arg{i}"), str::to_owned)
+            })
             .collect(),
         outputs: Vec::new(),
     };

@@ -73,8 +73,18 @@ fn scores(c: &mut Ctx, q: Value, k: Value, past: usize) -> Result<[Value; 3], Fa
         Some(s) => s as f64,
         None => 1.0 / (head as f64).sqrt(),
     };
-    let root = c.scalar(dtype, scale.sqrt())?;
-    let (qs, ks) = (c.b.mul(q, root)?, c.b.mul(k, root)?);
+    // Both operands scaled by √scale, as ONNX does against overflow; a negative scale (whose
+    // root is not real) scales the queries alone.
+    let (qs, ks) = match scale >= 0.0 {
+        true => {
+            let root = c.scalar(dtype, scale.sqrt())?;
+            (c.b.mul(q, root)?, c.b.mul(k, root)?)
+        }
+        false => {
+            let s = c.scalar(dtype, scale)?;
+            (c.b.mul(q, s)?, k)
+        }
+    };
     let raw = c.b.matmul_t(qs, ks, false, true)?;
     let softcap = c.node.float("softcap", 0.0)? as f64;
     let capped = match softcap > 0.0 {
@@ -177,7 +187,11 @@ pub(super) fn attention(c: &mut Ctx) -> Converted {
     let mut v = split_heads(c, v, kv_heads)?;
     let mut past = 0;
     if let (Some(pk), Some(pv)) = (c.optional(4)?, c.optional(5)?) {
-        past = c.ty(pk).shape.dims()[2]
+        let dims = c.ty(pk).shape.dims().to_vec();
+        if dims.len() != 4 {
+            return Err("past_key should be [B, H, P, D]".into());
+        }
+        past = dims[2]
             .as_fixed()
             .ok_or("the cache length must be static")?;
         k = c.b.concat(&[pk, k], 2)?;

@@ -13,12 +13,23 @@ pub(super) fn unary(c: &mut Ctx, op: UnaryOp) -> Converted {
 
 /// `op(a, b)`.
 pub(super) fn binary(c: &mut Ctx, op: BinaryOp) -> Converted {
+    refuse_legacy_broadcast(c)?;
     let (a, b) = (c.input(0)?, c.input(1)?);
     Ok(vec![c.b.binary(op, a, b)?])
 }
 
+/// Before opset 7, `broadcast=1` with `axis` aligned the second operand from that axis, not
+/// from the right: refused rather than broadcast NumPy's way.
+fn refuse_legacy_broadcast(c: &Ctx) -> Result<(), Fail> {
+    match c.node.opset < 7 && c.node.int("broadcast", 0)? != 0 {
+        true => unsupported("the legacy broadcast attribute (opset below 7)"),
+        false => Ok(()),
+    }
+}
+
 /// The comparison `op(a, b)`.
 pub(super) fn compare(c: &mut Ctx, op: CompareOp) -> Converted {
+    refuse_legacy_broadcast(c)?;
     let (a, b) = (c.input(0)?, c.input(1)?);
     Ok(vec![c.b.compare(op, a, b)?])
 }

@@ -6,7 +6,8 @@ use crate::context::{Converted, Ctx, Fail, axis, unsupported};
 use crate::tensor;
 use kiln_ir::{AxisSlice, BinaryOp, CompareOp, DType, Dim, ReduceOp, Shape, Type, Value};
 
-/// `op(a, b)` through f64 for integers (exact below 2⁵³), then back.
+/// `op(a, b)` computed in f64 (exact for integers below 2⁵³, and f32's quotients stay exact),
+/// then converted back.
 fn through_f64(
     c: &mut Ctx,
     a: Value,
@@ -14,7 +15,7 @@ fn through_f64(
     f: impl Fn(&mut Ctx, Value, Value) -> Result<Value, Fail>,
 ) -> Result<Value, Fail> {
     let dtype = c.dtype(a);
-    if dtype.is_float() {
+    if dtype == DType::F64 {
         return f(c, a, b);
     }
     let (fa, fb) = (c.b.cast(a, DType::F64)?, c.b.cast(b, DType::F64)?);
@@ -67,14 +68,20 @@ pub(super) fn trig(c: &mut Ctx, which: &str) -> Converted {
             let (s, co) = (c.b.sin(x)?, c.b.cos(x)?);
             c.b.div(s, co)?
         }
-        "Asinh" | "Acosh" => {
+        "Asinh" => {
+            // sign(x)·log(|x| + √(x² + 1)): no cancellation for negative x.
+            let ax = c.b.abs(x)?;
+            let x2 = c.b.mul(ax, ax)?;
+            let r = c.b.add(x2, one)?;
+            let r = c.b.sqrt(r)?;
+            let s = c.b.add(ax, r)?;
+            let l = c.b.log(s)?;
+            let sign = c.b.sign(x)?;
+            c.b.mul(sign, l)?
+        }
+        "Acosh" => {
             let x2 = c.b.mul(x, x)?;
-            let op = if which == "Asinh" {
-                BinaryOp::Add
-            } else {
-                BinaryOp::Sub
-            };
-            let r = c.b.binary(op, x2, one)?;
+            let r = c.b.sub(x2, one)?;
             let r = c.b.sqrt(r)?;
             let s = c.b.add(x, r)?;
             c.b.log(s)?

@@ -33,14 +33,21 @@ fn pair(
     })
 }
 
+/// How far a kernel of `k` taps reaches with `dilation`: `(k − 1)·dilation + 1`.
+fn span(k: usize, dilation: usize) -> Result<usize, Fail> {
+    (k.saturating_sub(1).checked_mul(dilation))
+        .and_then(|s| s.checked_add(1))
+        .ok_or_else(|| Fail::Invalid(format!("a kernel of {k} dilated by {dilation} overflows")))
+}
+
 /// Reads kernel, strides, dilations and pads (with `auto_pad`) for `spatial` axes of sizes
 /// `input` (1-D ops as 2-D over a height of 1).
 fn window(c: &Ctx, spatial: usize, input: [usize; 2], kernel: [usize; 2]) -> Result<Window, Fail> {
     let n = c.node;
     let strides = pair(n.ints("strides"), spatial, 1, "strides")?;
     let dilations = pair(n.ints("dilations"), spatial, 1, "dilations")?;
-    if strides.contains(&0) || dilations.contains(&0) {
-        return Err("strides and dilations should be positive".into());
+    if strides.contains(&0) || dilations.contains(&0) || kernel.contains(&0) {
+        return Err("strides, dilations and the kernel should be positive".into());
     }
     let mut pads = [(0, 0); 2];
     match n.string("auto_pad")?.as_deref().unwrap_or("NOTSET") {
@@ -61,9 +68,12 @@ fn window(c: &Ctx, spatial: usize, input: [usize; 2], kernel: [usize; 2]) -> Res
         "VALID" => {}
         mode @ ("SAME_UPPER" | "SAME_LOWER") => {
             for i in 0..2 {
-                let span = (kernel[i] - 1) * dilations[i] + 1;
+                let span = span(kernel[i], dilations[i])?;
                 let out = input[i].div_ceil(strides[i]);
-                let total = ((out.max(1) - 1) * strides[i] + span).saturating_sub(input[i]);
+                let reach = ((out.max(1) - 1).checked_mul(strides[i]))
+                    .and_then(|r| r.checked_add(span))
+                    .ok_or("the window's reach overflows")?;
+                let total = reach.saturating_sub(input[i]);
                 let small = total / 2;
                 pads[i] = if mode == "SAME_UPPER" {
                     (small, total - small)
@@ -154,8 +164,18 @@ pub(super) fn conv_transpose(c: &mut Ctx) -> Converted {
     let dilations = pair(n.ints("dilations"), spatial, 1, "dilations")?;
     let extra = pair(n.ints("output_padding"), spatial, 0, "output_padding")?;
     let input = [h, wd];
-    let span = |i: usize| (([kh, kw][i]) - 1) * dilations[i] + 1;
-    let full = |i: usize| strides[i] * (input[i] - 1) + extra[i] + span(i);
+    if input.contains(&0) {
+        return Err("ConvTranspose of an empty input".into());
+    }
+    let mut covered = [0usize; 2];
+    for i in 0..2 {
+        let span = span([kh, kw][i], dilations[i])?;
+        covered[i] = (strides[i].checked_mul(input[i] - 1))
+            .and_then(|v| v.checked_add(extra[i]))
+            .and_then(|v| v.checked_add(span))
+            .ok_or("the output size overflows")?;
+    }
+    let full = |i: usize| covered[i];
     let mut pads = window(c, spatial, input, [kh, kw])?.pads;
     let auto = n.string("auto_pad")?.unwrap_or_default();
     let output_shape = pair(n.ints("output_shape"), spatial, 0, "output_shape")?;
@@ -165,7 +185,9 @@ pub(super) fn conv_transpose(c: &mut Ctx) -> Converted {
             out[i] = if n.ints("output_shape").is_some() {
                 output_shape[i].max(if spatial == 1 && i == 0 { 1 } else { 0 })
             } else {
-                input[i] * strides[i]
+                input[i]
+                    .checked_mul(strides[i])
+                    .ok_or("the output size overflows")?
             };
             // A larger output than the input covers gains zeros at the end.
             let total = full(i).saturating_sub(out[i]);
@@ -392,14 +414,25 @@ pub(super) fn lrn(c: &mut Ctx) -> Converted {
     let size = c.node.positive("size", None)?;
     let dtype = c.dtype(x);
     let sq = c.b.mul(x, x)?;
-    let (low, high) = ((size - 1) / 2, (size - 1).div_ceil(2));
     let rank = d.len();
+    if rank < 2 {
+        return Err(Fail::Invalid(format!(
+            "LRN needs [N, C, ...], not rank {rank}"
+        )));
+    }
+    // A window wider than the channels sees them all: only its part over them is summed
+    // (the division below still uses `size`).
+    let reach = d[1].saturating_sub(1);
+    let (low, high) = (
+        ((size - 1) / 2).min(reach),
+        (size - 1).div_ceil(2).min(reach),
+    );
     let mut lo = vec![0; rank];
     let mut hi = vec![0; rank];
     (lo[1], hi[1]) = (low, high);
     let padded = c.b.pad(sq, lo, hi, vec![0; rank])?;
     let mut sum: Option<Value> = None;
-    for k in 0..size {
+    for k in 0..=low + high {
         let mut ranges = vec![kiln_ir::AxisSlice::Full; rank];
         ranges[1] = kiln_ir::AxisSlice::Range {
             start: k,
@@ -412,7 +445,7 @@ pub(super) fn lrn(c: &mut Ctx) -> Converted {
             None => s,
         });
     }
-    let sum = sum.expect("size is positive");
+    let sum = sum.expect("the window has at least one channel");
     let alpha = c.node.float("alpha", 1e-4)? as f64;
     let k = c.scalar(dtype, alpha / size as f64)?;
     let bias = c.scalar(dtype, c.node.float("bias", 1.0)? as f64)?;

@@ -2,7 +2,7 @@
 //! one gather, linear by two and cubic by four, with constant weights — separable, as ONNX's
 //! reference computes them.
 
-use crate::context::{Converted, Ctx, Fail, axis, unsupported};
+use crate::context::{Converted, Ctx, Fail, axis, check_elements, unsupported};
 use kiln_ir::{DType, Literal, Shape, Type, Value};
 
 /// How output positions map to input coordinates, and how they are sampled.
@@ -156,6 +156,10 @@ pub(super) fn resize(c: &mut Ctx) -> Converted {
         cubic_a: n.float("cubic_coeff_a", -0.75)? as f64,
         exclude_outside: n.int("exclude_outside", 0)? != 0,
     };
+    if n.opset < 11 {
+        return resize_10(c, x, &dims, s.mode);
+    }
+    refuse_integer_interpolation(c, x, &s.mode)?;
     let axes: Vec<usize> = match n.ints("axes") {
         Some(a) => a
             .iter()
@@ -203,6 +207,9 @@ fn resize_axes(
             Some(sz) => sz[k].max(0) as usize,
             None => (dims[a] as f64 * scales[k]).floor() as usize,
         };
+        let mut out = c.shape(x, "the input")?;
+        out[a] = len_out;
+        check_elements(&out)?;
         if len_out == dims[a] && scales[k] == 1.0 {
             continue;
         }
@@ -211,10 +218,17 @@ fn resize_axes(
     Ok(vec![x])
 }
 
-/// `Upsample(mode)` (opsets 7 to 9): `Resize` with asymmetric coordinates and floor rounding.
-pub(super) fn upsample(c: &mut Ctx) -> Converted {
-    let x = c.input(0)?;
-    let dims = c.shape(x, "the input")?;
+/// Linear and cubic weights are fractions: an integer input would truncate them.
+fn refuse_integer_interpolation(c: &Ctx, x: Value, mode: &str) -> Result<(), Fail> {
+    match mode != "nearest" && !c.dtype(x).is_float() {
+        true => unsupported(format!("{mode} resizing of {} values", c.dtype(x).name())),
+        false => Ok(()),
+    }
+}
+
+/// `Resize` before opset 11 and `Upsample`: asymmetric coordinates; nearest floors when
+/// enlarging and rounds up when shrinking (onnxruntime's rule).
+fn resize_10(c: &mut Ctx, x: Value, dims: &[usize], mode: String) -> Converted {
     let scales: Vec<f64> = match c.node.floats("scales") {
         Some(f) => f.iter().map(|&v| v as f64).collect(),
         None => match c.known(1) {
@@ -222,13 +236,32 @@ pub(super) fn upsample(c: &mut Ctx) -> Converted {
             None => return unsupported("scales computed at run time"),
         },
     };
-    let s = Sampling {
-        mode: c.node.string("mode")?.unwrap_or_else(|| "nearest".into()),
-        transform: "asymmetric".into(),
-        nearest: "floor".into(),
-        cubic_a: -0.75,
-        exclude_outside: false,
-    };
-    let axes: Vec<usize> = (0..dims.len()).collect();
-    resize_axes(c, &s, x, &dims, &axes, &scales, None)
+    if scales.len() != dims.len() {
+        return Err(Fail::Invalid(format!(
+            "{} scales for rank {}",
+            scales.len(),
+            dims.len()
+        )));
+    }
+    refuse_integer_interpolation(c, x, &mode)?;
+    let mut x = x;
+    for (a, &scale) in scales.iter().enumerate() {
+        let s = Sampling {
+            mode: mode.clone(),
+            transform: "asymmetric".into(),
+            nearest: if scale >= 1.0 { "floor" } else { "ceil" }.into(),
+            cubic_a: -0.75,
+            exclude_outside: false,
+        };
+        x = resize_axes(c, &s, x, dims, &[a], &[scale], None)?[0];
+    }
+    Ok(vec![x])
+}
+
+/// `Upsample(mode)` (opsets 7 to 9): `Resize` of opset 10.
+pub(super) fn upsample(c: &mut Ctx) -> Converted {
+    let x = c.input(0)?;
+    let dims = c.shape(x, "the input")?;
+    let mode = c.node.string("mode")?.unwrap_or_else(|| "nearest".into());
+    resize_10(c, x, &dims, mode)
 }

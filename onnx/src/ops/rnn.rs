@@ -194,13 +194,16 @@ pub(super) fn recurrent(c: &mut Ctx, cell: Cell) -> Converted {
         x = c.b.transpose(x, vec![1, 0, 2])?;
     }
     let d = c.ty(x).shape.dims().to_vec();
+    if d.len() != 3 {
+        return Err(Fail::Invalid(format!(
+            "X should be [T, N, D], not rank {}",
+            d.len()
+        )));
+    }
     let steps = d[0]
         .as_fixed()
         .ok_or_else(|| Fail::Unsupported("a symbolic sequence length".into()))?;
-    let hidden = c
-        .node
-        .int_opt("hidden_size")?
-        .ok_or("attribute hidden_size is required")? as usize;
+    let hidden = c.node.positive("hidden_size", None)?;
     if let Some(lens) = c.known(4) {
         if lens.to_f64_vec().iter().any(|&l| l as usize != steps) {
             return unsupported("sequence_lens shorter than the sequence");

@@ -1,7 +1,7 @@
 //! Shape and layout ops. Shapes, axes, pads and repeats must be known when importing (they
 //! usually are: initializers, constants, or shape arithmetic the importer folds).
 
-use crate::context::{Converted, Ctx, Fail, axis, unsupported};
+use crate::context::{Converted, Ctx, Fail, axis, check_elements, unsupported};
 use crate::symbolic::Entry;
 use crate::tensor;
 use kiln_backend::Array;
@@ -84,7 +84,9 @@ fn resolve_inferred(input: &[Dim], out: Vec<Option<Dim>>) -> Result<Vec<Dim>, Fa
     let mut divisor = 1usize;
     for d in out.iter().flatten() {
         match d.as_fixed() {
-            Some(n) => divisor *= n,
+            Some(n) => {
+                divisor = divisor.checked_mul(n).ok_or("the shape's size overflows")?;
+            }
             None => match rest.iter().position(|r| r == d) {
                 Some(p) => {
                     rest.remove(p);
@@ -129,6 +131,9 @@ pub(super) fn concat(c: &mut Ctx) -> Converted {
     let xs = (0..c.count())
         .map(|i| c.input(i))
         .collect::<Result<Vec<_>, _>>()?;
+    if xs.is_empty() {
+        return Err("Concat needs at least one input".into());
+    }
     let a = axis(
         c.node
             .int_opt("axis")?
@@ -262,11 +267,13 @@ pub(super) fn size(c: &mut Ctx) -> Converted {
 }
 
 /// ONNX's rule for one slice bound: negative counts from the end, then clamped.
-fn clamp_bound(v: i64, size: i64, step: i64) -> i64 {
+fn clamp_bound(v: i64, size: i64, step: i64, is_start: bool) -> i64 {
     let v = if v < 0 { v.saturating_add(size) } else { v };
-    match step > 0 {
-        true => v.clamp(0, size),
-        false => v.clamp(-1, size - 1),
+    match (step > 0, is_start) {
+        (true, _) => v.clamp(0, size),
+        (false, true) if size == 0 => -1,
+        (false, true) => v.clamp(0, size - 1),
+        (false, false) => v.clamp(-1, size - 1),
     }
 }
 
@@ -308,8 +315,8 @@ pub(super) fn slice(c: &mut Ctx) -> Converted {
             return Err("a step of 0".into());
         }
         let (start, end) = (
-            clamp_bound(starts[i], size, step),
-            clamp_bound(ends[i], size, step),
+            clamp_bound(starts[i], size, step, true),
+            clamp_bound(ends[i], size, step, false),
         );
         if step > 0 {
             let end = end.max(start);
@@ -321,7 +328,7 @@ pub(super) fn slice(c: &mut Ctx) -> Converted {
         } else {
             // Walking backwards: the indices start, start+step, … while above end.
             let picked: Vec<i64> = (0..)
-                .map(|k| start + k * step)
+                .map_while(|k: i64| start.checked_add(k.checked_mul(step)?))
                 .take_while(|&j| j > end)
                 .collect();
             reversed.push((a, picked));
@@ -362,7 +369,8 @@ pub(super) fn split(c: &mut Ctx) -> Converted {
                 .collect()
         }
     };
-    if sizes.iter().sum::<usize>() != size || sizes.len() != parts {
+    let total = sizes.iter().try_fold(0usize, |t, &n| t.checked_add(n));
+    if total != Some(size) || sizes.len() != parts {
         return Err(Fail::Invalid(format!(
             "split sizes {sizes:?} do not cover axis {a} of size {size} in {parts} parts"
         )));
@@ -413,11 +421,11 @@ pub(super) fn tile(c: &mut Ctx) -> Converted {
         .zip(&repeats)
         .flat_map(|(&n, &r)| [r as usize, n])
         .collect();
-    let tiled: Vec<usize> = d
-        .iter()
-        .zip(&repeats)
-        .map(|(&n, &r)| r as usize * n)
-        .collect();
+    let tiled: Vec<usize> = (d.iter().zip(&repeats))
+        .map(|(&n, &r)| (r as usize).checked_mul(n))
+        .collect::<Option<_>>()
+        .ok_or("the tiled size overflows")?;
+    check_elements(&tiled)?;
     let y = c.b.reshape(x, Shape::fixed(&interleaved))?;
     let y = c.b.broadcast_to(y, &Shape::fixed(&spread))?;
     Ok(vec![c.b.reshape(y, Shape::fixed(&tiled))?])
@@ -463,7 +471,8 @@ pub(super) fn pad(c: &mut Ctx) -> Converted {
     // Negative pads crop first.
     let crops: Vec<AxisSlice> = (0..rank)
         .map(|a| {
-            let (lo, hi) = ((-low[a]).max(0) as usize, (-high[a]).max(0) as usize);
+            let crop = |p: i64| p.saturating_neg().max(0) as usize;
+            let (lo, hi) = (crop(low[a]), crop(high[a]));
             match lo + hi {
                 0 => AxisSlice::Full,
                 _ => AxisSlice::Range {
@@ -479,6 +488,11 @@ pub(super) fn pad(c: &mut Ctx) -> Converted {
     }
     let low: Vec<usize> = low.iter().map(|&p| p.max(0) as usize).collect();
     let high: Vec<usize> = high.iter().map(|&p| p.max(0) as usize).collect();
+    let padded: Vec<usize> = (0..rank)
+        .map(|a| d[a].checked_add(low[a])?.checked_add(high[a]))
+        .collect::<Option<_>>()
+        .ok_or("the padded size overflows")?;
+    check_elements(&padded)?;
     match mode.as_str() {
         "constant" => pad_constant(c, x, low, high, value),
         "edge" | "reflect" | "wrap" => {
@@ -550,7 +564,12 @@ pub(super) fn range(c: &mut Ctx) -> Converted {
     if delta == 0.0 {
         return Err("delta is 0".into());
     }
-    let n = ((l - s) / delta).ceil().max(0.0) as usize;
+    let n = ((l - s) / delta).ceil().max(0.0);
+    if !n.is_finite() || n > u32::MAX as f64 {
+        return Err(Fail::Invalid(format!("a Range of {n} elements")));
+    }
+    let n = n as usize;
+    check_elements(&[n])?;
     let values: Vec<f64> = (0..n).map(|i| s + i as f64 * delta).collect();
     let array = Array::F64(
         ndarray::ArrayD::from_shape_vec(ndarray::IxDyn(&[n]), values).map_err(|e| e.to_string())?,
@@ -581,16 +600,16 @@ pub(super) fn constant(c: &mut Ctx) -> Converted {
     let n = c.node;
     let array = if let Some(t) = n.tensor("value")? {
         tensor::to_array(t, None)?
-    } else if let Some(a) = n.attr("value_float") {
-        vec_array(DType::F32, &[a.f.unwrap_or(0.0) as f64], &[])
+    } else if n.attr("value_float").is_some() {
+        vec_array(DType::F32, &[n.float("value_float", 0.0)? as f64], &[])
     } else if let Some(v) = n.floats("value_floats") {
         vec_array(
             DType::F32,
             &v.iter().map(|&x| x as f64).collect::<Vec<_>>(),
             &[v.len()],
         )
-    } else if let Some(a) = n.attr("value_int") {
-        Array::I64(ndarray::arr0(a.i.unwrap_or(0)).into_dyn())
+    } else if n.attr("value_int").is_some() {
+        Array::I64(ndarray::arr0(n.int("value_int", 0)?).into_dyn())
     } else if let Some(v) = n.ints("value_ints") {
         Array::I64(
             ndarray::ArrayD::from_shape_vec(ndarray::IxDyn(&[v.len()]), v.to_vec())
@@ -617,6 +636,11 @@ pub(super) fn depth_space(c: &mut Ctx, to_space: bool) -> Converted {
         .try_into()
         .map_err(|_| "the input should be [N, C, H, W]")?;
     let bs = c.node.positive("blocksize", None)?;
+    if bs > ch.max(h).max(w).max(1) {
+        return Err(Fail::Invalid(format!(
+            "blocksize {bs} is larger than the input"
+        )));
+    }
     let (split, perm, out) = if to_space {
         if ch % (bs * bs) != 0 {
             return Err("channels do not divide by blocksize²".into());
