@@ -13,7 +13,7 @@ WS="$ROOT/target/checklist/ws"
 export CARGO_TARGET_DIR="$ROOT/target/checklist/target"
 
 rm -rf "$WS" && mkdir -p "$WS"
-(cd "$ROOT" && git ls-files -z -- Cargo.toml Cargo.lock ir backend passes runtime src benches examples tests data \
+(cd "$ROOT" && git ls-files -z -- Cargo.toml Cargo.lock ir backend passes runtime onnx src benches examples tests data \
   | xargs -0 cp --parents -t "$WS")
 cd "$WS"
 
