@@ -78,6 +78,7 @@ pub(crate) const OPS: &[(&str, Convert)] = &[
     ("Log", |c| ew::unary(c, U::Log)),
     ("LogSoftmax", |c| nn::softmax(c, SoftmaxKind::LogSoftmax)),
     ("LpNormalization", more::lp_norm),
+    ("LpPool", nn::lp_pool),
     ("LRN", nn::lrn),
     ("LSTM", |c| rnn::recurrent(c, rnn::Cell::Lstm)),
     ("MatMul", nn::matmul),
@@ -113,6 +114,7 @@ pub(crate) const OPS: &[(&str, Convert)] = &[
     ("ReduceMin", |c| {
         reduce::reduce(c, Reduction::Plain(ReduceOp::Min))
     }),
+    ("ReduceProd", |c| reduce::reduce(c, Reduction::Prod)),
     ("ReduceSum", |c| {
         reduce::reduce(c, Reduction::Plain(ReduceOp::Sum))
     }),

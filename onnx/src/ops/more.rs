@@ -40,7 +40,25 @@ pub(super) fn modulo(c: &mut Ctx) -> Converted {
             }
         };
         let qb = c.b.mul(q, b)?;
-        Ok(c.b.sub(a, qb)?)
+        let r = c.b.sub(a, qb)?;
+        // An infinite divisor leaves `a` (NumPy's rule), or gives the divisor when the signs
+        // differ under the divisor-signed remainder.
+        let dtype = c.dtype(a);
+        let inf = c.scalar(dtype, f64::INFINITY)?;
+        let magnitude = c.b.abs(b)?;
+        let infinite = c.b.eq(magnitude, inf)?;
+        let at_infinity = match fmod {
+            true => a,
+            false => {
+                let (sa, sb) = (c.b.sign(a)?, c.b.sign(b)?);
+                let same = c.b.eq(sa, sb)?;
+                let zero = c.scalar(dtype, 0.0)?;
+                let is_zero = c.b.eq(a, zero)?;
+                let keep = c.b.or(same, is_zero)?;
+                c.b.select(keep, a, b)?
+            }
+        };
+        Ok(c.b.select(infinite, at_infinity, r)?)
     })?;
     Ok(vec![r])
 }

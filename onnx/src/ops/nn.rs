@@ -318,6 +318,36 @@ fn divide_by_counted(
     Ok(c.b.div(y, mask)?)
 }
 
+/// `LpPool(p)`: `(Σ |x|ᵖ)^(1/p)` over each window, padding counted as zeros.
+pub(super) fn lp_pool(c: &mut Ctx) -> Converted {
+    let x = c.input(0)?;
+    let (x, spatial, [_, h, wd]) = as_2d(c, x, "the input")?;
+    if c.node.ints("kernel_shape").is_none() {
+        return Err("attribute kernel_shape is required".into());
+    }
+    let kernel = pair(c.node.ints("kernel_shape"), spatial, 1, "kernel_shape")?;
+    let win = window(c, spatial, [h, wd], kernel)?;
+    if win.dilations != [1, 1] || c.node.int("ceil_mode", 0)? != 0 {
+        return unsupported("dilated or ceil-mode LpPool");
+    }
+    let p = c.node.positive("p", Some(2))? as f64;
+    let dtype = c.dtype(x);
+    let a = c.b.abs(x)?;
+    let power = c.scalar(dtype, p)?;
+    let powered = c.b.pow(a, power)?;
+    let attrs = Pool2dAttrs {
+        window: kernel,
+        strides: win.strides,
+        padding: win.pads,
+    };
+    let mean = c.b.avg_pool2d(powered, attrs)?;
+    let area = c.scalar(dtype, (kernel[0] * kernel[1]) as f64)?;
+    let sum = c.b.mul(mean, area)?;
+    let root = c.scalar(dtype, 1.0 / p)?;
+    let y = c.b.pow(sum, root)?;
+    Ok(vec![from_2d(c, y, spatial)?])
+}
+
 /// `GlobalAveragePool` / `GlobalMaxPool`: over every spatial axis, kept with size 1.
 pub(super) fn global_pool(c: &mut Ctx, op: ReduceOp) -> Converted {
     let x = c.input(0)?;

@@ -1,7 +1,7 @@
 //! Reductions and arg-reductions.
 
-use crate::context::{Converted, Ctx, Fail, axis};
-use kiln_ir::{ArgOp, DType, Dim, ReduceOp, Shape, Value};
+use crate::context::{Converted, Ctx, Fail, axis, unsupported};
+use kiln_ir::{ArgOp, AxisSlice, DType, Dim, ReduceOp, Shape, Value};
 
 /// How a `Reduce*` op combines: a Kiln reduction, with work before and after.
 #[derive(Clone, Copy)]
@@ -18,6 +18,8 @@ pub(super) enum Reduction {
     LogSum,
     /// `log(sum(exp(x)))`, shifted by the maximum for stability.
     LogSumExp,
+    /// The product, by multiplying slices (Kiln has no product reduction).
+    Prod,
 }
 
 /// The reduced axes: an attribute, or an input from opset 13 (`ReduceSum`) or 18 (the rest);
@@ -60,6 +62,7 @@ pub(super) fn reduce(c: &mut Ctx, how: Reduction) -> Converted {
     }
     let y = match how {
         Reduction::Plain(op) => c.b.reduce(op, x, axes, keep)?,
+        Reduction::Prod => product(c, x, &axes, keep)?,
         Reduction::L1 => {
             let a = c.b.abs(x)?;
             c.b.reduce(ReduceOp::Sum, a, axes, keep)?
@@ -118,6 +121,7 @@ fn empty_reduction(
         }
         Reduction::Plain(ReduceOp::Min) => f64::INFINITY,
         Reduction::Plain(ReduceOp::Mean) => f64::NAN,
+        Reduction::Prod => 1.0,
         _ => 0.0,
     };
     let value = match (t.dtype, value) {
@@ -147,6 +151,46 @@ fn empty_reduction(
         .collect();
     let v = c.scalar(t.dtype, value)?;
     Ok(c.b.broadcast_to(v, &Shape(dims))?)
+}
+
+/// The product over `axes`: the reduced axes moved last and flattened into one of at most
+/// 1024 factors, whose slices are multiplied in order.
+fn product(c: &mut Ctx, x: Value, axes: &[usize], keep: bool) -> Result<Value, Fail> {
+    let d = c.shape(x, "the input")?;
+    let kept: Vec<usize> = (0..d.len()).filter(|a| !axes.contains(a)).collect();
+    let n: usize = axes.iter().map(|&a| d[a]).product();
+    if n > 1024 {
+        return unsupported(format!(
+            "ReduceProd over {n} elements (unrolled; at most 1024)"
+        ));
+    }
+    let perm: Vec<usize> = kept.iter().chain(axes).copied().collect();
+    let y = c.b.transpose(x, perm)?;
+    let mut flat: Vec<usize> = kept.iter().map(|&a| d[a]).collect();
+    flat.push(n);
+    let y = c.b.reshape(y, Shape::fixed(&flat))?;
+    let last = flat.len() - 1;
+    let mut acc: Option<Value> = None;
+    for i in 0..n {
+        let mut ranges = vec![AxisSlice::Full; flat.len()];
+        ranges[last] = AxisSlice::Range {
+            start: i,
+            end: i + 1,
+            step: 1,
+        };
+        let s = c.b.slice(y, ranges)?;
+        acc = Some(match acc {
+            Some(a) => c.b.mul(a, s)?,
+            None => s,
+        });
+    }
+    let out: Vec<usize> = (0..d.len())
+        .filter_map(|a| match axes.contains(&a) {
+            true => keep.then_some(1),
+            false => Some(d[a]),
+        })
+        .collect();
+    Ok(c.b.reshape(acc.expect("no empty axis reaches here"), Shape::fixed(&out))?)
 }
 
 /// `sqrt(x)`, through f64 for integers.
