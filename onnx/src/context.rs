@@ -271,6 +271,33 @@ impl Ctx<'_> {
         }
     }
 
+    /// `idx` with negative entries moved up by `size` (ONNX's indices count from the end).
+    pub fn wrap_negative(&mut self, idx: Value, size: usize) -> Result<Value, Fail> {
+        let dtype = self.dtype(idx);
+        let zero = self.scalar(dtype, 0.0)?;
+        let n = self.scalar(dtype, size as f64)?;
+        let negative = self.b.lt(idx, zero)?;
+        let wrapped = self.b.add(idx, n)?;
+        Ok(self.b.select(negative, wrapped, idx)?)
+    }
+
+    /// `values` combined left to right by `op` (a sum, a product, a conjunction); `None` for
+    /// none.
+    pub fn combine(
+        &mut self,
+        op: kiln_ir::BinaryOp,
+        values: impl IntoIterator<Item = Value>,
+    ) -> Result<Option<Value>, Fail> {
+        let mut acc = None;
+        for v in values {
+            acc = Some(match acc {
+                Some(a) => self.b.binary(op, a, v)?,
+                None => v,
+            });
+        }
+        Ok(acc)
+    }
+
     /// A scalar constant of `dtype`.
     pub fn scalar(&mut self, dtype: DType, value: f64) -> Result<Value, Fail> {
         Ok(self.b.scalar(dtype, value)?)

@@ -24,17 +24,6 @@ pub fn dtype(elem_type: i32) -> Result<DType, String> {
     }
 }
 
-/// ONNX's element type for a Kiln dtype.
-pub fn onnx_type(dtype: DType) -> DataType {
-    match dtype {
-        DType::F32 => DataType::Float,
-        DType::F64 => DataType::Double,
-        DType::I32 => DataType::Int32,
-        DType::I64 => DataType::Int64,
-        DType::Bool => DataType::Bool,
-    }
-}
-
 /// The dimensions of a tensor, checked: none negative, and the element count addressable.
 pub fn dims(raw: &[i64], dtype: DType) -> Result<Vec<usize>, String> {
     let dims = raw
@@ -187,23 +176,5 @@ fn read_external(t: &TensorProto, base: Option<&Path>) -> Result<Vec<u8>, String
             path.display(),
             bytes.len()
         )),
-    }
-}
-
-/// A `TensorProto` holding `array` (raw little-endian data), for writing test data.
-pub fn from_array(name: &str, array: &Array) -> TensorProto {
-    let bytes: Vec<u8> = match array {
-        Array::F32(a) => a.iter().flat_map(|x| x.to_le_bytes()).collect(),
-        Array::F64(a) => a.iter().flat_map(|x| x.to_le_bytes()).collect(),
-        Array::I32(a) => a.iter().flat_map(|x| x.to_le_bytes()).collect(),
-        Array::I64(a) => a.iter().flat_map(|x| x.to_le_bytes()).collect(),
-        Array::Bool(a) => a.iter().map(|&x| x as u8).collect(),
-    };
-    TensorProto {
-        name: Some(name.to_owned()),
-        dims: array.shape().iter().map(|&d| d as i64).collect(),
-        data_type: Some(onnx_type(array.dtype()) as i32),
-        raw_data: Some(bytes),
-        ..TensorProto::default()
     }
 }

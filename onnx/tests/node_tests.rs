@@ -40,6 +40,22 @@ struct Case {
     dir: PathBuf,
     rtol: f64,
     atol: f64,
+    /// False when a value is a sequence or an optional (not a tensor).
+    tensors_only: bool,
+}
+
+impl Case {
+    /// The case in `dir`, with its tolerances from `meta.json`.
+    fn read(dir: PathBuf) -> Case {
+        let meta = std::fs::read_to_string(dir.join("meta.json")).unwrap();
+        let meta: serde_json::Value = serde_json::from_str(&meta).unwrap();
+        Case {
+            rtol: meta["rtol"].as_f64().unwrap_or(1e-3),
+            atol: meta["atol"].as_f64().unwrap_or(1e-7),
+            tensors_only: meta["tensors_only"] != serde_json::Value::Bool(false),
+            dir,
+        }
+    }
 }
 
 fn read_tensors(dir: &Path, kind: &str) -> Result<Vec<Array>, OnnxError> {
@@ -69,10 +85,7 @@ fn graph_inputs(bytes: &[u8]) -> Vec<String> {
 }
 
 fn run_case(case: &Case) -> Outcome {
-    let meta: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(case.dir.join("meta.json")).unwrap())
-            .unwrap();
-    if meta["tensors_only"] == serde_json::Value::Bool(false) {
+    if !case.tensors_only {
         return Outcome::NotTensors("sequence or optional values".into());
     }
     let (inputs, expected) = match (
@@ -224,13 +237,7 @@ fn onnx_node_tests() {
     names.sort();
     let mut outcomes = BTreeMap::new();
     for name in &names {
-        let meta = std::fs::read_to_string(dir.join(name).join("meta.json")).unwrap();
-        let meta: serde_json::Value = serde_json::from_str(&meta).unwrap();
-        let case = Case {
-            dir: dir.join(name),
-            rtol: meta["rtol"].as_f64().unwrap_or(1e-3),
-            atol: meta["atol"].as_f64().unwrap_or(1e-7),
-        };
+        let case = Case::read(dir.join(name));
         let outcome = std::panic::catch_unwind(|| run_case(&case))
             .unwrap_or_else(|p| Outcome::Failed(format!("PANIC: {}", panic_message(&p))));
         outcomes.insert(name.clone(), outcome);
@@ -277,14 +284,7 @@ fn every_model_passes(dir: &Path, expected: usize, required: bool) {
     );
     let mut failures = Vec::new();
     for path in names {
-        let meta: serde_json::Value =
-            serde_json::from_str(&std::fs::read_to_string(path.join("meta.json")).unwrap())
-                .unwrap();
-        let case = Case {
-            rtol: meta["rtol"].as_f64().unwrap(),
-            atol: meta["atol"].as_f64().unwrap(),
-            dir: path.clone(),
-        };
+        let case = Case::read(path.clone());
         let started = std::time::Instant::now();
         let outcome = std::panic::catch_unwind(|| run_case(&case))
             .unwrap_or_else(|p| Outcome::Failed(format!("PANIC: {}", panic_message(&p))));

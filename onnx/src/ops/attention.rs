@@ -4,7 +4,7 @@
 //! fully masked rows giving zeros rather than NaN.
 
 use crate::context::{Converted, Ctx, Fail, unsupported};
-use kiln_ir::{CompareOp, DType, Dim, ReduceOp, Shape, Value};
+use kiln_ir::{BinaryOp, CompareOp, DType, Dim, ReduceOp, Shape, Value};
 use kiln_runtime::composite;
 
 /// `[B, S, H·D]` → `[B, H, S, D]` for `heads` heads (4-D inputs pass through).
@@ -139,16 +139,12 @@ fn frontier(c: &mut Ctx, s: Value, past: usize) -> Result<Option<Value>, Fail> {
     let offset = c.scalar(DType::I64, past as f64)?;
     let position = c.b.add(rows, offset)?;
     let distance = c.b.sub(cols, position)?;
-    let mut allowed: Option<Value> = None;
+    let mut checks = Vec::with_capacity(limits.len());
     for (op, bound) in limits {
         let bound = c.scalar(DType::I64, bound as f64)?;
-        let ok = c.b.compare(op, distance, bound)?;
-        allowed = Some(match allowed {
-            Some(a) => c.b.and(a, ok)?,
-            None => ok,
-        });
+        checks.push(c.b.compare(op, distance, bound)?);
     }
-    Ok(allowed)
+    c.combine(BinaryOp::And, checks)
 }
 
 /// Softmax over the keys, with fully masked rows (every score −∞) giving zeros.

@@ -229,11 +229,7 @@ pub(super) fn one_hot(c: &mut Ctx) -> Converted {
     let t = c.ty(idx);
     let rank = t.rank() + 1;
     let a = axis(c.node.int("axis", -1)?, rank)?;
-    let zero = c.scalar(DType::I64, 0.0)?;
-    let n = c.scalar(DType::I64, depth as f64)?;
-    let negative = c.b.lt(idx, zero)?;
-    let wrapped = c.b.add(idx, n)?;
-    let idx = c.b.select(negative, wrapped, idx)?;
+    let idx = c.wrap_negative(idx, depth.max(0) as usize)?;
     let mut dims = t.shape.dims().to_vec();
     dims.insert(a, Dim::Fixed(1));
     let idx = c.b.reshape(idx, Shape(dims.clone()))?;
@@ -262,13 +258,9 @@ pub(super) fn gather_elements(c: &mut Ctx) -> Converted {
     let it = c.ty(index);
     let a = axis(c.node.int("axis", 0)?, dshape.len())?;
     let index = c.b.cast(index, DType::I64)?;
-    let n = c.scalar(DType::I64, dshape[a] as f64)?;
-    let zero = c.scalar(DType::I64, 0.0)?;
-    let negative = c.b.lt(index, zero)?;
-    let wrapped = c.b.add(index, n)?;
-    let index = c.b.select(negative, wrapped, index)?;
+    let index = c.wrap_negative(index, dshape[a])?;
     let positions = it.with_dtype(DType::I64);
-    let mut linear: Option<Value> = None;
+    let mut terms = Vec::with_capacity(dshape.len());
     let mut stride = 1usize;
     for d in (0..dshape.len()).rev() {
         let coordinate = if d == a {
@@ -277,15 +269,14 @@ pub(super) fn gather_elements(c: &mut Ctx) -> Converted {
             c.b.iota(positions.clone(), d)?
         };
         let s = c.scalar(DType::I64, stride as f64)?;
-        let term = c.b.mul(coordinate, s)?;
-        linear = Some(match linear {
-            Some(l) => c.b.add(l, term)?,
-            None => term,
-        });
+        terms.push(c.b.mul(coordinate, s)?);
         stride *= dshape[d];
     }
+    let linear = c
+        .combine(BinaryOp::Add, terms)?
+        .ok_or("GatherElements needs an axis")?;
     let flat = c.b.reshape(data, Shape::fixed(&[stride]))?;
-    Ok(vec![c.b.gather(flat, linear.expect("rank ≥ 1"), 0)?])
+    Ok(vec![c.b.gather(flat, linear, 0)?])
 }
 
 /// `CumSum(x, axis; exclusive, reverse)`: running sums along one axis of static length.

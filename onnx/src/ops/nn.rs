@@ -2,7 +2,7 @@
 //! convolution and pooling are 2-D over NCHW; 1-D ones run as 2-D over a height of 1.
 
 use crate::context::{Converted, Ctx, Fail, axis, unsupported};
-use kiln_ir::{Conv2dAttrs, ConvKind, DType, Dim, Pool2dAttrs, ReduceOp, Shape, Value};
+use kiln_ir::{BinaryOp, Conv2dAttrs, ConvKind, DType, Dim, Pool2dAttrs, ReduceOp, Shape, Value};
 use kiln_runtime::composite;
 
 /// A window op's spatial attributes, for 2 spatial axes.
@@ -461,7 +461,7 @@ pub(super) fn lrn(c: &mut Ctx) -> Converted {
     let mut hi = vec![0; rank];
     (lo[1], hi[1]) = (low, high);
     let padded = c.b.pad(sq, lo, hi, vec![0; rank])?;
-    let mut sum: Option<Value> = None;
+    let mut windows = Vec::with_capacity(low + high + 1);
     for k in 0..=low + high {
         let mut ranges = vec![kiln_ir::AxisSlice::Full; rank];
         ranges[1] = kiln_ir::AxisSlice::Range {
@@ -469,13 +469,11 @@ pub(super) fn lrn(c: &mut Ctx) -> Converted {
             end: k + d[1],
             step: 1,
         };
-        let s = c.b.slice(padded, ranges)?;
-        sum = Some(match sum {
-            Some(acc) => c.b.add(acc, s)?,
-            None => s,
-        });
+        windows.push(c.b.slice(padded, ranges)?);
     }
-    let sum = sum.expect("the window has at least one channel");
+    let sum = c
+        .combine(BinaryOp::Add, windows)?
+        .expect("the window has at least one channel");
     let alpha = c.node.float("alpha", 1e-4)? as f64;
     let k = c.scalar(dtype, alpha / size as f64)?;
     let bias = c.scalar(dtype, c.node.float("bias", 1.0)? as f64)?;

@@ -1,7 +1,7 @@
 //! Reductions and arg-reductions.
 
 use crate::context::{Converted, Ctx, Fail, axis, unsupported};
-use kiln_ir::{ArgOp, AxisSlice, DType, Dim, ReduceOp, Shape, Value};
+use kiln_ir::{ArgOp, AxisSlice, BinaryOp, DType, Dim, ReduceOp, Shape, Value};
 
 /// How a `Reduce*` op combines: a Kiln reduction, with work before and after.
 #[derive(Clone, Copy)]
@@ -170,7 +170,7 @@ fn product(c: &mut Ctx, x: Value, axes: &[usize], keep: bool) -> Result<Value, F
     flat.push(n);
     let y = c.b.reshape(y, Shape::fixed(&flat))?;
     let last = flat.len() - 1;
-    let mut acc: Option<Value> = None;
+    let mut factors = Vec::with_capacity(n);
     for i in 0..n {
         let mut ranges = vec![AxisSlice::Full; flat.len()];
         ranges[last] = AxisSlice::Range {
@@ -178,12 +178,9 @@ fn product(c: &mut Ctx, x: Value, axes: &[usize], keep: bool) -> Result<Value, F
             end: i + 1,
             step: 1,
         };
-        let s = c.b.slice(y, ranges)?;
-        acc = Some(match acc {
-            Some(a) => c.b.mul(a, s)?,
-            None => s,
-        });
+        factors.push(c.b.slice(y, ranges)?);
     }
+    let acc = c.combine(BinaryOp::Mul, factors)?;
     let out: Vec<usize> = (0..d.len())
         .filter_map(|a| match axes.contains(&a) {
             true => keep.then_some(1),

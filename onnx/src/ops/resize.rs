@@ -3,7 +3,7 @@
 //! reference computes them.
 
 use crate::context::{Converted, Ctx, Fail, axis, check_elements, unsupported};
-use kiln_ir::{DType, Literal, Shape, Type, Value};
+use kiln_ir::{BinaryOp, DType, Literal, Shape, Type, Value};
 
 /// How output positions map to input coordinates, and how they are sampled.
 struct Sampling {
@@ -105,7 +105,7 @@ fn resample(
     let dims = c.shape(x, "the input")?;
     let table = taps(s, scale, dims[a], len_out)?;
     let width = table.iter().map(Vec::len).max().unwrap_or(0);
-    let mut sum: Option<Value> = None;
+    let mut terms = Vec::with_capacity(width);
     for k in 0..width {
         let (idx, w): (Vec<i64>, Vec<f64>) = table
             .iter()
@@ -123,13 +123,10 @@ fn resample(
         let weights =
             c.b.constant(literal, Type::new(DType::F64, Shape::fixed(&shape)))?;
         let weights = c.b.cast(weights, dtype)?;
-        let term = c.b.mul(g, weights)?;
-        sum = Some(match sum {
-            Some(acc) => c.b.add(acc, term)?,
-            None => term,
-        });
+        terms.push(c.b.mul(g, weights)?);
     }
-    sum.ok_or_else(|| "nothing to resample".into())
+    c.combine(BinaryOp::Add, terms)?
+        .ok_or_else(|| "nothing to resample".into())
 }
 
 /// `Resize`: scales or sizes for every axis (or `axes`), the input's shape static.

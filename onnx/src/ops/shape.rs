@@ -225,23 +225,15 @@ pub(super) fn gather(c: &mut Ctx) -> Converted {
             let ty = Type::new(DType::I64, Shape::fixed(&shape));
             c.b.constant(Literal::I64(fixed), ty)?
         }
-        _ => wrap_negative(c, 1, &d[a])?,
+        _ => {
+            let idx = c.input(1)?;
+            match d[a].as_fixed() {
+                Some(size) => c.wrap_negative(idx, size)?,
+                None => idx, // a symbolic size: negative indices are refused when run
+            }
+        }
     };
     Ok(vec![c.b.gather(table, indices, a)?])
-}
-
-/// Indices input `i` with negative entries moved up by `size`.
-fn wrap_negative(c: &mut Ctx, i: usize, size: &Dim) -> Result<Value, Fail> {
-    let idx = c.input(i)?;
-    let Some(size) = size.as_fixed() else {
-        return Ok(idx); // a symbolic size: negative indices are refused when run
-    };
-    let dtype = c.dtype(idx);
-    let zero = c.scalar(dtype, 0.0)?;
-    let n = c.scalar(dtype, size as f64)?;
-    let negative = c.b.lt(idx, zero)?;
-    let wrapped = c.b.add(idx, n)?;
-    Ok(c.b.select(negative, wrapped, idx)?)
 }
 
 /// `Shape(start, end)`: the input's dimensions, when static.
