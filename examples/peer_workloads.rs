@@ -1,6 +1,7 @@
 //! Runs Kiln on the peers' workloads (W2–W8 of `../shared/baselines`; W9, the digits CNN,
-//! W10, a recurrent network, and W12, epochs of the Fashion-MNIST CNN, whose peer scripts are
-//! Kiln's `scripts/peers/bench_w9_cnn.py`, `bench_w10_rnn.py` and `bench_w12_fashion_epoch.py`)
+//! W10, a recurrent network, W11, a transformer encoder, and W12, epochs of the Fashion-MNIST
+//! CNN, whose peer scripts are Kiln's `scripts/peers/bench_w9_cnn.py`, `bench_w10_rnn.py`,
+//! `bench_w11_transformer.py` and `bench_w12_fashion_epoch.py`)
 //! with the peers' timing
 //! protocol — the same warm-up and repeat counts, median (min..max) — and appends the same
 //! JSON-lines records to `<out>/<workload>.jsonl`, so one table shows Kiln beside the peers.
@@ -9,7 +10,7 @@
 //!
 //! `scripts/compare_peers.sh` runs it after the peers' scripts and writes the comparison.
 //!
-//! `--data dir` holds the W5, W9 and W10 batches and initial weights the peers use (`scripts/peer_data.py`
+//! `--data dir` holds the W5, W9, W10 and W11 batches and initial weights the peers use (`scripts/peer_data.py`
 //! writes them with numpy), so that the loss after 110 steps is comparable.
 
 use kiln::npy::read_npy;
@@ -366,6 +367,20 @@ fn w10(e: &Emitter, data: Option<&Path>) -> Result<(), Error> {
     e.emit_train_run("w10", &case, &run)
 }
 
+fn w11(e: &Emitter, data: Option<&Path>) -> Result<(), Error> {
+    let mut step = workloads::transformer_step()?;
+    if let Some(dir) = data {
+        let names = workloads::transformer_parameter_names();
+        load_peer_data(&mut step, dir, "w11", &names, DType::F32)?;
+    }
+    let run = train_run(&mut step)?;
+    let case = format!(
+        "2 TransformerEncoderLayer + Adam.minimize, Session.run (compiled); {}",
+        initial_weights(data)
+    );
+    e.emit_train_run("w11", &case, &run)
+}
+
 fn w6(e: &Emitter) -> Result<(), Error> {
     const ITERS: usize = 10_000;
     let x = workloads::eager_add_input();
@@ -460,7 +475,7 @@ fn main() -> Result<(), Error> {
         }
     }
     if selected.is_empty() {
-        selected = ["w2", "w3", "w4", "w5", "w6", "w8", "w9", "w10"]
+        selected = ["w2", "w3", "w4", "w5", "w6", "w8", "w9", "w10", "w11"]
             .map(String::from)
             .to_vec();
     }
@@ -478,6 +493,7 @@ fn main() -> Result<(), Error> {
             "w8" => w8(&e)?,
             "w9" => w9(&e, data.as_deref())?,
             "w10" => w10(&e, data.as_deref())?,
+            "w11" => w11(&e, data.as_deref())?,
             "w12" => w12(&e)?,
             other => return Err(format!("unknown workload {other}").into()),
         }

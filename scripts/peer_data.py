@@ -1,8 +1,9 @@
-"""Writes the W5, W9 and W10 batches and initial weights of the peers' benchmarks as .npy files, so
+"""Writes the W5, W9, W10 and W11 batches and initial weights of the peers' benchmarks as .npy files, so
 Kiln's training steps start from the same points and their losses after 110 steps are comparable.
 
 usage: python peer_data.py PEERS_DIR OUT_DIR
-  PEERS_DIR holds the peers' scripts (bench_w5_mlp.py, bench_w9_cnn.py, bench_w10_rnn.py); their
+  PEERS_DIR holds the peers' scripts (bench_w5_mlp.py, bench_w9_cnn.py, bench_w10_rnn.py,
+  bench_w11_transformer.py); their
   init() is the one
   source of the data.
 """
@@ -21,6 +22,8 @@ def main():
 
     import bench_w10_rnn
 
+    import bench_w11_transformer
+
     os.makedirs(out, exist_ok=True)
     x, y, params = bench_w5_mlp.init()
     save(out, "w5", x, y, params)
@@ -28,7 +31,9 @@ def main():
     save(out, "w9", x, y, convs + dense)
     x, y, params = bench_w10_rnn.init()
     save(out, "w10", x, y, params)
-    print(f"W5, W9 and W10 data -> {out}")
+    x, y, params = bench_w11_transformer.init()
+    save(out, "w11", x, y, params)
+    print(f"W5, W9, W10 and W11 data -> {out}")
 
 
 def save(out, workload, x, y, params):

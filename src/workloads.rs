@@ -9,7 +9,7 @@ use kiln_backend::random::Stream;
 use kiln_ir::{BinaryOp, DType, Shape, Type, Value};
 use kiln_runtime::distributed::DataParallel;
 use kiln_runtime::layers::{self, Activation, Dense};
-use kiln_runtime::{Fetch, Init, Optimizer, Program, RuntimeResult, Session, Sgd, Target};
+use kiln_runtime::{Adam, Fetch, Init, Optimizer, Program, RuntimeResult, Session, Sgd, Target};
 use ndarray::{ArrayD, IxDyn};
 use std::sync::Arc;
 
@@ -377,6 +377,68 @@ pub fn rnn_step() -> RuntimeResult<TrainStep> {
     let x_batch = normal(&[steps, batch, width], 1.0, 21);
     let y_batch = uniform(&[batch, width], -0.5, 0.5, 22);
     TrainStep::with_loss(p, loss, Sgd::new(0.1), x_batch, y_batch)
+}
+
+/// W11's sizes: batch, tokens, model width, heads, feed-forward width, layers.
+pub const TRANSFORMER_SIZES: [usize; 6] = [16, 128, 256, 4, 1024, 2];
+
+/// The parameter names of W11's encoder as `(weight, bias)` pairs (layer norms as `(γ, β)`),
+/// in the order of `scripts/peers/bench_w11_transformer.py`: each layer's `norm1`, the
+/// attention's `q`, `k`, `v`, `o`, `norm2`, `ff1`, `ff2`, then the final `norm`.
+pub fn transformer_parameter_names() -> Vec<(String, String)> {
+    let layers = TRANSFORMER_SIZES[5];
+    let parts = [
+        "norm1",
+        "attention.q",
+        "attention.k",
+        "attention.v",
+        "attention.o",
+        "norm2",
+        "ff1",
+        "ff2",
+    ];
+    let pair = |part: String| match part.contains("norm") {
+        true => (format!("{part}.gamma"), format!("{part}.beta")),
+        false => (format!("{part}.w"), format!("{part}.b")),
+    };
+    (0..layers)
+        .flat_map(|l| parts.map(|part| format!("layer{l}.{part}")))
+        .chain(["norm".to_owned()])
+        .map(pair)
+        .collect()
+}
+
+/// W11: one training step of a 2-layer pre-norm transformer encoder
+/// ([`layers::TransformerEncoderLayer`]: width 256, 4 causal heads, feed-forward 1024 with
+/// GELU) and a final layer norm, on 16 sequences of 128 tokens; loss `mean((out − y)²)` with
+/// `y` the input one token back; Adam (learning rate 1e-4).
+pub fn transformer_step() -> RuntimeResult<TrainStep> {
+    let [batch, tokens, width, heads, ff, layers] = TRANSFORMER_SIZES;
+    let mut p = Program::with_seed(0);
+    let shape = Shape::fixed(&[batch, tokens, width]);
+    let x = p.placeholder("x", DType::F32, shape.clone())?;
+    let y = p.placeholder("y", DType::F32, shape)?;
+    let mut h = x;
+    for l in 0..layers {
+        let layer = layers::TransformerEncoderLayer::new(
+            &mut p,
+            &format!("layer{l}"),
+            [width, heads, ff],
+            true,
+        )?;
+        h = layer.apply(&mut p, h)?;
+    }
+    let h = layers::layer_norm(&mut p, "norm", h, 1e-5)?;
+    let loss = layers::mse(&mut p, h, y)?;
+    let x_batch = normal(&[batch, tokens, width], 1.0, 31);
+    let Array::F32(xs) = &x_batch else {
+        unreachable!("normal() makes f32")
+    };
+    let mut ys = ndarray::Array3::<f32>::zeros((batch, tokens, width));
+    ys.slice_mut(ndarray::s![.., 1.., ..])
+        .assign(&xs.slice(ndarray::s![.., ..tokens - 1, ..]));
+    let y_batch = Array::F32(ys.into_dyn());
+    TrainStep::with_loss(p, loss, Adam::new(1e-4), x_batch, y_batch)
 }
 
 /// W8: a GAN on 1-D data as the peers run it — generator 1→16→16→1 (tanh), discriminator

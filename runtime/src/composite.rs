@@ -389,16 +389,99 @@ pub fn self_attention(
         let message = format!("the input must be [N, T, D] (batch, tokens, features), found {ty}");
         return Err(error("self_attention", message));
     }
-    let d = fixed_last_dim("self_attention", "query weights", &b.value_type(wq).clone())?;
     let q = b.matmul(x, wq)?;
     let k = b.matmul(x, wk)?;
     let v = b.matmul(x, wv)?;
+    let context = scaled_dot_product_attention(b, q, k, v, false)?;
+    b.matmul(context, wo)
+}
+
+/// `softmax(q·kᵀ/√d)·v` over `[..., T, d]` queries, keys and values (any batch axes in front).
+/// With `causal`, query `i` sees only keys `j ≤ i` (the others' scores are −∞), as a decoder's
+/// self-attention does; the number of queries and keys must then be fixed and equal.
+#[track_caller]
+pub fn scaled_dot_product_attention(
+    b: &mut FunctionBuilder,
+    q: Value,
+    k: Value,
+    v: Value,
+    causal: bool,
+) -> BuildResult<Value> {
+    let ty = b.value_type(q).clone();
+    let d = fixed_last_dim("attention", "queries", &ty)?;
     let scores = b.matmul_t(q, k, false, true)?;
     let scale = b.scalar(ty.dtype, 1.0 / (d as f64).sqrt())?;
-    let scores = b.mul(scores, scale)?;
-    let weights = softmax(b, scores, 2)?;
-    let context = b.matmul(weights, v)?;
-    b.matmul(context, wo)
+    let mut scores = b.mul(scores, scale)?;
+    let last = b.value_type(scores).rank() - 1;
+    if causal {
+        let seen = causal_mask(b, &b.value_type(scores).clone())?;
+        let hidden = b.scalar(ty.dtype, f64::NEG_INFINITY)?;
+        scores = b.select(seen, scores, hidden)?;
+    }
+    let weights = softmax(b, scores, last)?;
+    b.matmul(weights, v)
+}
+
+/// The bool `[T, T]` mask of the keys each query may see in causal attention (`j ≤ i`), for
+/// scores of type `scores` (`[..., T, T]`).
+#[track_caller]
+fn causal_mask(b: &mut FunctionBuilder, scores: &Type) -> BuildResult<Value> {
+    let dims = scores.shape.dims();
+    let (queries, keys) = (
+        dims[dims.len() - 2].as_fixed(),
+        dims[dims.len() - 1].as_fixed(),
+    );
+    let t = match (queries, keys) {
+        (Some(q), Some(k)) if q == k => q,
+        _ => {
+            let message = format!(
+                "causal attention needs as many fixed queries as keys, scores are {scores}"
+            );
+            return Err(error("attention", message));
+        }
+    };
+    let square = Type::new(DType::I64, Shape::fixed(&[t, t]));
+    let query = b.iota(square.clone(), 0)?;
+    let key = b.iota(square, 1)?;
+    b.compare(CompareOp::Le, key, query)
+}
+
+/// Multi-head attention's core over `q`, `k`, `v` `[N, T, D]` (already projected): each of
+/// `heads` heads attends with its `D/heads` features ([`scaled_dot_product_attention`]), and
+/// the heads' outputs are joined back into `[N, T, D]`.
+#[track_caller]
+pub fn multi_head_attention(
+    b: &mut FunctionBuilder,
+    [q, k, v]: [Value; 3],
+    heads: usize,
+    causal: bool,
+) -> BuildResult<Value> {
+    let ty = b.value_type(q).clone();
+    let (n, [t, d]) = match ty.shape.dims() {
+        [n, t, d] => match (t.as_fixed(), d.as_fixed()) {
+            (Some(t), Some(d)) if heads > 0 && d % heads == 0 => (n.clone(), [t, d]),
+            _ => {
+                let message = format!(
+                    "{heads} heads need fixed tokens and features divisible by them, found {ty}"
+                );
+                return Err(error("multi_head_attention", message));
+            }
+        },
+        _ => {
+            let message =
+                format!("the input must be [N, T, D] (batch, tokens, features), found {ty}");
+            return Err(error("multi_head_attention", message));
+        }
+    };
+    let split = Shape(vec![n.clone(), t.into(), heads.into(), (d / heads).into()]);
+    let mut per_head = Vec::with_capacity(3);
+    for x in [q, k, v] {
+        let x = b.reshape(x, split.clone())?;
+        per_head.push(b.transpose(x, vec![0, 2, 1, 3])?);
+    }
+    let context = scaled_dot_product_attention(b, per_head[0], per_head[1], per_head[2], causal)?;
+    let context = b.transpose(context, vec![0, 2, 1, 3])?;
+    b.reshape(context, Shape(vec![n, t.into(), d.into()]))
 }
 
 /// The sizes of a recurrent layer's input `[N, T, D]`: `T` and `D` fixed.

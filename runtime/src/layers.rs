@@ -252,6 +252,110 @@ impl SelfAttention {
     }
 }
 
+/// Multi-head self-attention over `[N, T, D]` with biased projections, as PyTorch's
+/// `nn.MultiheadAttention`: `q, k, v = x·w + b` ([`Dense`] layers `<name>.q`, `.k`, `.v`,
+/// `[D, D]` each), each of `heads` heads attends with `D/heads` features (causally if asked,
+/// see [`composite::multi_head_attention`]), and `<name>.o` projects the joined heads.
+#[derive(Clone, Copy, Debug)]
+pub struct MultiHeadAttention {
+    /// The query, key, value and output projections.
+    pub projections: [Dense; 4],
+    /// The number of heads.
+    pub heads: usize,
+    /// Whether token `i` sees only tokens `j ≤ i`.
+    pub causal: bool,
+}
+
+impl MultiHeadAttention {
+    /// Declares the projections for `width` features in and out.
+    pub fn new(
+        p: &mut Program,
+        name: &str,
+        width: usize,
+        heads: usize,
+        causal: bool,
+    ) -> RuntimeResult<MultiHeadAttention> {
+        let projection = |p: &mut Program, part| {
+            Dense::new(
+                p,
+                &format!("{name}.{part}"),
+                width,
+                width,
+                Activation::Identity,
+            )
+        };
+        Ok(MultiHeadAttention {
+            projections: [
+                projection(p, "q")?,
+                projection(p, "k")?,
+                projection(p, "v")?,
+                projection(p, "o")?,
+            ],
+            heads,
+            causal,
+        })
+    }
+
+    /// The attention's output `[N, T, D]`.
+    #[track_caller]
+    pub fn apply(&self, p: &mut Program, x: Value) -> RuntimeResult<Value> {
+        let [wq, wk, wv, wo] = self.projections;
+        let qkv = [wq.apply(p, x)?, wk.apply(p, x)?, wv.apply(p, x)?];
+        let context = composite::multi_head_attention(p, qkv, self.heads, self.causal)?;
+        wo.apply(p, context)
+    }
+}
+
+/// A pre-norm transformer encoder layer over `[N, T, D]` (PyTorch's
+/// `nn.TransformerEncoderLayer(norm_first=True, activation="gelu", dropout=0)`):
+/// `x + attention(norm1(x))`, then `x + ff2(gelu(ff1(norm2(x))))`. Parameters
+/// `<name>.norm1`, `.attention` ([`MultiHeadAttention`]), `.norm2` ([`LayerNorm`]), `.ff1`
+/// (`[D, F]`) and `.ff2` (`[F, D]`).
+#[derive(Clone, Copy, Debug)]
+pub struct TransformerEncoderLayer {
+    /// The norm before the attention.
+    pub norm1: LayerNorm,
+    /// The self-attention.
+    pub attention: MultiHeadAttention,
+    /// The norm before the feed-forward block.
+    pub norm2: LayerNorm,
+    /// The feed-forward block's widening layer (GELU).
+    pub ff1: Dense,
+    /// The feed-forward block's narrowing layer.
+    pub ff2: Dense,
+}
+
+impl TransformerEncoderLayer {
+    /// Declares a layer of `width` features, `heads` heads and a feed-forward block `ff` wide.
+    pub fn new(
+        p: &mut Program,
+        name: &str,
+        [width, heads, ff]: [usize; 3],
+        causal: bool,
+    ) -> RuntimeResult<TransformerEncoderLayer> {
+        let sub = |part: &str| format!("{name}.{part}");
+        Ok(TransformerEncoderLayer {
+            norm1: LayerNorm::new(p, &sub("norm1"), width, 1e-5)?,
+            attention: MultiHeadAttention::new(p, &sub("attention"), width, heads, causal)?,
+            norm2: LayerNorm::new(p, &sub("norm2"), width, 1e-5)?,
+            ff1: Dense::new(p, &sub("ff1"), width, ff, Activation::Gelu)?,
+            ff2: Dense::new(p, &sub("ff2"), ff, width, Activation::Identity)?,
+        })
+    }
+
+    /// The layer's output `[N, T, D]`.
+    #[track_caller]
+    pub fn apply(&self, p: &mut Program, x: Value) -> RuntimeResult<Value> {
+        let a = self.norm1.apply(p, x)?;
+        let a = self.attention.apply(p, a)?;
+        let x = p.add(x, a)?;
+        let f = self.norm2.apply(p, x)?;
+        let f = self.ff1.apply(p, f)?;
+        let f = self.ff2.apply(p, f)?;
+        Ok(p.add(x, f)?)
+    }
+}
+
 /// An LSTM layer over sequences `[N, T, D]` (see [`composite::lstm`]), with parameters
 /// `<name>.w_ih` `[D, 4H]`, `<name>.w_hh` `[H, 4H]` (both `U(−1/√H, 1/√H)`, as PyTorch) and
 /// `<name>.b` `[4H]` (zeros).
@@ -419,13 +523,51 @@ pub fn accuracy(p: &mut Program, logits: Value, labels: Value) -> RuntimeResult<
     Ok(composite::accuracy(p, logits, labels)?)
 }
 
-/// Layer normalisation over the last axis with parameters `<name>.gamma` (ones) and
-/// `<name>.beta` (zeros).
+/// Layer normalisation over the last axis (see [`composite::layer_norm`]) with parameters
+/// `<name>.gamma` (ones) and `<name>.beta` (zeros).
+#[derive(Clone, Copy, Debug)]
+pub struct LayerNorm {
+    /// The scale, `[D]`.
+    pub gamma: Value,
+    /// The shift, `[D]`.
+    pub beta: Value,
+    /// Added to the variance.
+    pub eps: f64,
+}
+
+impl LayerNorm {
+    /// Declares f32 parameters for `width` features.
+    pub fn new(p: &mut Program, name: &str, width: usize, eps: f64) -> RuntimeResult<LayerNorm> {
+        LayerNorm::of(p, name, DType::F32, width, eps)
+    }
+
+    fn of(
+        p: &mut Program,
+        name: &str,
+        dtype: DType,
+        width: usize,
+        eps: f64,
+    ) -> RuntimeResult<LayerNorm> {
+        Ok(LayerNorm {
+            gamma: p.parameter(&format!("{name}.gamma"), dtype, &[width], Init::Ones)?,
+            beta: p.parameter(&format!("{name}.beta"), dtype, &[width], Init::Zeros)?,
+            eps,
+        })
+    }
+
+    /// `x` normalised over its last axis, scaled and shifted.
+    #[track_caller]
+    pub fn apply(&self, p: &mut Program, x: Value) -> RuntimeResult<Value> {
+        Ok(composite::layer_norm(
+            p, x, self.gamma, self.beta, self.eps,
+        )?)
+    }
+}
+
+/// A [`LayerNorm`] created and applied to `x` at once.
 #[track_caller]
 pub fn layer_norm(p: &mut Program, name: &str, x: Value, eps: f64) -> RuntimeResult<Value> {
     let ty = p.value_type(x).clone();
     let width = composite::fixed_last_dim("layer_norm", "input", &ty)?;
-    let gamma = p.parameter(&format!("{name}.gamma"), ty.dtype, &[width], Init::Ones)?;
-    let beta = p.parameter(&format!("{name}.beta"), ty.dtype, &[width], Init::Zeros)?;
-    Ok(composite::layer_norm(p, x, gamma, beta, eps)?)
+    LayerNorm::of(p, name, ty.dtype, width, eps)?.apply(p, x)
 }

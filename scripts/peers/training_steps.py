@@ -1,4 +1,4 @@
-"""What Kiln's own training-step workloads (W9, W10) share: the W5 timing protocol and the
+"""What Kiln's own training-step workloads (W9, W10, W11) share: the W5 timing protocol and the
 record they write, in the peers' harness format (bench_common.py)."""
 import time
 
@@ -35,6 +35,32 @@ def jax_sgd(jax, lossf, params, xx, yy, lr):
         jax.block_until_ready(st["p"])
     first, summ = timed_loop(step)
     return first, summ, float(jax.jit(lossf)(st["p"], xx, yy))
+
+
+def jax_adam(jax, lossf, params, xx, yy, lr, b1=0.9, b2=0.999, eps=1e-8):
+    """As jax_sgd with Adam in PyTorch's form (w -= lr/(1-b1^t) * m / (sqrt(v)/sqrt(1-b2^t) + eps)),
+    params and both moments donated."""
+    import jax.numpy as jnp
+    tree = jax.tree_util
+
+    def train_step(state, xx, yy):
+        p, m, v, t = state
+        l, g = jax.value_and_grad(lossf)(p, xx, yy)
+        t = t + 1
+        m = tree.tree_map(lambda a, d: b1 * a + (1 - b1) * d, m, g)
+        v = tree.tree_map(lambda a, d: b2 * a + (1 - b2) * d * d, v, g)
+        c1, c2 = 1 - b1 ** t, jnp.sqrt(1 - b2 ** t)
+        p = tree.tree_map(lambda w, a, b: w - lr / c1 * a / (jnp.sqrt(b) / c2 + eps), p, m, v)
+        return (p, m, v, t), l
+    train_step = jax.jit(train_step, donate_argnums=0)
+    zeros = tree.tree_map(jnp.zeros_like, params)
+    st = {"s": (params, zeros, tree.tree_map(jnp.zeros_like, params), jnp.float32(0))}
+
+    def step():
+        st["s"], st["l"] = train_step(st["s"], xx, yy)
+        jax.block_until_ready(st["s"])
+    first, summ = timed_loop(step)
+    return first, summ, float(jax.jit(lossf)(st["s"][0], xx, yy))
 
 
 def report(workload, name, case, first, summ, final_loss, loss0):
