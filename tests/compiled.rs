@@ -383,6 +383,38 @@ fn large_products_split_across_threads_agree() {
     assert_eq!(tally.compared, 1);
 }
 
+/// A batch of products sharing their right operand (`[B, M, K] @ [K, N]`, a dense layer over
+/// tokens) runs as one product of `B·M` rows: plain, with the right operand transposed, with
+/// batch axes of 1 on the right, over a symbolic batch, and onto a state update; a shared
+/// left operand (not folded) and a transposed left one (not folded) beside them. Each agrees
+/// with the interpreter.
+#[test]
+fn batches_sharing_a_right_operand_run_as_one_product() {
+    let module = kiln::ir::parse_module(
+        "module {
+  state @acc : f32[3,40,70] = constant(value=0.5)
+  func @f(%x: f32[3,40,90], %w: f32[90,70], %wt: f32[70,90], %w1: f32[1,1,90,70], %x4: f32[2,3,40,90], %s: f32[N,40,90], %a: f32[40,90], %b: f32[3,90,70], %xt: f32[3,90,40]) -> (f32[3,40,70], f32[3,40,70], f32[2,3,40,70], f32[N,40,70], f32[3,40,70], f32[3,40,70]) {
+    %p = matmul %x, %w : f32[3,40,70]
+    %q = matmul %x, %wt {transpose_b=true} : f32[3,40,70]
+    %r = matmul %x4, %w1 : f32[2,3,40,70]
+    %t = matmul %s, %w : f32[N,40,70]
+    %u = matmul %a, %b : f32[3,40,70]
+    %v = matmul %xt, %w {transpose_a=true} : f32[3,40,70]
+    %acc = load @acc : f32[3,40,70]
+    %g = matmul %x, %w : f32[3,40,70]
+    %lr = const 0.01 : f32[3,40,70]
+    %step = mul %g, %lr : f32[3,40,70]
+    %next = sub %acc, %step : f32[3,40,70]
+    store @acc, %next
+    return %p, %q, %r, %t, %u, %v
+  }
+}",
+    )
+    .unwrap();
+    let tally = check_module(&module, 13).unwrap();
+    assert_eq!(tally.compared, 1);
+}
+
 /// The generator draws every op but those listed, each with the test that covers it.
 #[test]
 fn random_programs_draw_every_op() {

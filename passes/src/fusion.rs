@@ -7,7 +7,10 @@
 //! comes back, so the groups stay acyclic. A reduction may lead into elementwise ops after it
 //! (softmax's `e / sum(e)` is one group). Broadcasts, splat constants and iotas are index
 //! arithmetic: they are never shared between groups but copied into each group that uses them,
-//! which is the only recomputation fusion allows.
+//! which is the only recomputation fusion allows. A value computed from constants and iotas
+//! alone that a consumer broadcasts (a causal mask `[T, T]` added to scores `[N, H, T, T]`)
+//! stays out of that consumer's kernel, in a kernel of its own: inside it would be recomputed
+//! for every copy.
 
 use crate::manager::{Pass, PassError, Stats};
 use kiln_ir::{Function, Inst, Module, Op, Region, Value};
@@ -148,6 +151,8 @@ struct RegionUses<'f> {
     func: &'f Function,
     insts: Vec<Inst>,
     users: HashMap<Value, Vec<usize>>,
+    /// By position: whether the instruction's result depends on no input of the function.
+    input_free: Vec<bool>,
 }
 
 impl<'f> RegionUses<'f> {
@@ -167,7 +172,25 @@ impl<'f> RegionUses<'f> {
         for &v in &func.region(region).results {
             users.entry(v).or_default().push(insts.len());
         }
-        RegionUses { func, insts, users }
+        let mut free_values = HashSet::new();
+        let input_free: Vec<bool> = (insts.iter())
+            .map(|&inst| {
+                let data = func.inst(inst);
+                let free = fusible(&data.op)
+                    && data.regions.is_empty()
+                    && data.args.iter().all(|a| free_values.contains(a));
+                if free {
+                    free_values.extend(data.results.iter().copied());
+                }
+                free
+            })
+            .collect();
+        RegionUses {
+            func,
+            insts,
+            users,
+            input_free,
+        }
     }
 
     /// Whether position `i` computes something a kernel would do (not a duplicable op, which
@@ -176,6 +199,20 @@ impl<'f> RegionUses<'f> {
         i < self.insts.len() && {
             let op = &self.func.inst(self.insts[i]).op;
             fusible(op) && !duplicable(op)
+        }
+    }
+
+    /// Whether consumer `c` broadcasts producer `p`'s result (of more than one element) to
+    /// more elements: a kernel of `c` would compute `p` again for every copy.
+    fn expands(&self, p: usize, c: usize) -> bool {
+        let elements = |i: usize| {
+            let data = self.func.inst(self.insts[i]);
+            self.func.value_type(data.results[0]).shape.num_elements()
+        };
+        match (elements(p), elements(c)) {
+            (Some(p), Some(c)) => 1 < p && p < c,
+            (Some(p), None) => 1 < p,
+            (None, _) => false,
         }
     }
 
@@ -213,6 +250,9 @@ impl<'f> RegionUses<'f> {
             let Some(&first) = uses.iter().filter(|&&u| self.computes(u)).min() else {
                 continue;
             };
+            if self.input_free[p] && !self.input_free[first] && self.expands(p, first) {
+                continue;
+            }
             let group = groups.find(first);
             let last = groups.last[group];
             if uses

@@ -260,6 +260,63 @@ fn fusion_never_recomputes_shared_values() {
     );
 }
 
+/// A mask computed from iotas alone and broadcast into a larger kernel gets a kernel of its
+/// own (inside the consumer it would be recomputed for every copy); a splat-sized one, or one
+/// of the consumer's own shape, is still fused.
+#[test]
+fn fusion_computes_an_input_free_broadcast_value_once() {
+    check(
+        &["fuse"],
+        r#"module {
+  func @f(%s: f32[2,3,3], %x: f32[N,3]) -> (f32[2,3,3], f32[N,3]) {
+    %q = iota {axis=0} : i64[3,3]
+    %k = iota {axis=1} : i64[3,3]
+    %seen = le %k, %q : bool[3,3]
+    %zero = const 0.0 : f32[3,3]
+    %hidden = const -inf : f32[3,3]
+    %bias = select %seen, %zero, %hidden : f32[3,3]
+    %wide = broadcast %bias : f32[2,3,3]
+    %masked = add %s, %wide : f32[2,3,3]
+    %e = exp %masked : f32[2,3,3]
+    %c = iota {axis=1} : i64[N,3]
+    %two = const 2 : i64[N,3]
+    %keep = ge %c, %two : bool[N,3]
+    %none = const 0.0 : f32[N,3]
+    %y = select %keep, %x, %none : f32[N,3]
+    return %e, %y
+  }
+}"#,
+        r#"module {
+  func @f(%s: f32[2,3,3], %x: f32[N,3]) -> (f32[2,3,3], f32[N,3]) {
+    %bias = fused : f32[3,3] body() {
+      %0 = iota {axis=0} : i64[3,3]
+      %1 = iota {axis=1} : i64[3,3]
+      %seen = le %1, %0 : bool[3,3]
+      %2 = const 0.0 : f32[3,3]
+      %3 = const -inf : f32[3,3]
+      %4 = select %seen, %2, %3 : f32[3,3]
+      yield %4
+    }
+    %e = fused %bias, %s : f32[2,3,3] body(%5: f32[3,3], %6: f32[2,3,3]) {
+      %7 = broadcast %5 : f32[2,3,3]
+      %masked = add %6, %7 : f32[2,3,3]
+      %8 = exp %masked : f32[2,3,3]
+      yield %8
+    }
+    %y = fused %x : f32[N,3] body(%9: f32[N,3]) {
+      %10 = iota {axis=1} : i64[N,3]
+      %11 = const 2 : i64[N,3]
+      %keep = ge %10, %11 : bool[N,3]
+      %12 = const 0.0 : f32[N,3]
+      %13 = select %keep, %9, %12 : f32[N,3]
+      yield %13
+    }
+    return %e, %y
+  }
+}"#,
+    );
+}
+
 #[test]
 fn unknown_passes_and_pipelines_are_named() {
     let err = PassManager::from_names(&["cse", "inline"])

@@ -307,8 +307,16 @@ fn matmul_every_transpose_and_batch_broadcast() {
             b.matmul_t(a[0], a[1], ta, tb)
         });
     }
+    // A weight shared by the batch: its gradient is one product of the stacked rows.
     check(vec![input(&[2, 3, 4], 32), input(&[4, 2], 33)], |b, a| {
         b.matmul(a[0], a[1])
+    });
+    check(
+        vec![input(&[2, 2, 3, 4], 38), input(&[5, 4], 39)],
+        |b, a| b.matmul_t(a[0], a[1], false, true),
+    );
+    check(vec![input(&[2, 4, 3], 40), input(&[4, 5], 41)], |b, a| {
+        b.matmul_t(a[0], a[1], true, false)
     });
     check(
         vec![input(&[2, 1, 3, 4], 34), input(&[3, 4, 2], 35)],

@@ -414,18 +414,19 @@ pub fn scaled_dot_product_attention(
     let mut scores = b.mul(scores, scale)?;
     let last = b.value_type(scores).rank() - 1;
     if causal {
-        let seen = causal_mask(b, &b.value_type(scores).clone())?;
-        let hidden = b.scalar(ty.dtype, f64::NEG_INFINITY)?;
-        scores = b.select(seen, scores, hidden)?;
+        let hidden = causal_bias(b, &b.value_type(scores).clone())?;
+        scores = b.add(scores, hidden)?;
     }
     let weights = softmax(b, scores, last)?;
     b.matmul(weights, v)
 }
 
-/// The bool `[T, T]` mask of the keys each query may see in causal attention (`j ≤ i`), for
-/// scores of type `scores` (`[..., T, T]`).
+/// Causal attention's `[T, T]` additive mask for scores of type `scores` (`[..., T, T]`):
+/// 0 where query `i` may see key `j` (`j ≤ i`), −∞ elsewhere. Added rather than selected, as
+/// PyTorch's `attn_mask` is: it depends on no input, so fusion computes it once in its own
+/// kernel, and the softmax's gradient needs no mask.
 #[track_caller]
-fn causal_mask(b: &mut FunctionBuilder, scores: &Type) -> BuildResult<Value> {
+fn causal_bias(b: &mut FunctionBuilder, scores: &Type) -> BuildResult<Value> {
     let dims = scores.shape.dims();
     let (queries, keys) = (
         dims[dims.len() - 2].as_fixed(),
@@ -443,7 +444,12 @@ fn causal_mask(b: &mut FunctionBuilder, scores: &Type) -> BuildResult<Value> {
     let square = Type::new(DType::I64, Shape::fixed(&[t, t]));
     let query = b.iota(square.clone(), 0)?;
     let key = b.iota(square, 1)?;
-    b.compare(CompareOp::Le, key, query)
+    let seen = b.compare(CompareOp::Le, key, query)?;
+    let (zero, hidden) = (
+        b.scalar(scores.dtype, 0.0)?,
+        b.scalar(scores.dtype, f64::NEG_INFINITY)?,
+    );
+    b.select(seen, zero, hidden)
 }
 
 /// Multi-head attention's core over `q`, `k`, `v` `[N, T, D]` (already projected): each of

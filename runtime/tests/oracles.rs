@@ -417,6 +417,57 @@ fn self_attention_matches_its_definition() {
     );
 }
 
+/// Causal multi-head attention with biased projections, against its definition written out
+/// head by head: token `i` of head `h` attends to tokens `j ≤ i` with that head's features.
+#[test]
+fn causal_multi_head_attention_matches_its_definition() {
+    let [n, t, width, heads] = [2, 4, 6, 3];
+    let dim = width / heads;
+    let attention = nn::MultiHeadAttention::new("mha", width, heads, true).unwrap();
+    check(
+        "multi_head_attention",
+        &[n, t, width],
+        &attention.parameters(),
+        |x| attention.forward(x).unwrap(),
+        |args| {
+            let project = |x: &[f64], k: usize| -> Vec<f64> {
+                let (w, b) = (&args[1 + 2 * k], &args[2 + 2 * k]);
+                let y = matmul(x, w, [t, width, width]);
+                y.iter()
+                    .enumerate()
+                    .map(|(i, v)| v + b[i % width])
+                    .collect()
+            };
+            let mut out = Vec::new();
+            for x in args[0].chunks(t * width) {
+                let (q, k, v) = (project(x, 0), project(x, 1), project(x, 2));
+                let mut context = vec![0.0; t * width];
+                for h in 0..heads {
+                    let at = |m: &[f64], i: usize, l: usize| m[i * width + h * dim + l];
+                    for i in 0..t {
+                        let scores: Vec<f64> = (0..=i)
+                            .map(|j| {
+                                (0..dim).map(|l| at(&q, i, l) * at(&k, j, l)).sum::<f64>()
+                                    / (dim as f64).sqrt()
+                            })
+                            .collect();
+                        let top = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+                        let e: Vec<f64> = scores.iter().map(|s| (s - top).exp()).collect();
+                        let total: f64 = e.iter().sum();
+                        for (j, e) in e.iter().enumerate() {
+                            for l in 0..dim {
+                                context[i * width + h * dim + l] += e / total * at(&v, j, l);
+                            }
+                        }
+                    }
+                }
+                out.extend(project(&context, 3));
+            }
+            out
+        },
+    );
+}
+
 #[test]
 fn softmax_cross_entropy_matches_its_definition() {
     let [rows, classes] = [4, 5];

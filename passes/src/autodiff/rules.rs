@@ -194,13 +194,22 @@ pub(super) fn vjp(
                 out.push((args[0], unbroadcast(b, da, &s.ty(args[0]).shape)?));
             }
             if active(1) {
-                let db = match (*transpose_a, *transpose_b) {
-                    (false, false) => b.matmul_t(a, g, true, false)?,
-                    (false, true) => b.matmul_t(g, a, true, false)?,
-                    (true, false) => b.matmul_t(a, g, false, false)?,
-                    (true, true) => b.matmul_t(g, a, true, true)?,
+                let (a_ty, w_ty) = (s.ty(args[0]), s.ty(args[1]));
+                let stacked =
+                    stacked_weight_gradient(b, [a_ty, w_ty], [a, g], *transpose_a, *transpose_b)?;
+                let db = match stacked {
+                    Some(db) => db,
+                    None => {
+                        let db = match (*transpose_a, *transpose_b) {
+                            (false, false) => b.matmul_t(a, g, true, false)?,
+                            (false, true) => b.matmul_t(g, a, true, false)?,
+                            (true, false) => b.matmul_t(a, g, false, false)?,
+                            (true, true) => b.matmul_t(g, a, true, true)?,
+                        };
+                        unbroadcast(b, db, &w_ty.shape)?
+                    }
                 };
-                out.push((args[1], unbroadcast(b, db, &s.ty(args[1]).shape)?));
+                out.push((args[1], db));
             }
         }
         Op::Gather { axis } => {
@@ -548,6 +557,34 @@ pub(super) fn unbroadcast(
         b.reduce(ReduceOp::Sum, g, axes, true)?
     };
     b.reshape(summed, shape.clone())
+}
+
+/// The gradient of `w` in `[..., M, K] @ w` (or `@ wᵀ`) when `w` is 2-D, shared by the batch,
+/// and the shapes are fixed: the batch's contributions summed are one product of the stacked
+/// rows, `[B·M, K]ᵀ · [B·M, N]`, where a batch of products and a sum over it would write `B`
+/// weight-sized matrices (a transformer's dense layers: 16 of `[1024, 256]`).
+fn stacked_weight_gradient(
+    b: &mut FunctionBuilder,
+    [a_ty, w_ty]: [&Type; 2],
+    [a, g]: [Value; 2],
+    transpose_a: bool,
+    transpose_b: bool,
+) -> Result<Option<Value>, BuildError> {
+    if transpose_a || w_ty.rank() != 2 || a_ty.rank() <= 2 {
+        return Ok(None);
+    }
+    let g_ty = b.value_type(g).clone();
+    let (Some(a_dims), Some(g_dims)) = (a_ty.shape.as_fixed(), g_ty.shape.as_fixed()) else {
+        return Ok(None);
+    };
+    let rows: usize = a_dims[..a_dims.len() - 1].iter().product();
+    let [k, n] = [a_dims[a_dims.len() - 1], g_dims[g_dims.len() - 1]];
+    let a2 = b.reshape(a, Shape::fixed(&[rows, k]))?;
+    let g2 = b.reshape(g, Shape::fixed(&[rows, n]))?;
+    Ok(Some(match transpose_b {
+        false => b.matmul_t(a2, g2, true, false)?,
+        true => b.matmul_t(g2, a2, true, false)?,
+    }))
 }
 
 /// The gradient of a reduction over `axes` of `x` (type `x_ty`) giving `y`.

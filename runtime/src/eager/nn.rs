@@ -414,6 +414,107 @@ impl Layer for SelfAttention {
     }
 }
 
+/// Multi-head self-attention over `[N, T, D]` tensors with biased projections (the eager twin
+/// of [`crate::layers::MultiHeadAttention`], the same parameter names and composite).
+pub struct MultiHeadAttention {
+    /// The query, key, value and output projections, `<name>.q`, `.k`, `.v`, `.o`.
+    pub projections: [Linear; 4],
+    /// The number of heads.
+    pub heads: usize,
+    /// Whether token `i` sees only tokens `j ≤ i`.
+    pub causal: bool,
+}
+
+impl MultiHeadAttention {
+    /// Attention over `width` features with `heads` heads.
+    pub fn new(
+        name: &str,
+        width: usize,
+        heads: usize,
+        causal: bool,
+    ) -> EagerResult<MultiHeadAttention> {
+        let projection = |part: &str| Linear::new(&format!("{name}.{part}"), width, width);
+        Ok(MultiHeadAttention {
+            projections: [
+                projection("q")?,
+                projection("k")?,
+                projection("v")?,
+                projection("o")?,
+            ],
+            heads,
+            causal,
+        })
+    }
+}
+
+impl Layer for MultiHeadAttention {
+    fn forward(&self, x: &Tensor) -> EagerResult<Tensor> {
+        let [q, k, v, o] = &self.projections;
+        let (q, k, v) = (q.forward(x)?, k.forward(x)?, v.forward(x)?);
+        let context = apply1(&[&q, &k, &v], Loc::caller(), |b, v| {
+            composite::multi_head_attention(b, [v[0], v[1], v[2]], self.heads, self.causal)
+        })?;
+        o.forward(&context)
+    }
+
+    fn parameters(&self) -> Vec<Parameter> {
+        self.projections
+            .iter()
+            .flat_map(Layer::parameters)
+            .collect()
+    }
+}
+
+/// A pre-norm transformer encoder layer (the eager twin of
+/// [`crate::layers::TransformerEncoderLayer`]): `x + attention(norm1(x))`, then
+/// `x + ff2(gelu(ff1(norm2(x))))`.
+pub struct TransformerEncoderLayer {
+    /// The norm before the attention.
+    pub norm1: LayerNorm,
+    /// The self-attention.
+    pub attention: MultiHeadAttention,
+    /// The norm before the feed-forward block.
+    pub norm2: LayerNorm,
+    /// The feed-forward block's widening and narrowing layers.
+    pub ff: [Linear; 2],
+}
+
+impl TransformerEncoderLayer {
+    /// A layer of `width` features, `heads` heads and a feed-forward block `ff` wide.
+    pub fn new(
+        name: &str,
+        [width, heads, ff]: [usize; 3],
+        causal: bool,
+    ) -> EagerResult<TransformerEncoderLayer> {
+        let sub = |part: &str| format!("{name}.{part}");
+        Ok(TransformerEncoderLayer {
+            norm1: LayerNorm::new(&sub("norm1"), width, 1e-5)?,
+            attention: MultiHeadAttention::new(&sub("attention"), width, heads, causal)?,
+            norm2: LayerNorm::new(&sub("norm2"), width, 1e-5)?,
+            ff: [
+                Linear::new(&sub("ff1"), width, ff)?,
+                Linear::new(&sub("ff2"), ff, width)?,
+            ],
+        })
+    }
+}
+
+impl Layer for TransformerEncoderLayer {
+    fn forward(&self, x: &Tensor) -> EagerResult<Tensor> {
+        let x = x.add(&self.attention.forward(&self.norm1.forward(x)?)?)?;
+        let f = self.ff[0].forward(&self.norm2.forward(&x)?)?;
+        x.add(&self.ff[1].forward(&f.gelu()?)?)
+    }
+
+    fn parameters(&self) -> Vec<Parameter> {
+        let mut all = self.norm1.parameters();
+        all.extend(self.attention.parameters());
+        all.extend(self.norm2.parameters());
+        all.extend(self.ff.iter().flat_map(Layer::parameters));
+        all
+    }
+}
+
 /// An LSTM over sequences `[N, T, D]`: `forward` gives every step's hidden state
 /// `[N, T, H]`, [`Lstm::last`] the last one (see [`composite::lstm`]).
 pub struct Lstm {
