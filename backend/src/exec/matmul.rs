@@ -162,36 +162,51 @@ unsafe fn batched<T: Copy + 'static + num_traits::Zero + num_traits::One>(
     };
     let a_strides = batch_strides(a_shape, a_rows * a_cols);
     let b_strides = batch_strides(b_shape, b_rows * b_cols);
-    let threads = threads && m * n * k >= PARALLEL_FLOPS;
-    let mut index = vec![0usize; batch.len()];
-    for i in 0..count {
-        let (mut a_off, mut b_off) = (0, 0);
-        for (axis, &x) in index.iter().enumerate() {
-            a_off += x * a_strides[axis];
-            b_off += x * b_strides[axis];
-        }
-        let product = Product {
-            m,
-            k,
-            // SAFETY: the offsets stay within the operands (batch indices are in range).
-            a: unsafe { a.add(a_off) },
-            a_strides: (a_cs, a_rs),
-            // SAFETY: as for `a`.
-            b: unsafe { b.add(b_off) },
-            b_strides: (b_cs, b_rs),
-            scale,
-            split_rows: transpose_a,
-        };
-        // SAFETY: the output matrix `i` is within `out` and disjoint from the operands.
-        unsafe { product.run(n, out.add(i * m * n), n, threads) };
-        // The next batch index, last axis fastest.
-        for axis in (0..batch.len()).rev() {
-            index[axis] += 1;
-            if index[axis] < batch[axis] {
-                break;
+    // Product `i` of the batch, its index split over the batch axes (last fastest).
+    let products: Vec<Product<T>> = (0..count)
+        .map(|i| {
+            let (mut a_off, mut b_off, mut rest) = (0, 0, i);
+            for axis in (0..batch.len()).rev() {
+                let x = rest % batch[axis];
+                rest /= batch[axis];
+                a_off += x * a_strides[axis];
+                b_off += x * b_strides[axis];
             }
-            index[axis] = 0;
-        }
+            Product {
+                m,
+                k,
+                // SAFETY: the offsets stay within the operands (batch indices are in range).
+                a: unsafe { a.add(a_off) },
+                a_strides: (a_cs, a_rs),
+                // SAFETY: as for `a`.
+                b: unsafe { b.add(b_off) },
+                b_strides: (b_cs, b_rs),
+                scale,
+                split_rows: transpose_a,
+            }
+        })
+        .collect();
+    let threads = threads && count * m * n * k >= PARALLEL_FLOPS;
+    // Many products (attention's, per head): one thread each, not each split in two — a
+    // 128×64×128 product split across the team costs its synchronisation every time.
+    if threads && count >= 2 * crate::team::width() {
+        let out = SendPtr(out);
+        crate::team::for_each(count, |i| {
+            // SAFETY: each task writes its own output matrix, disjoint from the operands.
+            unsafe { products[i].run(n, out.get().add(i * m * n), n, false) }
+        });
+        return;
+    }
+    for (i, product) in products.iter().enumerate() {
+        // SAFETY: the output matrix `i` is within `out` and disjoint from the operands.
+        unsafe {
+            product.run(
+                n,
+                out.add(i * m * n),
+                n,
+                threads && m * n * k >= PARALLEL_FLOPS,
+            )
+        };
     }
 }
 
