@@ -1,6 +1,6 @@
 //! The peers' workloads (W2–W8 of `../shared/baselines/README.md`, and Kiln's own training steps
-//! W9, the digits CNN, and W10, a recurrent network) run by Kiln's compiled backend, under
-//! criterion. The side-by-side comparison
+//! W9, the digits CNN, W10, a recurrent network, and W11, a transformer encoder) run by Kiln's
+//! compiled backend, under criterion. The side-by-side comparison
 //! with the peers' own scripts is `scripts/compare_peers.sh`, which uses
 //! `examples/peer_workloads.rs` and the peers' timing protocol; these benches are for watching
 //! Kiln's own figures move.
@@ -89,6 +89,14 @@ fn training(c: &mut Criterion) {
     group.sample_size(20);
     group.bench_function("while_64_steps_width_256_batch_64", |b| {
         b.iter(|| black_box(rnn.step().unwrap()))
+    });
+    group.finish();
+
+    let mut transformer = workloads::transformer_step().unwrap();
+    let mut group = c.benchmark_group("w11_transformer");
+    group.sample_size(10);
+    group.bench_function("two_encoder_layers_width_256_seq_128_batch_16", |b| {
+        b.iter(|| black_box(transformer.step().unwrap()))
     });
     group.finish();
 }

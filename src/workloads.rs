@@ -1,5 +1,6 @@
-//! The workloads the peer frameworks are measured on (`../shared/baselines`, W2–W8, and W9, the
-//! digits CNN, whose peer scripts are in `scripts/peers/`), written with Kiln's public API. The
+//! The workloads the peer frameworks are measured on (`../shared/baselines`, W2–W8, and Kiln's
+//! own W9–W12 — the digits CNN, a recurrent network, a transformer encoder, Fashion-MNIST
+//! epochs — whose peer scripts are in `scripts/peers/`), written with Kiln's public API. The
 //! criterion benches (`benches/workloads.rs`) and the comparison runner
 //! (`examples/peer_workloads.rs`, which writes the peers' JSON-lines records) both run these,
 //! so the figures they report are of the same code.
