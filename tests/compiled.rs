@@ -354,6 +354,52 @@ fn products_read_reshaped_operands_in_place() {
     assert_eq!(steps, insts - (reshapes - 3), "{optimised}");
 }
 
+/// Products read transposed operands through strides (no copy): attention's heads, a reshape
+/// then a transpose of `[N, T, H·d]` into `[N, H, T, d]`, as the left operand, as the right one
+/// transposed again by the product, over a symbolic batch; a transpose swapping the matrix
+/// axes; and a transpose that is also a result (so it still runs). Each agrees with the
+/// interpreter, and the transposes only products read are not steps of the schedule.
+#[test]
+fn products_read_transposed_operands_through_strides() {
+    let module = kiln::ir::parse_module(
+        "module {
+  func @f(%q: f32[N,5,6], %k: f32[N,5,6], %v: f32[N,3,5,2], %w: f32[7,4], %x: f32[4,3]) -> (f32[N,3,5,5], f32[N,5,3,2], f32[3,7], f32[3,4]) {
+    %q4 = reshape %q : f32[N,5,3,2]
+    %qh = transpose %q4 {perm=[0, 2, 1, 3]} : f32[N,3,5,2]
+    %k4 = reshape %k : f32[N,5,3,2]
+    %kh = transpose %k4 {perm=[0, 2, 1, 3]} : f32[N,3,5,2]
+    %s = matmul %qh, %kh {transpose_b=true} : f32[N,3,5,5]
+    %c = matmul %s, %v : f32[N,3,5,2]
+    %back = transpose %c {perm=[0, 2, 1, 3]} : f32[N,5,3,2]
+    %wt = transpose %w {perm=[1, 0]} : f32[4,7]
+    %y = matmul %x, %wt {transpose_a=true} : f32[3,7]
+    %xt = transpose %x {perm=[1, 0]} : f32[3,4]
+    %z = matmul %xt, %wt : f32[3,7]
+    %sum = add %y, %z : f32[3,7]
+    return %s, %back, %sum, %xt
+  }
+}",
+    )
+    .unwrap();
+    let tally = check_module(&module, 17).unwrap();
+    assert_eq!(tally.compared, 1);
+    let mut optimised = module.clone();
+    PassManager::pipeline("default")
+        .unwrap()
+        .run(&mut optimised)
+        .unwrap();
+    let func = optimised.function("f").unwrap();
+    let text = func.to_string();
+    let (reshapes, transposes) = (
+        text.matches("= reshape").count(),
+        text.matches("= transpose").count(),
+    );
+    let steps = Executable::new(func).stats().steps;
+    let insts = func.region(func.body()).insts.len();
+    // Every reshape and transpose but `%back` (no product reads it) and `%xt` (a result).
+    assert_eq!(steps, insts - (reshapes + transposes - 2), "{optimised}");
+}
+
 /// Products large enough to split across threads (by rows when the left operand is
 /// transposed, by columns otherwise), with sizes that are no multiple of the split's
 /// granularity, each transpose, and an SGD-style update folded into one. Each agrees with

@@ -14,11 +14,64 @@ use ndarray::ArrayD;
 pub(crate) const PARALLEL_FLOPS: usize = 1 << 20;
 
 /// How a product reads its operands: each one's last two axes transposed first when
-/// `transposed` says, and read as the shape in `seen_as` when there is one (a reshape's
-/// source, with the same number of elements).
-pub(crate) struct Operands {
+/// `transposed` says, and each through its [`View`].
+pub(crate) struct Operands<'a> {
     pub transposed: [bool; 2],
-    pub seen_as: [Option<Vec<usize>>; 2],
+    pub views: [View<'a>; 2],
+}
+
+/// An operand's buffer (contiguous, row-major) seen with `shape` (a reshape's source, with the
+/// same number of elements) or its own, then with its axes permuted by `perm` (a transpose's
+/// source, read through strides).
+pub(crate) struct View<'a> {
+    pub shape: Option<Vec<usize>>,
+    pub perm: Option<&'a [usize]>,
+}
+
+/// An operand as the product reads it: a pointer, and per axis a size and an element stride.
+struct Strided<T> {
+    ptr: *const T,
+    shape: Vec<usize>,
+    strides: Vec<usize>,
+}
+
+impl<T> Strided<T> {
+    fn of(array: &ArrayD<T>, view: &View<'_>) -> Strided<T> {
+        let shape = view.shape.clone().unwrap_or_else(|| array.shape().to_vec());
+        assert_eq!(
+            shape.iter().product::<usize>(),
+            array.len(),
+            "a reshape's size"
+        );
+        let mut strides = vec![1; shape.len()];
+        for axis in (0..shape.len().saturating_sub(1)).rev() {
+            strides[axis] = strides[axis + 1] * shape[axis + 1];
+        }
+        match view.perm {
+            Some(perm) => Strided {
+                ptr: array.as_ptr(),
+                shape: perm.iter().map(|&p| shape[p]).collect(),
+                strides: perm.iter().map(|&p| strides[p]).collect(),
+            },
+            None => Strided {
+                ptr: array.as_ptr(),
+                shape,
+                strides,
+            },
+        }
+    }
+
+    /// Whether the matrices are stacked contiguously, row after row.
+    fn contiguous(&self) -> bool {
+        let mut expected = 1;
+        for (&size, &stride) in self.shape.iter().zip(&self.strides).rev() {
+            if size != 1 && stride != expected {
+                return false;
+            }
+            expected *= size;
+        }
+        true
+    }
 }
 
 /// Computes `a @ b` into `out`, which has the result's shape: overwriting it, or with
@@ -27,7 +80,7 @@ pub(crate) fn matmul(
     a: &Array,
     b: &Array,
     out: &mut Array,
-    operands: Operands,
+    operands: Operands<'_>,
     onto: Option<f64>,
     threads: bool,
 ) {
@@ -54,35 +107,22 @@ pub(crate) enum Scale<T> {
 fn typed<T: Copy + 'static + num_traits::Zero + num_traits::One>(
     [x, y]: [&ArrayD<T>; 2],
     z: &mut ArrayD<T>,
-    Operands {
-        transposed: [transpose_a, transpose_b],
-        seen_as,
-    }: Operands,
+    Operands { transposed, views }: Operands<'_>,
     scale: Scale<T>,
     threads: bool,
 ) {
-    let [x_shape, y_shape] = [(x, &seen_as[0]), (y, &seen_as[1])].map(|(array, shape)| {
-        let shape = shape.as_deref().unwrap_or(array.shape());
-        assert_eq!(
-            shape.iter().product::<usize>(),
-            array.len(),
-            "a reshape's size"
-        );
-        shape
-    });
-    let zp = z.as_mut_ptr();
-    // SAFETY: the three arrays are contiguous with the shapes passed (a reshaped operand's
-    // shape has its element count).
+    let [a, b] = [Strided::of(x, &views[0]), Strided::of(y, &views[1])];
+    let out_shape = z.shape().to_vec();
+    // SAFETY: the operands' views stay within their buffers (a reshape's shape has its
+    // element count, a permutation reorders axes), and `z` is contiguous of the result's
+    // shape, not overlapping them.
     unsafe {
         batched(
-            x.as_ptr(),
-            x_shape,
-            y.as_ptr(),
-            y_shape,
-            zp,
-            z.shape(),
-            transpose_a,
-            transpose_b,
+            &a,
+            &b,
+            z.as_mut_ptr(),
+            &out_shape,
+            transposed,
             scale,
             threads,
         )
@@ -90,44 +130,41 @@ fn typed<T: Copy + 'static + num_traits::Zero + num_traits::One>(
 }
 
 /// # Safety
-/// `a`, `b` and `out` point to contiguous row-major arrays of the shapes given, `out` not
-/// overlapping the others.
-#[allow(clippy::too_many_arguments)]
+/// `a` and `b` describe readable memory, `out` points to a contiguous row-major array of
+/// `out_shape` not overlapping them.
 unsafe fn batched<T: Copy + 'static + num_traits::Zero + num_traits::One>(
-    a: *const T,
-    a_shape: &[usize],
-    b: *const T,
-    b_shape: &[usize],
+    a: &Strided<T>,
+    b: &Strided<T>,
     out: *mut T,
     out_shape: &[usize],
-    transpose_a: bool,
-    transpose_b: bool,
+    [transpose_a, transpose_b]: [bool; 2],
     scale: Scale<T>,
     threads: bool,
 ) {
-    let (ra, rb, ro) = (a_shape.len(), b_shape.len(), out_shape.len());
+    let (ra, rb, ro) = (a.shape.len(), b.shape.len(), out_shape.len());
     let (m, n) = (out_shape[ro - 2], out_shape[ro - 1]);
-    let (a_rows, a_cols) = (a_shape[ra - 2], a_shape[ra - 1]);
-    let (b_rows, b_cols) = (b_shape[rb - 2], b_shape[rb - 1]);
-    let k = if transpose_a { a_rows } else { a_cols };
+    let k = if transpose_a {
+        a.shape[ra - 2]
+    } else {
+        a.shape[ra - 1]
+    };
     // Element strides (column, row) of each operand as an m×k and a k×n matrix.
-    let (a_cs, a_rs) = if transpose_a {
-        (a_cols as isize, 1)
-    } else {
-        (1, a_cols as isize)
+    let matrix = |x: &Strided<T>, r: usize, transposed: bool| {
+        let (rows, columns) = (x.strides[r - 2] as isize, x.strides[r - 1] as isize);
+        if transposed {
+            (rows, columns)
+        } else {
+            (columns, rows)
+        }
     };
-    let (b_cs, b_rs) = if transpose_b {
-        (b_cols as isize, 1)
-    } else {
-        (1, b_cols as isize)
-    };
+    let (a_strides, b_strides) = (matrix(a, ra, transpose_a), matrix(b, rb, transpose_b));
     let batch = &out_shape[..ro - 2];
     let count: usize = batch.iter().product();
     // `[..., M, K] @ [K, N]` with the left operand not broadcast: its matrices are one
     // `[count·M, K]` matrix, and one product of that height runs at the machine's speed where
     // `count` products of `M` rows (a transformer's 128 tokens) do not.
-    let left_whole = !transpose_a && a_shape[..ra - 2] == *batch;
-    let right_shared = b_shape[..rb - 2].iter().all(|&d| d == 1);
+    let left_whole = !transpose_a && a.shape[..ra - 2] == *batch && a.contiguous();
+    let right_shared = b.shape[..rb - 2].iter().all(|&d| d == 1);
     let (m, count) = match left_whole && right_shared && count > 1 {
         true => (count * m, 1),
         false => (m, count),
@@ -146,22 +183,18 @@ unsafe fn batched<T: Copy + 'static + num_traits::Zero + num_traits::One>(
         }
         return;
     }
-    // Offsets of each operand's matrix for a batch index, with broadcast axes fixed at 0.
-    let batch_strides = |shape: &[usize], matrix: usize| -> Vec<usize> {
-        let rank = shape.len() - 2;
+    // Each operand's element offset per batch axis of the result, 0 where it is broadcast.
+    let batch_strides = |x: &Strided<T>| -> Vec<usize> {
+        let rank = x.shape.len() - 2;
         let mut strides = vec![0; batch.len()];
-        let mut stride = matrix;
-        for axis in (0..rank).rev() {
-            let target = axis + batch.len() - rank;
-            if shape[axis] != 1 {
-                strides[target] = stride;
+        for axis in 0..rank {
+            if x.shape[axis] != 1 {
+                strides[axis + batch.len() - rank] = x.strides[axis];
             }
-            stride *= shape[axis];
         }
         strides
     };
-    let a_strides = batch_strides(a_shape, a_rows * a_cols);
-    let b_strides = batch_strides(b_shape, b_rows * b_cols);
+    let (a_batch, b_batch) = (batch_strides(a), batch_strides(b));
     // Product `i` of the batch, its index split over the batch axes (last fastest).
     let products: Vec<Product<T>> = (0..count)
         .map(|i| {
@@ -169,18 +202,18 @@ unsafe fn batched<T: Copy + 'static + num_traits::Zero + num_traits::One>(
             for axis in (0..batch.len()).rev() {
                 let x = rest % batch[axis];
                 rest /= batch[axis];
-                a_off += x * a_strides[axis];
-                b_off += x * b_strides[axis];
+                a_off += x * a_batch[axis];
+                b_off += x * b_batch[axis];
             }
             Product {
                 m,
                 k,
                 // SAFETY: the offsets stay within the operands (batch indices are in range).
-                a: unsafe { a.add(a_off) },
-                a_strides: (a_cs, a_rs),
+                a: unsafe { a.ptr.add(a_off) },
+                a_strides,
                 // SAFETY: as for `a`.
-                b: unsafe { b.add(b_off) },
-                b_strides: (b_cs, b_rs),
+                b: unsafe { b.ptr.add(b_off) },
+                b_strides,
                 scale,
                 split_rows: transpose_a,
             }

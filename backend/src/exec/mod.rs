@@ -541,17 +541,18 @@ impl Executable {
             StepKind::MatMul {
                 transpose_a,
                 transpose_b,
-                reshaped,
+                views,
                 onto,
             } => {
                 let operands = matmul::Operands {
                     transposed: [*transpose_a, *transpose_b],
-                    seen_as: reshaped.each_ref().map(|recipe| {
-                        recipe.as_ref().map(|r| {
+                    views: views.each_ref().map(|view| matmul::View {
+                        shape: view.shape.as_ref().map(|r| {
                             let mut shape = Vec::new();
                             r.resolve_into(&rt.sizes, &mut shape);
                             shape
-                        })
+                        }),
+                        perm: view.perm.as_deref(),
                     }),
                 };
                 match onto {
