@@ -762,6 +762,14 @@ fn read_products_through_views(
         ValueDef::Result(def, _) => Some(func.inst(def)),
         _ => None,
     };
+    // A reshape or transpose that runs anyway for another reader is read as it is: bypassed,
+    // a reshape whose source is still to be read copies instead of relabelling the buffer.
+    let read_elsewhere: HashSet<Value> = (steps.iter())
+        .filter(|s| !matches!(s.kind, StepKind::MatMul { .. }))
+        .flat_map(|s| s.inputs.iter().copied())
+        .chain(func.region(func.body()).results.iter().copied())
+        .collect();
+    let made_by = |v: Value| made_by(v).filter(|_| !read_elsewhere.contains(&v));
     let mut bypassed = HashSet::new();
     for step in steps.iter_mut() {
         let StepKind::MatMul { views, .. } = &mut step.kind else {
