@@ -758,18 +758,11 @@ fn read_products_through_views(
     steps: &mut Vec<Step>,
     recipe: &dyn Fn(&Shape) -> ShapeRecipe,
 ) {
+    let bypassable = bypassable_views(func, steps);
     let made_by = |v: Value| match func.value(v).def {
-        ValueDef::Result(def, _) => Some(func.inst(def)),
+        ValueDef::Result(def, _) if bypassable.contains(&v) => Some(func.inst(def)),
         _ => None,
     };
-    // A reshape or transpose that runs anyway for another reader is read as it is: bypassed,
-    // a reshape whose source is still to be read copies instead of relabelling the buffer.
-    let read_elsewhere: HashSet<Value> = (steps.iter())
-        .filter(|s| !matches!(s.kind, StepKind::MatMul { .. }))
-        .flat_map(|s| s.inputs.iter().copied())
-        .chain(func.region(func.body()).results.iter().copied())
-        .collect();
-    let made_by = |v: Value| made_by(v).filter(|_| !read_elsewhere.contains(&v));
     let mut bypassed = HashSet::new();
     for step in steps.iter_mut() {
         let StepKind::MatMul { views, .. } = &mut step.kind else {
@@ -812,6 +805,45 @@ fn read_products_through_views(
             return;
         }
     }
+}
+
+/// The reshapes and transposes a product may read through: those only products read, or
+/// views of them that only products read. One that runs anyway for another reader is read as
+/// it is (bypassed, a reshape whose source is still to be read would copy it).
+fn bypassable_views(func: &Function, steps: &[Step]) -> HashSet<Value> {
+    let is_view = |v: Value| match func.value(v).def {
+        ValueDef::Result(def, _) => {
+            matches!(func.inst(def).op, Op::Reshape { .. } | Op::Transpose { .. })
+        }
+        _ => false,
+    };
+    let mut readers: HashMap<Value, Vec<Option<usize>>> = HashMap::new();
+    for (i, step) in steps.iter().enumerate() {
+        for &v in &step.inputs {
+            readers.entry(v).or_default().push(Some(i));
+        }
+    }
+    for &v in &func.region(func.body()).results {
+        readers.entry(v).or_default().push(None);
+    }
+    fn only_products(
+        v: Value,
+        steps: &[Step],
+        readers: &HashMap<Value, Vec<Option<usize>>>,
+        is_view: &dyn Fn(Value) -> bool,
+    ) -> bool {
+        (readers.get(&v).into_iter().flatten()).all(|r| match *r {
+            Some(i) => match steps[i].kind {
+                StepKind::MatMul { .. } => true,
+                _ => (steps[i].outputs.iter())
+                    .all(|&o| is_view(o) && only_products(o, steps, readers, is_view)),
+            },
+            None => false,
+        })
+    }
+    (steps.iter().flat_map(|s| s.outputs.iter().copied()))
+        .filter(|&v| is_view(v) && only_products(v, steps, &readers, &is_view))
+        .collect()
 }
 
 /// Where each communication step's results are waited for: at the first step that reads
