@@ -357,13 +357,16 @@ fn products_read_reshaped_operands_in_place() {
 /// Products read transposed operands through strides (no copy): attention's heads, a reshape
 /// then a transpose of `[N, T, H·d]` into `[N, H, T, d]`, as the left operand, as the right one
 /// transposed again by the product, over a symbolic batch; a transpose swapping the matrix
-/// axes; and a transpose that is also a result (so it still runs). Each agrees with the
-/// interpreter, and the transposes only products read are not steps of the schedule.
+/// axes; and a transpose that is also a result (so it still runs). A product whose only
+/// reader is a transpose keeping the last axis last writes the transposed result itself (the
+/// heads joined back, and a permutation that is not its own inverse); one with another
+/// reader, or under a transpose moving the last axis, does not. Each agrees with the
+/// interpreter, and the transposes folded into products are not steps of the schedule.
 #[test]
 fn products_read_transposed_operands_through_strides() {
     let module = kiln::ir::parse_module(
         "module {
-  func @f(%q: f32[N,5,6], %k: f32[N,5,6], %v: f32[N,3,5,2], %w: f32[7,4], %x: f32[4,3]) -> (f32[N,3,5,5], f32[N,5,3,2], f32[3,7], f32[3,4]) {
+  func @f(%q: f32[N,5,6], %k: f32[N,5,6], %v: f32[N,3,5,2], %w: f32[7,4], %x: f32[4,3]) -> (f32[N,3,5,5], f32[N,5,3,2], f32[3,7], f32[3,4], f32[N,5,3,5], f32[N,5,3,5], f32[3,5,N,5]) {
     %q4 = reshape %q : f32[N,5,3,2]
     %qh = transpose %q4 {perm=[0, 2, 1, 3]} : f32[N,3,5,2]
     %k4 = reshape %k : f32[N,5,3,2]
@@ -376,7 +379,12 @@ fn products_read_transposed_operands_through_strides() {
     %xt = transpose %x {perm=[1, 0]} : f32[3,4]
     %z = matmul %xt, %wt : f32[3,7]
     %sum = add %y, %z : f32[3,7]
-    return %s, %back, %sum, %xt
+    %ss = matmul %s, %s : f32[N,3,5,5]
+    %cols = transpose %ss {perm=[0, 3, 1, 2]} : f32[N,5,3,5]
+    %sback = transpose %s {perm=[0, 2, 1, 3]} : f32[N,5,3,5]
+    %d = matmul %s, %s {transpose_b=true} : f32[N,3,5,5]
+    %rot = transpose %d {perm=[1, 2, 0, 3]} : f32[3,5,N,5]
+    return %s, %back, %sum, %xt, %cols, %sback, %rot
   }
 }",
     )
@@ -396,8 +404,9 @@ fn products_read_transposed_operands_through_strides() {
     );
     let steps = Executable::new(func).stats().steps;
     let insts = func.region(func.body()).insts.len();
-    // Every reshape and transpose but `%back` (no product reads it) and `%xt` (a result).
-    assert_eq!(steps, insts - (reshapes + transposes - 2), "{optimised}");
+    // Every reshape and transpose but `%xt` (a result), `%cols` (moves the last axis) and
+    // `%sback` (its product has another reader).
+    assert_eq!(steps, insts - (reshapes + transposes - 3), "{optimised}");
 }
 
 /// Products large enough to split across threads (by rows when the left operand is

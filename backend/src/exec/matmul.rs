@@ -13,11 +13,13 @@ use ndarray::ArrayD;
 /// 2²⁰ or 2²².)
 pub(crate) const PARALLEL_FLOPS: usize = 1 << 20;
 
-/// How a product reads its operands: each one's last two axes transposed first when
-/// `transposed` says, and each through its [`View`].
+/// How a product reads its operands — each one's last two axes transposed first when
+/// `transposed` says, and each through its [`View`] — and writes its result: the output
+/// holds the result transposed by `written_as` (which keeps the last axis last) when given.
 pub(crate) struct Operands<'a> {
     pub transposed: [bool; 2],
     pub views: [View<'a>; 2],
+    pub written_as: Option<&'a [usize]>,
 }
 
 /// An operand's buffer (contiguous, row-major) seen with `shape` (a reshape's source, with the
@@ -107,40 +109,56 @@ pub(crate) enum Scale<T> {
 fn typed<T: Copy + 'static + num_traits::Zero + num_traits::One>(
     [x, y]: [&ArrayD<T>; 2],
     z: &mut ArrayD<T>,
-    Operands { transposed, views }: Operands<'_>,
+    Operands {
+        transposed,
+        views,
+        written_as,
+    }: Operands<'_>,
     scale: Scale<T>,
     threads: bool,
 ) {
     let [a, b] = [Strided::of(x, &views[0]), Strided::of(y, &views[1])];
-    let out_shape = z.shape().to_vec();
+    // The result's axis `perm[i]` is the output's axis `i`.
+    let out = Strided::of(
+        &*z,
+        &View {
+            shape: None,
+            perm: None,
+        },
+    );
+    let out = match written_as {
+        Some(perm) => {
+            let (mut shape, mut strides) = (out.shape.clone(), out.strides.clone());
+            for (i, &p) in perm.iter().enumerate() {
+                (shape[p], strides[p]) = (out.shape[i], out.strides[i]);
+            }
+            Strided {
+                shape,
+                strides,
+                ..out
+            }
+        }
+        None => out,
+    };
     // SAFETY: the operands' views stay within their buffers (a reshape's shape has its
-    // element count, a permutation reorders axes), and `z` is contiguous of the result's
-    // shape, not overlapping them.
-    unsafe {
-        batched(
-            &a,
-            &b,
-            z.as_mut_ptr(),
-            &out_shape,
-            transposed,
-            scale,
-            threads,
-        )
-    }
+    // element count, a permutation reorders axes), as does the output's, which does not
+    // overlap them.
+    unsafe { batched(&a, &b, z.as_mut_ptr(), &out, transposed, scale, threads) }
 }
 
 /// # Safety
-/// `a` and `b` describe readable memory, `out` points to a contiguous row-major array of
-/// `out_shape` not overlapping them.
+/// `a`, `b` and `out_view` describe memory within their buffers, `out` points to the output's
+/// buffer, which does not overlap the operands.
 unsafe fn batched<T: Copy + 'static + num_traits::Zero + num_traits::One>(
     a: &Strided<T>,
     b: &Strided<T>,
     out: *mut T,
-    out_shape: &[usize],
+    out_view: &Strided<T>,
     [transpose_a, transpose_b]: [bool; 2],
     scale: Scale<T>,
     threads: bool,
 ) {
+    let out_shape = &out_view.shape[..];
     let (ra, rb, ro) = (a.shape.len(), b.shape.len(), out_shape.len());
     let (m, n) = (out_shape[ro - 2], out_shape[ro - 1]);
     let k = if transpose_a {
@@ -165,10 +183,8 @@ unsafe fn batched<T: Copy + 'static + num_traits::Zero + num_traits::One>(
     // `count` products of `M` rows (a transformer's 128 tokens) do not.
     let left_whole = !transpose_a && a.shape[..ra - 2] == *batch && a.contiguous();
     let right_shared = b.shape[..rb - 2].iter().all(|&d| d == 1);
-    let (m, count) = match left_whole && right_shared && count > 1 {
-        true => (count * m, 1),
-        false => (m, count),
-    };
+    let whole = left_whole && right_shared && out_view.contiguous() && count > 1;
+    let (m, count) = if whole { (count * m, 1) } else { (m, count) };
     if count == 0 || m == 0 || n == 0 {
         return;
     }
@@ -178,7 +194,7 @@ unsafe fn batched<T: Copy + 'static + num_traits::Zero + num_traits::One>(
         }
         // An empty sum: zeros (the buffer may hold an earlier run's values).
         for i in 0..count * m * n {
-            // SAFETY: `out` holds `count·m·n` elements.
+            // SAFETY: `out` holds `count·m·n` elements, in whatever order.
             unsafe { out.add(i).write(T::zero()) };
         }
         return;
@@ -194,29 +210,33 @@ unsafe fn batched<T: Copy + 'static + num_traits::Zero + num_traits::One>(
         }
         strides
     };
-    let (a_batch, b_batch) = (batch_strides(a), batch_strides(b));
-    // Product `i` of the batch, its index split over the batch axes (last fastest).
-    let products: Vec<Product<T>> = (0..count)
+    let offsets = [batch_strides(a), batch_strides(b), batch_strides(out_view)];
+    let ld = out_view.strides[ro - 2];
+    // Product `i` of the batch (its index split over the batch axes, last fastest), and where
+    // its output matrix starts.
+    let products: Vec<(Product<T>, usize)> = (0..count)
         .map(|i| {
-            let (mut a_off, mut b_off, mut rest) = (0, 0, i);
+            let (mut at, mut rest) = ([0; 3], i);
             for axis in (0..batch.len()).rev() {
                 let x = rest % batch[axis];
                 rest /= batch[axis];
-                a_off += x * a_batch[axis];
-                b_off += x * b_batch[axis];
+                for (at, strides) in at.iter_mut().zip(&offsets) {
+                    *at += x * strides[axis];
+                }
             }
-            Product {
+            let product = Product {
                 m,
                 k,
                 // SAFETY: the offsets stay within the operands (batch indices are in range).
-                a: unsafe { a.ptr.add(a_off) },
+                a: unsafe { a.ptr.add(at[0]) },
                 a_strides,
                 // SAFETY: as for `a`.
-                b: unsafe { b.ptr.add(b_off) },
+                b: unsafe { b.ptr.add(at[1]) },
                 b_strides,
                 scale,
                 split_rows: transpose_a,
-            }
+            };
+            (product, at[2])
         })
         .collect();
     let threads = threads && count * m * n * k >= PARALLEL_FLOPS;
@@ -225,21 +245,16 @@ unsafe fn batched<T: Copy + 'static + num_traits::Zero + num_traits::One>(
     if threads && count >= 2 * crate::team::width() {
         let out = SendPtr(out);
         crate::team::for_each(count, |i| {
+            let (product, at) = &products[i];
             // SAFETY: each task writes its own output matrix, disjoint from the operands.
-            unsafe { products[i].run(n, out.get().add(i * m * n), n, false) }
+            unsafe { product.run(n, out.get().add(*at), ld, false) }
         });
         return;
     }
-    for (i, product) in products.iter().enumerate() {
-        // SAFETY: the output matrix `i` is within `out` and disjoint from the operands.
-        unsafe {
-            product.run(
-                n,
-                out.add(i * m * n),
-                n,
-                threads && m * n * k >= PARALLEL_FLOPS,
-            )
-        };
+    let split = threads && m * n * k >= PARALLEL_FLOPS;
+    for (product, at) in &products {
+        // SAFETY: the output matrix is within `out` and disjoint from the operands.
+        unsafe { product.run(n, out.add(*at), ld, split) };
     }
 }
 

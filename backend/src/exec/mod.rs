@@ -542,10 +542,12 @@ impl Executable {
                 transpose_a,
                 transpose_b,
                 views,
+                written_as,
                 onto,
             } => {
                 let operands = matmul::Operands {
                     transposed: [*transpose_a, *transpose_b],
+                    written_as: written_as.as_deref(),
                     views: views.each_ref().map(|view| matmul::View {
                         shape: view.shape.as_ref().map(|r| {
                             let mut shape = Vec::new();

@@ -26,6 +26,9 @@ pub(crate) enum StepKind {
         /// How each operand is read from the step's input: through a reshape, a transpose,
         /// or both, with no copy made.
         views: [OperandView; 2],
+        /// `Some(perm)`: the step's output is the product transposed by `perm` (which keeps
+        /// the last axis last), each matrix written through strides.
+        written_as: Option<Vec<usize>>,
         /// `Some(scale)`: the result is the third input plus `scale ·` the product (an SGD
         /// update folded into its gradient's product, gemm's `dst = dst + β·a·b`).
         onto: Option<f64>,
@@ -252,6 +255,7 @@ impl Schedule {
             .collect();
         fold_updates_into_products(func, &mut steps);
         read_products_through_views(func, &mut steps, &recipe);
+        write_products_through_transposes(func, &mut steps);
         place_waits(&mut steps);
         let infallible_from = steps.iter().rposition(|s| s.fallible).map_or(0, |i| i + 1);
         let kept_patches = pair_patch_matrices(func, &mut steps);
@@ -627,6 +631,7 @@ fn step_kind(
             transpose_a: *transpose_a,
             transpose_b: *transpose_b,
             views: Default::default(),
+            written_as: None,
             onto: None,
         },
         Op::Conv2d { kind, attrs } if func.value_type(data.results[0]).dtype.is_float() => {
@@ -701,6 +706,7 @@ fn fold_updates_into_products(func: &Function, steps: &mut Vec<Step>) {
             transpose_a,
             transpose_b,
             views: Default::default(),
+            written_as: None,
             onto: Some(scale),
         };
         step.inputs = inputs;
@@ -844,6 +850,59 @@ fn bypassable_views(func: &Function, steps: &[Step]) -> HashSet<Value> {
     (steps.iter().flat_map(|s| s.outputs.iter().copied()))
         .filter(|&v| is_view(v) && only_products(v, steps, &readers, &is_view))
         .collect()
+}
+
+/// Lets each product whose only reader is a transpose keeping the last axis last write the
+/// transposed result itself (each output matrix through strides), and drops the transpose:
+/// attention joining its heads, `[N, H, T, d] → [N, T, H, d]`.
+fn write_products_through_transposes(func: &Function, steps: &mut Vec<Step>) {
+    let position: HashMap<Value, usize> = (steps.iter().enumerate())
+        .flat_map(|(i, s)| s.outputs.iter().map(move |&v| (v, i)))
+        .collect();
+    let mut readers: HashMap<Value, usize> = HashMap::new();
+    for &v in steps
+        .iter()
+        .flat_map(|s| &s.inputs)
+        .chain(&func.region(func.body()).results)
+    {
+        *readers.entry(v).or_default() += 1;
+    }
+    let mut dropped = Vec::new();
+    for t in 0..steps.len() {
+        let Some(&y) = steps[t].outputs.first() else {
+            continue;
+        };
+        let ValueDef::Result(def, _) = func.value(y).def else {
+            continue;
+        };
+        let Op::Transpose { perm } = &func.inst(def).op else {
+            continue;
+        };
+        let c = func.inst(def).args[0];
+        let Some(&p) = position.get(&c) else {
+            continue;
+        };
+        let product = matches!(
+            steps[p].kind,
+            StepKind::MatMul {
+                onto: None,
+                written_as: None,
+                ..
+            }
+        );
+        if !product || readers.get(&c) != Some(&1) || perm.last() != Some(&(perm.len() - 1)) {
+            continue;
+        }
+        if let StepKind::MatMul { written_as, .. } = &mut steps[p].kind {
+            *written_as = Some(perm.clone());
+        }
+        steps[p].outputs = steps[t].outputs.clone();
+        steps[p].shapes = steps[t].shapes.clone();
+        dropped.push(t);
+    }
+    for t in dropped.into_iter().rev() {
+        steps.remove(t);
+    }
 }
 
 /// Where each communication step's results are waited for: at the first step that reads
