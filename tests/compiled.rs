@@ -342,16 +342,9 @@ fn products_read_reshaped_operands_in_place() {
     let tally = check_module(&module, 7).unwrap();
     assert_eq!(tally.compared, 1);
     // The reshapes only products read are not steps of the schedule.
-    let mut optimised = module.clone();
-    PassManager::pipeline("default")
-        .unwrap()
-        .run(&mut optimised)
-        .unwrap();
-    let func = optimised.function("f").unwrap();
-    let reshapes = func.to_string().matches("= reshape").count();
-    let steps = Executable::new(func).stats().steps;
-    let insts = func.region(func.body()).insts.len();
-    assert_eq!(steps, insts - (reshapes - 3), "{optimised}");
+    let (text, steps, insts) = scheduled(&module);
+    let reshapes = text.matches("= reshape").count();
+    assert_eq!(steps, insts - (reshapes - 3), "{text}");
 }
 
 /// Products read transposed operands through strides (no copy): attention's heads, a reshape
@@ -391,22 +384,31 @@ fn products_read_transposed_operands_through_strides() {
     .unwrap();
     let tally = check_module(&module, 17).unwrap();
     assert_eq!(tally.compared, 1);
+    let (text, steps, insts) = scheduled(&module);
+    let (reshapes, transposes) = (
+        text.matches("= reshape").count(),
+        text.matches("= transpose").count(),
+    );
+    // Every reshape and transpose but `%xt` (a result), `%cols` (moves the last axis) and
+    // `%sback` (its product has another reader).
+    assert_eq!(steps, insts - (reshapes + transposes - 3), "{text}");
+}
+
+/// `module`'s function `@f` after the default pipeline: its text, the steps of its schedule,
+/// and its instructions.
+fn scheduled(module: &kiln::ir::Module) -> (String, usize, usize) {
     let mut optimised = module.clone();
     PassManager::pipeline("default")
         .unwrap()
         .run(&mut optimised)
         .unwrap();
     let func = optimised.function("f").unwrap();
-    let text = func.to_string();
-    let (reshapes, transposes) = (
-        text.matches("= reshape").count(),
-        text.matches("= transpose").count(),
-    );
     let steps = Executable::new(func).stats().steps;
-    let insts = func.region(func.body()).insts.len();
-    // Every reshape and transpose but `%xt` (a result), `%cols` (moves the last axis) and
-    // `%sback` (its product has another reader).
-    assert_eq!(steps, insts - (reshapes + transposes - 3), "{optimised}");
+    (
+        func.to_string(),
+        steps,
+        func.region(func.body()).insts.len(),
+    )
 }
 
 /// Products large enough to split across threads (by rows when the left operand is

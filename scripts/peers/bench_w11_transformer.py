@@ -18,7 +18,6 @@ import tempfile
 
 import bench_common as bc
 import training_steps
-from training_steps import timed_loop
 import numpy as np
 
 B, T, D, HEADS, FF, LAYERS, LR, EPS = 16, 128, 256, 4, 1024, 2, 1e-4, 1e-5
@@ -136,15 +135,7 @@ def run_torch(fw, x, y, params, loss0):
     else:
         lf = torch.compile(lossf)
         name, case = "torch.compile (inductor)", "compile(model+loss) fwd/bwd, eager optim.Adam"
-
-    def step():
-        opt.zero_grad(set_to_none=True)
-        loss = lf(tx, ty)
-        loss.backward()
-        opt.step()
-    first, summ = timed_loop(step)
-    with torch.no_grad():
-        final_loss = float(lossf(tx, ty))
+    first, summ, final_loss = training_steps.torch_train(opt, lf, lossf, tx, ty)
     report(name, case, first, summ, final_loss, loss0)
 
 

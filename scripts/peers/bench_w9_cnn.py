@@ -92,15 +92,7 @@ def run_torch(fw, x, y, convs, dense, loss0):
     else:
         lf = torch.compile(lossf)
         name, case = "torch.compile (inductor)", "compile(model+loss) fwd/bwd, eager optim.SGD"
-
-    def step():
-        opt.zero_grad(set_to_none=True)
-        loss = lf(tx, ty)
-        loss.backward()
-        opt.step()
-    first, summ = timed_loop(step)
-    with torch.no_grad():
-        final = float(lossf(tx, ty))
+    first, summ, final = training_steps.torch_train(opt, lf, lossf, tx, ty)
     report(name, case, first, summ, final, loss0)
 
 

@@ -21,6 +21,21 @@ def timed_loop(step):
     return first, bc.summarize(samples)
 
 
+def torch_train(opt, train_loss, loss, xx, yy):
+    """The step `opt.zero_grad; train_loss(xx, yy).backward(); opt.step()` timed by
+    timed_loop; returns the first step's time, the summary and `loss(xx, yy)` after the last
+    step (train_loss may be loss compiled)."""
+    import torch
+
+    def step():
+        opt.zero_grad(set_to_none=True)
+        train_loss(xx, yy).backward()
+        opt.step()
+    first, summ = timed_loop(step)
+    with torch.no_grad():
+        return first, summ, float(loss(xx, yy))
+
+
 def jax_sgd(jax, lossf, params, xx, yy, lr):
     """jit(value_and_grad(lossf) + SGD update) with donated params, timed by timed_loop;
     returns the first step's time, the summary and the loss after the last step."""
