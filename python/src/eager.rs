@@ -1358,6 +1358,21 @@ fn native_layer(
             o.size("features")?,
             o.size("dim")?,
         ))?),
+        "multi_head_attention" => Box::new(py_eager(nn::MultiHeadAttention::new(
+            name,
+            o.size("embed_dim")?,
+            o.size("num_heads")?,
+            o.flag("causal")?,
+        ))?),
+        "transformer_encoder_layer" => Box::new(py_eager(nn::TransformerEncoderLayer::new(
+            name,
+            [
+                o.size("d_model")?,
+                o.size("nhead")?,
+                o.size("dim_feedforward")?,
+            ],
+            o.flag("causal")?,
+        ))?),
         "dropout" => Box::new(nn::Dropout::new(
             o.float("p", 0.5)?,
             o.size("seed").unwrap_or(0) as u64,

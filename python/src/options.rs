@@ -49,6 +49,11 @@ impl Options<'_, '_> {
         }
     }
 
+    /// A bool, `false` when left out.
+    pub(crate) fn flag(&self, key: &str) -> PyResult<bool> {
+        self.value(key)?.map_or(Ok(false), |v| v.extract())
+    }
+
     pub(crate) fn float(&self, key: &str, default: f64) -> PyResult<f64> {
         self.value(key)?.map_or(Ok(default), |v| v.extract())
     }

@@ -611,6 +611,20 @@ fn transformer_encoder_block() {
     );
 }
 
+/// The pre-norm encoder layer with causal multi-head attention, over a symbolic batch (its
+/// weights' gradients then come from batched products and a sum).
+#[test]
+fn pre_norm_causal_transformer_encoder_layer() {
+    eager::reset();
+    let layer = nn::TransformerEncoderLayer::new("pre", [6, 2, 12], true).unwrap();
+    equivalent(
+        "pre_norm_causal_transformer_encoder_layer",
+        vec![batched("x", input(&[2, 4, 6], 17))],
+        layer.parameters(),
+        |t| layer.forward(&t[0]),
+    );
+}
+
 #[test]
 fn mlp_with_batch_norm_1d() {
     eager::reset();

@@ -135,8 +135,8 @@ class Layer:
         layer calls it."""
         raise NotImplementedError(f"{type(self).__name__} has no forward()")
 
-    def __call__(self, *inputs):
-        return self.forward(*inputs)
+    def __call__(self, *inputs, **options):
+        return self.forward(*inputs, **options)
 
 
 _counts = {}
@@ -427,6 +427,67 @@ class SelfAttention(_Native):
 
     def __init__(self, features, dim, name=None):
         super().__init__(name, features=features, dim=dim)
+
+
+def _check_heads(embed_dim, num_heads):
+    if num_heads <= 0 or embed_dim % num_heads:
+        raise ValueError(f"{num_heads} heads must divide the width {embed_dim}")
+
+
+class MultiheadSelfAttention(_Native):
+    """Multi-head self-attention over ``[N, T, embed_dim]``: biased query, key, value and output
+    projections (parameters ``q``, ``k``, ``v``, ``o``, weights ``[embed_dim, embed_dim]``),
+    ``num_heads`` heads of ``embed_dim / num_heads`` features; with ``causal``, token ``i``
+    sees tokens ``j <= i``. Unlike PyTorch's ``nn.MultiheadAttention`` it attends ``x`` to
+    itself, batch first: ``forward(x)`` gives the output alone. A ``ValueError`` unless
+    ``num_heads`` divides ``embed_dim``."""
+
+    kind = "multi_head_attention"
+
+    def __init__(self, embed_dim, num_heads, causal=False, name=None):
+        _check_heads(embed_dim, num_heads)
+        super().__init__(name, embed_dim=embed_dim, num_heads=num_heads, causal=causal)
+
+
+class TransformerEncoderLayer(_Native):
+    """PyTorch's ``nn.TransformerEncoderLayer`` in the one form Kiln has: pre-norm, batch first,
+    GELU, no dropout — ``x + attention(norm1(x))``, then ``x + ff2(gelu(ff1(norm2(x))))``. Its
+    arguments are PyTorch's; settings Kiln lacks (PyTorch's defaults ``dropout=0.1``,
+    ``activation="relu"``, ``batch_first=False``, ``norm_first=False`` among them) are a
+    ``ValueError`` naming them, never a quietly different layer. ``causal=True`` masks every
+    call causally (PyTorch's square subsequent mask with ``is_causal=True``)."""
+
+    kind = "transformer_encoder_layer"
+
+    def __init__(self, d_model, nhead, dim_feedforward=2048, dropout=0.1, activation="relu",
+                 layer_norm_eps=1e-5, batch_first=False, norm_first=False, causal=False,
+                 name=None):
+        kiln_has = {"dropout": (dropout, 0.0), "activation": (activation, "gelu"),
+                    "layer_norm_eps": (layer_norm_eps, 1e-5), "batch_first": (batch_first, True),
+                    "norm_first": (norm_first, True)}
+        other = [f"{k}={got!r}" for k, (got, want) in kiln_has.items() if got != want]
+        if other:
+            raise ValueError(
+                "TransformerEncoderLayer: Kiln's is pre-norm, batch first, GELU, without dropout "
+                "(dropout=0.0, activation='gelu', layer_norm_eps=1e-5, batch_first=True, "
+                f"norm_first=True); got {', '.join(other)}")
+        _check_heads(d_model, nhead)
+        super().__init__(name, d_model=d_model, nhead=nhead, dim_feedforward=dim_feedforward,
+                         causal=causal)
+        object.__setattr__(self, "causal", causal)
+
+    def forward(self, src, src_mask=None, src_key_padding_mask=None, is_causal=False):
+        """The layer's output for ``src`` ``[N, T, d_model]``. Masks are not taken per call:
+        ``src_mask`` or ``src_key_padding_mask`` is a ``NotImplementedError``, and
+        ``is_causal=True`` a ``ValueError`` unless the layer was made with ``causal=True``."""
+        if src_mask is not None or src_key_padding_mask is not None:
+            raise NotImplementedError(
+                "TransformerEncoderLayer: masks per call are not supported; make the layer "
+                "with causal=True for a causal mask")
+        if is_causal and not self.causal:
+            raise ValueError("TransformerEncoderLayer: is_causal=True needs the layer made "
+                             "with causal=True")
+        return self._native.forward(src)
 
 
 class Dropout(_Native):
