@@ -244,12 +244,12 @@ fn w4(e: &Emitter) -> Result<(), Error> {
 }
 
 /// Loads a training step's batch and initial weights from the `.npy` files `scripts/peer_data.py`
-/// wrote for workload `w` (`<w>_x`, `<w>_y`, `<w>_w<i>`, `<w>_b<i>`).
+/// wrote for workload `w` (`<w>_x`, `<w>_y`, `<w>_w<i>`, `<w>_b<i>`): pair `i` is the step's
+/// `i`th pair of parameters in the order its layers declared them, as in the peers' lists.
 fn load_peer_data(
     step: &mut workloads::TrainStep,
     dir: &Path,
     w: &str,
-    parameters: &[(String, String)],
     labels: DType,
 ) -> Result<(), Error> {
     let file = |name: String| dir.join(format!("{w}_{name}.npy"));
@@ -259,10 +259,19 @@ fn load_peer_data(
         ("x".into(), std::sync::Arc::new(x)),
         ("y".into(), std::sync::Arc::new(y)),
     ];
+    let names: Vec<String> = (step.session.program().params().iter())
+        .map(|p| p.name.clone())
+        .collect();
     let scope = step.session.scope_mut();
-    for (i, (weight, bias)) in parameters.iter().enumerate() {
-        scope.set(weight, read_npy(&file(format!("w{}", i + 1)), DType::F32)?)?;
-        scope.set(bias, read_npy(&file(format!("b{}", i + 1)), DType::F32)?)?;
+    for (i, pair) in names.chunks(2).enumerate() {
+        scope.set(
+            &pair[0],
+            read_npy(&file(format!("w{}", i + 1)), DType::F32)?,
+        )?;
+        scope.set(
+            &pair[1],
+            read_npy(&file(format!("b{}", i + 1)), DType::F32)?,
+        )?;
     }
     Ok(())
 }
@@ -309,13 +318,7 @@ fn w5_w7(e: &Emitter, data: Option<&Path>) -> Result<(), Error> {
     let mut step = workloads::mlp_step()?;
     let build = t.elapsed().as_secs_f64();
     if let Some(dir) = data {
-        load_peer_data(
-            &mut step,
-            dir,
-            "w5",
-            &workloads::mlp_parameter_names(),
-            DType::I64,
-        )?;
+        load_peer_data(&mut step, dir, "w5", DType::I64)?;
     }
     let run = train_run(&mut step)?;
     let first_call = build + run.first_step;
@@ -337,13 +340,7 @@ fn w5_w7(e: &Emitter, data: Option<&Path>) -> Result<(), Error> {
 fn w9(e: &Emitter, data: Option<&Path>) -> Result<(), Error> {
     let mut step = workloads::cnn_step()?;
     if let Some(dir) = data {
-        load_peer_data(
-            &mut step,
-            dir,
-            "w9",
-            &workloads::cnn_parameter_names(),
-            DType::I64,
-        )?;
+        load_peer_data(&mut step, dir, "w9", DType::I64)?;
     }
     let run = train_run(&mut step)?;
     let case = format!(
@@ -356,8 +353,7 @@ fn w9(e: &Emitter, data: Option<&Path>) -> Result<(), Error> {
 fn w10(e: &Emitter, data: Option<&Path>) -> Result<(), Error> {
     let mut step = workloads::rnn_step()?;
     if let Some(dir) = data {
-        let names = workloads::rnn_parameter_names();
-        load_peer_data(&mut step, dir, "w10", &names, DType::F32)?;
+        load_peer_data(&mut step, dir, "w10", DType::F32)?;
     }
     let run = train_run(&mut step)?;
     let case = format!(
@@ -370,8 +366,7 @@ fn w10(e: &Emitter, data: Option<&Path>) -> Result<(), Error> {
 fn w11(e: &Emitter, data: Option<&Path>) -> Result<(), Error> {
     let mut step = workloads::transformer_step()?;
     if let Some(dir) = data {
-        let names = workloads::transformer_parameter_names();
-        load_peer_data(&mut step, dir, "w11", &names, DType::F32)?;
+        load_peer_data(&mut step, dir, "w11", DType::F32)?;
     }
     let run = train_run(&mut step)?;
     let case = format!(

@@ -192,21 +192,6 @@ pub struct TrainStep {
     pub feeds: Vec<(String, Arc<Array>)>,
 }
 
-/// The parameter names of the MLP's layers: `(weight, bias)` with weights `[in, out]`.
-pub fn mlp_parameter_names() -> Vec<(String, String)> {
-    (1..=3)
-        .map(|i| (format!("fc{i}.w"), format!("fc{i}.b")))
-        .collect()
-}
-
-/// The parameter names of the CNN's layers in order (two convolutions, OIHW weights, then
-/// two dense layers, `[in, out]` weights), as `(weight, bias)`.
-pub fn cnn_parameter_names() -> Vec<(String, String)> {
-    ["conv1", "conv2", "fc1", "fc2"]
-        .map(|l| (format!("{l}.w"), format!("{l}.b")))
-        .to_vec()
-}
-
 /// W5: one training step of an MLP (ReLU, softmax cross-entropy on integer labels, plain SGD
 /// with learning rate 0.01) on a fixed batch of seeded normal inputs; seeded initial weights.
 pub fn mlp_step() -> RuntimeResult<TrainStep> {
@@ -324,7 +309,7 @@ pub const RNN_SIZES: [usize; 3] = [64, 64, 256];
 
 /// The parameter names of W10's cell, as `(weight, bias)`: the input's `[in, out]` weight
 /// and bias, then the state's.
-pub fn rnn_parameter_names() -> Vec<(String, String)> {
+fn rnn_parameter_names() -> Vec<(String, String)> {
     ["rnn.ih", "rnn.hh"]
         .map(|l| (format!("{l}.w"), format!("{l}.b")))
         .to_vec()
@@ -382,32 +367,6 @@ pub fn rnn_step() -> RuntimeResult<TrainStep> {
 
 /// W11's sizes: batch, tokens, model width, heads, feed-forward width, layers.
 pub const TRANSFORMER_SIZES: [usize; 6] = [16, 128, 256, 4, 1024, 2];
-
-/// The parameter names of W11's encoder as `(weight, bias)` pairs (layer norms as `(γ, β)`),
-/// in the order of `scripts/peers/bench_w11_transformer.py`: each layer's `norm1`, the
-/// attention's `q`, `k`, `v`, `o`, `norm2`, `ff1`, `ff2`, then the final `norm`.
-pub fn transformer_parameter_names() -> Vec<(String, String)> {
-    let layers = TRANSFORMER_SIZES[5];
-    let parts = [
-        "norm1",
-        "attention.q",
-        "attention.k",
-        "attention.v",
-        "attention.o",
-        "norm2",
-        "ff1",
-        "ff2",
-    ];
-    let pair = |part: String| match part.contains("norm") {
-        true => (format!("{part}.gamma"), format!("{part}.beta")),
-        false => (format!("{part}.w"), format!("{part}.b")),
-    };
-    (0..layers)
-        .flat_map(|l| parts.map(|part| format!("layer{l}.{part}")))
-        .chain(["norm".to_owned()])
-        .map(pair)
-        .collect()
-}
 
 /// W11: one training step of a 2-layer pre-norm transformer encoder
 /// ([`layers::TransformerEncoderLayer`]: width 256, 4 causal heads, feed-forward 1024 with

@@ -14,12 +14,13 @@ use ndarray::ArrayD;
 pub(crate) const PARALLEL_FLOPS: usize = 1 << 20;
 
 /// How a product reads its operands — each one's last two axes transposed first when
-/// `transposed` says, and each through its [`View`] — and writes its result: the output
-/// holds the result transposed by `written_as` (which keeps the last axis last) when given.
+/// `transposed` says, and each through its [`View`] — and writes its result: into the output
+/// seen with its axes permuted by `written_through` when given (a transpose of the result,
+/// keeping the last axis last, folded into the product).
 pub(crate) struct Operands<'a> {
     pub transposed: [bool; 2],
     pub views: [View<'a>; 2],
-    pub written_as: Option<&'a [usize]>,
+    pub written_through: Option<&'a [usize]>,
 }
 
 /// An operand's buffer (contiguous, row-major) seen with `shape` (a reshape's source, with the
@@ -39,7 +40,7 @@ struct Strided<T> {
 
 impl<T> Strided<T> {
     fn of(array: &ArrayD<T>, view: &View<'_>) -> Strided<T> {
-        let shape = view.shape.clone().unwrap_or_else(|| array.shape().to_vec());
+        let shape = view.shape.as_deref().unwrap_or(array.shape());
         assert_eq!(
             shape.iter().product::<usize>(),
             array.len(),
@@ -49,17 +50,17 @@ impl<T> Strided<T> {
         for axis in (0..shape.len().saturating_sub(1)).rev() {
             strides[axis] = strides[axis + 1] * shape[axis + 1];
         }
-        match view.perm {
-            Some(perm) => Strided {
-                ptr: array.as_ptr(),
-                shape: perm.iter().map(|&p| shape[p]).collect(),
-                strides: perm.iter().map(|&p| strides[p]).collect(),
-            },
-            None => Strided {
-                ptr: array.as_ptr(),
-                shape,
-                strides,
-            },
+        let (shape, strides) = match view.perm {
+            Some(perm) => (
+                perm.iter().map(|&p| shape[p]).collect(),
+                perm.iter().map(|&p| strides[p]).collect(),
+            ),
+            None => (shape.to_vec(), strides),
+        };
+        Strided {
+            ptr: array.as_ptr(),
+            shape,
+            strides,
         }
     }
 
@@ -112,34 +113,19 @@ fn typed<T: Copy + 'static + num_traits::Zero + num_traits::One>(
     Operands {
         transposed,
         views,
-        written_as,
+        written_through,
     }: Operands<'_>,
     scale: Scale<T>,
     threads: bool,
 ) {
     let [a, b] = [Strided::of(x, &views[0]), Strided::of(y, &views[1])];
-    // The result's axis `perm[i]` is the output's axis `i`.
     let out = Strided::of(
         &*z,
         &View {
             shape: None,
-            perm: None,
+            perm: written_through,
         },
     );
-    let out = match written_as {
-        Some(perm) => {
-            let (mut shape, mut strides) = (out.shape.clone(), out.strides.clone());
-            for (i, &p) in perm.iter().enumerate() {
-                (shape[p], strides[p]) = (out.shape[i], out.strides[i]);
-            }
-            Strided {
-                shape,
-                strides,
-                ..out
-            }
-        }
-        None => out,
-    };
     // SAFETY: the operands' views stay within their buffers (a reshape's shape has its
     // element count, a permutation reorders axes), as does the output's, which does not
     // overlap them.

@@ -542,12 +542,12 @@ impl Executable {
                 transpose_a,
                 transpose_b,
                 views,
-                written_as,
+                written_through,
                 onto,
             } => {
                 let operands = matmul::Operands {
                     transposed: [*transpose_a, *transpose_b],
-                    written_as: written_as.as_deref(),
+                    written_through: written_through.as_deref(),
                     views: views.each_ref().map(|view| matmul::View {
                         shape: view.shape.as_ref().map(|r| {
                             let mut shape = Vec::new();

@@ -26,9 +26,10 @@ pub(crate) enum StepKind {
         /// How each operand is read from the step's input: through a reshape, a transpose,
         /// or both, with no copy made.
         views: [OperandView; 2],
-        /// `Some(perm)`: the step's output is the product transposed by `perm` (which keeps
-        /// the last axis last), each matrix written through strides.
-        written_as: Option<Vec<usize>>,
+        /// `Some(perm)`: the step's output is the product transposed (the last axis kept
+        /// last); the product writes each matrix into the output seen with its axes permuted
+        /// by `perm`, the transpose's inverse.
+        written_through: Option<Vec<usize>>,
         /// `Some(scale)`: the result is the third input plus `scale ·` the product (an SGD
         /// update folded into its gradient's product, gemm's `dst = dst + β·a·b`).
         onto: Option<f64>,
@@ -631,7 +632,7 @@ fn step_kind(
             transpose_a: *transpose_a,
             transpose_b: *transpose_b,
             views: Default::default(),
-            written_as: None,
+            written_through: None,
             onto: None,
         },
         Op::Conv2d { kind, attrs } if func.value_type(data.results[0]).dtype.is_float() => {
@@ -706,7 +707,7 @@ fn fold_updates_into_products(func: &Function, steps: &mut Vec<Step>) {
             transpose_a,
             transpose_b,
             views: Default::default(),
-            written_as: None,
+            written_through: None,
             onto: Some(scale),
         };
         step.inputs = inputs;
@@ -886,15 +887,22 @@ fn write_products_through_transposes(func: &Function, steps: &mut Vec<Step>) {
             steps[p].kind,
             StepKind::MatMul {
                 onto: None,
-                written_as: None,
+                written_through: None,
                 ..
             }
         );
         if !product || readers.get(&c) != Some(&1) || perm.last() != Some(&(perm.len() - 1)) {
             continue;
         }
-        if let StepKind::MatMul { written_as, .. } = &mut steps[p].kind {
-            *written_as = Some(perm.clone());
+        if let StepKind::MatMul {
+            written_through, ..
+        } = &mut steps[p].kind
+        {
+            let mut inverse = vec![0; perm.len()];
+            for (i, &axis) in perm.iter().enumerate() {
+                inverse[axis] = i;
+            }
+            *written_through = Some(inverse);
         }
         steps[p].outputs = steps[t].outputs.clone();
         steps[p].shapes = steps[t].shapes.clone();
