@@ -136,6 +136,7 @@ pub mod book;
 /// The examples' and the tour's code, shared with the tests that run them small (not API).
 #[doc(hidden)]
 pub mod demos;
+pub mod diff;
 pub mod dot;
 pub mod fuzz;
 pub use kiln_runtime::npy;

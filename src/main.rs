@@ -19,6 +19,7 @@ use std::process::ExitCode;
         kiln run tests/programs/mlp.kir --feed 'x=[[1,2,3,4]]'\n  \
         kiln import model.onnx -o imported/      an ONNX model as Kiln IR and parameters\n  \
         kiln opt tests/programs/layer_norm.kir --print-after-all\n  \
+        kiln diff tests/programs/layer_norm.kir    the first value where compiled and interpreted part\n  \
         kiln stats tests/programs/mlp.kir --bind N=256\n  \
         kiln dot tests/programs/mlp.kir | dot -Tsvg > mlp.svg\n\n\
         Each command's --help shows more."
@@ -120,6 +121,44 @@ enum Command {
         /// many bytes (suffixes K, M, G, T; default: the machine's memory).
         #[arg(long, value_name = "BYTES", value_parser = parse_bytes)]
         memory_limit: Option<u64>,
+    },
+    /// Run a function through the interpreter (the program as written) and compiled (after the
+    /// pass pipeline), compare every value its top level computes, and print the first that
+    /// differs — its line, both values, the errors, the fused kernel that computed it — and the
+    /// pass after which the difference first appears. Exits 0 when the runs agree, 1 when not.
+    #[command(after_help = "Examples:\n  \
+        kiln diff tests/programs/mlp.kir --feed 'x=[[1,2,3,4]]'\n  \
+        kiln diff tests/programs/layer_norm.kir --bind N=16 --all\n  \
+        kiln diff kiln-out/train_step.kir --state kiln-out/checkpoint.safetensors --json\n\n\
+        Arguments not fed are drawn at random (floats in [-2, 2]); --bind sizes their symbolic\n\
+        dimensions (default 4).")]
+    Diff {
+        file: PathBuf,
+        /// The function to compare; may be left out when the program has only one.
+        #[arg(long)]
+        func: Option<String>,
+        /// An argument: NAME=FILE.npy, or NAME=LITERAL such as 'x=[[1,2],[3,4]]'.
+        #[arg(long = "feed", value_name = "NAME=VALUE")]
+        feeds: Vec<String>,
+        /// A size for a symbolic dimension of a random argument, as NAME=SIZE.
+        #[arg(long = "bind", value_name = "NAME=SIZE")]
+        bindings: Vec<String>,
+        /// Start from the state values in a safetensors checkpoint.
+        #[arg(long, value_name = "FILE")]
+        state: Option<PathBuf>,
+        /// Values agree when |a - b| <= tol * (1 + |a|) everywhere (default: 1e-4 for f32,
+        /// 1e-9 for f64, 1e-2 for f16 and bf16; integers exactly).
+        #[arg(long)]
+        tol: Option<f64>,
+        /// Print every value that differs, not only the first.
+        #[arg(long)]
+        all: bool,
+        /// Print the report as JSON.
+        #[arg(long)]
+        json: bool,
+        /// The pass pipeline compiled runs use.
+        #[arg(long, default_value = "default")]
+        pipeline: String,
     },
     /// Print the gradient function of a scalar loss: `@<func>_grad` returns the loss and the
     /// gradient with respect to each `--wrt` (arguments by name, state as `@name`).
@@ -320,6 +359,27 @@ fn main() -> ExitCode {
             stats,
         } => opt(&file, &passes, &pipeline, print_after_all, stats),
         Command::Stats { file, bindings } => stats(&file, &bindings),
+        Command::Diff {
+            file,
+            func,
+            feeds,
+            bindings,
+            state,
+            tol,
+            all,
+            json,
+            pipeline,
+        } => diff(&DiffArgs {
+            file: &file,
+            func: func.as_deref(),
+            feeds: &feeds,
+            bindings: &bindings,
+            state: state.as_deref(),
+            tol,
+            all,
+            json,
+            pipeline: &pipeline,
+        }),
         Command::Fuzz {
             seed,
             cases,
@@ -338,7 +398,9 @@ fn main() -> ExitCode {
     match outcome {
         Ok(()) => ExitCode::SUCCESS,
         Err(Failed(message)) => {
-            eprintln!("{message}");
+            if !message.is_empty() {
+                eprintln!("{message}");
+            }
             ExitCode::FAILURE
         }
     }
@@ -516,8 +578,8 @@ fn opt(
     Ok(())
 }
 
-fn stats(path: &Path, bindings: &[String]) -> Result<(), Failed> {
-    let module = load(path)?;
+/// `--bind NAME=SIZE`s as symbol sizes.
+fn parse_bindings(bindings: &[String]) -> Result<kiln::ir::SymbolBindings, Failed> {
     let mut bound = kiln::ir::SymbolBindings::new();
     for binding in bindings {
         let size = binding
@@ -530,6 +592,12 @@ fn stats(path: &Path, bindings: &[String]) -> Result<(), Failed> {
         };
         bound.insert(kiln::ir::Symbol::new(name), size);
     }
+    Ok(bound)
+}
+
+fn stats(path: &Path, bindings: &[String]) -> Result<(), Failed> {
+    let module = load(path)?;
+    let bound = parse_bindings(bindings)?;
     println!("{}", path.display());
     print!(
         "{}",
@@ -671,10 +739,15 @@ fn parse_bytes(text: &str) -> Result<u64, String> {
         .ok_or_else(|| format!("`{text}` is more bytes than 2^64"))
 }
 
-fn run(opts: &RunArgs<'_>) -> Result<(), Failed> {
-    let (feeds, out) = (opts.feeds, opts.out);
-    let (module, parameters, onnx_inputs) = load_with_parameters(opts.file)?;
-    let func = pick_function(&module, opts.func)?;
+/// The arguments of `func` from `--feed NAME=VALUE`s (ONNX inputs also by their model names).
+/// A missing feed is an error naming it, or, with `random` (the sizes of symbolic dimensions),
+/// drawn at random: floats uniform in [-2, 2], integers in [0, 4), bools either way.
+fn arguments(
+    func: &Function,
+    feeds: &[String],
+    onnx_inputs: &[String],
+    random: Option<&kiln::ir::SymbolBindings>,
+) -> Result<Vec<kiln::backend::Array>, Failed> {
     let names = ValueNames::new(func);
     let arg_names: Vec<String> = (func.args().iter())
         .map(|&a| names.get(a)[1..].to_owned())
@@ -690,33 +763,64 @@ fn run(opts: &RunArgs<'_>) -> Result<(), Failed> {
         }
         given.push((name.trim_start_matches('%'), value));
     }
-    let mut args = Vec::new();
-    for &arg in func.args() {
-        let printed = names.get(arg);
-        let name = &printed[1..];
-        let ty = func.value_type(arg);
-        let (_, value) = given.iter().find(|(n, _)| *n == name).ok_or_else(|| {
-            Failed(format!(
-                "error: no feed for argument %{name}: {ty} of @{}; pass --feed {name}=FILE.npy or --feed '{name}=[...]'",
-                func.name()
-            ))
-        })?;
-        let array = if value.ends_with(".npy") {
-            kiln::npy::read_npy(Path::new(value), ty.dtype)?
-        } else {
-            kiln::npy::parse_array_literal(value, ty.dtype)?
-        };
-        args.push(array);
-    }
-    if let Some((unknown, _)) = given
-        .iter()
-        .find(|(n, _)| !func.args().iter().any(|&a| names.get(a)[1..] == **n))
-    {
+    if let Some((unknown, _)) = (given.iter()).find(|(n, _)| !arg_names.iter().any(|a| a == n)) {
         return Err(Failed(format!(
             "error: @{} has no argument %{unknown}",
             func.name()
         )));
     }
+    let mut args = Vec::new();
+    for (&arg, name) in func.args().iter().zip(&arg_names) {
+        let ty = func.value_type(arg);
+        let array = match (given.iter().find(|(n, _)| n == name), random) {
+            (Some((_, value)), _) if value.ends_with(".npy") => {
+                kiln::npy::read_npy(Path::new(value), ty.dtype)?
+            }
+            (Some((_, value)), _) => kiln::npy::parse_array_literal(value, ty.dtype)?,
+            (None, Some(sizes)) => random_feed(ty, sizes, args.len() as u64)?,
+            (None, None) => {
+                return Err(Failed(format!(
+                    "error: no feed for argument %{name}: {ty} of @{}; pass --feed {name}=FILE.npy or --feed '{name}=[...]'",
+                    func.name()
+                )));
+            }
+        };
+        args.push(array);
+    }
+    Ok(args)
+}
+
+/// A random value of `ty`, its symbolic dimensions sized by `sizes` (4 when not bound).
+fn random_feed(
+    ty: &kiln::ir::Type,
+    sizes: &kiln::ir::SymbolBindings,
+    seed: u64,
+) -> Result<kiln::backend::Array, Failed> {
+    use kiln::ir::{DType, Dim};
+    let shape: Vec<usize> = (ty.shape.dims().iter())
+        .map(|d| match d {
+            Dim::Fixed(n) => *n,
+            Dim::Sym(s) => sizes.get(s).copied().unwrap_or(4),
+        })
+        .collect();
+    let stream = kiln::backend::random::Stream::new(seed, 0x6469_6666);
+    let n: usize = shape.iter().product();
+    let values = (0..n as u64).map(|i| match ty.dtype {
+        DType::Bool => (stream.bits(i) % 2) as f64,
+        d if d.is_int() => (stream.bits(i) % 4) as f64,
+        _ => stream.uniform(i, -2.0, 2.0),
+    });
+    let array = ndarray::ArrayD::from_shape_vec(ndarray::IxDyn(&shape), values.collect())
+        .map_err(|e| Failed(format!("error: {e}")))?;
+    Ok(kiln::backend::Array::F64(array).cast(ty.dtype))
+}
+
+fn run(opts: &RunArgs<'_>) -> Result<(), Failed> {
+    let (feeds, out) = (opts.feeds, opts.out);
+    let (module, parameters, onnx_inputs) = load_with_parameters(opts.file)?;
+    let func = pick_function(&module, opts.func)?;
+    let names = ValueNames::new(func);
+    let args = arguments(func, feeds, &onnx_inputs, None)?;
     let mut scope = Scope::from_module(&module).map_err(|e| Failed(format!("error: {e}")))?;
     for (name, value) in parameters {
         scope
@@ -778,5 +882,65 @@ fn result_file_name(printed: &str, index: usize, results: &[kiln::ir::Value]) ->
         format!("{name}.npy")
     } else {
         format!("result{index}.npy")
+    }
+}
+
+struct DiffArgs<'a> {
+    file: &'a Path,
+    func: Option<&'a str>,
+    feeds: &'a [String],
+    bindings: &'a [String],
+    state: Option<&'a Path>,
+    tol: Option<f64>,
+    all: bool,
+    json: bool,
+    pipeline: &'a str,
+}
+
+fn diff(opts: &DiffArgs<'_>) -> Result<(), Failed> {
+    let failed = |e: &dyn std::fmt::Display| Failed(format!("error: {e}"));
+    let (module, parameters, onnx_inputs) = load_with_parameters(opts.file)?;
+    // Without --func, every function of the program, each from the same state.
+    let funcs = match opts.func {
+        Some(name) => vec![pick_function(&module, Some(name))?],
+        None => module.functions.iter().collect(),
+    };
+    let sizes = parse_bindings(opts.bindings)?;
+    let mut scope = Scope::from_module(&module).map_err(|e| failed(&e))?;
+    for (name, value) in parameters {
+        scope.set(&name, value).map_err(|e| failed(&e))?;
+    }
+    if let Some(checkpoint) = opts.state {
+        scope.load(checkpoint).map_err(|e| failed(&e))?;
+    }
+    if opts.tol.is_some_and(|t| t.is_nan() || t < 0.0) {
+        return Err(Failed("error: --tol must be a number >= 0".into()));
+    }
+    let tolerance = kiln::diff::Tolerance { tol: opts.tol };
+    let mut agree = true;
+    for func in funcs {
+        let args = arguments(func, opts.feeds, &onnx_inputs, Some(&sizes))?;
+        let mut pipeline =
+            kiln::passes::PassManager::pipeline(opts.pipeline).map_err(|e| failed(&e))?;
+        let report = (kiln::diff::diff(
+            &module,
+            func.name(),
+            &args,
+            scope.store(),
+            &mut pipeline,
+            tolerance,
+        ))
+        .map_err(|e| failed(&e))?;
+        if opts.json {
+            println!("{}", kiln::diff::to_json(&report, opts.all));
+        } else {
+            print!("{}", kiln::diff::render(&report, opts.all));
+        }
+        agree &= report.agrees();
+    }
+    if agree {
+        Ok(())
+    } else {
+        Err(Failed(String::new()))
     }
 }

@@ -386,3 +386,70 @@ fn runs_past_the_limits_are_refused_with_a_message() {
         stderr(&small)
     );
 }
+
+#[test]
+fn diff_finds_every_program_of_the_corpus_in_agreement() {
+    let programs: Vec<String> = std::fs::read_dir("tests/programs")
+        .unwrap()
+        .map(|e| e.unwrap().path().display().to_string())
+        .filter(|p| p.ends_with(".kir"))
+        .collect();
+    assert!(programs.len() >= 8);
+    for program in &programs {
+        let out = kiln(&["diff", program, "--bind", "N=5"]);
+        assert!(
+            out.status.success(),
+            "{program}: {}{}",
+            stdout(&out),
+            stderr(&out)
+        );
+        let text = stdout(&out);
+        assert!(
+            text.lines().all(|l| l.starts_with("agree: @")),
+            "{program}: {text}"
+        );
+    }
+    let fed = kiln(&[
+        "diff",
+        "tests/programs/mlp.kir",
+        "--feed",
+        "x=[[1,2,3,4]]",
+        "--json",
+    ]);
+    assert!(fed.status.success(), "{}", stderr(&fed));
+    let report: serde_json::Value = serde_json::from_str(&stdout(&fed)).unwrap();
+    assert_eq!(report["agree"], true);
+    assert_eq!(report["function"], "predict");
+    assert_eq!(report["passes"].as_array().unwrap().len(), 10);
+}
+
+#[test]
+fn diff_refuses_bad_input_clearly() {
+    let cases: [(&[&str], &str); 4] = [
+        (
+            &["diff", "tests/programs/missing.kir"],
+            "error: cannot read tests/programs/missing.kir",
+        ),
+        (
+            &["diff", "tests/programs/mlp.kir", "--tol=-1"],
+            "error: --tol must be a number >= 0",
+        ),
+        (
+            &["diff", "tests/programs/mlp.kir", "--func", "nope"],
+            "error: no function @nope; the program has: @predict",
+        ),
+        (
+            &["diff", "tests/programs/mlp.kir", "--feed", "x=[[1,2,3]]"],
+            "error: the interpreted run failed",
+        ),
+    ];
+    for (args, expected) in cases {
+        let out = kiln(args);
+        assert_eq!(out.status.code(), Some(1), "{args:?}");
+        assert!(
+            stderr(&out).contains(expected),
+            "{args:?}: {}",
+            stderr(&out)
+        );
+    }
+}

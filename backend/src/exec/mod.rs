@@ -10,6 +10,8 @@
 
 mod control;
 mod conv;
+#[cfg(feature = "fault-injection")]
+pub mod fault;
 pub(crate) mod matmul;
 mod pool;
 pub(crate) mod schedule;
@@ -616,6 +618,8 @@ impl Executable {
         // Outputs and scratch are buffers no one else holds; an output shares an
         // input's buffer only where the plan allows it (`can_update_in_place`).
         let status = unsafe { kernel.execute(&rt.pointers, &rt.kernel_sizes, self.threads) };
+        #[cfg(feature = "fault-injection")]
+        fault::apply(&self.func, step.inst, &mut rt.outputs[..step.out.len()]);
         self.kernel_done(rt, step, state, scratch_start);
         if let Err(status) = status {
             return Err(self.fail(
