@@ -180,7 +180,8 @@ enum Command {
     #[command(after_help = "Examples:\n  \
         kiln opt tests/programs/layer_norm.kir\n  \
         kiln opt tests/programs/mlp.kir --passes canonicalize,cse,simplify,dce --print-after-all\n  \
-        kiln opt tests/programs/softmax_xent.kir --stats\n\n\
+        kiln opt tests/programs/softmax_xent.kir --stats\n  \
+        kiln opt tests/programs/attention.kir --explain\n\n\
         Passes: canonicalize, fold, cse, simplify, loops, dce, fuse. Pipelines: default, simplify, none.")]
     Opt {
         file: PathBuf,
@@ -196,6 +197,11 @@ enum Command {
         /// Print each pass's time, instruction counts and statistics (to stderr).
         #[arg(long)]
         stats: bool,
+        /// Before the program, say why each pass changed what it changed: for the e-graph,
+        /// each rewritten value's chain of rules and its cost before and after; for fusion,
+        /// why each value was or was not fused (comment lines, `//`).
+        #[arg(long)]
+        explain: bool,
     },
     /// Op counts, parameters and their sizes, fused kernels and estimated memory traffic, as
     /// written and after the default pass pipeline.
@@ -357,7 +363,17 @@ fn main() -> ExitCode {
             pipeline,
             print_after_all,
             stats,
-        } => opt(&file, &passes, &pipeline, print_after_all, stats),
+            explain,
+        } => opt(
+            &file,
+            &passes,
+            &pipeline,
+            OptOutput {
+                print_after_all,
+                stats,
+                explain,
+            },
+        ),
         Command::Stats { file, bindings } => stats(&file, &bindings),
         Command::Diff {
             file,
@@ -534,13 +550,19 @@ fn pick_function<'m>(module: &'m Module, name: Option<&str>) -> Result<&'m Funct
     }
 }
 
-fn opt(
-    path: &Path,
-    passes: &[String],
-    pipeline: &str,
+/// What `kiln opt` prints besides the result.
+struct OptOutput {
     print_after_all: bool,
     stats: bool,
-) -> Result<(), Failed> {
+    explain: bool,
+}
+
+fn opt(path: &Path, passes: &[String], pipeline: &str, output: OptOutput) -> Result<(), Failed> {
+    let OptOutput {
+        print_after_all,
+        stats,
+        explain,
+    } = output;
     use kiln::passes::PassManager;
     let mut module = load(path)?;
     let manager = if passes.is_empty() {
@@ -550,10 +572,20 @@ fn opt(
     };
     let mut manager = manager
         .map_err(|e| Failed(format!("error: {e}")))?
-        .verify_each(true);
+        .verify_each(true)
+        .explain(explain);
     let mut previous = module.to_string();
     let reports = manager
         .run_with(&mut module, |report, m| {
+            if explain && !report.explanations.is_empty() {
+                println!("// {} explained:", report.pass);
+                for paragraph in &report.explanations {
+                    for line in paragraph.lines() {
+                        println!("//   {line}");
+                    }
+                }
+                println!();
+            }
             if print_after_all {
                 println!("{}", kiln::passes::manager::dump_header(report.pass));
                 println!("// {report}");

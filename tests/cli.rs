@@ -453,3 +453,33 @@ fn diff_refuses_bad_input_clearly() {
         );
     }
 }
+
+#[test]
+fn opt_explain_names_the_rules_their_costs_and_fusion_decisions() {
+    let out = kiln(&["opt", "tests/programs/attention.kir", "--explain"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = stdout(&out);
+    for expected in [
+        "// simplify explained:",
+        "//   %out (line 19, column 12): cost 1550162329.6 → 1483577753.6 (bytes moved, estimated); rules: div-broadcast",
+        "//       as written: %out = matmul %p, %e : f32[B,T,4]",
+        "//       1. div-broadcast ⇒ (mul %ez (broadcast (recip %den)))",
+        "// fuse explained:",
+        "//   %ez (exp) fused into the kernel of %den (reduce_sum)",
+        "//   %p (mul) ends a kernel: nothing that reads it is fused (read by %out (matmul))",
+    ] {
+        assert!(text.contains(expected), "missing {expected:?} in:\n{text}");
+    }
+    // The program printed after the explanations is the one `kiln opt` prints without them.
+    let plain = stdout(&kiln(&["opt", "tests/programs/attention.kir"]));
+    assert!(!plain.contains("explained"));
+    let program: String = (text
+        .lines()
+        .filter(|l| !l.starts_with("//") && !l.is_empty()))
+    .map(|l| format!("{l}\n"))
+    .collect();
+    let plain_program: String = (plain.lines().filter(|l| !l.is_empty()))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    assert_eq!(program, plain_program);
+}

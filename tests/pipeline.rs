@@ -191,7 +191,7 @@ fn exact_pipeline() -> Vec<Box<dyn Pass>> {
         Box::new(Cse),
         Box::new(Simplify::with_rules(simplify::rules::exact())),
         Box::new(Dce),
-        Box::new(Fuse),
+        Box::new(Fuse::default()),
     ]
 }
 

@@ -13,24 +13,40 @@
 //! for every copy.
 
 use crate::manager::{Pass, PassError, Stats};
+use kiln_ir::print::ValueNames;
 use kiln_ir::{Function, Inst, Module, Op, Region, Value};
 use std::collections::{BTreeSet, HashMap, HashSet};
 
 /// Fusion of elementwise, broadcast and reduction ops into `fused` kernel regions.
-pub struct Fuse;
+#[derive(Default)]
+pub struct Fuse {
+    /// Record why each value was or was not fused (`kiln opt --explain`).
+    pub explain: bool,
+    explanations: Vec<String>,
+}
 
 impl Pass for Fuse {
     fn name(&self) -> &'static str {
         "fuse"
     }
 
+    fn set_explain(&mut self, on: bool) {
+        self.explain = on;
+    }
+
+    fn take_explanations(&mut self) -> Vec<String> {
+        std::mem::take(&mut self.explanations)
+    }
+
     fn run(&mut self, module: &mut Module) -> Result<Stats, PassError> {
         let (mut groups, mut fused_insts) = (0, 0);
+        self.explanations.clear();
         for func in &mut module.functions {
             let mut replace = HashMap::new();
             let mut pending = vec![func.body()];
             while let Some(region) = pending.pop() {
-                let (g, n) = fuse_region(func, region, &mut replace);
+                let notes = self.explain.then_some(&mut self.explanations);
+                let (g, n) = fuse_region(func, region, &mut replace, notes);
                 groups += g;
                 fused_insts += n;
                 for &inst in &func.region(region).insts {
@@ -116,10 +132,12 @@ fn fuse_region(
     func: &mut Function,
     region: Region,
     replace: &mut HashMap<Value, Value>,
+    notes: Option<&mut Vec<String>>,
 ) -> (usize, usize) {
     let uses = RegionUses::new(func, region);
+    let mut why = notes.is_some().then(|| Why::new(func));
     let plans: Vec<(Vec<usize>, Vec<Value>)> = uses
-        .groups()
+        .groups(why.as_mut())
         .into_iter()
         .map(|members| {
             let outputs = uses.outputs(&members);
@@ -138,6 +156,9 @@ fn fuse_region(
         let kernel = emit_group(func, &insts, &members, &outputs, &producer, replace);
         fused_count += members.len();
         kernels.push((members[0], kernel, members));
+    }
+    if let (Some(notes), Some(why)) = (notes, why) {
+        notes.extend(why.finish());
     }
     let kept = reorder(func, &insts, &kernels, replace);
     func.region_mut(region).insts =
@@ -235,7 +256,8 @@ impl<'f> RegionUses<'f> {
     /// The groups to fuse, each its members' positions, ordered by first member. Producers go
     /// last to first: an op joins the group of its earliest consumer when every other use of
     /// it comes after that group ends; the group then also yields it.
-    fn groups(&self) -> Vec<Vec<usize>> {
+    /// With `why`, each decision is recorded.
+    fn groups(&self, mut why: Option<&mut Why>) -> Vec<Vec<usize>> {
         let n = self.insts.len();
         let mut groups = Groups {
             parent: (0..n).collect(),
@@ -248,17 +270,40 @@ impl<'f> RegionUses<'f> {
                 .flat_map(|&r| self.effective_users(r))
                 .collect();
             let Some(&first) = uses.iter().filter(|&&u| self.computes(u)).min() else {
+                if let Some(why) = why.as_deref_mut() {
+                    let readers = uses.iter().map(|&u| self.at(u)).collect();
+                    why.note(
+                        self.func,
+                        p,
+                        self.insts[p],
+                        Decision::NoFusedReader(readers),
+                    );
+                }
                 continue;
             };
             if self.input_free[p] && !self.input_free[first] && self.expands(p, first) {
+                if let Some(why) = why.as_deref_mut() {
+                    why.note(
+                        self.func,
+                        p,
+                        self.insts[p],
+                        Decision::Expanded(self.at(first)),
+                    );
+                }
                 continue;
             }
             let group = groups.find(first);
             let last = groups.last[group];
-            if uses
-                .iter()
-                .all(|&u| (self.computes(u) && groups.find(u) == group) || u > last)
-            {
+            let blocking = (uses.iter())
+                .find(|&&u| !((self.computes(u) && groups.find(u) == group) || u > last));
+            if let Some(why) = why.as_deref_mut() {
+                let decision = match blocking {
+                    None => Decision::Joined(self.at(first)),
+                    Some(&u) => Decision::ReadInside(self.at(first), self.at(u)),
+                };
+                why.note(self.func, p, self.insts[p], decision);
+            }
+            if blocking.is_none() {
                 groups.union(p, group);
             }
         }
@@ -269,6 +314,11 @@ impl<'f> RegionUses<'f> {
         let mut ordered: Vec<Vec<usize>> = by_group.into_values().collect();
         ordered.sort_by_key(|members| members[0]);
         ordered
+    }
+
+    /// The instruction at position `u`, or `None` for the region's results.
+    fn at(&self, u: usize) -> Option<Inst> {
+        self.insts.get(u).copied()
     }
 
     /// The results of a group that leave its kernel: those something outside computes with.
@@ -456,4 +506,78 @@ fn drop_unused_duplicates(func: &Function, insts: Vec<Inst>, results: &[Value]) 
         .filter(|(_, k)| *k)
         .map(|(i, _)| i)
         .collect()
+}
+
+/// Why a value was or was not fused with its readers (`kiln opt --explain`).
+enum Decision {
+    /// It joined the kernel of its first fused reader.
+    Joined(Option<Inst>),
+    /// Nothing that reads it is fused (its readers, `None` the region's results).
+    NoFusedReader(Vec<Option<Inst>>),
+    /// It is computed from constants alone and this reader broadcasts it to more elements:
+    /// the reader's kernel would compute it again for every copy.
+    Expanded(Option<Inst>),
+    /// Its first fused reader's kernel spans another reader outside that kernel, which needs
+    /// it before the kernel ends.
+    ReadInside(Option<Inst>, Option<Inst>),
+}
+
+/// The decisions of one region, in the order of its instructions.
+struct Why {
+    names: ValueNames,
+    notes: Vec<(usize, String)>,
+}
+
+impl Why {
+    fn new(func: &Function) -> Why {
+        Why {
+            names: ValueNames::new(func),
+            notes: Vec::new(),
+        }
+    }
+
+    /// `%h (tanh)`, or `the results`.
+    fn name(&self, func: &Function, inst: Option<Inst>) -> String {
+        match inst {
+            Some(i) => {
+                let data = func.inst(i);
+                let value = data.results.first().map(|&v| self.names.get(v));
+                format!("{} ({})", value.unwrap_or_default(), data.op.name())
+            }
+            None => "the region's results".to_owned(),
+        }
+    }
+
+    fn note(&mut self, func: &Function, p: usize, inst: Inst, decision: Decision) {
+        let me = self.name(func, Some(inst));
+        let text = match decision {
+            Decision::Joined(c) => format!("{me} fused into the kernel of {}", self.name(func, c)),
+            Decision::NoFusedReader(readers) => {
+                let readers: Vec<String> = readers.iter().map(|&r| self.name(func, r)).collect();
+                format!(
+                    "{me} ends a kernel: nothing that reads it is fused (read by {})",
+                    readers.join(", ")
+                )
+            }
+            Decision::Expanded(c) => format!(
+                "{me} kept out of the kernel of {c}: it is computed from constants alone and \
+                 {c} broadcasts it to more elements (that kernel would compute it again for \
+                 every copy)",
+                c = self.name(func, c)
+            ),
+            Decision::ReadInside(c, u) => format!(
+                "{me} not fused into the kernel of {}: {} reads it too, before that kernel \
+                 ends and outside it",
+                self.name(func, c),
+                self.name(func, u)
+            ),
+        };
+        self.notes.push((p, text));
+    }
+
+    /// The decisions in the order of the instructions.
+    fn finish(mut self) -> Vec<String> {
+        self.notes.sort_by_key(|(p, _)| *p);
+        self.notes.into_iter().map(|(_, text)| text).collect()
+    }
 }

@@ -76,6 +76,13 @@ pub trait Pass {
     fn name(&self) -> &'static str;
     /// Runs the pass over `module`, returning what it did.
     fn run(&mut self, module: &mut Module) -> Result<Stats, PassError>;
+    /// Asks the pass to record why it changed what it changed (`kiln opt --explain`); passes
+    /// without explanations ignore it.
+    fn set_explain(&mut self, _on: bool) {}
+    /// The explanations the last run recorded, each a paragraph (empty unless asked for).
+    fn take_explanations(&mut self) -> Vec<String> {
+        Vec::new()
+    }
 }
 
 /// What one pass did to the module.
@@ -91,6 +98,8 @@ pub struct PassReport {
     pub insts_after: usize,
     /// What the pass says it did.
     pub stats: Stats,
+    /// Why it did it, when explanations were asked for ([`PassManager::explain`]).
+    pub explanations: Vec<String>,
 }
 
 impl fmt::Display for PassReport {
@@ -184,7 +193,7 @@ pub fn pass_by_name(name: &str) -> Result<Box<dyn Pass>, PassError> {
         "simplify" => Box::new(simplify::Simplify::default()),
         "dce" => Box::new(dce::Dce),
         "loops" => Box::new(loops::Loops),
-        "fuse" => Box::new(fusion::Fuse),
+        "fuse" => Box::new(fusion::Fuse::default()),
         _ => {
             return Err(PassError::UnknownPass {
                 name: name.to_owned(),
@@ -207,6 +216,7 @@ pub fn instruction_count(module: &Module) -> usize {
 pub struct PassManager {
     passes: Vec<Box<dyn Pass>>,
     verify: bool,
+    explain: bool,
 }
 
 impl Default for PassManager {
@@ -221,6 +231,7 @@ impl PassManager {
         PassManager {
             passes: Vec::new(),
             verify: cfg!(debug_assertions),
+            explain: false,
         }
     }
 
@@ -230,8 +241,19 @@ impl PassManager {
         self
     }
 
+    /// Whether each pass records why it changed what it changed (in its report's
+    /// `explanations`): the e-graph's chains of rules, fusion's decisions.
+    pub fn explain(mut self, on: bool) -> PassManager {
+        self.explain = on;
+        for pass in &mut self.passes {
+            pass.set_explain(on);
+        }
+        self
+    }
+
     /// Appends `pass`.
-    pub fn with_pass(mut self, pass: Box<dyn Pass>) -> PassManager {
+    pub fn with_pass(mut self, mut pass: Box<dyn Pass>) -> PassManager {
+        pass.set_explain(self.explain);
         self.passes.push(pass);
         self
     }
@@ -293,6 +315,7 @@ impl PassManager {
                 insts_before: before,
                 insts_after: instruction_count(module),
                 stats,
+                explanations: pass.take_explanations(),
             };
             after_each(&report, module);
             reports.push(report);

@@ -333,3 +333,51 @@ fn unknown_passes_and_pipelines_are_named() {
         "unknown pipeline `O3`; the pipelines are: default, simplify, none"
     );
 }
+
+/// `--explain`: fusion says why each value was or was not fused, each reason once.
+#[test]
+fn fusion_explains_each_decision() {
+    let mut module = parse_and_verify(
+        r#"module {
+  func @f(%s: f32[2,3,3], %x: f32[4], %w: f32[4,4]) -> (f32[2,3,3], f32[4], f32[1,4]) {
+    %q = iota {axis=0} : i64[3,3]
+    %k = iota {axis=1} : i64[3,3]
+    %seen = le %k, %q : bool[3,3]
+    %zero = const 0.0 : f32[3,3]
+    %hidden = const -inf : f32[3,3]
+    %bias = select %seen, %zero, %hidden : f32[3,3]
+    %wide = broadcast %bias : f32[2,3,3]
+    %masked = add %s, %wide : f32[2,3,3]
+    %e = exp %x : f32[4]
+    %row = reshape %e : f32[1,4]
+    %m = matmul %row, %w : f32[1,4]
+    %a = add %e, %e : f32[4]
+    %n = neg %m : f32[1,4]
+    %r = reshape %n : f32[4]
+    %b = mul %a, %r : f32[4]
+    return %masked, %b, %m
+  }
+}"#,
+    )
+    .unwrap();
+    let reports = PassManager::from_names(&["fuse"])
+        .unwrap()
+        .explain(true)
+        .run(&mut module)
+        .unwrap();
+    let got = reports[0].explanations.join("\n");
+    let want = "\
+%seen (le) fused into the kernel of %bias (select)
+%bias (select) kept out of the kernel of %masked (add): it is computed from constants alone and %masked (add) broadcasts it to more elements (that kernel would compute it again for every copy)
+%masked (add) ends a kernel: nothing that reads it is fused (read by the region's results)
+%e (exp) not fused into the kernel of %a (add): %row (reshape) reads it too, before that kernel ends and outside it
+%a (add) fused into the kernel of %b (mul)
+%n (neg) ends a kernel: nothing that reads it is fused (read by %r (reshape))
+%b (mul) ends a kernel: nothing that reads it is fused (read by the region's results)";
+    assert_eq!(got, want, "\ngot:\n{got}");
+    let quiet = PassManager::from_names(&["fuse"])
+        .unwrap()
+        .run(&mut module)
+        .unwrap();
+    assert!(quiet[0].explanations.is_empty());
+}

@@ -8,6 +8,7 @@
 //! pass also performs CSE. When a limit stops saturation, the best program found so far is
 //! used, and the statistics say which limit it was.
 
+mod explain;
 pub mod extract;
 pub mod lang;
 pub mod rules;
@@ -33,6 +34,10 @@ pub struct Simplify {
     /// On cost ties, keep the input's own form (true, the default) or prefer rewritten forms
     /// (tests use this to evaluate every rule's right-hand side).
     pub keep_input_on_ties: bool,
+    /// Record, for each rewritten value, the chain of rules from its input form to the one
+    /// extracted (egg's explanations, which cost time and memory: only when asked).
+    pub explain: bool,
+    explanations: Vec<String>,
 }
 
 impl Default for Simplify {
@@ -50,6 +55,8 @@ impl Simplify {
             iter_limit: 12,
             time_limit: Duration::from_secs(2),
             keep_input_on_ties: true,
+            explain: false,
+            explanations: Vec::new(),
         }
     }
 
@@ -78,8 +85,17 @@ impl Pass for Simplify {
         "simplify"
     }
 
+    fn set_explain(&mut self, on: bool) {
+        self.explain = on;
+    }
+
+    fn take_explanations(&mut self) -> Vec<String> {
+        std::mem::take(&mut self.explanations)
+    }
+
     fn run(&mut self, module: &mut Module) -> Result<Stats, PassError> {
         let mut totals = Totals::default();
+        self.explanations.clear();
         for func in &mut module.functions {
             let mut replace = HashMap::new();
             let regions = regions_of(func);
@@ -131,7 +147,7 @@ impl Simplify {
     /// Simplifies one region: its straight-line code into an e-graph, saturated, the cheapest
     /// program extracted and emitted in place; `replace` maps old values to their new ones.
     fn simplify_region(
-        &self,
+        &mut self,
         func: &mut Function,
         region: Region,
         replace: &mut HashMap<Value, Value>,
@@ -146,10 +162,22 @@ impl Simplify {
             class_of,
             leaf_values,
             originals,
-        } = RegionGraph::build(func, region, &insts);
-        let runner = self.saturate(graph, insts.len(), totals);
+        } = RegionGraph::build(func, region, &insts, self.explain);
+        let mut runner = self.saturate(graph, insts.len(), totals);
+        let extraction = self.extract(func, &runner.egraph, &originals, &class_of);
+        if self.explain {
+            let explain = explain::Region {
+                func,
+                originals: &originals,
+                class_of: &class_of,
+                leaf_values: &leaf_values,
+                extraction: &extraction,
+                names: kiln_ir::print::ValueNames::new(func),
+            };
+            self.explanations
+                .extend(explain.explain(&mut runner.egraph));
+        }
         let egraph = &runner.egraph;
-        let extraction = self.extract(func, egraph, &originals, &class_of);
         let needed = needed_classes(func, region, &insts, egraph, &class_of, &extraction);
         let mut rebuild = Rebuild::new(func, region, &insts, egraph, &extraction, &leaf_values);
         rebuild.remember_names(func, &originals, &class_of);
@@ -248,9 +276,14 @@ struct RegionGraph {
 }
 
 impl RegionGraph {
-    fn build(func: &Function, region: Region, insts: &[Inst]) -> RegionGraph {
+    fn build(func: &Function, region: Region, insts: &[Inst], explain: bool) -> RegionGraph {
+        let graph = lang::Graph::new(Typing::default());
         let mut g = RegionGraph {
-            graph: lang::Graph::new(Typing::default()),
+            graph: if explain {
+                graph.with_explanations_enabled()
+            } else {
+                graph
+            },
             class_of: HashMap::new(),
             leaf_values: Vec::new(),
             originals: Vec::new(),

@@ -99,7 +99,7 @@ impl Applier<Node, Typing> for FnApplier {
         eclass: Id,
         _subst: &Subst,
         _ast: Option<&PatternAst<Node>>,
-        _rule: Symbol,
+        rule: Symbol,
     ) -> Vec<Id> {
         let want = egraph[eclass].data.ty.clone();
         let nodes = egraph[eclass].nodes.clone();
@@ -111,8 +111,11 @@ impl Applier<Node, Typing> for FnApplier {
             if want.is_none() || term_type(egraph, &term) != want {
                 continue;
             }
+            // The matched node as its own term, so that an explanation (`--explain`) names
+            // this rule as the step from it to the new term.
+            let from = egraph.add_uncanonical(node);
             let id = add_term(egraph, term);
-            if egraph.union(eclass, id) {
+            if egraph.union_trusted(from, id, rule) {
                 changed.push(eclass);
             }
         }
