@@ -21,7 +21,7 @@
 use kiln_backend::exec::Executable;
 use kiln_backend::{Array, Env, Interpreter, StateStore, unshare};
 use kiln_ir::print::{ValueNames, inst_line};
-use kiln_ir::{DType, Function, Inst, Loc, Module, Op, SymbolBindings, Value, ValueDef};
+use kiln_ir::{Function, Inst, Loc, Module, Op, SymbolBindings, Value, ValueDef};
 use kiln_passes::PassManager;
 use std::sync::Arc;
 
@@ -32,17 +32,7 @@ pub struct Tolerance {
     pub tol: Option<f64>,
 }
 
-/// The tolerance floats of `dtype` are compared with when none is given: a few hundred ulps
-/// of f32 (kernels round in another order than the interpreter's f64 arithmetic), exact for
-/// integers and bools.
-pub fn default_tolerance(dtype: DType) -> f64 {
-    match dtype {
-        DType::F64 => 1e-9,
-        DType::F32 => 1e-4,
-        d if d.is_float() => 1e-2,
-        _ => 0.0,
-    }
-}
+pub use kiln_runtime::compare::{default_tolerance, summary};
 
 /// Where a difference first appears.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -417,74 +407,14 @@ fn blank(a: &Array) -> Difference {
 
 /// `None` when `b` (compiled) agrees with `a` (interpreted); else how they differ.
 fn compare(a: &Array, b: &Array, tolerance: Tolerance) -> Option<Difference> {
-    if a.ty() != b.ty() {
-        return Some(Difference {
-            compiled: summary(b),
-            ..blank(a)
-        });
-    }
-    let tol = tolerance.tol.unwrap_or(default_tolerance(a.dtype()));
-    let (xs, ys) = (a.to_f64_vec(), b.to_f64_vec());
-    let (mut max_abs, mut max_rel, mut worst, mut differs) = (0.0f64, 0.0f64, None, false);
-    for (i, (&x, &y)) in xs.iter().zip(&ys).enumerate() {
-        if x == y || (x.is_nan() && y.is_nan()) {
-            continue;
-        }
-        // Unequal and not both finite (a NaN or infinity on one side): differ outright.
-        let err = if x.is_finite() && y.is_finite() {
-            (x - y).abs()
-        } else {
-            f64::INFINITY
-        };
-        differs |= err > tol * (1.0 + x.abs()) || err == f64::INFINITY;
-        max_rel = max_rel.max(err / x.abs());
-        if err > max_abs || worst.is_none() {
-            max_abs = err;
-            worst = Some((i, x, y));
-        }
-    }
-    differs.then(|| Difference {
+    let found = kiln_runtime::compare::mismatch(a, b, tolerance.tol)?;
+    Some(Difference {
         compiled: summary(b),
-        max_abs,
-        max_rel,
-        worst: worst.map(|(i, x, y)| (unravel(i, a.shape()), x, y)),
+        max_abs: found.max_abs,
+        max_rel: found.max_rel,
+        worst: found.worst,
         ..blank(a)
     })
-}
-
-/// The multi-index of flat (row-major) index `i`.
-fn unravel(mut i: usize, shape: &[usize]) -> Vec<usize> {
-    let mut index = vec![0; shape.len()];
-    for (k, &n) in shape.iter().enumerate().rev() {
-        if n > 0 {
-            index[k] = i % n;
-            i /= n;
-        }
-    }
-    index
-}
-
-/// `f32[2,3] min -1 max 2.5 mean 0.31`, with NaN and infinity counts when there are any.
-pub fn summary(a: &Array) -> String {
-    let xs = a.to_f64_vec();
-    let finite: Vec<f64> = xs.iter().copied().filter(|x| x.is_finite()).collect();
-    let mut out = a.ty().to_string();
-    if let (Some(min), Some(max)) = (
-        finite.iter().copied().reduce(f64::min),
-        finite.iter().copied().reduce(f64::max),
-    ) {
-        let mean = finite.iter().sum::<f64>() / finite.len() as f64;
-        out += &format!(" min {min:.6} max {max:.6} mean {mean:.6}");
-    }
-    let nan = xs.iter().filter(|x| x.is_nan()).count();
-    let inf = xs.iter().filter(|x| x.is_infinite()).count();
-    if nan > 0 {
-        out += &format!(", {nan} NaN");
-    }
-    if inf > 0 {
-        out += &format!(", {inf} infinite");
-    }
-    out
 }
 
 /// How the compiled function computed `v`: the fused kernel (its number, its ops, which of its

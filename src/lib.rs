@@ -138,6 +138,7 @@ pub mod book;
 pub mod demos;
 pub mod diff;
 pub mod dot;
+pub use kiln_runtime::eager;
 pub mod fuzz;
 pub use kiln_runtime::npy;
 pub mod plot;

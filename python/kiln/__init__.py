@@ -35,7 +35,7 @@ from ._kiln import (
 from . import data, init, nn, onnx, optim
 from . import static
 from .autograd import PyLayer
-from .jit import to_static
+from .jit import DiffReport, diff, to_static
 from .static import Session, function
 from .train import Trainer
 
@@ -76,6 +76,8 @@ __all__ = [
     "static",
     "tensor",
     "to_static",
+    "diff",
+    "DiffReport",
 ]
 
 

@@ -96,3 +96,39 @@ def to_static(fn):
     """Compiles ``fn`` (a function of tensors, or a ``Layer``) by tracing; usable as a
     decorator. The batch (first) dimension stays symbolic."""
     return StaticFunction(fn)
+
+
+class DiffReport:
+    """What ``kiln.diff`` found: ``agree``; ``first``, the first op whose eager and compiled
+    values differ (a dict: ``op``, ``line`` — your source line —, ``eager`` and ``compiled``
+    summaries, ``max_abs_error``, ``max_rel_error``) or ``None``; ``non_finite``, for each run
+    (``eager``, ``compiled``, ``interpreted``) that made a NaN or infinity, the first op that
+    did; ``compared``, how many ops were compared. ``str(report)`` says it in words."""
+
+    def __init__(self, report):
+        self.agree = report["agree"]
+        self.first = report["first"]
+        self.non_finite = report["non_finite"]
+        self.compared = report["compared"]
+        self._text = report["text"]
+
+    def __str__(self):
+        return self._text
+
+    def __repr__(self):
+        return f"DiffReport(agree={self.agree}, compared={self.compared}, first={self.first!r})"
+
+
+def diff(fn, *inputs):
+    """Runs ``fn`` on ``inputs`` eagerly and compiled by ``to_static`` (and interpreted),
+    compares every op's values, and names the first that differs — and the first op of each
+    run to make a NaN or infinity — by your source line. Returns a ``DiffReport``."""
+    for i, t in enumerate(inputs):
+        if not isinstance(t, _kiln.Tensor):
+            raise TypeError(f"kiln.diff: input {i} is a {type(t).__name__}, not a kiln.Tensor")
+
+    def body(args):
+        out = fn(*args)
+        return list(out) if isinstance(out, (list, tuple)) else [out]
+
+    return DiffReport(_kiln.diff(body, list(inputs)))

@@ -28,6 +28,7 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(register_pylayer, m)?)?;
     m.add_function(wrap_pyfunction!(apply_pylayer, m)?)?;
     m.add_function(wrap_pyfunction!(to_static, m)?)?;
+    m.add_function(wrap_pyfunction!(diff, m)?)?;
     m.add_function(wrap_pyfunction!(loss, m)?)?;
     m.add_function(wrap_pyfunction!(check_optimizer, m)?)?;
     m.add_function(wrap_pyfunction!(cond, m)?)?;
@@ -1248,6 +1249,75 @@ fn to_static(
             targets: Vec::new(),
         }),
     }
+}
+
+/// Runs `f` (a Python callable over a list of tensors, returning a list) on `inputs` eagerly
+/// and traced by `to_static` (compiled and interpreted), comparing every op; returns the
+/// report as a dict (`kiln.diff` wraps it). Ops are located, and matched, by the caller's
+/// Python line.
+#[pyfunction]
+fn diff<'py>(
+    py: Python<'py>,
+    f: Py<PyAny>,
+    inputs: Vec<TensorArg>,
+) -> PyResult<Bound<'py, PyDict>> {
+    let inputs: Vec<&Tensor> = inputs.iter().map(|t| &t.0).collect();
+    let python_error = std::cell::RefCell::new(None);
+    let call = |tensors: &[Tensor]| -> eager::EagerResult<Vec<Tensor>> {
+        Python::attach(|py| {
+            let args = PyList::new(py, tensors.iter().map(|t| PyTensor(t.clone())))?;
+            let out = f.bind(py).call1((args,))?;
+            let items: Vec<TensorArg> = match out.extract() {
+                Ok(list) => list,
+                Err(_) => vec![out.extract()?],
+            };
+            Ok(items.iter().map(|t| t.0.clone()).collect())
+        })
+        .map_err(|e: PyErr| {
+            let message = e.to_string();
+            *python_error.borrow_mut() = Some(e);
+            eager::EagerError::Usage(message)
+        })
+    };
+    let locate: eager::diff::Locate =
+        std::rc::Rc::new(|| Python::attach(|py| crate::errors::python_caller(py).ok().flatten()));
+    let report = eager::diff_located(call, &inputs, Some(locate));
+    if let Some(e) = python_error.into_inner() {
+        return Err(e);
+    }
+    let report = py_eager(report)?;
+    let out = PyDict::new(py);
+    out.set_item("agree", report.agrees())?;
+    out.set_item("compared", report.compared)?;
+    out.set_item("text", report.to_string())?;
+    let place =
+        |place: &Option<String>, loc: kiln::ir::Loc| place.clone().unwrap_or(loc.to_string());
+    let first = match &report.first {
+        None => None,
+        Some(d) => {
+            let item = PyDict::new(py);
+            item.set_item("op", &d.op)?;
+            item.set_item("line", place(&d.place, d.loc))?;
+            item.set_item("eager", &d.eager)?;
+            item.set_item("compiled", &d.compiled)?;
+            item.set_item("max_abs_error", d.mismatch.max_abs)?;
+            item.set_item("max_rel_error", d.mismatch.max_rel)?;
+            Some(item)
+        }
+    };
+    out.set_item("first", first)?;
+    let non_finite = PyList::empty(py);
+    for n in &report.non_finite {
+        let item = PyDict::new(py);
+        item.set_item("run", n.run)?;
+        item.set_item("op", &n.op)?;
+        item.set_item("line", place(&n.place, n.loc))?;
+        item.set_item("nan", n.nan)?;
+        item.set_item("inf", n.inf)?;
+        non_finite.append(item)?;
+    }
+    out.set_item("non_finite", non_finite)?;
+    Ok(out)
 }
 
 /// An eager loss by name over two tensors: `cross_entropy` (logits, integer labels), `mse`,

@@ -17,6 +17,7 @@
 #![forbid(unsafe_code)]
 
 pub mod checkpoint;
+pub mod compare;
 pub mod composite;
 pub mod data;
 pub mod distributed;

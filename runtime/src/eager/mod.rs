@@ -18,6 +18,7 @@
 
 pub mod control;
 pub mod custom;
+pub mod diff;
 pub mod nn;
 pub mod optim;
 mod tape;
@@ -26,6 +27,7 @@ mod trace;
 
 pub use control::{cond, while_loop};
 pub use custom::{CustomOp, register as register_custom_op};
+pub use diff::{diff, diff_located};
 pub use kiln_backend::CustomOpError;
 pub use nn::Parameter;
 pub use optim::EagerOptimizer;
@@ -122,6 +124,8 @@ pub(crate) struct Context {
     pub rng_counter: u64,
     /// Mixed into parameter initializers' seeds.
     pub seed: u64,
+    /// While [`diff`] runs a function: each tensor op's location and results, in order.
+    pub recording: Option<diff::Recording>,
 }
 
 impl Context {
@@ -138,6 +142,7 @@ impl Context {
             next_leaf: 0,
             rng_counter: 0,
             seed: 0,
+            recording: None,
         }
     }
 

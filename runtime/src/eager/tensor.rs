@@ -72,13 +72,17 @@ pub(crate) fn apply(
         }
         let traced = inputs.iter().any(|t| matches!(t.0, Repr::Traced { .. }))
             || (inputs.is_empty() && cx.trace.is_some());
-        if traced {
+        let outs = if traced {
             trace_op(cx, inputs, loc, build)
         } else if cx.grad_enabled && inputs.iter().any(|t| t.on_tape(cx)) {
             record_op(cx, inputs, loc, build)
         } else {
             compute_op(cx, inputs, loc, build)
+        }?;
+        if let Some(recording) = &mut cx.recording {
+            recording.push(loc, &outs);
         }
+        Ok(outs)
     })
 }
 
@@ -90,7 +94,8 @@ fn direct(
     kernel: impl FnOnce(&Array, Option<&Array>) -> kernels::KernelResult<Array>,
 ) -> Option<Tensor> {
     let result = with(|cx| {
-        if cx.trace.is_some() {
+        // Traced ops build IR; recorded ones (`diff`) need their location.
+        if cx.trace.is_some() || cx.recording.is_some() {
             return Ok(None);
         }
         fn eager<'t>(cx: &Context, t: &'t Tensor) -> Option<&'t Array> {
