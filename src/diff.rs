@@ -559,3 +559,26 @@ pub fn to_json(report: &Report, all: bool) -> String {
 fn finite_or_null(x: f64) -> serde_json::Value {
     serde_json::Number::from_f64(x).map_or(serde_json::Value::Null, serde_json::Value::Number)
 }
+
+/// A random value of `ty` (a feed `kiln diff` and `kiln report` draw when none is given): its
+/// symbolic dimensions sized by `sizes` (4 when not bound), floats uniform in [-2, 2],
+/// integers in [0, 4), bools either way; the same for the same `seed`.
+pub fn random_value(ty: &kiln_ir::Type, sizes: &SymbolBindings, seed: u64) -> Array {
+    use kiln_ir::{DType, Dim};
+    let shape: Vec<usize> = (ty.shape.dims().iter())
+        .map(|d| match d {
+            Dim::Fixed(n) => *n,
+            Dim::Sym(s) => sizes.get(s).copied().unwrap_or(4),
+        })
+        .collect();
+    let stream = kiln_backend::random::Stream::new(seed, 0x6469_6666);
+    let n: usize = shape.iter().product();
+    let values = (0..n as u64).map(|i| match ty.dtype {
+        DType::Bool => (stream.bits(i) % 2) as f64,
+        d if d.is_int() => (stream.bits(i) % 4) as f64,
+        _ => stream.uniform(i, -2.0, 2.0),
+    });
+    let array = ndarray::ArrayD::from_shape_vec(ndarray::IxDyn(&shape), values.collect())
+        .expect("as many values as the shape holds");
+    Array::F64(array).cast(ty.dtype)
+}

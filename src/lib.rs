@@ -142,6 +142,7 @@ pub use kiln_runtime::eager;
 pub mod fuzz;
 pub use kiln_runtime::npy;
 pub mod plot;
+pub mod report;
 pub mod serve;
 pub mod stats;
 pub mod train;

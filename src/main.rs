@@ -40,7 +40,8 @@ enum Command {
     #[command(after_help = "Examples:\n  \
         kiln tour\n  \
         kiln tour --data ~/mnist --epochs 2\n  \
-        kiln tour --digits --out /tmp/kiln-tour --epochs 2 --gan-iterations 300")]
+        kiln tour --digits --out /tmp/kiln-tour --epochs 2 --gan-iterations 300\n  \
+        kiln tour --report                       and kiln-out/report.html, the training step's journey")]
     Tour {
         /// The folder everything is written to.
         #[arg(long, value_name = "DIR", default_value = "kiln-out")]
@@ -61,6 +62,9 @@ enum Command {
         /// Iterations of the GAN (a discriminator and a generator step each).
         #[arg(long, default_value_t = 3000)]
         gan_iterations: usize,
+        /// Also write OUT/report.html: `kiln report` of the compiled training step.
+        #[arg(long)]
+        report: bool,
     },
     /// Parse and verify programs; print every error with its line.
     #[command(after_help = "Example:\n  kiln check tests/programs/mlp.kir")]
@@ -159,6 +163,28 @@ enum Command {
         /// The pass pipeline compiled runs use.
         #[arg(long, default_value = "default")]
         pipeline: String,
+    },
+    /// Write one self-contained HTML page with a program's whole journey: the IR after each
+    /// pass with what changed marked, why (the e-graph's rules, fusion's decisions), each
+    /// function's fused kernels and their plans, its memory plan, per-pass and per-step timings
+    /// from profiled runs on random arguments, and the dataflow drawn when Graphviz is there.
+    #[command(after_help = "Examples:\n  \
+        kiln report tests/programs/attention.kir -o attention.html\n  \
+        kiln report kiln-out/train_step.kir --bind N=64 -o step.html")]
+    Report {
+        file: PathBuf,
+        /// The page written.
+        #[arg(short, long, value_name = "FILE", default_value = "report.html")]
+        out: PathBuf,
+        /// A size for a symbolic dimension of the profiled runs, as NAME=SIZE (default 4).
+        #[arg(long = "bind", value_name = "NAME=SIZE")]
+        bindings: Vec<String>,
+        /// Start from the state values in a safetensors checkpoint.
+        #[arg(long, value_name = "FILE")]
+        state: Option<PathBuf>,
+        /// Profiled runs per function.
+        #[arg(long, default_value_t = 3)]
+        runs: usize,
     },
     /// Print the gradient function of a scalar loss: `@<func>_grad` returns the loss and the
     /// gradient with respect to each `--wrt` (arguments by name, state as `@name`).
@@ -284,6 +310,7 @@ fn main() -> ExitCode {
         epochs: None,
         eager_steps: 10,
         gan_iterations: 3000,
+        report: false,
     });
     let outcome = match command {
         Command::Tour {
@@ -293,6 +320,7 @@ fn main() -> ExitCode {
             epochs,
             eager_steps,
             gan_iterations,
+            report: with_report,
         } => {
             use kiln::demos::tour::{Config, DataChoice};
             let data = match (data, digits) {
@@ -300,6 +328,7 @@ fn main() -> ExitCode {
                 (None, true) => DataChoice::Digits,
                 (None, false) => DataChoice::Auto,
             };
+            let written = out.clone();
             tour(Config {
                 out,
                 data,
@@ -307,6 +336,16 @@ fn main() -> ExitCode {
                 eager_steps,
                 gan_iterations,
                 ..Config::default()
+            })
+            .and_then(|()| match with_report {
+                true => report(
+                    &written.join("train_step.kir"),
+                    &written.join("report.html"),
+                    &["N=32".to_owned()],
+                    None,
+                    3,
+                ),
+                false => Ok(()),
             })
         }
         Command::Check { files } => check(&files),
@@ -375,6 +414,13 @@ fn main() -> ExitCode {
             },
         ),
         Command::Stats { file, bindings } => stats(&file, &bindings),
+        Command::Report {
+            file,
+            out,
+            bindings,
+            state,
+            runs,
+        } => report(&file, &out, &bindings, state.as_deref(), runs),
         Command::Diff {
             file,
             func,
@@ -809,7 +855,7 @@ fn arguments(
                 kiln::npy::read_npy(Path::new(value), ty.dtype)?
             }
             (Some((_, value)), _) => kiln::npy::parse_array_literal(value, ty.dtype)?,
-            (None, Some(sizes)) => random_feed(ty, sizes, args.len() as u64)?,
+            (None, Some(sizes)) => kiln::diff::random_value(ty, sizes, args.len() as u64),
             (None, None) => {
                 return Err(Failed(format!(
                     "error: no feed for argument %{name}: {ty} of @{}; pass --feed {name}=FILE.npy or --feed '{name}=[...]'",
@@ -820,31 +866,6 @@ fn arguments(
         args.push(array);
     }
     Ok(args)
-}
-
-/// A random value of `ty`, its symbolic dimensions sized by `sizes` (4 when not bound).
-fn random_feed(
-    ty: &kiln::ir::Type,
-    sizes: &kiln::ir::SymbolBindings,
-    seed: u64,
-) -> Result<kiln::backend::Array, Failed> {
-    use kiln::ir::{DType, Dim};
-    let shape: Vec<usize> = (ty.shape.dims().iter())
-        .map(|d| match d {
-            Dim::Fixed(n) => *n,
-            Dim::Sym(s) => sizes.get(s).copied().unwrap_or(4),
-        })
-        .collect();
-    let stream = kiln::backend::random::Stream::new(seed, 0x6469_6666);
-    let n: usize = shape.iter().product();
-    let values = (0..n as u64).map(|i| match ty.dtype {
-        DType::Bool => (stream.bits(i) % 2) as f64,
-        d if d.is_int() => (stream.bits(i) % 4) as f64,
-        _ => stream.uniform(i, -2.0, 2.0),
-    });
-    let array = ndarray::ArrayD::from_shape_vec(ndarray::IxDyn(&shape), values.collect())
-        .map_err(|e| Failed(format!("error: {e}")))?;
-    Ok(kiln::backend::Array::F64(array).cast(ty.dtype))
 }
 
 fn run(opts: &RunArgs<'_>) -> Result<(), Failed> {
@@ -975,4 +996,36 @@ fn diff(opts: &DiffArgs<'_>) -> Result<(), Failed> {
     } else {
         Err(Failed(String::new()))
     }
+}
+
+fn report(
+    path: &Path,
+    out: &Path,
+    bindings: &[String],
+    state: Option<&Path>,
+    runs: usize,
+) -> Result<(), Failed> {
+    let failed = |e: &dyn std::fmt::Display| Failed(format!("error: {e}"));
+    let (module, parameters, _) = load_with_parameters(path)?;
+    let mut scope = Scope::from_module(&module).map_err(|e| failed(&e))?;
+    for (name, value) in parameters {
+        scope.set(&name, value).map_err(|e| failed(&e))?;
+    }
+    if let Some(checkpoint) = state {
+        scope.load(checkpoint).map_err(|e| failed(&e))?;
+    }
+    let options = kiln::report::Options {
+        title: path.display().to_string(),
+        sizes: parse_bindings(bindings)?,
+        runs,
+    };
+    let page = kiln::report::html(&module, scope.store(), &options).map_err(|e| failed(&e))?;
+    kiln::runtime::checkpoint::write_atomically(out, page.as_bytes())
+        .map_err(|e| Failed(format!("error: cannot write {}: {e}", out.display())))?;
+    println!(
+        "wrote {} ({} KiB)",
+        out.display(),
+        page.len().div_ceil(1024)
+    );
+    Ok(())
 }

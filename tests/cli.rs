@@ -483,3 +483,74 @@ fn opt_explain_names_the_rules_their_costs_and_fusion_decisions() {
         .collect();
     assert_eq!(program, plain_program);
 }
+
+#[test]
+fn report_writes_one_page_for_every_program_of_the_corpus() {
+    let dir = std::env::temp_dir().join(format!("kiln-report-test-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    for entry in std::fs::read_dir("tests/programs").unwrap() {
+        let program = entry.unwrap().path();
+        let page = dir
+            .join(program.file_stem().unwrap())
+            .with_extension("html");
+        let args = [
+            "report",
+            program.to_str().unwrap(),
+            "-o",
+            page.to_str().unwrap(),
+            "--runs",
+            "1",
+        ];
+        let out = kiln(&args);
+        assert!(out.status.success(), "{program:?}: {}", stderr(&out));
+        let html = std::fs::read_to_string(&page).unwrap();
+        for part in [
+            "<!DOCTYPE html>",
+            "id=\"input\"",
+            "id=\"pass-1\"",
+            "id=\"pass-10\"",
+            "After fuse",
+            "<h3>Fused kernels",
+            "<h3>Memory plan</h3>",
+            "id=\"graphs\"",
+            "id=\"self-check\"",
+            "</html>",
+        ] {
+            assert!(html.contains(part), "{program:?}: no {part:?}");
+        }
+        // Every in-page link has its target (the browser check in CI runs the same test).
+        for link in html.split("href=\"#").skip(1) {
+            let id = &link[..link.find('"').unwrap()];
+            assert!(
+                html.contains(&format!("id=\"{id}\"")),
+                "{program:?}: link #{id} has no target"
+            );
+        }
+    }
+    let layer_norm = std::fs::read_to_string(dir.join("layer_norm.html")).unwrap();
+    assert!(
+        layer_norm.contains("<mark>    %y = fused %x, %gamma, %beta : f32[N,8] body("),
+        "the fused kernel is marked new"
+    );
+    assert!(
+        layer_norm.contains("%mu (reduce_mean) fused into the kernel of %d (sub)"),
+        "fusion explained"
+    );
+    assert!(layer_norm.contains("<h3>Profile</h3>"), "profiled");
+    std::fs::remove_dir_all(&dir).unwrap();
+    let missing = kiln(&["report", "tests/programs/missing.kir"]);
+    assert_eq!(missing.status.code(), Some(1));
+    assert!(stderr(&missing).contains("error: cannot read tests/programs/missing.kir"));
+    let unwritable = kiln(&[
+        "report",
+        "tests/programs/mlp.kir",
+        "-o",
+        "/nonexistent-dir/r.html",
+    ]);
+    assert_eq!(unwritable.status.code(), Some(1));
+    assert!(
+        stderr(&unwritable).contains("error: cannot write /nonexistent-dir/r.html"),
+        "{}",
+        stderr(&unwritable)
+    );
+}

@@ -12,9 +12,11 @@ mod control;
 mod conv;
 #[cfg(feature = "fault-injection")]
 pub mod fault;
+mod inspect;
 pub(crate) mod matmul;
 mod pool;
 pub(crate) mod schedule;
+pub use inspect::{KernelInfo, Placement, StepTime};
 mod spare;
 
 use crate::interp::{Env, InterpError, Interpreter, kernels};
@@ -39,13 +41,17 @@ pub struct Executable {
     runtime: Mutex<Option<Runtime>>,
     counters: Counters,
     threads: bool,
-    /// With `KILN_PROFILE=1`: time and count per step, printed when the executable is dropped.
+    /// With `KILN_PROFILE=1` or [`Executable::with_profile`]: time and count per step.
     profile: Option<Mutex<Vec<(std::time::Duration, u64)>>>,
+    /// Whether the profile is printed when the executable is dropped (`KILN_PROFILE=1`).
+    print_profile: bool,
 }
 
 impl Drop for Executable {
     fn drop(&mut self) {
-        let Some(profile) = &self.profile else { return };
+        let Some(profile) = self.profile.as_ref().filter(|_| self.print_profile) else {
+            return;
+        };
         let profile = profile.lock().unwrap_or_else(PoisonError::into_inner);
         let total: f64 = profile.iter().map(|(d, _)| d.as_secs_f64()).sum();
         let mut rows: Vec<(usize, f64, u64)> = (profile.iter().enumerate())
@@ -188,6 +194,7 @@ impl Executable {
             }
         }
         let steps = schedule.steps.len();
+        let profiling = std::env::var("KILN_PROFILE").is_ok_and(|v| v == "1");
         let mut result_slots = Vec::new();
         for step in &schedule.steps {
             for (out, &value) in step.out.iter().zip(&step.outputs) {
@@ -205,8 +212,8 @@ impl Executable {
             runtime: Mutex::new(None),
             counters: Counters::default(),
             threads: true,
-            profile: (std::env::var("KILN_PROFILE").is_ok_and(|v| v == "1"))
-                .then(|| Mutex::new(vec![Default::default(); steps])),
+            profile: profiling.then(|| Mutex::new(vec![Default::default(); steps])),
+            print_profile: profiling,
         }
     }
 

@@ -1,0 +1,142 @@
+//! What an executable is made of, for tools that show it (`kiln report`): its compiled kernels
+//! and their plans, its memory plan, and a profile of its steps.
+
+use super::Executable;
+use super::schedule::{Output, StepKind};
+use kiln_ir::print::{ValueNames, inst_line};
+use std::sync::{Mutex, PoisonError};
+use std::time::Duration;
+
+/// One compiled kernel of a schedule.
+#[derive(Clone, Debug)]
+pub struct KernelInfo {
+    /// The instruction it runs (the `fused` line, regions elided).
+    pub inst: String,
+    /// For each stage (a pass over the data): its domain and the values it writes; whether it
+    /// accumulates (one thread) or splits rows across threads; and the vector routines of
+    /// its second code path, if it has one.
+    pub stages: Vec<String>,
+    /// Machine-code bytes of all stages.
+    pub code_size: usize,
+}
+
+/// Where one step's output lives.
+#[derive(Clone, Debug)]
+pub struct Placement {
+    /// The instruction.
+    pub inst: String,
+    /// Each output: its name and `slot 3`, `in place of %x (slot 3)`, `state @w` or
+    /// `its own buffer`.
+    pub outputs: Vec<(String, String)>,
+}
+
+/// The time a step took over the profiled runs.
+#[derive(Clone, Debug)]
+pub struct StepTime {
+    /// The instruction.
+    pub inst: String,
+    /// Its time over all runs.
+    pub total: Duration,
+    /// How many times it ran.
+    pub calls: u64,
+}
+
+impl Executable {
+    /// Records each step's time from now on ([`Executable::profile`]), without printing it
+    /// when dropped as `KILN_PROFILE=1` does.
+    pub fn with_profile(mut self) -> Executable {
+        if self.profile.is_none() {
+            self.profile = Some(Mutex::new(vec![
+                Default::default();
+                self.schedule.steps.len()
+            ]));
+            self.print_profile = false;
+        }
+        self
+    }
+
+    /// The compiled kernels, in schedule order (those of control-flow regions after).
+    pub fn kernels(&self) -> Vec<KernelInfo> {
+        let mut out: Vec<KernelInfo> = Vec::new();
+        for step in &self.schedule.steps {
+            let StepKind::Kernel { kernel, .. } = &step.kind else {
+                continue;
+            };
+            let names = ValueNames::new(&kernel.plan.func);
+            let stages = (kernel.plan.stages.iter().zip(&kernel.stages))
+                .map(|(stage, code)| {
+                    let values: Vec<String> = stage.values.iter().map(|&v| names.get(v)).collect();
+                    let how = if stage.accumulate {
+                        "accumulates on one thread"
+                    } else {
+                        "rows split across threads"
+                    };
+                    let routines = match code.routines {
+                        Some(_) => format!(
+                            "; vector routines ({}) for {} on rows of ≥ {} elements",
+                            crate::vecmath::isa().name(),
+                            code.routine_ops.join(", "),
+                            crate::jit::ROUTINES_MIN_ROW
+                        ),
+                        None => String::new(),
+                    };
+                    format!(
+                        "over {}: writes {}; {how}{routines}",
+                        stage.domain,
+                        values.join(", ")
+                    )
+                })
+                .collect();
+            out.push(KernelInfo {
+                inst: inst_line(&self.func, step.inst),
+                stages,
+                code_size: kernel.code_size,
+            });
+        }
+        out.extend(self.regions().flat_map(Executable::kernels));
+        out
+    }
+
+    /// Where each step's outputs live: the memory plan.
+    pub fn memory_plan(&self) -> Vec<Placement> {
+        let names = ValueNames::new(&self.func);
+        (self.schedule.steps.iter())
+            .map(|step| Placement {
+                inst: inst_line(&self.func, step.inst),
+                outputs: (step.outputs.iter().zip(&step.out))
+                    .map(|(&v, out)| {
+                        let place = match out {
+                            Output::Slot(s) => format!("slot {s}"),
+                            Output::InPlace { input, slot } => {
+                                format!(
+                                    "in place of {} (slot {slot})",
+                                    names.get(step.inputs[*input])
+                                )
+                            }
+                            Output::State { state, .. } => format!("state @{state}, in place"),
+                            Output::External => "its own buffer".to_owned(),
+                        };
+                        (names.get(v), place)
+                    })
+                    .collect(),
+            })
+            .collect()
+    }
+
+    /// Each step's time over the runs since [`Executable::with_profile`], slowest first.
+    pub fn profile(&self) -> Vec<StepTime> {
+        let Some(profile) = &self.profile else {
+            return Vec::new();
+        };
+        let profile = profile.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut rows: Vec<StepTime> = (profile.iter().zip(&self.schedule.steps))
+            .map(|(&(total, calls), step)| StepTime {
+                inst: inst_line(&self.func, step.inst),
+                total,
+                calls,
+            })
+            .collect();
+        rows.sort_by(|a, b| b.total.cmp(&a.total));
+        rows
+    }
+}
