@@ -101,6 +101,9 @@ pub struct Report {
     pub stage: Option<Stage>,
     /// The passes run, in order.
     pub passes: Vec<String>,
+    /// For each run (`interpreted`, `compiled`) that made a NaN or an infinity, the first value
+    /// (in program order) holding one and its instruction's line.
+    pub non_finite: Vec<(&'static str, String, Loc)>,
 }
 
 impl Report {
@@ -165,12 +168,27 @@ pub fn diff(
     }
     let stage = (differences.iter().any(|d| !d.amplified))
         .then(|| observed.first_stage(&snapshots, &reference));
+    let non_finite = [("interpreted", &reference), ("compiled", &compiled)]
+        .into_iter()
+        .filter_map(|(run, values)| {
+            let k = (values.values.iter())
+                .position(|a| kiln_runtime::compare::non_finite(a) != (0, 0))?;
+            let func = observed.func();
+            let inst = observed.defs[k];
+            Some((
+                run,
+                ValueNames::new(func).get(func.results()[k]),
+                func.inst(inst).loc,
+            ))
+        })
+        .collect();
     Ok(Report {
         function: func.to_owned(),
         compared: reference.values.len() + reference.state.len(),
         differences: differences.into_iter().map(|d| d.difference).collect(),
         stage,
         passes: snapshots.into_iter().map(|(name, _)| name).collect(),
+        non_finite,
     })
 }
 
@@ -482,6 +500,15 @@ pub fn render(report: &Report, all: bool) -> String {
     if let Some(stage) = &report.stage {
         out += &format!("\nfirst wrong after: {stage}\n");
     }
+    for (run, value, loc) in &report.non_finite {
+        out += &format!(
+            "non-finite: the first value of the {run} run holding NaN or infinity: {value}"
+        );
+        if loc.is_known() {
+            out += &format!(" at {loc}");
+        }
+        out += "\n";
+    }
     out
 }
 
@@ -552,6 +579,9 @@ pub fn to_json(report: &Report, all: bool) -> String {
         "passes": report.passes,
         "stage": stage,
         "differences": differences,
+        "non_finite": report.non_finite.iter().map(|(run, value, loc)| serde_json::json!({
+            "run": run, "value": value, "loc": loc.is_known().then(|| loc.to_string()),
+        })).collect::<Vec<_>>(),
     })
     .to_string()
 }

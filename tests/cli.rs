@@ -408,6 +408,12 @@ fn diff_finds_every_program_of_the_corpus_in_agreement() {
             text.lines().all(|l| l.starts_with("agree: @")),
             "{program}: {text}"
         );
+        let explained = kiln(&["opt", program, "--explain"]);
+        assert!(
+            explained.status.success(),
+            "{program}: {}",
+            stderr(&explained)
+        );
     }
     let fed = kiln(&[
         "diff",

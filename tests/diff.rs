@@ -147,3 +147,42 @@ fn a_planted_wrong_kernel_is_named_with_its_instruction_and_kernel() {
     let wrong = report.differences.iter().filter(|d| !d.amplified).count();
     assert_eq!(wrong, 1, "{text}");
 }
+
+#[test]
+fn the_first_non_finite_value_of_each_run_is_named() {
+    let module = parse_and_verify(
+        "module {
+  func @f(%x: f32[4]) -> f32[4] {
+    %a = abs %x : f32[4]
+    %l = log %x : f32[4]
+    %y = add %l, %a : f32[4]
+    return %y
+  }
+}
+",
+    )
+    .unwrap();
+    let x = kiln::backend::Array::F32(ndarray::arr1(&[1.0f32, -1.0, 2.0, 0.0]).into_dyn());
+    let mut pipeline = PassManager::pipeline("default").unwrap();
+    let report = diff(
+        &module,
+        "f",
+        &[x],
+        &StateStore::new(),
+        &mut pipeline,
+        Tolerance::default(),
+    )
+    .unwrap();
+    let text = kiln::diff::render(&report, false);
+    assert!(report.agrees(), "{text}");
+    let runs: Vec<(&str, &str, String)> = (report.non_finite.iter())
+        .map(|(run, value, loc)| (*run, value.as_str(), loc.to_string()))
+        .collect();
+    let at = "line 4, column 10".to_owned();
+    assert_eq!(
+        runs,
+        [("interpreted", "%l", at.clone()), ("compiled", "%l", at)],
+        "{text}"
+    );
+    assert!(text.contains("non-finite: the first value of the compiled run holding NaN or infinity: %l at line 4, column 10"), "{text}");
+}

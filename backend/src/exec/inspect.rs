@@ -73,12 +73,13 @@ impl Executable {
                     };
                     let routines = match code.routines {
                         Some(_) => format!(
-                            "; vector routines ({}) for {} on rows of ≥ {} elements",
+                            "; Cranelift code in f32x4 lanes, and on rows of ≥ {} elements \
+                             vector routines ({}) for {}",
+                            crate::jit::ROUTINES_MIN_ROW,
                             crate::vecmath::isa().name(),
-                            code.routine_ops.join(", "),
-                            crate::jit::ROUTINES_MIN_ROW
+                            code.routine_ops.join(", ")
                         ),
-                        None => String::new(),
+                        None => "; Cranelift code in f32x4 lanes".to_owned(),
                     };
                     format!(
                         "over {}: writes {}; {how}{routines}",
@@ -136,7 +137,7 @@ impl Executable {
                 calls,
             })
             .collect();
-        rows.sort_by(|a, b| b.total.cmp(&a.total));
+        rows.sort_by_key(|row| std::cmp::Reverse(row.total));
         rows
     }
 }
