@@ -181,6 +181,7 @@ mod book_samples {
         training = "guides/training.md";
         distributed = "guides/distributed.md";
         embedding = "guides/embedding.md";
+        inspecting = "guides/inspecting.md";
         compiled_execution = "contributing/compiled-execution.md";
     }
 }
