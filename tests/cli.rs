@@ -14,6 +14,19 @@ fn stderr(o: &Output) -> String {
     String::from_utf8_lossy(&o.stderr).into_owned()
 }
 
+/// Each command fails (exit 1) with its expected words on stderr.
+fn refused(cases: &[(&[&str], &str)]) {
+    for &(args, expected) in cases {
+        let out = kiln(args);
+        assert_eq!(out.status.code(), Some(1), "{args:?}");
+        assert!(
+            stderr(&out).contains(expected),
+            "{args:?}: {}",
+            stderr(&out)
+        );
+    }
+}
+
 #[test]
 fn check_accepts_the_corpus_and_rejects_bad_programs() {
     let ok = kiln(&[
@@ -160,15 +173,7 @@ fn run_explains_what_is_missing_or_wrong() {
             "@predict has no argument %z",
         ),
     ];
-    for (args, expected) in cases {
-        let out = kiln(args);
-        assert_eq!(out.status.code(), Some(1), "{args:?}");
-        assert!(
-            stderr(&out).contains(expected),
-            "{args:?}: {}",
-            stderr(&out)
-        );
-    }
+    refused(&cases);
 }
 
 #[test]
@@ -449,15 +454,7 @@ fn diff_refuses_bad_input_clearly() {
             "error: the interpreted run failed",
         ),
     ];
-    for (args, expected) in cases {
-        let out = kiln(args);
-        assert_eq!(out.status.code(), Some(1), "{args:?}");
-        assert!(
-            stderr(&out).contains(expected),
-            "{args:?}: {}",
-            stderr(&out)
-        );
-    }
+    refused(&cases);
 }
 
 #[test]

@@ -50,18 +50,26 @@ fn pipeline_with(
         })
 }
 
+/// `kiln diff` of `module`'s `@f` on `args` through `pipeline`, at the default tolerance.
+fn compare(
+    module: &Module,
+    args: &[kiln::backend::Array],
+    pipeline: &mut PassManager,
+) -> Result<kiln::diff::Report, kiln::diff::DiffError> {
+    diff(
+        module,
+        "f",
+        args,
+        &StateStore::new(),
+        pipeline,
+        Tolerance::default(),
+    )
+}
+
 #[test]
 fn the_runs_agree_without_a_fault() {
     let mut pipeline = PassManager::pipeline("default").unwrap();
-    let report = diff(
-        &program(),
-        "f",
-        &[input()],
-        &StateStore::new(),
-        &mut pipeline,
-        Tolerance::default(),
-    )
-    .unwrap();
+    let report = compare(&program(), &[input()], &mut pipeline).unwrap();
     assert!(report.agrees(), "{}", kiln::diff::render(&report, true));
     assert!(report.differences.is_empty());
     assert_eq!(report.compared, 4);
@@ -73,15 +81,7 @@ fn a_planted_wrong_rewrite_rule_is_named_with_its_pass_and_instruction() {
     // tanh(x) = x: wrong, and cheaper, so extraction takes it.
     let wrong = egg::rewrite!("wrong-tanh"; "(tanh ?x)" => "?x");
     let mut pipeline = pipeline_with(vec![wrong]);
-    let report = diff(
-        &program(),
-        "f",
-        &[input()],
-        &StateStore::new(),
-        &mut pipeline,
-        Tolerance::default(),
-    )
-    .unwrap();
+    let report = compare(&program(), &[input()], &mut pipeline).unwrap();
     let text = kiln::diff::render(&report, false);
     assert!(!report.agrees(), "{text}");
     let first = report.first_wrong().unwrap();
@@ -119,14 +119,7 @@ fn a_planted_wrong_rewrite_rule_is_named_with_its_pass_and_instruction() {
 fn a_planted_wrong_kernel_is_named_with_its_instruction_and_kernel() {
     fault::plant(Some("tanh"));
     let mut pipeline = PassManager::pipeline("default").unwrap();
-    let report = diff(
-        &program(),
-        "f",
-        &[input()],
-        &StateStore::new(),
-        &mut pipeline,
-        Tolerance::default(),
-    );
+    let report = compare(&program(), &[input()], &mut pipeline);
     fault::plant(None);
     let report = report.unwrap();
     let text = kiln::diff::render(&report, false);
@@ -164,15 +157,7 @@ fn the_first_non_finite_value_of_each_run_is_named() {
     .unwrap();
     let x = kiln::backend::Array::F32(ndarray::arr1(&[1.0f32, -1.0, 2.0, 0.0]).into_dyn());
     let mut pipeline = PassManager::pipeline("default").unwrap();
-    let report = diff(
-        &module,
-        "f",
-        &[x],
-        &StateStore::new(),
-        &mut pipeline,
-        Tolerance::default(),
-    )
-    .unwrap();
+    let report = compare(&module, &[x], &mut pipeline).unwrap();
     let text = kiln::diff::render(&report, false);
     assert!(report.agrees(), "{text}");
     let runs: Vec<(&str, &str, String)> = (report.non_finite.iter())

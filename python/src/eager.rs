@@ -1203,6 +1203,29 @@ impl PyStaticFunction {
     }
 }
 
+/// Calls `f` (a Python callable over a list of tensors, returning a tensor or a list) on
+/// `tensors`; a Python exception is kept in `error`, to be raised as itself.
+fn call_python(
+    f: &Py<PyAny>,
+    tensors: &[Tensor],
+    error: &std::cell::RefCell<Option<PyErr>>,
+) -> eager::EagerResult<Vec<Tensor>> {
+    Python::attach(|py| {
+        let args = PyList::new(py, tensors.iter().map(|t| PyTensor(t.clone())))?;
+        let out = f.bind(py).call1((args,))?;
+        let items: Vec<TensorArg> = match out.extract() {
+            Ok(list) => list,
+            Err(_) => vec![out.extract()?],
+        };
+        Ok(items.iter().map(|t| t.0.clone()).collect())
+    })
+    .map_err(|e: PyErr| {
+        let message = e.to_string();
+        *error.borrow_mut() = Some(e);
+        eager::EagerError::Usage(message)
+    })
+}
+
 /// Traces `f` (a Python callable over a list of tensors, returning a list) with inputs of
 /// the given `(name, dtype, shape)`; `None` in a shape is a symbolic dimension.
 #[pyfunction]
@@ -1225,24 +1248,9 @@ fn to_static(
         })
         .collect::<PyResult<_>>()?;
     let typed: Vec<(&str, Type)> = types.iter().map(|(n, t)| (n.as_str(), t.clone())).collect();
-    let mut python_error: Option<PyErr> = None;
-    let traced = eager::to_static(&typed, |tensors| {
-        Python::attach(|py| {
-            let args = PyList::new(py, tensors.iter().map(|t| PyTensor(t.clone())))?;
-            let out = f.bind(py).call1((args,))?;
-            let items: Vec<TensorArg> = match out.extract() {
-                Ok(list) => list,
-                Err(_) => vec![out.extract()?],
-            };
-            Ok(items.iter().map(|t| t.0.clone()).collect())
-        })
-        .map_err(|e: PyErr| {
-            let message = e.to_string();
-            python_error = Some(e);
-            eager::EagerError::Usage(message)
-        })
-    });
-    match (traced, python_error) {
+    let python_error = std::cell::RefCell::new(None);
+    let traced = eager::to_static(&typed, |tensors| call_python(&f, tensors, &python_error));
+    match (traced, python_error.into_inner()) {
         (_, Some(e)) => Err(e),
         (result, None) => Ok(PyStaticFunction {
             function: py_eager(result)?,
@@ -1263,22 +1271,7 @@ fn diff<'py>(
 ) -> PyResult<Bound<'py, PyDict>> {
     let inputs: Vec<&Tensor> = inputs.iter().map(|t| &t.0).collect();
     let python_error = std::cell::RefCell::new(None);
-    let call = |tensors: &[Tensor]| -> eager::EagerResult<Vec<Tensor>> {
-        Python::attach(|py| {
-            let args = PyList::new(py, tensors.iter().map(|t| PyTensor(t.clone())))?;
-            let out = f.bind(py).call1((args,))?;
-            let items: Vec<TensorArg> = match out.extract() {
-                Ok(list) => list,
-                Err(_) => vec![out.extract()?],
-            };
-            Ok(items.iter().map(|t| t.0.clone()).collect())
-        })
-        .map_err(|e: PyErr| {
-            let message = e.to_string();
-            *python_error.borrow_mut() = Some(e);
-            eager::EagerError::Usage(message)
-        })
-    };
+    let call = |tensors: &[Tensor]| call_python(&f, tensors, &python_error);
     let locate: eager::diff::Locate =
         std::rc::Rc::new(|| Python::attach(|py| crate::errors::python_caller(py).ok().flatten()));
     let report = eager::diff_located(call, &inputs, Some(locate));
