@@ -785,6 +785,12 @@ fn tour(config: kiln::demos::tour::Config) -> Result<(), Failed> {
     println!("  kiln opt {dir}/train_step.kir --print-after-all | less   # the IR after each pass");
     println!("  dot -Tsvg {dir}/train_step.dot > step.svg                # draw the training step");
     println!(
+        "  kiln diff {dir}/train_step.kir                            # compiled against the interpreter"
+    );
+    println!(
+        "  kiln report {dir}/train_step.kir -o step.html             # the step's whole journey, one page"
+    );
+    println!(
         "  kiln run {dir}/predict.kir --state {dir}/parameters.safetensors --feed x={dir}/test_images.npy"
     );
     Ok(())

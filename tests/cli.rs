@@ -420,6 +420,12 @@ fn diff_finds_every_program_of_the_corpus_in_agreement() {
             stderr(&explained)
         );
     }
+    // An imported model: the tools take the .onnx file as they take IR.
+    let onnx = kiln(&["diff", "tests/onnx/mlp.onnx", "--bind", "batch=3"]);
+    assert!(onnx.status.success(), "{}", stderr(&onnx));
+    assert!(stdout(&onnx).starts_with("agree: @"), "{}", stdout(&onnx));
+    let explained = kiln(&["opt", "tests/onnx/mlp.onnx", "--explain"]);
+    assert!(stdout(&explained).contains("// fuse explained:"));
     let fed = kiln(&[
         "diff",
         "tests/programs/mlp.kir",
@@ -530,6 +536,19 @@ fn report_writes_one_page_for_every_program_of_the_corpus() {
             );
         }
     }
+    let page = dir.join("onnx.html");
+    let onnx = kiln(&[
+        "report",
+        "tests/onnx/mlp.onnx",
+        "-o",
+        page.to_str().unwrap(),
+    ]);
+    assert!(onnx.status.success(), "{}", stderr(&onnx));
+    assert!(
+        std::fs::read_to_string(&page)
+            .unwrap()
+            .contains("<h3>Profile</h3>")
+    );
     let layer_norm = std::fs::read_to_string(dir.join("layer_norm.html")).unwrap();
     assert!(
         layer_norm.contains("<mark>    %y = fused %x, %gamma, %beta : f32[N,8] body("),
