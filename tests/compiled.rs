@@ -440,6 +440,35 @@ fn large_products_split_across_threads_agree() {
     assert_eq!(tally.compared, 1);
 }
 
+/// Products of two plain matrices (a dense layer's; the path with no batch and no views):
+/// each transpose, an empty contraction (zeros, over a buffer an earlier run filled), and a
+/// small SGD update folded into its product. Each agrees with the interpreter.
+#[test]
+fn plain_matrix_products_agree() {
+    let module = kiln::ir::parse_module(
+        "module {
+  state @w : f32[16,5] = constant(value=0.25)
+  func @f(%a: f32[7,16], %at: f32[16,7], %b: f32[16,5], %bt: f32[5,16], %e: f32[7,0], %f: f32[0,5]) -> (f32[7,5], f32[7,5], f32[7,5], f32[7,5], f32[7,5]) {
+    %p = matmul %a, %b : f32[7,5]
+    %q = matmul %at, %b {transpose_a=true} : f32[7,5]
+    %r = matmul %a, %bt {transpose_b=true} : f32[7,5]
+    %s = matmul %at, %bt {transpose_a=true, transpose_b=true} : f32[7,5]
+    %z = matmul %e, %f : f32[7,5]
+    %w = load @w : f32[16,5]
+    %g = matmul %at, %p {transpose_b=false} : f32[16,5]
+    %lr = const 0.01 : f32[16,5]
+    %step = mul %g, %lr : f32[16,5]
+    %next = sub %w, %step : f32[16,5]
+    store @w, %next
+    return %p, %q, %r, %s, %z
+  }
+}",
+    )
+    .unwrap();
+    let tally = check_module(&module, 12).unwrap();
+    assert_eq!(tally.compared, 1);
+}
+
 /// A batch of products sharing their right operand (`[B, M, K] @ [K, N]`, a dense layer over
 /// tokens) runs as one product of `B·M` rows: plain, with the right operand transposed, with
 /// batch axes of 1 on the right, over a symbolic batch, and onto a state update; a shared

@@ -118,6 +118,12 @@ fn typed<T: Copy + 'static + num_traits::Zero + num_traits::One>(
     scale: Scale<T>,
     threads: bool,
 ) {
+    let plain = |view: &View<'_>| view.shape.is_none() && view.perm.is_none();
+    if x.ndim() == 2 && y.ndim() == 2 && views.iter().all(plain) && written_through.is_none() {
+        // A product of two matrices as they are (a dense layer's): no batch, no views, and so
+        // none of the general path's per-call vectors (~0.2 µs of a 64×16×16 product's 0.6).
+        return matrices([x, y], z, transposed, scale, threads);
+    }
     let [a, b] = [Strided::of(x, &views[0]), Strided::of(y, &views[1])];
     let out = Strided::of(
         &*z,
@@ -130,6 +136,48 @@ fn typed<T: Copy + 'static + num_traits::Zero + num_traits::One>(
     // element count, a permutation reorders axes), as does the output's, which does not
     // overlap them.
     unsafe { batched(&a, &b, z.as_mut_ptr(), &out, transposed, scale, threads) }
+}
+
+/// `z = x·y` (or `z += scale·x·y`) for two row-major matrices, each transposed first when
+/// `transposed` says.
+fn matrices<T: Copy + 'static + num_traits::Zero + num_traits::One>(
+    [x, y]: [&ArrayD<T>; 2],
+    z: &mut ArrayD<T>,
+    [transpose_a, transpose_b]: [bool; 2],
+    scale: Scale<T>,
+    threads: bool,
+) {
+    let (xs, ys) = (x.shape(), y.shape());
+    let (m, n) = (z.shape()[0], z.shape()[1]);
+    let k = if transpose_a { xs[0] } else { xs[1] };
+    // (column, row) element strides of each operand as an m×k and a k×n matrix.
+    let strides = |columns: usize, transposed: bool| match transposed {
+        true => (columns as isize, 1),
+        false => (1, columns as isize),
+    };
+    if m == 0 || n == 0 {
+        return;
+    }
+    if k == 0 {
+        if let Scale::Overwrite = scale {
+            z.fill(T::zero());
+        }
+        return;
+    }
+    let product = Product {
+        m,
+        k,
+        a: x.as_ptr(),
+        a_strides: strides(xs[1], transpose_a),
+        b: y.as_ptr(),
+        b_strides: strides(ys[1], transpose_b),
+        scale,
+        split_rows: transpose_a,
+    };
+    let split = threads && m * n * k >= PARALLEL_FLOPS;
+    // SAFETY: `z` is a contiguous m×n matrix (row stride n), disjoint from the operands, which
+    // hold the m×k and k×n matrices the strides describe.
+    unsafe { product.run(n, z.as_mut_ptr(), n, split) }
 }
 
 /// # Safety
