@@ -592,15 +592,28 @@ fn finite_or_null(x: f64) -> serde_json::Value {
 
 /// A random value of `ty` (a feed `kiln diff` and `kiln report` draw when none is given): its
 /// symbolic dimensions sized by `sizes` (4 when not bound), floats uniform in [-2, 2],
-/// integers in [0, 4), bools either way; the same for the same `seed`.
-pub fn random_value(ty: &kiln_ir::Type, sizes: &SymbolBindings, seed: u64) -> Array {
-    use kiln_ir::{DType, Dim};
+/// integers in [0, 4), bools either way; the same for the same `seed`. A value larger than the
+/// memory limit is refused with its size.
+pub fn random_value(
+    ty: &kiln_ir::Type,
+    sizes: &SymbolBindings,
+    seed: u64,
+) -> Result<Array, String> {
+    use kiln_ir::{DType, Dim, Shape, Type};
     let shape: Vec<usize> = (ty.shape.dims().iter())
         .map(|d| match d {
             Dim::Fixed(n) => *n,
             Dim::Sym(s) => sizes.get(s).copied().unwrap_or(4),
         })
         .collect();
+    let sized = Type::new(ty.dtype, Shape::fixed(&shape));
+    let (bytes, limit) = (sized.fixed_bytes(), kiln_backend::limits::memory_limit());
+    if bytes > u128::from(limit) {
+        return Err(format!(
+            "a random {sized} takes {bytes} bytes, more than the memory limit ({limit} bytes); \
+             bind smaller sizes with --bind"
+        ));
+    }
     let stream = kiln_backend::random::Stream::new(seed, 0x6469_6666);
     let n: usize = shape.iter().product();
     let values = (0..n as u64).map(|i| match ty.dtype {
@@ -610,5 +623,5 @@ pub fn random_value(ty: &kiln_ir::Type, sizes: &SymbolBindings, seed: u64) -> Ar
     });
     let array = ndarray::ArrayD::from_shape_vec(ndarray::IxDyn(&shape), values.collect())
         .expect("as many values as the shape holds");
-    Array::F64(array).cast(ty.dtype)
+    Ok(Array::F64(array).cast(ty.dtype))
 }

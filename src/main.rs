@@ -861,7 +861,8 @@ fn arguments(
                 kiln::npy::read_npy(Path::new(value), ty.dtype)?
             }
             (Some((_, value)), _) => kiln::npy::parse_array_literal(value, ty.dtype)?,
-            (None, Some(sizes)) => kiln::diff::random_value(ty, sizes, args.len() as u64),
+            (None, Some(sizes)) => kiln::diff::random_value(ty, sizes, args.len() as u64)
+                .map_err(|e| Failed(format!("error: argument %{name} of @{}: {e}", func.name())))?,
             (None, None) => {
                 return Err(Failed(format!(
                     "error: no feed for argument %{name}: {ty} of @{}; pass --feed {name}=FILE.npy or --feed '{name}=[...]'",

@@ -215,16 +215,17 @@ impl Page {
             "<nav><a href=\"#contents\">contents</a></nav>",
         );
         let executable = Executable::new(func).with_profile();
-        let args: Vec<_> = (func.args().iter().enumerate())
-            .map(|(i, &a)| Arc::new(random_value(func.value_type(a), &options.sizes, i as u64)))
+        let args: Result<Vec<_>, String> = (func.args().iter().enumerate())
+            .map(|(i, &a)| random_value(func.value_type(a), &options.sizes, i as u64).map(Arc::new))
             .collect();
         let interp = Interpreter::new(module);
-        let mut outcome = Ok(());
+        let mut outcome = args.as_ref().map(drop).map_err(Clone::clone);
         for _ in 0..options.runs.max(1) + 1 {
+            let Ok(args) = &args else { break };
             let mut state = state.clone();
-            outcome = executable
-                .run(args.clone(), &mut state, &interp, false)
-                .map(drop);
+            outcome = (executable.run(args.clone(), &mut state, &interp, false))
+                .map(drop)
+                .map_err(|e| format!("the run failed: {e}"));
             if outcome.is_err() {
                 break;
             }
@@ -262,11 +263,7 @@ impl Page {
             .collect();
         match outcome {
             Err(e) => {
-                let _ = writeln!(
-                    self.out,
-                    "<p>Not profiled: the run failed: {}</p>",
-                    escape(&e.to_string())
-                );
+                let _ = writeln!(self.out, "<p>Not profiled: {}</p>", escape(&e));
             }
             Ok(()) => {
                 let _ = writeln!(

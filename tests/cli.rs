@@ -442,7 +442,7 @@ fn diff_finds_every_program_of_the_corpus_in_agreement() {
 
 #[test]
 fn diff_refuses_bad_input_clearly() {
-    let cases: [(&[&str], &str); 4] = [
+    let cases: [(&[&str], &str); 5] = [
         (
             &["diff", "tests/programs/missing.kir"],
             "error: cannot read tests/programs/missing.kir",
@@ -458,6 +458,10 @@ fn diff_refuses_bad_input_clearly() {
         (
             &["diff", "tests/programs/mlp.kir", "--feed", "x=[[1,2,3]]"],
             "error: the interpreted run failed",
+        ),
+        (
+            &["diff", "tests/programs/mlp.kir", "--bind", "N=100000000000"],
+            "error: argument %x of @predict: a random f32[100000000000,4] takes 1600000000000 bytes, more than the memory limit",
         ),
     ];
     refused(&cases);
