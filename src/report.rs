@@ -215,21 +215,19 @@ impl Page {
             "<nav><a href=\"#contents\">contents</a></nav>",
         );
         let executable = Executable::new(func).with_profile();
-        let args: Result<Vec<_>, String> = (func.args().iter().enumerate())
-            .map(|(i, &a)| random_value(func.value_type(a), &options.sizes, i as u64).map(Arc::new))
-            .collect();
-        let interp = Interpreter::new(module);
-        let mut outcome = args.as_ref().map(drop).map_err(Clone::clone);
-        for _ in 0..options.runs.max(1) + 1 {
-            let Ok(args) = &args else { break };
-            let mut state = state.clone();
-            outcome = (executable.run(args.clone(), &mut state, &interp, false))
-                .map(drop)
-                .map_err(|e| format!("the run failed: {e}"));
-            if outcome.is_err() {
-                break;
+        let profiled = profile(module, &executable, state, options);
+        self.kernels(&executable);
+        self.memory_plan(&executable);
+        match profiled {
+            Err(e) => {
+                let _ = writeln!(self.out, "<p>Not profiled: {}</p>", escape(&e));
             }
+            Ok(()) => self.profile(&executable, options),
         }
+        self.out += "</section>\n";
+    }
+
+    fn kernels(&mut self, executable: &Executable) {
         let kernels = executable.kernels();
         let _ = writeln!(self.out, "<h3>Fused kernels ({})</h3>", kernels.len());
         self.out += "<table><tr><th>kernel</th><th>stages</th><th>code</th></tr>\n";
@@ -245,7 +243,11 @@ impl Page {
                 k.code_size
             );
         }
-        self.out += "</table>\n<h3>Memory plan</h3><table><tr><th>step</th><th>outputs</th></tr>\n";
+        self.out += "</table>\n";
+    }
+
+    fn memory_plan(&mut self, executable: &Executable) {
+        self.out += "<h3>Memory plan</h3><table><tr><th>step</th><th>outputs</th></tr>\n";
         for p in executable.memory_plan() {
             let outputs: Vec<String> = (p.outputs.iter())
                 .map(|(v, place)| format!("{} → {}", escape(v), escape(place)))
@@ -258,37 +260,32 @@ impl Page {
             );
         }
         self.out += "</table>\n";
+    }
+
+    fn profile(&mut self, executable: &Executable, options: &Options) {
         let sizes: Vec<String> = (options.sizes.iter())
             .map(|(s, n)| format!("{s}={n}"))
             .collect();
-        match outcome {
-            Err(e) => {
-                let _ = writeln!(self.out, "<p>Not profiled: {}</p>", escape(&e));
+        let _ = writeln!(
+            self.out,
+            "<h3>Profile</h3><p>{} runs on random arguments ({}), after one warm-up; \
+             the 30 slowest steps.</p><table><tr><th>step</th><th>µs per run</th></tr>",
+            options.runs.max(1),
+            if sizes.is_empty() {
+                "symbolic sizes 4".to_owned()
+            } else {
+                sizes.join(", ")
             }
-            Ok(()) => {
-                let _ = writeln!(
-                    self.out,
-                    "<h3>Profile</h3><p>{} runs on random arguments ({}), after one warm-up; \
-                     the 30 slowest steps.</p><table><tr><th>step</th><th>µs per run</th></tr>",
-                    options.runs.max(1),
-                    if sizes.is_empty() {
-                        "symbolic sizes 4".to_owned()
-                    } else {
-                        sizes.join(", ")
-                    }
-                );
-                for row in executable.profile().into_iter().take(30) {
-                    let per_run = row.total.as_secs_f64() * 1e6 / row.calls.max(1) as f64;
-                    let _ = writeln!(
-                        self.out,
-                        "<tr><td><code>{}</code></td><td class=\"num\">{per_run:.1}</td></tr>",
-                        escape(&row.inst)
-                    );
-                }
-                self.out += "</table>\n";
-            }
+        );
+        for row in executable.profile().into_iter().take(30) {
+            let per_run = row.total.as_secs_f64() * 1e6 / row.calls.max(1) as f64;
+            let _ = writeln!(
+                self.out,
+                "<tr><td><code>{}</code></td><td class=\"num\">{per_run:.1}</td></tr>",
+                escape(&row.inst)
+            );
         }
-        self.out += "</section>\n";
+        self.out += "</table>\n";
     }
 
     /// Each function of the program as written, drawn by Graphviz when `dot` runs.
@@ -318,6 +315,30 @@ impl Page {
         self.out += SELF_CHECK;
         self.out += "\n</body></html>\n";
     }
+}
+
+/// Runs `executable` (profiling) once to warm up, then `options.runs` times, on random
+/// arguments; why not, if it cannot.
+fn profile(
+    module: &Module,
+    executable: &Executable,
+    state: &StateStore,
+    options: &Options,
+) -> Result<(), String> {
+    let func = executable.function();
+    let args = (func.args().iter().enumerate())
+        .map(|(i, &a)| random_value(func.value_type(a), &options.sizes, i as u64).map(Arc::new))
+        .collect::<Result<Vec<_>, String>>()?;
+    let interp = Interpreter::new(module);
+    for run in 0..options.runs.max(1) + 1 {
+        let mut state = state.clone();
+        (executable.run(args.clone(), &mut state, &interp, false))
+            .map_err(|e| format!("the run failed: {e}"))?;
+        if run == 0 {
+            executable.clear_profile();
+        }
+    }
+    Ok(())
 }
 
 /// `dot -Tsvg` of `source`, or `None` when Graphviz is missing or fails.

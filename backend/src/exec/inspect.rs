@@ -124,7 +124,16 @@ impl Executable {
             .collect()
     }
 
-    /// Each step's time over the runs since [`Executable::with_profile`], slowest first.
+    /// Forgets the times recorded so far (a warm-up's).
+    pub fn clear_profile(&self) {
+        if let Some(profile) = &self.profile {
+            let mut profile = profile.lock().unwrap_or_else(PoisonError::into_inner);
+            profile.fill(Default::default());
+        }
+    }
+
+    /// Each step's time over the runs since [`Executable::with_profile`] (or
+    /// [`Executable::clear_profile`]), slowest first.
     pub fn profile(&self) -> Vec<StepTime> {
         let Some(profile) = &self.profile else {
             return Vec::new();

@@ -152,101 +152,129 @@ pub fn diff_located(
         .map(|t| t.detach())
         .collect::<EagerResult<Vec<_>>>()?;
     let eager = recorded(locate.clone(), || f(&args).map(drop))?;
-    let names: Vec<(String, kiln_ir::Type)> = (args.iter().enumerate())
-        .map(|(i, t)| (format!("input{i}"), t.ty()))
-        .collect();
-    let named: Vec<(&str, kiln_ir::Type)> =
-        names.iter().map(|(n, t)| (n.as_str(), t.clone())).collect();
-    let mut traced_function = None;
-    let traced = recorded(locate, || {
-        traced_function = Some(to_static(&named, |t| f(t))?);
-        Ok(())
-    })?;
-    let traced_function = traced_function.expect("traced");
-    let program = traced_function.program();
-    let graph = program.graph();
-    let top: HashSet<kiln_ir::Inst> = graph.region(graph.body()).insts.iter().copied().collect();
-    let at_top =
-        |v: &Value| matches!(graph.value(*v).def, ValueDef::Result(i, _) if top.contains(&i));
-    let traced: Vec<Record> = (traced.into_iter())
-        .filter(|r| !r.traced.is_empty() && r.traced.iter().all(at_top))
-        .collect();
-    let values: Vec<Value> = traced
-        .iter()
-        .flat_map(|r| r.traced.iter().copied())
-        .collect();
-    let module = program.export_module(&[("diff", &values)])?;
-    let state = scope()?.store().clone();
-    let feeds = feeds(&module, &names, &args)?;
-    let compiled = run_compiled(&module, &feeds, &state)?;
-    let interpreted = run_interpreted(&module, &feeds, &state)?;
-    let op_of = |v: Value| match graph.value(v).def {
-        ValueDef::Result(i, _) => graph.inst(i).op.name().to_owned(),
-        ValueDef::Arg(..) => "input".to_owned(),
-    };
-    let mut report = EagerDiff {
-        compared: 0,
-        first: None,
-        non_finite: Vec::new(),
-        unmatched: 0,
-    };
-    let mut eager_records = eager.iter().filter(|r| !r.eager.is_empty());
-    let mut k = 0;
-    let mut first_non_finite = [None, None, None];
-    for record in &traced {
-        let same_place = |e: &&Record| e.loc == record.loc && e.place == record.place;
-        let Some(eager) = eager_records.find(same_place) else {
-            report.unmatched += 1;
-            k += record.traced.len();
-            continue;
+    let traced = Traced::new(&f, &args, locate)?;
+    Ok(traced.compare(&eager))
+}
+
+/// The function traced, its ops' results (outside regions) run compiled and interpreted.
+struct Traced {
+    /// The traced ops outside regions, in order.
+    records: Vec<Record>,
+    /// The op of each traced value, in the records' order.
+    ops: Vec<String>,
+    compiled: Vec<Array>,
+    interpreted: Vec<Array>,
+}
+
+impl Traced {
+    fn new(
+        f: &impl Fn(&[Tensor]) -> EagerResult<Vec<Tensor>>,
+        args: &[Tensor],
+        locate: Option<Locate>,
+    ) -> EagerResult<Traced> {
+        let names: Vec<(String, kiln_ir::Type)> = (args.iter().enumerate())
+            .map(|(i, t)| (format!("input{i}"), t.ty()))
+            .collect();
+        let named: Vec<(&str, kiln_ir::Type)> =
+            names.iter().map(|(n, t)| (n.as_str(), t.clone())).collect();
+        let mut function = None;
+        let records = recorded(locate, || {
+            function = Some(to_static(&named, f)?);
+            Ok(())
+        })?;
+        let function = function.expect("traced");
+        let graph = function.program().graph();
+        let top: HashSet<kiln_ir::Inst> =
+            graph.region(graph.body()).insts.iter().copied().collect();
+        let at_top =
+            |v: &Value| matches!(graph.value(*v).def, ValueDef::Result(i, _) if top.contains(&i));
+        let records: Vec<Record> = (records.into_iter())
+            .filter(|r| !r.traced.is_empty() && r.traced.iter().all(at_top))
+            .collect();
+        let values: Vec<Value> = (records.iter())
+            .flat_map(|r| r.traced.iter().copied())
+            .collect();
+        let ops = (values.iter())
+            .map(|&v| match graph.value(v).def {
+                ValueDef::Result(i, _) => graph.inst(i).op.name().to_owned(),
+                ValueDef::Arg(..) => "input".to_owned(),
+            })
+            .collect();
+        let module = function.program().export_module(&[("diff", &values)])?;
+        let state = scope()?.store().clone();
+        let feeds = feeds(&module, &names, args)?;
+        Ok(Traced {
+            records,
+            ops,
+            compiled: run_compiled(&module, &feeds, &state)?,
+            interpreted: run_interpreted(&module, &feeds, &state)?,
+        })
+    }
+
+    /// The eager ops matched to the traced ones by place, in order, and compared.
+    fn compare(&self, eager: &[Record]) -> EagerDiff {
+        let mut report = EagerDiff {
+            compared: 0,
+            first: None,
+            non_finite: Vec::new(),
+            unmatched: 0,
         };
-        report.compared += 1;
-        for (j, &v) in record.traced.iter().enumerate() {
-            let runs = [
-                eager.eager.get(j).map(|a| &**a),
-                compiled.get(k),
-                interpreted.get(k),
-            ];
-            for (slot, value) in first_non_finite.iter_mut().zip(runs) {
-                if slot.is_none()
-                    && let Some(value) = value
-                    && non_finite(value) != (0, 0)
-                {
-                    *slot = Some((op_of(v), record, non_finite(value)));
+        let mut eager_records = eager.iter().filter(|r| !r.eager.is_empty());
+        let mut k = 0;
+        let mut first_non_finite = [None, None, None];
+        for record in &self.records {
+            let same_place = |e: &&Record| e.loc == record.loc && e.place == record.place;
+            let Some(eager) = eager_records.find(same_place) else {
+                report.unmatched += 1;
+                k += record.traced.len();
+                continue;
+            };
+            report.compared += 1;
+            for j in 0..record.traced.len() {
+                let runs = [
+                    eager.eager.get(j).map(|a| &**a),
+                    self.compiled.get(k),
+                    self.interpreted.get(k),
+                ];
+                for (slot, value) in first_non_finite.iter_mut().zip(runs) {
+                    if slot.is_none()
+                        && let Some(value) = value
+                        && non_finite(value) != (0, 0)
+                    {
+                        *slot = Some((k, record, non_finite(value)));
+                    }
                 }
+                if report.first.is_none()
+                    && let (Some(a), Some(b)) = (runs[0], runs[1])
+                    && let Some(found) = mismatch(a, b, None)
+                {
+                    report.first = Some(OpDifference {
+                        op: self.ops[k].clone(),
+                        loc: record.loc,
+                        place: record.place.clone(),
+                        eager: summary(a),
+                        compiled: summary(b),
+                        mismatch: found,
+                    });
+                }
+                k += 1;
             }
-            if report.first.is_none()
-                && let (Some(a), Some(b)) = (runs[0], runs[1])
-                && let Some(found) = mismatch(a, b, None)
-            {
-                report.first = Some(OpDifference {
-                    op: op_of(v),
+        }
+        let runs = ["eager", "compiled", "interpreted"];
+        for (run, found) in runs.into_iter().zip(first_non_finite) {
+            if let Some((k, record, (nan, inf))) = found {
+                report.non_finite.push(FirstNonFinite {
+                    run,
+                    op: self.ops[k].clone(),
                     loc: record.loc,
                     place: record.place.clone(),
-                    eager: summary(a),
-                    compiled: summary(b),
-                    mismatch: found,
+                    nan,
+                    inf,
                 });
             }
-            k += 1;
         }
+        report
     }
-    for (run, found) in ["eager", "compiled", "interpreted"]
-        .into_iter()
-        .zip(first_non_finite)
-    {
-        if let Some((op, record, (nan, inf))) = found {
-            report.non_finite.push(FirstNonFinite {
-                run,
-                op,
-                loc: record.loc,
-                place: record.place.clone(),
-                nan,
-                inf,
-            });
-        }
-    }
-    Ok(report)
 }
 
 /// The records of the tensor ops `run` makes.
