@@ -788,7 +788,7 @@ fn tour(config: kiln::demos::tour::Config) -> Result<(), Failed> {
         "  kiln diff {dir}/train_step.kir                            # compiled against the interpreter"
     );
     println!(
-        "  kiln report {dir}/train_step.kir -o step.html             # the step's whole journey, one page"
+        "  kiln report {dir}/train_step.kir -o {dir}/report.html      # the step's whole journey, one page"
     );
     println!(
         "  kiln run {dir}/predict.kir --state {dir}/parameters.safetensors --feed x={dir}/test_images.npy"
