@@ -41,7 +41,7 @@ enum Command {
         kiln tour\n  \
         kiln tour --data ~/mnist --epochs 2\n  \
         kiln tour --digits --out /tmp/kiln-tour --epochs 2 --gan-iterations 300\n  \
-        kiln tour --report                       and kiln-out/report.html, the training step's journey")]
+        kiln tour --report                       and kiln report's page of each program it wrote")]
     Tour {
         /// The folder everything is written to.
         #[arg(long, value_name = "DIR", default_value = "kiln-out")]
@@ -62,7 +62,8 @@ enum Command {
         /// Iterations of the GAN (a discriminator and a generator step each).
         #[arg(long, default_value_t = 3000)]
         gan_iterations: usize,
-        /// Also write OUT/report.html: `kiln report` of the compiled training step.
+        /// Also write `kiln report`'s page of each program the tour wrote: OUT/report.html
+        /// (the training step), OUT/report-predict.html, OUT/report-gan.html.
         #[arg(long)]
         report: bool,
     },
@@ -338,13 +339,7 @@ fn main() -> ExitCode {
                 ..Config::default()
             })
             .and_then(|()| match with_report {
-                true => report(
-                    &written.join("train_step.kir"),
-                    &written.join("report.html"),
-                    &["N=32".to_owned()],
-                    None,
-                    3,
-                ),
+                true => tour_reports(&written),
                 false => Ok(()),
             })
         }
@@ -793,6 +788,25 @@ fn tour(config: kiln::demos::tour::Config) -> Result<(), Failed> {
     println!(
         "  kiln run {dir}/predict.kir --state {dir}/parameters.safetensors --feed x={dir}/test_images.npy"
     );
+    Ok(())
+}
+
+/// `kiln tour --report`: a report of each program the tour wrote — OUT/report.html of the
+/// training step, OUT/report-predict.html and OUT/report-gan.html.
+fn tour_reports(out: &Path) -> Result<(), Failed> {
+    for (program, page) in [
+        ("train_step.kir", "report.html"),
+        ("predict.kir", "report-predict.html"),
+        ("gan.kir", "report-gan.html"),
+    ] {
+        report(
+            &out.join(program),
+            &out.join(page),
+            &["N=32".to_owned()],
+            None,
+            3,
+        )?;
+    }
     Ok(())
 }
 

@@ -27,6 +27,7 @@ fn the_tour_writes_what_it_promises() {
         "3",
         "--gan-iterations",
         "200",
+        "--report",
     ]);
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(
@@ -34,6 +35,15 @@ fn the_tour_writes_what_it_promises() {
         "{stdout}\n{}",
         String::from_utf8_lossy(&out.stderr)
     );
+    // `--report`: a page for each program the tour wrote.
+    for page in ["report.html", "report-predict.html", "report-gan.html"] {
+        let html =
+            std::fs::read_to_string(dir.join(page)).unwrap_or_else(|e| panic!("{page}: {e}"));
+        assert!(
+            html.contains("id=\"pass-10\"") && html.ends_with("</html>\n"),
+            "{page}"
+        );
+    }
     for line in [
         "data: the built-in 8×8 digits",
         "test accuracy",
