@@ -315,8 +315,18 @@ impl<'a> Observed<'a> {
     /// Whether the interpreter, evaluating `inst` on `env`'s operands, gives `value` for `v`.
     fn recomputes(&self, inst: Inst, v: Value, env: &Env, value: &Array) -> bool {
         let func = self.func();
+        let data = func.inst(inst);
+        // Only what the instruction reads: its operands and its regions' free values (a copy
+        // of the whole environment per differing value would be quadratic).
+        let mut reads: Vec<Value> = data.args.clone();
+        for &r in &data.regions {
+            reads.extend(func.free_values(r));
+        }
+        let operands: Env = (reads.into_iter())
+            .filter_map(|v| Some((v, env.get(&v)?.clone())))
+            .collect();
         let interp = Interpreter::new(&self.module);
-        match interp.eval_inst(func, inst, env.clone(), &self.bindings, self.state) {
+        match interp.eval_inst(func, inst, operands, &self.bindings, self.state) {
             Ok((results, _)) => {
                 let k = func.inst(inst).results.iter().position(|&r| r == v);
                 k.is_some_and(|k| compare(&results[k], value, self.tolerance).is_none())

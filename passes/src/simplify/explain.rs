@@ -67,7 +67,7 @@ impl Region<'_> {
                 &mut rewrites,
                 &mut HashSet::new(),
             );
-            for (rule, term) in rewrites.iter().filter_map(|s| rewrite_step(s)) {
+            for (rule, term) in rewrites {
                 let step = (rule, self.with_names(&abbreviate(&term, &names)));
                 if !steps.contains(&step) {
                     steps.push(step);
@@ -188,48 +188,27 @@ fn abbreviate(term: &str, names: &[(String, String)]) -> String {
     out
 }
 
-/// Each rewrite of a proof, as the term it produced marked `(Rewrite=> rule …)`, outer
-/// rewrites before inner ones. The proof's tree is walked, each shared subproof once: egg's
+/// Each rewrite of a proof: its rule and the term it produced, outer rewrites before inner
+/// ones. The proof's tree is walked, each shared subproof once: egg's
 /// flat explanation copies the whole term at every step (74 % of `--explain`'s time on the
 /// tour's training step).
 fn rewrites_of(
     proof: &egg::TreeExplanation<Node>,
-    out: &mut Vec<String>,
+    out: &mut Vec<(String, String)>,
     seen: &mut HashSet<*const egg::TreeTerm<Node>>,
 ) {
     for term in proof {
         if !seen.insert(std::rc::Rc::as_ptr(term)) {
             continue;
         }
-        if term.forward_rule.is_some() || term.backward_rule.is_some() {
-            out.push(term.get_initial_flat_term().get_string());
+        if let Some(rule) = term.forward_rule.or(term.backward_rule) {
+            let produced = term.get_initial_flat_term().remove_rewrites().get_string();
+            out.push((rule.to_string(), produced));
         }
         for child in &term.child_proofs {
             rewrites_of(child, out, seen);
         }
     }
-}
-
-/// The rule and the term it produced, from a term marked by its rewrite:
-/// `… (Rewrite=> rule TERM) …`. The first step (the input) has none.
-fn rewrite_step(step: &str) -> Option<(String, String)> {
-    let at = ["(Rewrite=> ", "(Rewrite<= "]
-        .iter()
-        .filter_map(|m| step.find(m))
-        .min()?;
-    let inner = &step[at + "(Rewrite=> ".len()..];
-    let (rule, rest) = inner.split_once(' ')?;
-    // The term runs to the parenthesis that closes the marker.
-    let mut depth = 0i32;
-    let end = rest.char_indices().find_map(|(i, c)| {
-        depth += match c {
-            '(' => 1,
-            ')' => -1,
-            _ => 0,
-        };
-        (depth < 0).then_some(i)
-    })?;
-    Some((rule.to_owned(), rest[..end].to_owned()))
 }
 
 /// At most 160 characters of `term`.
