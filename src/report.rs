@@ -249,9 +249,10 @@ impl Page {
     fn memory_plan(&mut self, executable: &Executable) {
         self.out += "<h3>Memory plan</h3><table><tr><th>step</th><th>outputs</th></tr>\n";
         for p in executable.memory_plan() {
-            let outputs: Vec<String> = (p.outputs.iter())
+            let mut outputs: Vec<String> = (p.outputs.iter())
                 .map(|(v, place)| format!("{} → {}", escape(v), escape(place)))
                 .collect();
+            outputs.extend(p.kept.map(|kept| format!("<i>{}</i>", escape(&kept))));
             let _ = writeln!(
                 self.out,
                 "<tr><td><code>{}</code></td><td>{}</td></tr>",

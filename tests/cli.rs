@@ -553,6 +553,15 @@ fn report_writes_one_page_for_every_program_of_the_corpus() {
             .unwrap()
             .contains("<h3>Profile</h3>")
     );
+    // The memory plan says what a step keeps for a later one.
+    let conv_step = std::fs::read_to_string(dir.join("conv_step.html")).unwrap();
+    for kept in [
+        "records its argmax (#0) for its gradient",
+        "reads the argmax #0 max pooling recorded",
+        "keeps its patch matrix (#0) for a filter gradient",
+    ] {
+        assert!(conv_step.contains(kept), "no {kept:?}");
+    }
     let layer_norm = std::fs::read_to_string(dir.join("layer_norm.html")).unwrap();
     assert!(
         layer_norm.contains("<mark>    %y = fused %x, %gamma, %beta : f32[N,8] body("),

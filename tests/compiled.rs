@@ -469,6 +469,78 @@ fn plain_matrix_products_agree() {
     assert_eq!(tally.compared, 1);
 }
 
+/// Max pooling and its gradients in one function, as a training step has them: each pooling
+/// records its windows' argmax and its gradients read it instead of searching the windows
+/// again (paired by the schedule; two gradients of one pooling share it). 2×2 windows that
+/// tile the plane, over enough planes to split across threads; 2×2 windows that leave a row
+/// and a column out; overlapping padded windows in f64. Beside them, average pooling's
+/// gradient over windows that tile the plane (written without window scans) and over
+/// overlapping ones. The inputs are drawn from a few
+/// values, −∞ and NaN among them, so windows tie and hold NaNs; results agree with the
+/// interpreter bit for bit (a NaN for a NaN).
+#[test]
+fn pooling_gradients_agree_with_max_pooling_keeping_its_argmax() {
+    let tiled = "{window=[2, 2], strides=[2, 2], padding=[(0, 0), (0, 0)]}";
+    let padded = "{window=[3, 3], strides=[2, 2], padding=[(1, 1), (1, 0)]}";
+    let module = kiln::ir::parse_module(&format!(
+        "module {{
+  func @f(%x: f32[4,16,32,32], %gx: f32[4,16,16,16], %o: f32[1,2,5,5], %go: f32[1,2,2,2], %y: f64[1,2,7,5], %gy: f64[1,2,4,2], %gy2: f64[1,2,4,2]) -> (f32[4,16,16,16], f32[4,16,32,32], f32[1,2,2,2], f32[1,2,5,5], f64[1,2,4,2], f64[1,2,7,5], f64[1,2,7,5], f32[4,16,32,32], f64[1,2,8,6], f64[1,2,7,5]) {{
+    %px = max_pool2d %x {tiled} : f32[4,16,16,16]
+    %po = max_pool2d %o {tiled} : f32[1,2,2,2]
+    %py = max_pool2d %y {padded} : f64[1,2,4,2]
+    %dx = max_pool2d_grad %x, %gx {tiled} : f32[4,16,32,32]
+    %do = max_pool2d_grad %o, %go {tiled} : f32[1,2,5,5]
+    %dy = max_pool2d_grad %y, %gy {padded} : f64[1,2,7,5]
+    %dy2 = max_pool2d_grad %y, %gy2 {padded} : f64[1,2,7,5]
+    %da = avg_pool2d_grad %gx {{window=[2, 2], strides=[2, 2], padding=[(0, 0), (0, 0)]}} : f32[4,16,32,32]
+    %db = avg_pool2d_grad %gy {{window=[2, 3], strides=[2, 3], padding=[(0, 0), (0, 0)]}} : f64[1,2,8,6]
+    %dc = avg_pool2d_grad %gy {padded} : f64[1,2,7,5]
+    return %px, %dx, %po, %do, %py, %dy, %dy2, %da, %db, %dc
+  }}
+}}"
+    ))
+    .unwrap();
+    let func = module.function("f").unwrap();
+    let mut g = Gen::new(29);
+    let few = [-1.0, 0.0, 0.5, 2.0, f64::NEG_INFINITY, f64::NAN];
+    let args: Vec<Array> = (func.arg_types())
+        .map(|t| {
+            let dims: Vec<usize> = t
+                .shape
+                .dims()
+                .iter()
+                .map(|d| d.as_fixed().unwrap())
+                .collect();
+            let count = dims.iter().product();
+            let values = (0..count).map(|_| few[g.below(few.len())]);
+            let values = ndarray::ArrayD::from_shape_vec(ndarray::IxDyn(&dims), values.collect());
+            Array::F64(values.unwrap()).cast(t.dtype)
+        })
+        .collect();
+    let mut state = StateStore::initialize(&module).unwrap();
+    let interp = Interpreter::new(&module);
+    let expected = interp.run("f", args.clone(), &mut state).unwrap();
+    let executable = Executable::new(func);
+    assert_eq!(
+        executable.stats().kept_argmax,
+        3,
+        "each pooling keeps its argmax"
+    );
+    let shared: Vec<Arc<Array>> = args.into_iter().map(Arc::new).collect();
+    for run in 0..2 {
+        let compiled = (executable.run(shared.clone(), &mut state, &interp, false)).unwrap();
+        for (i, (a, b)) in expected.iter().zip(&compiled).enumerate() {
+            let same =
+                |(x, y): (&f64, &f64)| x.to_bits() == y.to_bits() || x.is_nan() && y.is_nan();
+            let (a, b) = (a.to_f64_vec(), b.to_f64_vec());
+            assert!(
+                a.iter().zip(&b).all(same),
+                "result {i}, run {run}: {a:?}\n{b:?}"
+            );
+        }
+    }
+}
+
 /// A batch of products sharing their right operand (`[B, M, K] @ [K, N]`, a dense layer over
 /// tokens) runs as one product of `B·M` rows: plain, with the right operand transposed, with
 /// batch axes of 1 on the right, over a symbolic batch, and onto a state update; a shared

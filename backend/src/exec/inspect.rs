@@ -4,6 +4,7 @@
 use super::Executable;
 use super::schedule::{Output, StepKind};
 use kiln_ir::print::{ValueNames, inst_line};
+use kiln_ir::{ConvKind, PoolKind};
 use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
@@ -28,6 +29,9 @@ pub struct Placement {
     /// Each output: its name and `slot 3`, `in place of %x (slot 3)`, `state @w` or
     /// `its own buffer`.
     pub outputs: Vec<(String, String)>,
+    /// What the step keeps for a later step or reads from an earlier one: a convolution's
+    /// patch matrix, a max pooling's argmax.
+    pub kept: Option<String>,
 }
 
 /// The time a step took over the profiled runs.
@@ -39,6 +43,29 @@ pub struct StepTime {
     pub total: Duration,
     /// How many times it ran.
     pub calls: u64,
+}
+
+/// What a step of kind `kind` keeps for a later step, or reads from an earlier one.
+fn kept(kind: &StepKind) -> Option<String> {
+    Some(match kind {
+        StepKind::Conv2d {
+            kind: ConvKind::Forward,
+            patches: Some(i),
+            ..
+        } => format!("keeps its patch matrix (#{i}) for a filter gradient"),
+        StepKind::Conv2d {
+            patches: Some(i), ..
+        } => format!("reads the patch matrix #{i} a convolution kept"),
+        StepKind::Pool2d {
+            kind: PoolKind::Max,
+            argmax: Some(i),
+            ..
+        } => format!("records its argmax (#{i}) for its gradient"),
+        StepKind::Pool2d {
+            argmax: Some(i), ..
+        } => format!("reads the argmax #{i} max pooling recorded"),
+        _ => return None,
+    })
 }
 
 impl Executable {
@@ -120,6 +147,7 @@ impl Executable {
                         (names.get(v), place)
                     })
                     .collect(),
+                kept: kept(&step.kind),
             })
             .collect()
     }

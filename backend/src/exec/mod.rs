@@ -105,6 +105,8 @@ struct Runtime {
     stores: Vec<(String, Arc<Array>, Option<usize>)>,
     /// Patch matrices convolutions keep for their filter gradients (`StepKind::Conv2d`).
     kept_patches: Vec<conv::KeptPatches>,
+    /// Argmaxes max poolings keep for their gradients (`StepKind::Pool2d`).
+    kept_argmax: Vec<pool::KeptArgmax>,
     /// Communication under way, by step index.
     communicating: Vec<Option<crate::comm::Started>>,
 }
@@ -141,6 +143,10 @@ pub struct ExecStats {
     pub kernels: usize,
     /// Buffer slots the memory plan uses.
     pub slots: usize,
+    /// Patch matrices convolutions keep for their filter gradients.
+    pub kept_patches: usize,
+    /// Argmaxes max poolings keep for their gradients.
+    pub kept_argmax: usize,
 }
 
 /// How a step that is not native code runs.
@@ -273,6 +279,8 @@ impl Executable {
                 .count()
                 + regions.iter().map(|r| r.kernels).sum::<usize>(),
             slots: self.schedule.slots.len(),
+            kept_patches: self.schedule.kept_patches,
+            kept_argmax: self.schedule.kept_argmax,
         }
     }
 
@@ -298,8 +306,11 @@ impl Executable {
         rt.env.resize(self.func.num_values(), None);
         rt.kept_patches
             .resize_with(self.schedule.kept_patches, Default::default);
-        // A kept patch matrix is this run's or none.
+        rt.kept_argmax
+            .resize_with(self.schedule.kept_argmax, Default::default);
+        // A kept patch matrix or argmax is this run's or none.
         rt.kept_patches.iter_mut().for_each(|k| k.valid = false);
+        rt.kept_argmax.iter_mut().for_each(|k| k.valid = false);
         rt.communicating.clear();
         rt.communicating
             .resize_with(self.schedule.steps.len(), || None);
@@ -578,7 +589,11 @@ impl Executable {
                 attrs,
                 patches,
             } => self.run_conv(rt, step, *kind, attrs, *patches)?,
-            StepKind::Pool2d { kind, attrs } => self.run_pool(rt, step, *kind, attrs),
+            StepKind::Pool2d {
+                kind,
+                attrs,
+                argmax,
+            } => self.run_pool(rt, step, *kind, attrs, *argmax),
             StepKind::Reshape => self.run_reshape(rt, step),
             StepKind::Const { value, shape, made } => {
                 let array = made.get_or_init(|| {
@@ -838,16 +853,31 @@ impl Executable {
         crate::limits::check_bytes(&what, &patch_matrix, bytes)
     }
 
-    /// A pooling op (or its gradient) by direct loops into a slot's buffer.
-    fn run_pool(&self, rt: &mut Runtime, step: &Step, kind: PoolKind, attrs: &Pool2dAttrs) {
+    /// A pooling op (or its gradient) by direct loops into a slot's buffer, recording or
+    /// reading the argmax `argmax` names.
+    fn run_pool(
+        &self,
+        rt: &mut Runtime,
+        step: &Step,
+        kind: PoolKind,
+        attrs: &Pool2dAttrs,
+        argmax: Option<usize>,
+    ) {
         let Output::Slot(s) = step.out[0] else {
             unreachable!("pooling writes a slot")
         };
         let dtype = self.func.value_type(step.outputs[0]).dtype;
         let mut out = self.acquire(rt, s, dtype, &step.shapes[0]);
+        let mut kept = std::mem::take(&mut rt.kept_argmax);
         let args: Vec<&Array> = step.inputs.iter().map(|&v| &**Self::value(rt, v)).collect();
         let target = Arc::get_mut(&mut out).expect("a fresh or free buffer");
-        pool::pool2d(kind, attrs, &args, target, self.threads);
+        let argmax = match (kind, argmax) {
+            (PoolKind::Max, Some(i)) => pool::Argmax::Record(&mut kept[i]),
+            (PoolKind::MaxGrad, Some(i)) => pool::Argmax::Read(&kept[i]),
+            _ => pool::Argmax::No,
+        };
+        pool::pool2d(kind, attrs, &args, target, self.threads, argmax);
+        rt.kept_argmax = kept;
         rt.env[step.outputs[0].index()] = Some(out);
     }
 

@@ -1,7 +1,10 @@
 //! Pooling for the executor: direct loops over each window's rows, with the bounds of the
 //! window clipped once per output position (`Pool2dAttrs::input_range`) instead of per tap,
-//! and the planes (sample × channel) split across threads. The interpreter's kernels are the
-//! oracle these are tested against (`runtime/tests/op_info.rs`).
+//! and the planes (sample × channel) split across threads. Max pooling paired with its
+//! gradient (by the schedule) records each window's argmax, and the gradient writes from it
+//! without reading the input again; the argmax is found without branches, which a CPU would
+//! mispredict on every other window. The interpreter's kernels are the oracle these are
+//! tested against (`runtime/tests/op_info.rs`, `tests/compiled.rs`).
 
 use crate::Array;
 use crate::interp::kernels::{FloatElem, nan_max};
@@ -9,28 +12,61 @@ use crate::interp::window::first_max;
 use kiln_ir::{Pool2dAttrs, PoolKind};
 use ndarray::{ArrayD, CowArray, IxDyn};
 use std::ops::Range;
+use std::sync::Mutex;
 
 /// Runs a pooling op (or its gradient, by `kind`) on `args` into `out`, which has the
 /// result's shape, one plane (sample and channel) per task, on the team's threads when `threads`
-/// allows. Float arrays of one dtype (the schedule sends no others).
+/// allows; max pooling records its argmax, or its gradient reads it, as `argmax` says. Float
+/// arrays of one dtype (the schedule sends no others).
 pub(crate) fn pool2d(
     kind: PoolKind,
     attrs: &Pool2dAttrs,
     args: &[&Array],
     out: &mut Array,
     threads: bool,
+    argmax: Argmax,
 ) {
     match (args, out) {
-        ([Array::F32(x)], Array::F32(out)) => Planes::new(kind, attrs, x, None, threads).into(out),
-        ([Array::F64(x)], Array::F64(out)) => Planes::new(kind, attrs, x, None, threads).into(out),
+        ([Array::F32(x)], Array::F32(out)) => {
+            Planes::new(kind, attrs, x, None, threads).into(out, argmax)
+        }
+        ([Array::F64(x)], Array::F64(out)) => {
+            Planes::new(kind, attrs, x, None, threads).into(out, argmax)
+        }
         ([Array::F32(x), Array::F32(g)], Array::F32(out)) => {
-            Planes::new(kind, attrs, x, Some(g), threads).into(out)
+            Planes::new(kind, attrs, x, Some(g), threads).into(out, argmax)
         }
         ([Array::F64(x), Array::F64(g)], Array::F64(out)) => {
-            Planes::new(kind, attrs, x, Some(g), threads).into(out)
+            Planes::new(kind, attrs, x, Some(g), threads).into(out, argmax)
         }
         _ => unreachable!("the executor runs only float pooling natively"),
     }
+}
+
+/// Where each window's largest element is, as its position among the window's (clipped) taps
+/// in row-major order, kept by a max pooling for the gradient of the same input.
+#[derive(Default)]
+pub(crate) struct KeptArgmax {
+    taps: Vec<u8>,
+    /// Whether this run's max pooling filled it.
+    pub(crate) valid: bool,
+}
+
+/// What a max pooling or its gradient does with a kept argmax.
+pub(crate) enum Argmax<'a> {
+    No,
+    /// Max pooling records its argmax here.
+    Record(&'a mut KeptArgmax),
+    /// The gradient reads its argmax from here, if this run's pooling recorded it.
+    Read(&'a KeptArgmax),
+}
+
+/// The tap position that stands for "no tap" (a window wholly in the padding).
+const NO_TAP: u8 = u8::MAX;
+
+/// Whether windows of `attrs` are small enough for their argmax to be kept.
+pub(crate) fn argmax_fits(attrs: &Pool2dAttrs) -> bool {
+    attrs.window[0].saturating_mul(attrs.window[1]) < usize::from(NO_TAP)
 }
 
 /// Below this many input elements, pooling stays on the calling thread; and the input
@@ -72,8 +108,8 @@ impl<'a, T: FloatElem + Send + Sync> Planes<'a, T> {
         }
     }
 
-    /// Computes into `out`, plane by plane.
-    fn into(mut self, out: &mut ArrayD<T>) {
+    /// Computes into `out`, plane by plane, recording or reading the argmax as `argmax` says.
+    fn into(mut self, out: &mut ArrayD<T>, argmax: Argmax) {
         // The plane the windows run over, and the pooled plane.
         let (input, pooled) = match (self.kind, &self.g) {
             (PoolKind::Max | PoolKind::Avg, _) => (self.a.shape(), out.shape()),
@@ -88,6 +124,16 @@ impl<'a, T: FloatElem + Send + Sync> Planes<'a, T> {
         if out_plane == 0 {
             return;
         }
+        let (image, pooled) = (self.h * self.w, self.oh * self.ow);
+        let (recording, reading) = match (self.kind, argmax) {
+            (PoolKind::Max, Argmax::Record(kept)) => {
+                kept.taps.resize(out.len(), NO_TAP);
+                kept.valid = true;
+                (Some(&mut kept.taps[..]), None)
+            }
+            (PoolKind::MaxGrad, Argmax::Read(kept)) if kept.valid => (None, Some(&kept.taps[..])),
+            _ => (None, None),
+        };
         let a = self.a.as_slice().expect("standard");
         let g = (self.g.as_ref()).map(|g| g.as_slice().expect("standard"));
         let columns: Vec<_> = (0..self.ow)
@@ -95,35 +141,58 @@ impl<'a, T: FloatElem + Send + Sync> Planes<'a, T> {
             .collect();
         // Planes of small images are tiny: a task takes enough of them to outweigh its own
         // cost.
-        let per_task = PARALLEL_ELEMENTS.div_ceil((self.h * self.w).max(1));
+        let per_task = PARALLEL_ELEMENTS.div_ceil(image.max(1));
         let this = &self;
         // 2×2 windows that tile the planes tile a task's run of planes too (its rows pair up
         // within each plane): one call per task, not per plane.
         let tiled_2x2 = matches!(self.kind, PoolKind::Max | PoolKind::MaxGrad)
             && self.attrs.window == [2, 2]
             && self.tiles();
-        let (image, pooled) = (self.h * self.w, self.oh * self.ow);
-        let task = |(t, planes): (usize, &mut [T])| {
+        let task = |t: usize, planes: &mut [T], record: &mut [u8]| {
             let (first, count) = (t * per_task, planes.len() / out_plane);
+            let windows = first * pooled..(first + count) * pooled;
+            let read = reading.map(|taps| &taps[windows.clone()]);
             if tiled_2x2 {
                 let a = &a[first * image..(first + count) * image];
-                return match g {
-                    None => max_2x2(a, this.w, planes),
-                    Some(g) => {
-                        max_2x2_grad(a, this.w, &g[first * pooled..][..count * pooled], planes)
-                    }
+                return match (g, read) {
+                    (None, _) if record.is_empty() => max_2x2(a, this.w, planes),
+                    (None, _) => max_2x2_recording(a, this.w, planes, record),
+                    (Some(g), Some(taps)) => max_2x2_from(taps, this.w, &g[windows], planes),
+                    (Some(g), None) => max_2x2_grad(a, this.w, &g[windows], planes),
                 };
             }
             for (i, o) in planes.chunks_mut(out_plane).enumerate() {
-                this.plane(first + i, a, g, &columns, o);
+                let own = i * pooled..(i + 1) * pooled;
+                let taps = match (record.get_mut(own.clone()), read) {
+                    (Some(record), _) => Taps::Record(record),
+                    (None, Some(read)) => Taps::Read(&read[own]),
+                    (None, None) => Taps::No,
+                };
+                this.plane(first + i, a, g, &columns, o, taps);
             }
         };
+        // Each task's planes, and the argmax of its windows when it records them.
+        let chunks: Vec<(&mut [T], &mut [u8])> = match recording {
+            Some(taps) => (out.chunks_mut(out_plane * per_task))
+                .zip(taps.chunks_mut(pooled * per_task))
+                .collect(),
+            None => (out.chunks_mut(out_plane * per_task))
+                .map(|planes| (planes, &mut [][..]))
+                .collect(),
+        };
         if parallel {
-            crate::team::for_each_chunk(out, out_plane * per_task, true, |t, planes| {
-                task((t, planes))
+            // Each chunk is taken by exactly one task; the lock is never contended.
+            let chunks: Vec<_> = chunks.into_iter().map(Mutex::new).collect();
+            crate::team::for_each(chunks.len(), |t| {
+                if let Ok(mut chunk) = chunks[t].lock() {
+                    let (planes, record) = &mut *chunk;
+                    task(t, planes, record)
+                }
             });
         } else {
-            task((0, out));
+            for (t, (planes, record)) in chunks.into_iter().enumerate() {
+                task(t, planes, record)
+            }
         }
     }
 
@@ -141,7 +210,8 @@ impl<'a, T: FloatElem + Send + Sync> Planes<'a, T> {
     }
 
     /// Plane `index` of the result: one pass over the pooled positions, each reading its
-    /// window's clipped rows and columns. `a` and `g` are the operands' elements, `columns` each pooled column's input columns.
+    /// window's clipped rows and columns. `a` and `g` are the operands' elements, `columns`
+    /// each pooled column's input columns, `taps` this plane's argmax to record or read.
     fn plane(
         &self,
         index: usize,
@@ -149,6 +219,7 @@ impl<'a, T: FloatElem + Send + Sync> Planes<'a, T> {
         g: Option<&[T]>,
         columns: &[Range<usize>],
         out: &mut [T],
+        taps: Taps,
     ) {
         let (h, w, oh, ow) = (self.h, self.w, self.oh, self.ow);
         let area = T::from_f64(self.attrs.window_area());
@@ -159,14 +230,17 @@ impl<'a, T: FloatElem + Send + Sync> Planes<'a, T> {
         match self.kind {
             PoolKind::Max => {
                 let plane = &a[index * h * w..][..h * w];
-                for (at, (rows, cols)) in windows.enumerate() {
-                    let mut m = T::neg_infinity();
-                    for r in rows {
-                        for &v in &plane[r * w..][cols.clone()] {
-                            m = nan_max(m, v);
-                        }
+                let window = |(rows, cols): (Range<usize>, Range<usize>)| {
+                    rows.flat_map(move |r| plane[r * w..][cols.clone()].iter().copied())
+                };
+                if let Taps::Record(taps) = taps {
+                    for ((m, k), taps) in out.iter_mut().zip(taps).zip(windows) {
+                        (*m, *k) = first_max_of(window(taps));
                     }
-                    out[at] = m;
+                } else {
+                    for (m, taps) in out.iter_mut().zip(windows) {
+                        *m = window(taps).fold(T::neg_infinity(), nan_max);
+                    }
                 }
             }
             PoolKind::Avg => {
@@ -185,11 +259,30 @@ impl<'a, T: FloatElem + Send + Sync> Planes<'a, T> {
                 let plane = &a[index * h * w..][..h * w];
                 let g = &g.expect("max_pool2d_grad has a gradient")[index * oh * ow..][..oh * ow];
                 out.fill(T::zero());
-                for ((rows, cols), &grad) in windows.zip(g) {
-                    let taps = rows.flat_map(|r| cols.clone().map(move |c| r * w + c));
-                    if let Some(i) = first_max(taps, plane) {
+                for (at, ((rows, cols), &grad)) in windows.zip(g).enumerate() {
+                    let i = match taps {
+                        Taps::Read(taps) if taps[at] == NO_TAP => None,
+                        Taps::Read(taps) => {
+                            let (k, width) = (usize::from(taps[at]), cols.len());
+                            Some((rows.start + k / width) * w + cols.start + k % width)
+                        }
+                        _ => first_max(
+                            rows.flat_map(|r| cols.clone().map(move |c| r * w + c)),
+                            plane,
+                        ),
+                    };
+                    if let Some(i) = i {
                         out[i] = out[i] + grad;
                     }
+                }
+            }
+            PoolKind::AvgGrad { .. } if self.tiles() => {
+                // Each element is in one window: its share written once, no window scans.
+                let g = &a[index * oh * ow..][..oh * ow];
+                let [kh, kw] = self.attrs.window;
+                for (r, row) in out.chunks_exact_mut(w).enumerate() {
+                    let shares = row.chunks_exact_mut(kw).zip(&g[r / kh * ow..][..ow]);
+                    shares.for_each(|(taps, &grad)| taps.fill(grad / area));
                 }
             }
             PoolKind::AvgGrad { .. } => {
@@ -208,6 +301,26 @@ impl<'a, T: FloatElem + Send + Sync> Planes<'a, T> {
     }
 }
 
+/// One plane's argmax: recorded by max pooling, read by its gradient, or neither.
+enum Taps<'a> {
+    No,
+    Record(&'a mut [u8]),
+    Read(&'a [u8]),
+}
+
+/// The largest of `values` (the first NaN, if any, as max pooling's `nan_max` gives it) and
+/// the position of the first that holds it, chosen by selects rather than branches; `(-∞,
+/// NO_TAP)` for no values.
+fn first_max_of<T: FloatElem>(values: impl IntoIterator<Item = T>) -> (T, u8) {
+    let (mut best, mut at) = (T::neg_infinity(), NO_TAP);
+    for (i, v) in values.into_iter().enumerate() {
+        let take = (at == NO_TAP) | (!best.is_nan() & ((v > best) | v.is_nan()));
+        best = if take { v } else { best };
+        at = if take { i as u8 } else { at };
+    }
+    (if best.is_nan() { T::nan() } else { best }, at)
+}
+
 /// Max pooling of one plane (rows `w` long) by 2×2 windows that tile it: each pair of input
 /// rows walked in steps of two, so the loop carries no index arithmetic or bounds checks.
 fn max_2x2<T: FloatElem>(plane: &[T], w: usize, out: &mut [T]) {
@@ -220,30 +333,55 @@ fn max_2x2<T: FloatElem>(plane: &[T], w: usize, out: &mut [T]) {
     }
 }
 
-/// The gradient of [`max_2x2`]: each window's gradient at its first largest element (or first
-/// NaN), zeros elsewhere, every element written once.
-fn max_2x2_grad<T: FloatElem>(plane: &[T], w: usize, g: &[T], out: &mut [T]) {
-    let rows = plane.chunks_exact(2 * w).zip(out.chunks_exact_mut(2 * w));
-    for ((lines, out_lines), g_row) in rows.zip(g.chunks_exact(w / 2)) {
+/// The largest of four taps (as [`max_2x2`] gives it) and the first tap that holds it, from
+/// the bits of the taps that do: no branches. A tap holds the largest when it equals it or is
+/// NaN: without NaNs the second never holds, and with one no tap equals the NaN largest.
+fn first_max_of_4<T: FloatElem>(taps: [T; 4]) -> (T, u8) {
+    let m = nan_max(nan_max(taps[0], taps[1]), nan_max(taps[2], taps[3]));
+    let holds = |i: usize| u8::from((taps[i] == m) | taps[i].is_nan()) << i;
+    let bits = holds(0) | holds(1) | holds(2) | holds(3);
+    (m, bits.trailing_zeros() as u8)
+}
+
+/// [`max_2x2`] that records each window's argmax in `taps`.
+fn max_2x2_recording<T: FloatElem>(plane: &[T], w: usize, out: &mut [T], taps: &mut [u8]) {
+    let rows = (plane.chunks_exact(2 * w).zip(out.chunks_exact_mut(w / 2)))
+        .zip(taps.chunks_exact_mut(w / 2));
+    for ((lines, out_row), tap_row) in rows {
         let (top, bottom) = lines.split_at(w);
-        let (out_top, out_bottom) = out_lines.split_at_mut(w);
-        let windows = (top.chunks_exact(2).zip(bottom.chunks_exact(2))).zip(
-            out_top
-                .chunks_exact_mut(2)
-                .zip(out_bottom.chunks_exact_mut(2)),
-        );
-        for (((t, b), (ot, ob)), &grad) in windows.zip(g_row) {
-            // Taps in row-major order; a tap wins when it is larger than the best so far or the
-            // first NaN.
-            let taps = [t[0], t[1], b[0], b[1]];
-            let mut best = 0;
-            for (i, &v) in taps.iter().enumerate().skip(1) {
-                let current = taps[best];
-                let take = !current.is_nan() && (v > current || v.is_nan());
-                best = if take { i } else { best };
-            }
-            let at = |i: usize| if best == i { grad } else { T::zero() };
-            (ot[0], ot[1], ob[0], ob[1]) = (at(0), at(1), at(2), at(3));
+        let pairs = top.chunks_exact(2).zip(bottom.chunks_exact(2));
+        for ((m, k), (t, b)) in out_row.iter_mut().zip(tap_row).zip(pairs) {
+            (*m, *k) = first_max_of_4([t[0], t[1], b[0], b[1]]);
+        }
+    }
+}
+
+/// The gradient of [`max_2x2`]: each window's gradient at its first largest element (or first
+/// NaN), found again in `plane`; zeros elsewhere.
+fn max_2x2_grad<T: FloatElem>(plane: &[T], w: usize, g: &[T], out: &mut [T]) {
+    scatter_2x2(w, g, out, |y, x| {
+        let (top, bottom) = plane[2 * y * w..][..2 * w].split_at(w);
+        let (t, b) = (&top[2 * x..][..2], &bottom[2 * x..][..2]);
+        first_max_of_4([t[0], t[1], b[0], b[1]]).1
+    })
+}
+
+/// The gradient of [`max_2x2`] from the argmax [`max_2x2_recording`] kept.
+fn max_2x2_from<T: FloatElem>(taps: &[u8], w: usize, g: &[T], out: &mut [T]) {
+    scatter_2x2(w, g, out, |y, x| taps[y * (w / 2) + x])
+}
+
+/// Writes each 2×2 window of `out` (rows `w` long): the window's gradient at tap `tap(y, x)`
+/// of window `(y, x)`, zeros elsewhere. Zeros first, then one store per window at a computed
+/// address: a select per tap compiles to branches, which the CPU mispredicts as often as the
+/// data changes.
+fn scatter_2x2<T: FloatElem>(w: usize, g: &[T], out: &mut [T], tap: impl Fn(usize, usize) -> u8) {
+    out.fill(T::zero());
+    let rows = out.chunks_exact_mut(2 * w).zip(g.chunks_exact(w / 2));
+    for (y, (out_lines, g_row)) in rows.enumerate() {
+        for (x, &grad) in g_row.iter().enumerate() {
+            let k = usize::from(tap(y, x));
+            out_lines[(k >> 1 & 1) * w + 2 * x + (k & 1)] = grad;
         }
     }
 }

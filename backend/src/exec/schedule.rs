@@ -42,10 +42,13 @@ pub(crate) enum StepKind {
         attrs: Conv2dAttrs,
         patches: Option<usize>,
     },
-    /// Float pooling (or its gradient) by direct loops.
+    /// Float pooling (or its gradient) by direct loops. `argmax` pairs a max pooling with a
+    /// later gradient of the same input and geometry: the index of the kept argmax the first
+    /// records and the second reads.
     Pool2d {
         kind: PoolKind,
         attrs: Pool2dAttrs,
+        argmax: Option<usize>,
     },
     /// The same elements, another shape: moved when the input dies here, else copied.
     Reshape,
@@ -169,6 +172,8 @@ pub(crate) struct Schedule {
     pub fallbacks: Vec<String>,
     /// How many patch matrices convolutions keep for their filter gradients.
     pub kept_patches: usize,
+    /// How many argmaxes max poolings keep for their gradients.
+    pub kept_argmax: usize,
 }
 
 impl Schedule {
@@ -260,6 +265,7 @@ impl Schedule {
         place_waits(&mut steps);
         let infallible_from = steps.iter().rposition(|s| s.fallible).map_or(0, |i| i + 1);
         let kept_patches = pair_patch_matrices(func, &mut steps);
+        let kept_argmax = pair_pooling_argmax(&mut steps);
         let mut schedule = Schedule {
             steps: Vec::new(),
             slots: Vec::new(),
@@ -267,6 +273,7 @@ impl Schedule {
             infallible_from,
             fallbacks,
             kept_patches,
+            kept_argmax,
         };
         schedule.plan_memory(func, &mut steps, &recipe);
         schedule.steps = steps;
@@ -576,6 +583,45 @@ fn pair_patch_matrices(func: &Function, steps: &mut [Step]) -> usize {
     pairs
 }
 
+/// Pairs each max pooling gradient with an earlier max pooling of the same input and
+/// geometry, which records the argmax the gradient would search for again; returns how many
+/// argmaxes are kept. (Gradients of one pooling share its argmax.)
+fn pair_pooling_argmax(steps: &mut [Step]) -> usize {
+    let mut kept = 0;
+    for g in 0..steps.len() {
+        let StepKind::Pool2d {
+            kind: PoolKind::MaxGrad,
+            attrs,
+            argmax: None,
+        } = steps[g].kind
+        else {
+            continue;
+        };
+        let x = steps[g].inputs[0];
+        let pairs_with = |step: &Step| {
+            let forward = matches!(
+                step.kind,
+                StepKind::Pool2d { kind: PoolKind::Max, attrs: a, .. } if a == attrs
+            );
+            forward && step.inputs[0] == x && super::pool::argmax_fits(&attrs)
+        };
+        let Some(f) = steps[..g].iter().position(pairs_with) else {
+            continue;
+        };
+        let StepKind::Pool2d { argmax, .. } = &mut steps[f].kind else {
+            unreachable!("a pooling step")
+        };
+        let index = *argmax.get_or_insert_with(|| {
+            kept += 1;
+            kept - 1
+        });
+        if let StepKind::Pool2d { argmax, .. } = &mut steps[g].kind {
+            *argmax = Some(index);
+        }
+    }
+    kept
+}
+
 /// How the executor runs instruction `inst`.
 fn step_kind(
     func: &Function,
@@ -646,6 +692,7 @@ fn step_kind(
             StepKind::Pool2d {
                 kind: *kind,
                 attrs: *attrs,
+                argmax: None,
             }
         }
         Op::OneHot { .. }
