@@ -208,3 +208,35 @@ fn the_interpreter_backend_compiles_nothing() {
     let stats = session.exec_stats();
     assert_eq!((stats.runs, stats.kernels), (0, 0), "{stats:?}");
 }
+
+/// A loop body's trips reuse the buffers of the values they carry: the value a trip computes
+/// lands in the buffer of the one it replaces, so a warm run allocates as much for 50 trips
+/// as for 5 (the first trip's outputs only).
+#[test]
+fn loop_trips_allocate_nothing_once_warm() {
+    use kiln::backend::exec::Executable;
+    use kiln::backend::{Interpreter, StateStore};
+    let text = std::fs::read_to_string("tests/programs/control_flow.kir").unwrap();
+    let mut module = kiln::ir::parse_module(&text).unwrap();
+    kiln::passes::manager::PassManager::pipeline("default")
+        .unwrap()
+        .run(&mut module)
+        .unwrap();
+    let executable = Executable::new(module.function("newton_sqrt").unwrap());
+    let interp = Interpreter::new(&module);
+    let mut state = StateStore::initialize(&module).unwrap();
+    let a = Arc::new(Array::F64(ndarray::ArrayD::from_elem(vec![1000], 2.0)));
+    let mut allocations = |trips: i32| {
+        let iters = Arc::new(Array::I32(ndarray::arr0(trips).into_dyn()));
+        let before = executable.stats().allocations;
+        let root = executable.run(vec![a.clone(), iters], &mut state, &interp, false);
+        assert!((root.unwrap()[0].to_f64_vec()[0] - 2f64.sqrt()).abs() < 1e-12);
+        executable.stats().allocations - before
+    };
+    allocations(5);
+    let (few, many) = (allocations(5), allocations(50));
+    assert_eq!(
+        few, many,
+        "allocations grow with the trips: {few} for 5, {many} for 50"
+    );
+}

@@ -101,6 +101,10 @@ struct Runtime {
     /// Results handed out in earlier runs that callers still held when the next run began:
     /// each buffer is taken again once its caller drops it.
     returned: Vec<Arc<Array>>,
+    /// Buffers of arguments (and other values without a slot) that died in this run, for
+    /// its later outputs and then for slots left empty: a loop body's carried values become
+    /// the next trip's outputs.
+    dead: Vec<Array>,
     /// Pending stores: state, value, and the slot the state's old buffer may refill.
     stores: Vec<(String, Arc<Array>, Option<usize>)>,
     /// Patch matrices convolutions keep for their filter gradients (`StepKind::Conv2d`).
@@ -360,9 +364,22 @@ impl Executable {
                     (Some(array), Some(s)) if Arc::strong_count(&array) == 1 => {
                         rt.arena[s] = Some(array)
                     }
-                    (Some(array), None) => spare::keep(array),
+                    (Some(array), None) => {
+                        if let Some(small) = Arc::into_inner(array).and_then(spare::keep) {
+                            rt.dead.push(small);
+                        }
+                    }
                     _ => {}
                 }
+            }
+        }
+        // What is left serves the slots whose buffers leave as results (a loop body's
+        // carried values): the next run then finds them there.
+        for array in rt.dead.drain(..) {
+            let empty = (0..rt.arena.len())
+                .find(|&s| rt.arena[s].is_none() && self.schedule.slots[s] == array.dtype());
+            if let Some(s) = empty {
+                rt.arena[s] = Some(Arc::new(array));
             }
         }
         let results: Vec<Arc<Array>> = (self.func.results().iter())
@@ -519,6 +536,12 @@ impl Executable {
                 .reshape_in_place(&rt.shape);
             add(&self.counters.reuses, 1);
             return array;
+        }
+        if let Some(i) = (rt.dead.iter()).position(|a| a.dtype() == dtype && a.len() == len) {
+            let mut array = rt.dead.swap_remove(i);
+            array.reshape_in_place(&rt.shape);
+            add(&self.counters.reuses, 1);
+            return Arc::new(array);
         }
         if let Some(mut array) = spare::take(dtype, len) {
             array.reshape_in_place(&rt.shape);

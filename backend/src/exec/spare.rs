@@ -8,7 +8,7 @@
 //! takes one back.
 use crate::Array;
 use kiln_ir::DType;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Mutex, PoisonError};
 
 /// Smaller buffers come back from the allocator cheaply.
 const MIN_BYTES: usize = 1 << 20;
@@ -21,14 +21,11 @@ fn bytes(array: &Array) -> usize {
     array.len() * array.dtype().size_bytes()
 }
 
-/// Keeps `array` if nothing else holds it and it is large; drops it otherwise.
-pub(super) fn keep(array: Arc<Array>) {
-    let Ok(array) = Arc::try_unwrap(array) else {
-        return;
-    };
+/// Keeps `array` if it is large; gives it back otherwise.
+pub(super) fn keep(array: Array) -> Option<Array> {
     let size = bytes(&array);
     if !(MIN_BYTES..=CAP_BYTES).contains(&size) {
-        return;
+        return Some(array);
     }
     let mut spare = SPARE.lock().unwrap_or_else(PoisonError::into_inner);
     let mut total: usize = spare.iter().map(bytes).sum::<usize>() + size;
@@ -36,6 +33,7 @@ pub(super) fn keep(array: Arc<Array>) {
         total -= bytes(&spare.remove(0));
     }
     spare.push(array);
+    None
 }
 
 /// A kept buffer of `dtype` with `len` elements (any shape, any contents).
@@ -59,23 +57,17 @@ mod tests {
 
     #[test]
     fn a_dead_large_buffer_serves_the_next_allocation_of_its_size() {
-        let array = Arc::new(Array::zeros(DType::F32, &[LEN]));
-        let held = array.clone();
-        keep(array);
-        assert!(
-            take(DType::F32, LEN).is_none(),
-            "a buffer still held is not kept"
-        );
-        let address = held.data_ptr();
-        keep(held);
+        let array = Array::zeros(DType::F32, &[LEN]);
+        let address = array.data_ptr();
+        assert!(keep(array).is_none(), "kept");
         assert!(take(DType::F64, LEN).is_none(), "another dtype");
         let again = take(DType::F32, LEN).expect("the dead buffer");
         assert_eq!(again.data_ptr(), address);
         assert!(take(DType::F32, LEN).is_none(), "taken once");
-        keep(Arc::new(Array::zeros(DType::F32, &[1000])));
         assert!(
-            take(DType::F32, 1000).is_none(),
-            "small buffers are not kept"
+            keep(Array::zeros(DType::F32, &[1000])).is_some(),
+            "small buffers are given back"
         );
+        assert!(take(DType::F32, 1000).is_none());
     }
 }
