@@ -347,6 +347,43 @@ fn products_read_reshaped_operands_in_place() {
     assert_eq!(steps, insts - (reshapes - 3), "{text}");
 }
 
+/// Products read a slice of their operand's leading rows from the operand's own buffer (no
+/// copy): an RNN's states stack cut to the trips' rows, flattened, as a weight gradient's
+/// left operand; the same slice without a reshape, of a batch of matrices; a slice that is
+/// also a result (so it still runs); and slices that are not a prefix (rows from 1, a column
+/// range), which are copied. Each agrees with the interpreter.
+#[test]
+fn products_read_leading_row_slices_in_place() {
+    let module = kiln::ir::parse_module(
+        "module {
+  func @f(%h: f32[5,2,3], %g: f32[4,2,3], %s: f32[3,3,4], %w: f32[4,2]) -> (f32[3,3], f32[2,3,2], f32[2,3,4], f32[3,3], f32[3,2]) {
+    %states = slice %h {ranges=[0:4, :, :]} : f32[4,2,3]
+    %a = reshape %states : f32[8,3]
+    %b = reshape %g : f32[8,3]
+    %dw = matmul %a, %b {transpose_a=true} : f32[3,3]
+    %first = slice %s {ranges=[0:2, :, :]} : f32[2,3,4]
+    %p = matmul %first, %w : f32[2,3,2]
+    %late = slice %h {ranges=[1:5, :, :]} : f32[4,2,3]
+    %la = reshape %late : f32[8,3]
+    %dl = matmul %la, %b {transpose_a=true} : f32[3,3]
+    %cols = slice %w {ranges=[:, 0:1]} : f32[4,1]
+    %s0 = slice %s {ranges=[0:1, :, :]} : f32[1,3,4]
+    %m = reshape %s0 : f32[3,4]
+    %q = matmul %m, %w : f32[3,2]
+    return %dw, %p, %first, %dl, %q
+  }
+}",
+    )
+    .unwrap();
+    let tally = check_module(&module, 17).unwrap();
+    assert_eq!(tally.compared, 1);
+    // The slices and reshapes only products read are not steps of the schedule: `%states`
+    // with `%a`, `%b`, `%la` (its slice from row 1, `%late`, is copied), `%s0` with `%m`;
+    // `%first` is a result and runs.
+    let (text, steps, insts) = scheduled(&module);
+    assert_eq!(steps, insts - 6, "{text}");
+}
+
 /// Products read transposed operands through strides (no copy): attention's heads, a reshape
 /// then a transpose of `[N, T, H·d]` into `[N, H, T, d]`, as the left operand, as the right one
 /// transposed again by the product, over a symbolic batch; a transpose swapping the matrix

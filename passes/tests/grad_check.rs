@@ -637,6 +637,64 @@ fn counted_while_defers_weight_gradients() {
     assert!(!backward_body.contains("transpose_a=true"), "{text}");
 }
 
+/// An RNN cell `h ← tanh(xs[t]·w + h·u)` for `t` in `0..4`, the sequence four rows long: the
+/// two products' results are the operands of one `add`, so every trip gives them the same
+/// adjoint at the same row, and the backward loop fills one adjoint stack for both (the
+/// second product's left operands, the states before each trip, are the first four rows of
+/// the five states kept). Both weight gradients agree with finite differences.
+#[test]
+fn counted_while_keeps_one_adjoint_stack_for_a_cells_two_products() {
+    let inputs = vec![
+        input(&[2, 3], 130),
+        input(&[4, 3], 131),
+        input(&[3, 3], 132),
+        input(&[4, 2, 4], 133),
+    ];
+    let cell = |b: &mut FunctionBuilder, a: &[Value]| -> BuildResult<Value> {
+        let (h0, w, u, xs) = (a[0], a[1], a[2], a[3]);
+        let zero = b.scalar(DType::I32, 0.0)?;
+        let out = b.while_loop(
+            &[zero, h0],
+            |b, c| {
+                let four = b.scalar(DType::I32, 4.0)?;
+                b.compare(CompareOp::Lt, c[0], four)
+            },
+            |b, c| {
+                let x = b.gather(xs, c[0], 0)?;
+                let xw = b.matmul(x, w)?;
+                let hu = b.matmul(c[1], u)?;
+                let z = b.add(xw, hu)?;
+                let one = b.scalar(DType::I32, 1.0)?;
+                Ok(vec![b.add(c[0], one)?, b.tanh(z)?])
+            },
+        )?;
+        Ok(out[1])
+    };
+    check(inputs.clone(), cell);
+    let mut builder = FunctionBuilder::new("f");
+    let args: Vec<Value> = ["h", "w", "u", "xs"]
+        .iter()
+        .zip(&inputs)
+        .map(|(n, a)| builder.arg(n, Type::new(DType::F64, Shape::fixed(a.shape()))))
+        .collect();
+    let h = cell(&mut builder, &args).unwrap();
+    let loss = builder.reduce(ReduceOp::Sum, h, vec![0, 1], false).unwrap();
+    let mut func = builder.finish(&[loss]).unwrap();
+    append_gradients(&mut func, loss, &args).unwrap();
+    let text = func.to_string();
+    let backward = text.lines().rfind(|l| l.contains("= while"));
+    let carried = backward
+        .and_then(|l| l.split_once(" : "))
+        .and_then(|(_, rest)| rest.split_once(" cond("))
+        .map_or("", |(types, _)| types);
+    // The count, `h`'s adjoint, `xs`'s per-trip sum and one stack of the cell's adjoints.
+    assert_eq!(carried, "i32[], f64[2,3], f64[4,2,4], f64[4,2,3]", "{text}");
+    assert!(
+        text.contains("slice"),
+        "the states cut to four rows:\n{text}"
+    );
+}
+
 /// `h ← tanh(h·w + xs[t])` for `t` in `2..5`, the counter carried second.
 fn counted_rnn(b: &mut FunctionBuilder, a: &[Value]) -> Result<Value, kiln_ir::BuildError> {
     let (h0, w, xs) = (a[0], a[1], a[2]);

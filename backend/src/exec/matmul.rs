@@ -24,8 +24,8 @@ pub(crate) struct Operands<'a> {
 }
 
 /// An operand's buffer (contiguous, row-major) seen with `shape` (a reshape's source, with the
-/// same number of elements) or its own, then with its axes permuted by `perm` (a transpose's
-/// source, read through strides).
+/// same number of elements, or a slice's of its leading rows, with fewer) or its own, then
+/// with its axes permuted by `perm` (a transpose's source, read through strides).
 pub(crate) struct View<'a> {
     pub shape: Option<Vec<usize>>,
     pub perm: Option<&'a [usize]>,
@@ -41,10 +41,9 @@ struct Strided<T> {
 impl<T> Strided<T> {
     fn of(array: &ArrayD<T>, view: &View<'_>) -> Strided<T> {
         let shape = view.shape.as_deref().unwrap_or(array.shape());
-        assert_eq!(
-            shape.iter().product::<usize>(),
-            array.len(),
-            "a reshape's size"
+        assert!(
+            shape.iter().product::<usize>() <= array.len(),
+            "a view within its buffer"
         );
         let mut strides = vec![1; shape.len()];
         for axis in (0..shape.len().saturating_sub(1)).rev() {
@@ -132,8 +131,8 @@ fn typed<T: Copy + 'static + num_traits::Zero + num_traits::One>(
             perm: written_through,
         },
     );
-    // SAFETY: the operands' views stay within their buffers (a reshape's shape has its
-    // element count, a permutation reorders axes), as does the output's, which does not
+    // SAFETY: the operands' views stay within their buffers (a view's shape has at most its
+    // element count, checked in `Strided::of`; a permutation reorders axes), as does the output's, which does not
     // overlap them.
     unsafe { batched(&a, &b, z.as_mut_ptr(), &out, transposed, scale, threads) }
 }

@@ -6,8 +6,8 @@
 use crate::Array;
 use crate::jit::{self, Kernel};
 use kiln_ir::{
-    BinaryOp, BuildResult, Conv2dAttrs, ConvKind, DType, Dim, Function, FunctionBuilder, Inst,
-    Literal, Op, Pool2dAttrs, PoolKind, Region, Shape, Symbol, Value, ValueDef,
+    AxisSlice, BinaryOp, BuildResult, Conv2dAttrs, ConvKind, DType, Dim, Function, FunctionBuilder,
+    Inst, Literal, Op, Pool2dAttrs, PoolKind, Region, Shape, Symbol, Value, ValueDef,
 };
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, OnceLock};
@@ -838,6 +838,14 @@ fn read_products_through_views(
                 bypassed.insert(operand);
                 operand = data.args[0];
             }
+            // A slice of the leading rows is the start of its source's buffer.
+            if let Some(data) = made_by(operand)
+                && let Op::Slice { .. } = data.op
+            {
+                (view.shape).get_or_insert_with(|| recipe(&func.value_type(operand).shape));
+                bypassed.insert(operand);
+                operand = data.args[0];
+            }
             step.inputs[j] = operand;
         }
     }
@@ -864,11 +872,30 @@ fn read_products_through_views(
 /// The reshapes and transposes a product may read through: those only products read, or
 /// views of them that only products read. One that runs anyway for another reader is read as
 /// it is (bypassed, a reshape whose source is still to be read would copy it).
+/// Whether a slice takes the first rows of its source's leading axis and every other axis
+/// whole: the first elements of the source's buffer, in order.
+fn is_prefix(axes: &[AxisSlice]) -> bool {
+    let leading = matches!(
+        axes.first(),
+        Some(
+            AxisSlice::Full
+                | AxisSlice::Range {
+                    start: 0,
+                    step: 1,
+                    ..
+                }
+        )
+    );
+    leading && axes[1..].iter().all(|a| matches!(a, AxisSlice::Full))
+}
+
 fn bypassable_views(func: &Function, steps: &[Step]) -> HashSet<Value> {
     let is_view = |v: Value| match func.value(v).def {
-        ValueDef::Result(def, _) => {
-            matches!(func.inst(def).op, Op::Reshape { .. } | Op::Transpose { .. })
-        }
+        ValueDef::Result(def, _) => match &func.inst(def).op {
+            Op::Reshape { .. } | Op::Transpose { .. } => true,
+            Op::Slice { axes } => is_prefix(axes),
+            _ => false,
+        },
         _ => false,
     };
     let mut readers: HashMap<Value, Vec<Option<usize>>> = HashMap::new();

@@ -14,7 +14,9 @@
 use super::{KEPT_STATES_BUDGET, Sweep, zeros};
 use crate::loops::{Counted, gathered_by};
 use crate::simplify::extract::bytes;
-use kiln_ir::{BuildError, Dim, FunctionBuilder, Inst, Op, Region, Shape, Type, Value};
+use kiln_ir::{
+    AxisSlice, BinaryOp, BuildError, Dim, FunctionBuilder, Inst, Op, Region, Shape, Type, Value,
+};
 
 /// A product in the loop body whose contribution to its right operand's gradient is
 /// computed after the loop.
@@ -27,6 +29,10 @@ pub(super) struct Deferred {
     pub lhs: Stacked,
     /// The rows of that stack (and of the adjoints' stack).
     pub rows: usize,
+    /// Another deferred product whose adjoint stack this one reads, keeping none of its own:
+    /// the two results are the operands of one `add` (an RNN cell's `x·W + h·U`), so every
+    /// trip gives them the same adjoint, at the same row.
+    pub shares: Option<usize>,
 }
 
 /// A left operand's stack.
@@ -87,9 +93,57 @@ impl Sweep<'_> {
                 weight: w,
                 lhs,
                 rows,
+                shares: None,
             });
         }
+        self.share_adjoint_stacks(body, &mut found, counted);
         found
+    }
+
+    /// Marks the products whose adjoints another product's stack holds already (see
+    /// [`Deferred::shares`]): of two that qualify, the one with fewer rows keeps the stack.
+    fn share_adjoint_stacks(&self, body: Region, found: &mut [Deferred], counted: Counted) {
+        let region = self.src.region(body);
+        let result = |d: &Deferred| self.src.inst(d.inst).results[0];
+        // The one use of `y`, if that is all it has (the region's results count as uses).
+        let only_user = |y: Value| {
+            let mut users = (region.insts.iter()).filter(|&&i| self.src.inst(i).args.contains(&y));
+            match (users.next(), users.next()) {
+                (Some(&i), None) if !region.results.contains(&y) => Some(i),
+                _ => None,
+            }
+        };
+        let offset = |d: &Deferred| match d.lhs {
+            Stacked::State(_) => 0,
+            Stacked::Table(_) => counted.first,
+        };
+        for s in 0..found.len() {
+            for o in 0..found.len() {
+                let (keeper, reader) = (&found[o], &found[s]);
+                let summed = match (only_user(result(keeper)), only_user(result(reader))) {
+                    (Some(a), Some(b)) if a == b && o != s => {
+                        let add = self.src.inst(a);
+                        matches!(add.op, Op::Binary(BinaryOp::Add))
+                            && self.ty(result(keeper)) == self.ty(result(reader))
+                    }
+                    _ => false,
+                };
+                // The keeper's rows hold every trip's row, and the reader's left operands
+                // line up with them (a state stack is cut to the keeper's rows).
+                let fits = offset(keeper) == offset(reader)
+                    && keeper.rows as i64 >= offset(keeper) + counted.trips as i64
+                    && match reader.lhs {
+                        Stacked::State(_) => keeper.rows <= reader.rows,
+                        Stacked::Table(_) => keeper.rows == reader.rows,
+                    };
+                let first_choice =
+                    keeper.rows < reader.rows || (keeper.rows == reader.rows && o < s);
+                if summed && fits && first_choice && keeper.shares.is_none() {
+                    found[s].shares = Some(o);
+                    break;
+                }
+            }
+        }
     }
 
     /// The zero stack of trip adjoints of deferred product `d`'s result.
@@ -134,11 +188,23 @@ impl Sweep<'_> {
         let Op::MatMul { transpose_b, .. } = data.op else {
             unreachable!("a deferred product is a matmul");
         };
+        // The adjoint stack may be another product's, with fewer rows than the states.
+        let rows = b.value_type(adjoints).shape.dims()[0]
+            .as_fixed()
+            .unwrap_or(d.rows);
         let source = match d.lhs {
+            Stacked::State(j) if rows < d.rows => {
+                let mut axes = vec![AxisSlice::Full; b.value_type(stacks[j]).shape.rank()];
+                axes[0] = AxisSlice::Range {
+                    start: 0,
+                    end: rows,
+                    step: 1,
+                };
+                b.slice(stacks[j], axes)?
+            }
             Stacked::State(j) => stacks[j],
             Stacked::Table(table) => self.fwd(table),
         };
-        let rows = d.rows;
         let flat = |b: &mut FunctionBuilder, v: Value, per_trip: Value| {
             let dims = self.ty(per_trip).shape.as_fixed().unwrap_or_default();
             b.reshape(v, Shape::fixed(&[rows * dims[0], dims[1]]))
@@ -151,6 +217,16 @@ impl Sweep<'_> {
             b.matmul_t(a, g, true, false)
         }
     }
+}
+
+/// The place among the carried adjoint stacks of the one deferred product `i` reads: its own,
+/// or the one it shares.
+pub(super) fn stack_of(deferred: &[Deferred], i: usize) -> usize {
+    let keeper = deferred[i].shares.unwrap_or(i);
+    deferred[..keeper]
+        .iter()
+        .filter(|d| d.shares.is_none())
+        .count()
 }
 
 /// Whether every use of `w` in `region` (nested regions included) is as the right operand

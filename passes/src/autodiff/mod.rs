@@ -20,7 +20,7 @@ mod rules;
 
 use crate::loops::{Counted, counted_loop};
 use crate::simplify::extract::bytes;
-use deferred::{Deferred, only_deferred_uses};
+use deferred::{Deferred, only_deferred_uses, stack_of};
 use kiln_ir::{
     BuildError, DType, Function, FunctionBuilder, Inst, Literal, Module, Op, Region, Type, Value,
 };
@@ -456,7 +456,7 @@ impl<'a> Sweep<'a> {
         for &v in &captured {
             start.push(zeros(b, self.ty(v))?);
         }
-        for d in &deferred {
+        for d in deferred.iter().filter(|d| d.shares.is_none()) {
             start.push(self.adjoint_stack(b, d)?);
         }
         let results = b.while_loop(
@@ -475,7 +475,8 @@ impl<'a> Sweep<'a> {
             out.push((v, results[1 + floats.len() + j]));
         }
         let filled = &results[1 + floats.len() + captured.len()..];
-        for (d, &adjoints) in deferred.iter().zip(filled) {
+        for (i, d) in deferred.iter().enumerate() {
+            let adjoints = filled[stack_of(&deferred, i)];
             let g = self.deferred_gradient(b, d, states.stacks(), adjoints)?;
             out.push((d.weight, g));
         }
@@ -659,7 +660,8 @@ impl<'a> Sweep<'a> {
             next.push(b.add(c[1 + l.floats.len() + j], g)?);
         }
         let filled = &c[1 + l.floats.len() + l.captured.len()..];
-        for (d, &stack) in l.deferred.iter().zip(filled) {
+        let keepers = l.deferred.iter().filter(|d| d.shares.is_none());
+        for (d, &stack) in keepers.zip(filled) {
             let y = self.src.inst(d.inst).results[0];
             next.push(match (inner.adjoints.get(&y), l.states) {
                 (Some(&g), &States::Stacks(_, counted)) => {
