@@ -506,6 +506,32 @@ fn plain_matrix_products_agree() {
     assert_eq!(tally.compared, 1);
 }
 
+/// Convolutions whose contraction is no longer than their output channels (a first layer's
+/// one input channel, and per group) write each channel's planes in a row and move them to
+/// NCHW by planes; the others write a row per position. Both orientations, padded, strided
+/// and grouped, agree with the interpreter.
+#[test]
+fn convolutions_in_both_product_orientations_agree() {
+    let attrs = |stride: usize, groups: usize| {
+        format!("{{strides=[{stride}, {stride}], padding=[(1, 1), (1, 1)], dilation=[1, 1], groups={groups}}}")
+    };
+    let module = kiln::ir::parse_module(&format!(
+        "module {{
+  func @f(%x: f32[5,1,9,7], %w: f32[16,1,3,3], %y: f32[3,4,6,6], %v: f32[12,2,3,3], %z: f32[3,8,5,5], %u: f32[4,8,3,3]) -> (f32[5,16,9,7], f32[3,12,3,3], f32[3,4,5,5]) {{
+    %a = conv2d %x, %w {one} : f32[5,16,9,7]
+    %b = conv2d %y, %v {grouped} : f32[3,12,3,3]
+    %c = conv2d %z, %u {one} : f32[3,4,5,5]
+    return %a, %b, %c
+  }}
+}}",
+        one = attrs(1, 1),
+        grouped = attrs(2, 2),
+    ))
+    .unwrap();
+    let tally = check_module(&module, 23).unwrap();
+    assert_eq!(tally.compared, 1);
+}
+
 /// Max pooling and its gradients in one function, as a training step has them: each pooling
 /// records its windows' argmax and its gradients read it instead of searching the windows
 /// again (paired by the schedule; two gradients of one pooling share it). 2×2 windows that

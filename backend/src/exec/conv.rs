@@ -321,18 +321,41 @@ impl Run {
         }
     }
 
-    /// `rows = patches · W'_gᵀ`, then moved to NCHW (`rows` is scratch).
-    fn forward<T: Elem>(&self, c: Chunk, patches: &[T], w: &[T], y: &mut [T], rows: &mut Vec<T>) {
+    /// The product of the patches and the weights, then moved to NCHW (`scratch`). A short
+    /// contraction (a first layer's `K = 9`) makes the product cheap and the move the cost:
+    /// it writes `W'_g · patchesᵀ`, each output channel's planes in a row, moved by whole
+    /// planes. Otherwise gemm is faster writing `patches · W'_gᵀ`, a row per position, which
+    /// is moved element by element.
+    fn forward<T: Elem>(
+        &self,
+        c: Chunk,
+        patches: &[T],
+        w: &[T],
+        y: &mut [T],
+        scratch: &mut Vec<T>,
+    ) {
         let (k, og, positions) = (self.d.k(), self.d.og(), c.count * self.d.p());
-        let rows = prefix(rows, positions * og);
-        self.gemm(og * k * positions).run(
-            rows,
-            false,
-            [positions, og, k],
-            (patches, 1, k),
-            (&w[c.group * og * k..], k, 1),
-        );
-        self.rows_to_nchw(c, rows, y);
+        let product = prefix(scratch, positions * og);
+        let (gemm, w) = (self.gemm(og * k * positions), &w[c.group * og * k..]);
+        if k <= og {
+            gemm.run(
+                product,
+                false,
+                [og, positions, k],
+                (w, 1, k),
+                (patches, k, 1),
+            );
+            self.channels_to_nchw(c, product, y);
+        } else {
+            gemm.run(
+                product,
+                false,
+                [positions, og, k],
+                (patches, 1, k),
+                (w, k, 1),
+            );
+            self.rows_to_nchw(c, product, y);
+        }
     }
 
     /// `patches = g · W'_g`, then each patch added back to the input elements it came from.
@@ -548,6 +571,20 @@ impl Run {
                 for (q, v) in channel.iter_mut().enumerate() {
                     *v = rows[q * og + o];
                 }
+            }
+        });
+    }
+
+    /// `channels` (`[O/g, count·P]`, each channel's planes of the chunk's samples in a row)
+    /// into the chunk's group of `y`: a plane at a time.
+    fn channels_to_nchw<T: Elem>(&self, c: Chunk, channels: &[T], y: &mut [T]) {
+        let d = &self.d;
+        let (p, og, sample) = (d.p(), d.og(), d.o * d.p());
+        let samples = &mut y[c.n0 * sample..(c.n0 + c.count) * sample];
+        for_each_chunk(samples, sample, self.threads, |n, y| {
+            let to = &mut y[c.group * og * p..][..og * p];
+            for (o, plane) in to.chunks_exact_mut(p).enumerate() {
+                plane.copy_from_slice(&channels[(o * c.count + n) * p..][..p]);
             }
         });
     }
