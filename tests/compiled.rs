@@ -513,7 +513,9 @@ fn plain_matrix_products_agree() {
 #[test]
 fn convolutions_in_both_product_orientations_agree() {
     let attrs = |stride: usize, groups: usize| {
-        format!("{{strides=[{stride}, {stride}], padding=[(1, 1), (1, 1)], dilation=[1, 1], groups={groups}}}")
+        format!(
+            "{{strides=[{stride}, {stride}], padding=[(1, 1), (1, 1)], dilation=[1, 1], groups={groups}}}"
+        )
     };
     let module = kiln::ir::parse_module(&format!(
         "module {{

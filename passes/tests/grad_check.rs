@@ -609,26 +609,12 @@ fn counted_while_defers_weight_gradients() {
         Ok(out[1])
     };
     check(inputs.clone(), cell);
-    let mut builder = FunctionBuilder::new("f");
-    let args: Vec<Value> = ["h", "w", "u", "v", "xs"]
-        .iter()
-        .zip(&inputs)
-        .map(|(n, a)| builder.arg(n, Type::new(DType::F64, Shape::fixed(a.shape()))))
-        .collect();
-    let h = cell(&mut builder, &args).unwrap();
-    let loss = builder.reduce(ReduceOp::Sum, h, vec![0, 1], false).unwrap();
-    let mut func = builder.finish(&[loss]).unwrap();
-    append_gradients(&mut func, loss, &args).unwrap();
-    let text = func.to_string();
-    let backward = text.lines().rfind(|l| l.contains("= while"));
-    let carried = backward
-        .and_then(|l| l.split_once(" : "))
-        .and_then(|(_, rest)| rest.split_once(" cond("))
-        .map_or("", |(types, _)| types);
+    let text = gradient_program(&inputs, cell);
     // The count, `h`'s adjoint, per-trip sums for `xs` and for `u` (also used by the slice),
     // and the three products' adjoint stacks; no per-trip sum for `w` or `v`.
     assert_eq!(
-        carried, "i32[], f64[2,3], f64[5,2,4], f64[3,3], f64[5,2,3], f64[5,2,3], f64[5,2,3]",
+        backward_carried(&text),
+        "i32[], f64[2,3], f64[5,2,4], f64[3,3], f64[5,2,3], f64[5,2,3], f64[5,2,3]",
         "{text}"
     );
     // Nor does the backward loop build the per-trip weight products (`aᵀ·g`) at all.
@@ -671,28 +657,50 @@ fn counted_while_keeps_one_adjoint_stack_for_a_cells_two_products() {
         Ok(out[1])
     };
     check(inputs.clone(), cell);
-    let mut builder = FunctionBuilder::new("f");
-    let args: Vec<Value> = ["h", "w", "u", "xs"]
-        .iter()
-        .zip(&inputs)
-        .map(|(n, a)| builder.arg(n, Type::new(DType::F64, Shape::fixed(a.shape()))))
-        .collect();
-    let h = cell(&mut builder, &args).unwrap();
-    let loss = builder.reduce(ReduceOp::Sum, h, vec![0, 1], false).unwrap();
-    let mut func = builder.finish(&[loss]).unwrap();
-    append_gradients(&mut func, loss, &args).unwrap();
-    let text = func.to_string();
-    let backward = text.lines().rfind(|l| l.contains("= while"));
-    let carried = backward
-        .and_then(|l| l.split_once(" : "))
-        .and_then(|(_, rest)| rest.split_once(" cond("))
-        .map_or("", |(types, _)| types);
+    let text = gradient_program(&inputs, cell);
     // The count, `h`'s adjoint, `xs`'s per-trip sum and one stack of the cell's adjoints.
-    assert_eq!(carried, "i32[], f64[2,3], f64[4,2,4], f64[4,2,3]", "{text}");
+    assert_eq!(
+        backward_carried(&text),
+        "i32[], f64[2,3], f64[4,2,4], f64[4,2,3]",
+        "{text}"
+    );
     assert!(
         text.contains("slice"),
         "the states cut to four rows:\n{text}"
     );
+}
+
+/// The function `cell` builds over f64 arguments shaped as `inputs`, with the gradients of
+/// the sum of its result appended, as text.
+fn gradient_program(
+    inputs: &[Array],
+    cell: impl Fn(&mut FunctionBuilder, &[Value]) -> BuildResult<Value>,
+) -> String {
+    let mut builder = FunctionBuilder::new("f");
+    let args: Vec<Value> = (inputs.iter().enumerate())
+        .map(|(i, a)| {
+            builder.arg(
+                &format!("a{i}"),
+                Type::new(DType::F64, Shape::fixed(a.shape())),
+            )
+        })
+        .collect();
+    let result = cell(&mut builder, &args).unwrap();
+    let loss = builder
+        .reduce(ReduceOp::Sum, result, vec![0, 1], false)
+        .unwrap();
+    let mut func = builder.finish(&[loss]).unwrap();
+    append_gradients(&mut func, loss, &args).unwrap();
+    func.to_string()
+}
+
+/// The types the last `while` of `text` (a backward loop) carries.
+fn backward_carried(text: &str) -> &str {
+    let backward = text.lines().rfind(|l| l.contains("= while"));
+    backward
+        .and_then(|l| l.split_once(" : "))
+        .and_then(|(_, rest)| rest.split_once(" cond("))
+        .map_or("", |(types, _)| types)
 }
 
 /// `h ← tanh(h·w + xs[t])` for `t` in `2..5`, the counter carried second.

@@ -15,6 +15,7 @@
 //! interpreter's direct loops are the oracle these are tested against
 //! (`runtime/tests/op_info.rs`, and the chunking test below).
 
+use super::kept::{Keeping, Kept};
 use super::matmul::{PARALLEL_FLOPS, Product, Scale};
 use crate::Array;
 use crate::interp::window::ConvDims;
@@ -54,46 +55,32 @@ const PATCH_BUDGET: usize = 1 << 22;
 /// A patch matrix kept from a convolution for a later filter gradient of the same input and
 /// geometry in the same run, which reads exactly the same windows (the executor pairs them).
 #[derive(Default)]
-pub(crate) struct KeptPatches {
+pub(crate) struct Patches {
     f32: Vec<f32>,
     f64: Vec<f64>,
-    /// Whether this run's convolution filled it.
-    pub(crate) valid: bool,
 }
 
-/// What a convolution does with a kept patch matrix.
-pub(crate) enum Kept<'a> {
-    /// Nothing: it builds its own.
-    No,
-    /// A convolution keeps its patch matrix here.
-    Keep(&'a mut KeptPatches),
-    /// A filter gradient reads its patch matrix from here, if the convolution kept one.
-    Reuse(&'a KeptPatches),
-}
-
-/// [`Kept`] for one element type.
+/// A kept patch matrix of one element type, as a convolution call uses it.
 enum KeptAs<'a, T> {
     No,
     Keep(&'a mut Vec<T>, &'a mut bool),
     Reuse(&'a [T]),
 }
 
-impl<'a> Kept<'a> {
-    fn typed<T>(
-        self,
-        field: impl FnOnce(&'a mut KeptPatches) -> (&'a mut Vec<T>, &'a mut bool),
-        read: impl FnOnce(&'a KeptPatches) -> &'a [T],
-    ) -> KeptAs<'a, T> {
-        match self {
-            Kept::No => KeptAs::No,
-            Kept::Keep(kept) => {
-                let (patches, valid) = field(kept);
-                *valid = false;
-                KeptAs::Keep(patches, valid)
-            }
-            Kept::Reuse(kept) if kept.valid => KeptAs::Reuse(read(kept)),
-            Kept::Reuse(_) => KeptAs::No,
+/// [`Keeping`] of the patch matrix of one element type (`field` of [`Patches`]).
+fn kept_as<'a, T>(
+    kept: Keeping<'a, Patches>,
+    field: impl FnOnce(&'a mut Patches) -> &'a mut Vec<T>,
+    read: impl FnOnce(&'a Patches) -> &'a [T],
+) -> KeptAs<'a, T> {
+    match kept {
+        Keeping::No => KeptAs::No,
+        Keeping::Fill(Kept { value, valid }) => {
+            *valid = false;
+            KeptAs::Keep(field(value), valid)
         }
+        Keeping::Read(kept) if kept.valid => KeptAs::Reuse(read(&kept.value)),
+        Keeping::Read(_) => KeptAs::No,
     }
 }
 
@@ -143,16 +130,16 @@ pub(crate) fn conv2d(
     b: &Array,
     out: &mut Array,
     threads: bool,
-    kept: Kept<'_>,
+    kept: Keeping<'_, Patches>,
 ) {
     match (a, b, out) {
         (Array::F32(a), Array::F32(b), Array::F32(out)) => {
-            let kept = kept.typed(|k| (&mut k.f32, &mut k.valid), |k| &k.f32);
+            let kept = kept_as(kept, |p| &mut p.f32, |p| &p.f32);
             let args = (kind, attrs, [a, b], threads, PATCH_BUDGET);
             SCRATCH_F32.with_borrow_mut(|s| typed(args, out, kept, s))
         }
         (Array::F64(a), Array::F64(b), Array::F64(out)) => {
-            let kept = kept.typed(|k| (&mut k.f64, &mut k.valid), |k| &k.f64);
+            let kept = kept_as(kept, |p| &mut p.f64, |p| &p.f64);
             let args = (kind, attrs, [a, b], threads, PATCH_BUDGET);
             SCRATCH_F64.with_borrow_mut(|s| typed(args, out, kept, s))
         }
@@ -757,8 +744,8 @@ mod tests {
         assert_eq!(y_kept, conv(forward, &y, KeptAs::No));
         assert_eq!(conv(grad, w.shape(), KeptAs::Reuse(&kept)), built);
         // An unfilled kept matrix is not read.
-        let unfilled = KeptPatches::default();
-        let kept = Kept::Reuse(&unfilled).typed(|k| (&mut k.f64, &mut k.valid), |k| &k.f64);
+        let unfilled = Kept::<Patches>::default();
+        let kept = kept_as(Keeping::Read(&unfilled), |p| &mut p.f64, |p| &p.f64);
         assert!(matches!(kept, KeptAs::No));
     }
 }

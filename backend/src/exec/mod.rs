@@ -13,7 +13,9 @@ mod conv;
 #[cfg(feature = "fault-injection")]
 pub mod fault;
 mod inspect;
+mod kept;
 pub(crate) mod matmul;
+use kept::Kept;
 mod pool;
 pub(crate) mod schedule;
 pub use inspect::{KernelInfo, Placement, StepTime};
@@ -108,9 +110,9 @@ struct Runtime {
     /// Pending stores: state, value, and the slot the state's old buffer may refill.
     stores: Vec<(String, Arc<Array>, Option<usize>)>,
     /// Patch matrices convolutions keep for their filter gradients (`StepKind::Conv2d`).
-    kept_patches: Vec<conv::KeptPatches>,
+    kept_patches: Vec<Kept<conv::Patches>>,
     /// Argmaxes max poolings keep for their gradients (`StepKind::Pool2d`).
-    kept_argmax: Vec<pool::KeptArgmax>,
+    kept_argmax: Vec<Kept<pool::Argmax>>,
     /// Communication under way, by step index.
     communicating: Vec<Option<crate::comm::Started>>,
 }
@@ -829,11 +831,7 @@ impl Executable {
     ) -> Result<(), InterpError> {
         let mut kept = std::mem::take(&mut rt.kept_patches);
         self.two_operands_into_slot(rt, step, |a, b, out, threads| {
-            let kept = match (kind, patches) {
-                (ConvKind::Forward, Some(i)) => conv::Kept::Keep(&mut kept[i]),
-                (ConvKind::FilterGrad { .. }, Some(i)) => conv::Kept::Reuse(&kept[i]),
-                _ => conv::Kept::No,
-            };
+            let kept = Kept::of(&mut kept, patches, kind == ConvKind::Forward);
             conv::conv2d(kind, attrs, a, b, out, threads, kept)
         });
         rt.kept_patches = kept;
@@ -894,11 +892,7 @@ impl Executable {
         let mut kept = std::mem::take(&mut rt.kept_argmax);
         let args: Vec<&Array> = step.inputs.iter().map(|&v| &**Self::value(rt, v)).collect();
         let target = Arc::get_mut(&mut out).expect("a fresh or free buffer");
-        let argmax = match (kind, argmax) {
-            (PoolKind::Max, Some(i)) => pool::Argmax::Record(&mut kept[i]),
-            (PoolKind::MaxGrad, Some(i)) => pool::Argmax::Read(&kept[i]),
-            _ => pool::Argmax::No,
-        };
+        let argmax = Kept::of(&mut kept, argmax, kind == PoolKind::Max);
         pool::pool2d(kind, attrs, &args, target, self.threads, argmax);
         rt.kept_argmax = kept;
         rt.env[step.outputs[0].index()] = Some(out);

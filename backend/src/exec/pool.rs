@@ -6,6 +6,7 @@
 //! mispredict on every other window. The interpreter's kernels are the oracle these are
 //! tested against (`runtime/tests/op_info.rs`, `tests/compiled.rs`).
 
+use super::kept::Keeping;
 use crate::Array;
 use crate::interp::kernels::{FloatElem, nan_max};
 use crate::interp::window::first_max;
@@ -24,7 +25,7 @@ pub(crate) fn pool2d(
     args: &[&Array],
     out: &mut Array,
     threads: bool,
-    argmax: Argmax,
+    argmax: Keeping<Argmax>,
 ) {
     match (args, out) {
         ([Array::F32(x)], Array::F32(out)) => {
@@ -45,21 +46,7 @@ pub(crate) fn pool2d(
 
 /// Where each window's largest element is, as its position among the window's (clipped) taps
 /// in row-major order, kept by a max pooling for the gradient of the same input.
-#[derive(Default)]
-pub(crate) struct KeptArgmax {
-    taps: Vec<u8>,
-    /// Whether this run's max pooling filled it.
-    pub(crate) valid: bool,
-}
-
-/// What a max pooling or its gradient does with a kept argmax.
-pub(crate) enum Argmax<'a> {
-    No,
-    /// Max pooling records its argmax here.
-    Record(&'a mut KeptArgmax),
-    /// The gradient reads its argmax from here, if this run's pooling recorded it.
-    Read(&'a KeptArgmax),
-}
+pub(crate) type Argmax = Vec<u8>;
 
 /// The tap position that stands for "no tap" (a window wholly in the padding).
 const NO_TAP: u8 = u8::MAX;
@@ -109,7 +96,7 @@ impl<'a, T: FloatElem + Send + Sync> Planes<'a, T> {
     }
 
     /// Computes into `out`, plane by plane, recording or reading the argmax as `argmax` says.
-    fn into(mut self, out: &mut ArrayD<T>, argmax: Argmax) {
+    fn into(mut self, out: &mut ArrayD<T>, argmax: Keeping<Argmax>) {
         // The plane the windows run over, and the pooled plane.
         let (input, pooled) = match (self.kind, &self.g) {
             (PoolKind::Max | PoolKind::Avg, _) => (self.a.shape(), out.shape()),
@@ -126,12 +113,12 @@ impl<'a, T: FloatElem + Send + Sync> Planes<'a, T> {
         }
         let (image, pooled) = (self.h * self.w, self.oh * self.ow);
         let (recording, reading) = match (self.kind, argmax) {
-            (PoolKind::Max, Argmax::Record(kept)) => {
-                kept.taps.resize(out.len(), NO_TAP);
+            (PoolKind::Max, Keeping::Fill(kept)) => {
+                kept.value.resize(out.len(), NO_TAP);
                 kept.valid = true;
-                (Some(&mut kept.taps[..]), None)
+                (Some(&mut kept.value[..]), None)
             }
-            (PoolKind::MaxGrad, Argmax::Read(kept)) if kept.valid => (None, Some(&kept.taps[..])),
+            (PoolKind::MaxGrad, Keeping::Read(kept)) if kept.valid => (None, Some(&kept.value[..])),
             _ => (None, None),
         };
         let a = self.a.as_slice().expect("standard");
