@@ -552,74 +552,95 @@ impl Slots {
 /// how many pairs there are. (The gradient's `dy` depends on the convolution's output, so in
 /// a training step the convolution always runs first.)
 fn pair_patch_matrices(func: &Function, steps: &mut [Step]) -> usize {
-    let mut pairs = 0;
-    for g in 0..steps.len() {
-        let StepKind::Conv2d {
-            kind: ConvKind::FilterGrad { kernel },
-            attrs,
-            patches: None,
-        } = steps[g].kind
+    let reads = |g: &Step| {
+        let kind = &g.kind;
+        matches!(
+            kind,
+            StepKind::Conv2d {
+                kind: ConvKind::FilterGrad { .. },
+                patches: None,
+                ..
+            }
+        )
+    };
+    let fills = |f: &Step, g: &Step| {
+        let (
+            StepKind::Conv2d {
+                kind: ConvKind::Forward,
+                attrs: a,
+                patches: None,
+            },
+            StepKind::Conv2d {
+                kind: ConvKind::FilterGrad { kernel },
+                attrs,
+                ..
+            },
+        ) = (&f.kind, &g.kind)
         else {
-            continue;
+            return false;
         };
         let kernel = [Dim::Fixed(kernel[0]), Dim::Fixed(kernel[1])];
-        let x = steps[g].inputs[0];
-        let pairs_with = |step: &Step| {
-            let forward = matches!(
-                step.kind,
-                StepKind::Conv2d { kind: ConvKind::Forward, attrs: a, patches: None } if a == attrs
-            );
-            forward && step.inputs[0] == x && func.value_type(step.inputs[1]).shape.0[2..] == kernel
-        };
-        if let Some(f) = steps[..g].iter().position(pairs_with) {
-            for step in [f, g] {
-                if let StepKind::Conv2d { patches, .. } = &mut steps[step].kind {
-                    *patches = Some(pairs);
-                }
-            }
-            pairs += 1;
-        }
-    }
-    pairs
+        a == attrs
+            && f.inputs[0] == g.inputs[0]
+            && func.value_type(f.inputs[1]).shape.0[2..] == kernel
+    };
+    pair_kept(steps, reads, fills, |kind| match kind {
+        StepKind::Conv2d { patches, .. } => Some(patches),
+        _ => None,
+    })
 }
 
 /// Pairs each max pooling gradient with an earlier max pooling of the same input and
 /// geometry, which records the argmax the gradient would search for again; returns how many
 /// argmaxes are kept. (Gradients of one pooling share its argmax.)
 fn pair_pooling_argmax(steps: &mut [Step]) -> usize {
-    let mut kept = 0;
+    let reads = |g: &Step| {
+        let kind = &g.kind;
+        matches!(kind, StepKind::Pool2d { kind: PoolKind::MaxGrad, argmax: None, attrs } if super::pool::argmax_fits(attrs))
+    };
+    let fills = |f: &Step, g: &Step| match (&f.kind, &g.kind) {
+        (
+            StepKind::Pool2d {
+                kind: PoolKind::Max,
+                attrs: a,
+                ..
+            },
+            StepKind::Pool2d { attrs, .. },
+        ) => a == attrs && f.inputs[0] == g.inputs[0],
+        _ => false,
+    };
+    pair_kept(steps, reads, fills, |kind| match kind {
+        StepKind::Pool2d { argmax, .. } => Some(argmax),
+        _ => None,
+    })
+}
+
+/// Pairs each step `reads` picks with the first earlier step that `fills(earlier, later)`
+/// accepts, which keeps a value for it in the run: both get the value's index in the field
+/// `kept` gives (an earlier step keeping one already gives its index again). Returns how many
+/// values are kept.
+fn pair_kept(
+    steps: &mut [Step],
+    reads: impl Fn(&Step) -> bool,
+    fills: impl Fn(&Step, &Step) -> bool,
+    kept: fn(&mut StepKind) -> Option<&mut Option<usize>>,
+) -> usize {
+    let mut count = 0;
     for g in 0..steps.len() {
-        let StepKind::Pool2d {
-            kind: PoolKind::MaxGrad,
-            attrs,
-            argmax: None,
-        } = steps[g].kind
-        else {
+        if !reads(&steps[g]) {
             continue;
-        };
-        let x = steps[g].inputs[0];
-        let pairs_with = |step: &Step| {
-            let forward = matches!(
-                step.kind,
-                StepKind::Pool2d { kind: PoolKind::Max, attrs: a, .. } if a == attrs
-            );
-            forward && step.inputs[0] == x && super::pool::argmax_fits(&attrs)
-        };
-        let Some(f) = steps[..g].iter().position(pairs_with) else {
-            continue;
-        };
-        let StepKind::Pool2d { argmax, .. } = &mut steps[f].kind else {
-            unreachable!("a pooling step")
-        };
-        let index = *argmax.get_or_insert_with(|| {
-            kept += 1;
-            kept - 1
-        });
-        if let StepKind::Pool2d { argmax, .. } = &mut steps[g].kind {
-            *argmax = Some(index);
         }
+        let Some(f) = steps[..g].iter().position(|f| fills(f, &steps[g])) else {
+            continue;
+        };
+        let filler = kept(&mut steps[f].kind).expect("a step that keeps values");
+        let index = *filler.get_or_insert_with(|| {
+            count += 1;
+            count - 1
+        });
+        *kept(&mut steps[g].kind).expect("a step that reads kept values") = Some(index);
     }
-    kept
+    count
 }
 
 /// How the executor runs instruction `inst`.
