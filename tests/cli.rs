@@ -558,7 +558,6 @@ fn report_writes_one_page_for_every_program_of_the_corpus() {
     for kept in [
         "records its argmax (#0) for its gradient",
         "reads the argmax #0 max pooling recorded",
-        "keeps its patch matrix (#0) for a filter gradient",
     ] {
         assert!(conv_step.contains(kept), "no {kept:?}");
     }

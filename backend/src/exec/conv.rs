@@ -10,12 +10,14 @@
 //!   elements it came from (col2im);
 //! - its filter gradient is `gᵀ · patches` (`[O/g, K]`), summed over the chunks.
 //!
-//! A whole batch of small images is one chunk: one gemm per layer, large enough to use every
-//! core (a gemm per sample — `[16, 64, 288]` for the digits CNN — is too small to). The
-//! interpreter's direct loops are the oracle these are tested against
-//! (`runtime/tests/op_info.rs`, and the chunking test below).
+//! A chunk is as many samples as make a patch matrix of about [`CHUNK_BYTES`], so that the
+//! chunk's channels-last image, patch matrix and product rows stay in a core's L2 cache from
+//! the step that writes them to the step that reads them. When there are enough chunks, each
+//! runs whole on one thread (its gemm single-threaded; a filter gradient's chunks summed per
+//! thread); otherwise each step of a chunk splits over the threads. The interpreter's direct
+//! loops are the oracle these are tested against (`runtime/tests/op_info.rs`, and the chunking
+//! test below).
 
-use super::kept::{Keeping, Kept};
 use super::matmul::{PARALLEL_FLOPS, Product, Scale};
 use crate::Array;
 use crate::interp::window::ConvDims;
@@ -48,48 +50,12 @@ impl<T> Default for Scratch<T> {
     }
 }
 
-/// The most patch-matrix elements one chunk of samples may take (16 MiB of f32): a batch of
-/// small images is one matrix.
-const PATCH_BUDGET: usize = 1 << 22;
-
-/// A patch matrix kept from a convolution for a later filter gradient of the same input and
-/// geometry in the same run, which reads exactly the same windows (the executor pairs them).
-#[derive(Default)]
-pub(crate) struct Patches {
-    f32: Vec<f32>,
-    f64: Vec<f64>,
-}
-
-/// A kept patch matrix of one element type, as a convolution call uses it.
-enum KeptAs<'a, T> {
-    No,
-    Keep(&'a mut Vec<T>, &'a mut bool),
-    Reuse(&'a [T]),
-}
-
-/// [`Keeping`] of the patch matrix of one element type (`field` of [`Patches`]).
-fn kept_as<'a, T>(
-    kept: Keeping<'a, Patches>,
-    field: impl FnOnce(&'a mut Patches) -> &'a mut Vec<T>,
-    read: impl FnOnce(&'a Patches) -> &'a [T],
-) -> KeptAs<'a, T> {
-    match kept {
-        Keeping::No => KeptAs::No,
-        Keeping::Fill(Kept { value, valid }) => {
-            *valid = false;
-            KeptAs::Keep(field(value), valid)
-        }
-        Keeping::Read(kept) if kept.valid => KeptAs::Reuse(read(&kept.value)),
-        Keeping::Read(_) => KeptAs::No,
-    }
-}
-
 /// The bytes of scratch space one call of `conv2d` (or a transpose) takes beyond its operands
-/// and output — the offsets table, one chunk's channels-last image, patch matrix and product
-/// rows, the weights in patch order, the filter gradient's partial sums per thread — and the
-/// patch matrix's shape, for shapes `[a, b, out]` as the executor passes them; or why the
-/// call cannot run here at all. A patch matrix grows with weights × outputs, which no value's
-/// size bounds, so this is checked against the memory limit before anything is allocated.
+/// and output — the offsets table; for each thread running chunks, one chunk's channels-last
+/// image, patch matrix and product rows; the weights in patch order; the filter gradient's
+/// partial sums per thread — and the shape of one chunk's patch matrix, for shapes
+/// `[a, b, out]` as the executor passes them; or why the call cannot run here at all. This is
+/// checked against the memory limit before anything is allocated.
 pub(crate) fn scratch(
     kind: ConvKind,
     groups: usize,
@@ -110,13 +76,12 @@ pub(crate) fn scratch(
         ));
     }
     let n = |v: usize| v as u128;
-    let (k, p) = (n(d.k()), n(d.p()));
-    // As `typed` chunks the samples (a kept patch matrix is a whole batch in one chunk).
-    let per_chunk = (n(PATCH_BUDGET) / (k * p).max(1)).clamp(1, n(d.n).max(1));
-    let rows = per_chunk * p;
-    let elements = rows * (k + n(d.og()))
-        + per_chunk * n(d.image())
-        + n(d.o) * k * (1 + n(crate::team::width()));
+    let (k, p, width) = (n(d.k()), n(d.p()), n(crate::team::width()));
+    let (per_chunk, across) = chunking(&d, CHUNK_BYTES / elem_bytes.max(1), true);
+    let rows = n(per_chunk) * p;
+    let per_thread = rows * (k + n(d.og())) + n(per_chunk) * n(d.image());
+    let chunk_threads = if across { width } else { 1 };
+    let elements = chunk_threads * per_thread + n(d.o) * k * (1 + width);
     let bytes = elements.saturating_mul(n(elem_bytes)) + 4 * p * n(d.taps());
     Ok((bytes, [rows, k]))
 }
@@ -130,42 +95,72 @@ pub(crate) fn conv2d(
     b: &Array,
     out: &mut Array,
     threads: bool,
-    kept: Keeping<'_, Patches>,
 ) {
     match (a, b, out) {
         (Array::F32(a), Array::F32(b), Array::F32(out)) => {
-            let kept = kept_as(kept, |p| &mut p.f32, |p| &p.f32);
-            let args = (kind, attrs, [a, b], threads, PATCH_BUDGET);
-            SCRATCH_F32.with_borrow_mut(|s| typed(args, out, kept, s))
+            typed((kind, attrs, [a, b], threads, CHUNK_BYTES / 4), out)
         }
         (Array::F64(a), Array::F64(b), Array::F64(out)) => {
-            let kept = kept_as(kept, |p| &mut p.f64, |p| &p.f64);
-            let args = (kind, attrs, [a, b], threads, PATCH_BUDGET);
-            SCRATCH_F64.with_borrow_mut(|s| typed(args, out, kept, s))
+            typed((kind, attrs, [a, b], threads, CHUNK_BYTES / 8), out)
         }
         _ => unreachable!("the executor runs only float convolutions through gemm"),
     }
 }
 
-/// The element types convolutions run in.
-trait Elem: Copy + Zero + One + std::ops::AddAssign + Send + Sync + 'static {}
-impl<T: Copy + Zero + One + std::ops::AddAssign + Send + Sync + 'static> Elem for T {}
+/// The element types convolutions run in, each with its thread's scratch buffers.
+trait Elem: Copy + Zero + One + std::ops::AddAssign + Send + Sync + 'static {
+    fn with_scratch<R>(f: impl FnOnce(&mut Scratch<Self>) -> R) -> R;
+}
 
-/// A run of whole samples `n0..n0 + count` and one channel group: the unit a patch matrix
-/// (`[count·P, K]`, row `(n − n0)·P + position`) is built for.
+impl Elem for f32 {
+    fn with_scratch<R>(f: impl FnOnce(&mut Scratch<f32>) -> R) -> R {
+        SCRATCH_F32.with_borrow_mut(f)
+    }
+}
+
+impl Elem for f64 {
+    fn with_scratch<R>(f: impl FnOnce(&mut Scratch<f64>) -> R) -> R {
+        SCRATCH_F64.with_borrow_mut(f)
+    }
+}
+
+/// A run of `count` whole samples and one channel group: the unit a patch matrix
+/// (`[count·P, K]`, row `sample·P + position`) is built for. The slices a chunk's steps are
+/// given hold its samples only.
 #[derive(Clone, Copy)]
 struct Chunk {
-    n0: usize,
     count: usize,
     group: usize,
 }
 
 /// What a convolution computes: its kind, geometry, operands, whether it may use threads, and
-/// the most elements a patch matrix may take (but one sample's).
+/// about how many elements a chunk's patch matrix may take (but one sample's at least).
 type Call<'a, T> = (ConvKind, &'a Conv2dAttrs, [&'a ArrayD<T>; 2], bool, usize);
 
+/// The bytes a chunk's patch matrix aims at: with the chunk's image and product rows it stays
+/// in a core's L2 cache from the step that writes it to the gemm that reads it (a whole
+/// batch's matrix — 4.7 MB for the digits CNN's second layer — went to memory and back).
+const CHUNK_BYTES: usize = 256 << 10;
+
+/// Samples per chunk for a patch-matrix `budget` (elements), and whether the chunks run in
+/// parallel (each on one thread, its steps single-threaded) rather than one after another
+/// (each step split over the threads). Chunks in parallel come in a multiple of the threads.
+fn chunking(d: &ConvDims, budget: usize, threads: bool) -> (usize, bool) {
+    let width = crate::team::width();
+    let per_sample = (d.k() * d.p()).max(1);
+    let chunks = (d.n * per_sample)
+        .div_ceil(budget.max(1))
+        .clamp(1, d.n.max(1));
+    let flops = d.n * per_sample * d.og();
+    if !threads || width <= 1 || chunks < 2 || flops < PARALLEL_FLOPS {
+        return (d.n.div_ceil(chunks), false);
+    }
+    let chunks = chunks.next_multiple_of(width).min(d.n);
+    (d.n.div_ceil(chunks), true)
+}
+
 /// The convolution of `call` into `out`.
-fn typed<T: Elem>(call: Call<'_, T>, out: &mut ArrayD<T>, kept: KeptAs<'_, T>, s: &mut Scratch<T>) {
+fn typed<T: Elem>(call: Call<'_, T>, out: &mut ArrayD<T>) {
     let (kind, attrs, [a, b], threads, budget) = call;
     let (x, w, y) = match kind {
         ConvKind::Forward => (a.shape(), b.shape(), out.shape()),
@@ -184,18 +179,18 @@ fn typed<T: Elem>(call: Call<'_, T>, out: &mut ArrayD<T>, kept: KeptAs<'_, T>, s
         out.fill(T::zero());
         return;
     }
-    let per_chunk = (budget / (d.k() * d.p()).max(1)).clamp(1, d.n.max(1));
-    let run = Run::new(d, attrs, threads);
-    // A patch matrix is kept whole: one chunk of all the samples, one group.
-    if per_chunk == d.n && d.groups == 1 && run.with_kept_patches(kind, kept, [a, b], out, s) {
-        return;
+    let (per_chunk, across) = chunking(&d, budget, threads);
+    let run = Run::new(d, attrs, threads && !across);
+    match kind {
+        ConvKind::FilterGrad { .. } => run.filter_grad_in_chunks(per_chunk, across, [a, b], out),
+        _ => run.in_chunks(kind, per_chunk, across, [a, b], out),
     }
-    run.in_chunks(kind, per_chunk, [a, b], out, s);
 }
 
 /// One convolution call's sizes and settings.
 struct Run {
     d: ConvDims,
+    /// Whether a chunk's steps split their work over the team's threads.
     threads: bool,
     /// For each output position and kernel tap, where the tap's channels start in a sample's
     /// channels-last image (`PADDING` where it reads padding): the window geometry worked out
@@ -236,76 +231,97 @@ impl Run {
         }
     }
 
-    /// A convolution that keeps its patch matrix, or a filter gradient that reuses one, over
-    /// the whole batch; `false` (nothing done) for anything else.
-    fn with_kept_patches<T: Elem>(
-        &self,
-        kind: ConvKind,
-        kept: KeptAs<'_, T>,
-        [a, b]: [&[T]; 2],
-        out: &mut [T],
-        s: &mut Scratch<T>,
-    ) -> bool {
-        let whole = Chunk {
-            n0: 0,
-            count: self.d.n,
-            group: 0,
-        };
-        match (kind, kept) {
-            (ConvKind::Forward, KeptAs::Keep(patches, valid)) => {
-                let patches = self.patch_matrix(whole, a, &mut s.image, patches);
-                let weights = self.weights_to_patch_order(b);
-                self.forward(whole, patches, &weights, out, &mut s.rows);
-                *valid = true;
-            }
-            (ConvKind::FilterGrad { .. }, KeptAs::Reuse(patches)) => {
-                let mut dw = vec![T::zero(); self.d.o * self.d.k()];
-                self.filter_grad(whole, patches, b, &mut dw, &mut s.rows);
-                self.weights_from_patch_order(&dw, out);
-            }
-            _ => return false,
-        }
-        true
+    /// The elements of `v` that belong to `samples`, `v` holding `per_sample` a sample.
+    fn samples<T>(v: &[T], samples: std::ops::Range<usize>, per_sample: usize) -> &[T] {
+        &v[samples.start * per_sample..samples.end * per_sample]
     }
 
-    /// The convolution (or a transpose) chunk by chunk of `per_chunk` samples, group by group.
+    /// The convolution or its input gradient, chunk by chunk of `per_chunk` samples (in
+    /// parallel when `across`), group by group.
     fn in_chunks<T: Elem>(
         &self,
         kind: ConvKind,
         per_chunk: usize,
+        across: bool,
         [a, b]: [&[T]; 2],
         out: &mut [T],
-        s: &mut Scratch<T>,
     ) {
         let d = &self.d;
-        // The weights (or their gradient) in patch order, `[O, K]`.
-        let mut weights = match kind {
-            ConvKind::FilterGrad { .. } => vec![T::zero(); d.o * d.k()],
-            _ => self.weights_to_patch_order(b),
+        let weights = self.weights_to_patch_order(b);
+        let (in_sample, out_sample) = match kind {
+            ConvKind::Forward => (d.c * d.h * d.w, d.o * d.p()),
+            _ => (d.o * d.p(), d.c * d.h * d.w),
         };
-        for n0 in (0..d.n).step_by(per_chunk) {
-            for group in 0..d.groups {
-                let c = Chunk {
-                    n0,
-                    count: per_chunk.min(d.n - n0),
-                    group,
-                };
-                match kind {
-                    ConvKind::Forward => {
-                        let patches = self.patch_matrix(c, a, &mut s.image, &mut s.patches);
-                        self.forward(c, patches, &weights, out, &mut s.rows)
+        for_each_chunk(out, per_chunk * out_sample, across, |i, out| {
+            let n0 = i * per_chunk;
+            let count = out.len() / out_sample;
+            let a = Self::samples(a, n0..n0 + count, in_sample);
+            T::with_scratch(|s| {
+                for group in 0..d.groups {
+                    let c = Chunk { count, group };
+                    if kind != ConvKind::Forward {
+                        self.input_grad(c, a, &weights, out, s);
+                        continue;
                     }
-                    ConvKind::InputGrad { .. } => self.input_grad(c, a, &weights, out, s),
-                    ConvKind::FilterGrad { .. } => {
-                        let patches = self.patch_matrix(c, a, &mut s.image, &mut s.patches);
-                        self.filter_grad(c, patches, b, &mut weights, &mut s.rows)
+                    let Scratch {
+                        image,
+                        patches,
+                        rows,
+                    } = &mut *s;
+                    let patches = self.patch_matrix(c, a, image, patches);
+                    self.forward(c, patches, &weights, out, rows);
+                }
+            })
+        });
+    }
+
+    /// The filter gradient, chunk by chunk of `per_chunk` samples: in parallel when `across`,
+    /// each thread summing its chunks' products into its own partial sums, added at the end.
+    fn filter_grad_in_chunks<T: Elem>(
+        &self,
+        per_chunk: usize,
+        across: bool,
+        [x, g]: [&[T]; 2],
+        out: &mut [T],
+    ) {
+        let d = &self.d;
+        let chunks = d.n.div_ceil(per_chunk);
+        let workers = if across {
+            crate::team::width().min(chunks)
+        } else {
+            1
+        };
+        let mut partials = vec![vec![T::zero(); d.o * d.k()]; workers];
+        for_each_chunk(&mut partials, 1, across, |worker, dw| {
+            T::with_scratch(|s| {
+                for n0 in (worker * per_chunk..d.n).step_by(workers * per_chunk) {
+                    let samples = n0..(n0 + per_chunk).min(d.n);
+                    let x = Self::samples(x, samples.clone(), d.c * d.h * d.w);
+                    let g = Self::samples(g, samples.clone(), d.o * d.p());
+                    for group in 0..d.groups {
+                        let c = Chunk {
+                            count: samples.len(),
+                            group,
+                        };
+                        let Scratch {
+                            image,
+                            patches,
+                            rows,
+                        } = &mut *s;
+                        let patches = self.patch_matrix(c, x, image, patches);
+                        self.filter_grad(c, patches, g, &mut dw[0], rows);
                     }
                 }
+            })
+        });
+        let mut partials = partials.into_iter();
+        let mut dw = partials.next().expect("one worker at least");
+        for partial in partials {
+            for (to, v) in dw.iter_mut().zip(partial) {
+                *to += v;
             }
         }
-        if let ConvKind::FilterGrad { .. } = kind {
-            self.weights_from_patch_order(&weights, out);
-        }
+        self.weights_from_patch_order(&dw, out);
     }
 
     /// The product of the patches and the weights, then moved to NCHW (`scratch`). A short
@@ -361,7 +377,7 @@ impl Run {
         if self.d.c == 1 {
             // One channel: NCHW is channels last already.
             let image = self.d.image();
-            return self.col2im(patches, &mut dx[c.n0 * image..(c.n0 + c.count) * image]);
+            return self.col2im(patches, &mut dx[..c.count * image]);
         }
         let image = prefix(&mut s.image, c.count * self.d.image());
         self.col2im(patches, image);
@@ -423,7 +439,7 @@ impl Run {
         let (p, row_len) = (d.p(), c.count * d.p());
         for_each_chunk(grad, row_len, self.threads, |o, row| {
             for (n, to) in row.chunks_exact_mut(p).enumerate() {
-                let from = ((c.n0 + n) * d.o + c.group * d.og() + o) * p;
+                let from = (n * d.o + c.group * d.og() + o) * p;
                 to.copy_from_slice(&g[from..from + p]);
             }
         });
@@ -448,7 +464,7 @@ impl Run {
     fn channels_last<'a, T: Elem>(&self, c: Chunk, x: &'a [T], scratch: &'a mut Vec<T>) -> &'a [T] {
         let image = self.d.image();
         if self.d.c == 1 {
-            return &x[c.n0 * image..(c.n0 + c.count) * image];
+            return &x[..c.count * image];
         }
         let to = prefix(scratch, c.count * image);
         self.nchw_to_channels_last(c, x, to);
@@ -460,7 +476,7 @@ impl Run {
         let d = &self.d;
         let plane = d.h * d.w;
         for_each_chunk(image, d.image(), self.threads, |n, image| {
-            let from = &x[((c.n0 + n) * d.c + c.group * d.cg()) * plane..][..d.image()];
+            let from = &x[(n * d.c + c.group * d.cg()) * plane..][..d.image()];
             for (ci, channel) in from.chunks_exact(plane).enumerate() {
                 for (at, &v) in channel.iter().enumerate() {
                     image[at * d.cg() + ci] = v;
@@ -473,7 +489,7 @@ impl Run {
     fn channels_last_to_nchw<T: Elem>(&self, c: Chunk, image: &[T], dx: &mut [T]) {
         let d = &self.d;
         let (plane, sample) = (d.h * d.w, d.c * d.h * d.w);
-        let samples = &mut dx[c.n0 * sample..(c.n0 + c.count) * sample];
+        let samples = &mut dx[..c.count * sample];
         for_each_chunk(samples, sample, self.threads, |n, dx| {
             let image = &image[n * d.image()..][..d.image()];
             let to = &mut dx[c.group * d.image()..][..d.image()];
@@ -537,7 +553,7 @@ impl Run {
         let d = &self.d;
         let (p, og) = (d.p(), d.og());
         for_each_chunk(rows, p * og, self.threads, |n, rows| {
-            let from = &g[((c.n0 + n) * d.o + c.group * og) * p..][..og * p];
+            let from = &g[(n * d.o + c.group * og) * p..][..og * p];
             for (o, channel) in from.chunks_exact(p).enumerate() {
                 for (q, &v) in channel.iter().enumerate() {
                     rows[q * og + o] = v;
@@ -550,7 +566,7 @@ impl Run {
     fn rows_to_nchw<T: Elem>(&self, c: Chunk, rows: &[T], y: &mut [T]) {
         let d = &self.d;
         let (p, og, sample) = (d.p(), d.og(), d.o * d.p());
-        let samples = &mut y[c.n0 * sample..(c.n0 + c.count) * sample];
+        let samples = &mut y[..c.count * sample];
         for_each_chunk(samples, sample, self.threads, |n, y| {
             let rows = &rows[n * p * og..][..p * og];
             let to = &mut y[c.group * og * p..][..og * p];
@@ -567,7 +583,7 @@ impl Run {
     fn channels_to_nchw<T: Elem>(&self, c: Chunk, channels: &[T], y: &mut [T]) {
         let d = &self.d;
         let (p, og, sample) = (d.p(), d.og(), d.o * d.p());
-        let samples = &mut y[c.n0 * sample..(c.n0 + c.count) * sample];
+        let samples = &mut y[..c.count * sample];
         for_each_chunk(samples, sample, self.threads, |n, y| {
             let to = &mut y[c.group * og * p..][..og * p];
             for (o, plane) in to.chunks_exact_mut(p).enumerate() {
@@ -678,8 +694,9 @@ mod tests {
         ArrayD::from_shape_vec(IxDyn(shape), values).expect("the shape's size")
     }
 
-    /// Chunks of a few samples (the path a batch of large images takes) give what one chunk
-    /// of the whole batch gives, for the convolution and both its transposes.
+    /// Chunks of a few samples give what one chunk of the whole batch gives, for the
+    /// convolution and both its transposes, one after another and (when the team has threads)
+    /// in parallel. The ramps' values are exact in f64, so every order of summing agrees.
     #[test]
     fn chunked_batches_match_one_chunk() {
         let attrs = Conv2dAttrs {
@@ -688,64 +705,36 @@ mod tests {
             dilation: [1, 1],
             groups: 2,
         };
-        let (x, w, y) = ([5, 4, 5, 6], [6, 2, 3, 2], [5, 6, 4, 4]);
+        // Enough samples and work for chunks to run in parallel.
+        let (x, w, y) = ([32, 4, 15, 16], [48, 2, 3, 2], [32, 48, 14, 9]);
+        let dims = ConvDims::of(&x, &w, &y, 2).expect("shapes");
+        assert_eq!(chunking(&dims, 4_000, false), (3, false));
+        if crate::team::width() > 1 {
+            assert_eq!(chunking(&dims, 4_000, true), (3, true));
+        }
         let kinds = [
             (ConvKind::Forward, x, w, y),
-            (ConvKind::InputGrad { input: [5, 6] }, y, w, x),
+            (ConvKind::InputGrad { input: [15, 16] }, y, w, x),
             (ConvKind::FilterGrad { kernel: [3, 2] }, x, y, w),
         ];
         for (kind, a, b, out) in kinds {
             let (a, b) = (ramp(&a, 0.5), ramp(&b, 0.25));
-            let run = |budget| {
-                let call = (kind, &attrs, [&a, &b], false, budget);
-                conv(call, &out, KeptAs::No)
+            let run = |threads, budget| {
+                let call = (kind, &attrs, [&a, &b], threads, budget);
+                conv(call, &out)
             };
-            // One sample's patch matrix has 16 positions × 2·3·2 weights = 192 elements: a
-            // budget of 400 makes chunks of two samples (and a last one of one).
-            assert_eq!(run(400), run(PATCH_BUDGET), "{kind:?}");
+            // One sample's patch matrix has 126 positions × 2·3·2 weights = 1,512 elements: a
+            // budget of 4,000 makes chunks of three samples (and a last one of two).
+            let whole = run(false, usize::MAX);
+            assert_eq!(run(false, 4_000), whole, "{kind:?}");
+            assert_eq!(run(true, 4_000), whole, "{kind:?}, in parallel");
         }
     }
 
     /// `call` into a new array of shape `out`.
-    fn conv(call: Call<'_, f64>, out: &[usize], kept: KeptAs<'_, f64>) -> ArrayD<f64> {
+    fn conv(call: Call<'_, f64>, out: &[usize]) -> ArrayD<f64> {
         let mut result = ArrayD::zeros(IxDyn(out));
-        typed(call, &mut result, kept, &mut Scratch::default());
+        typed(call, &mut result);
         result
-    }
-
-    /// A filter gradient reading the patch matrix its convolution kept gives what it gives
-    /// building its own, and a kept matrix is used only after a convolution filled it.
-    #[test]
-    fn kept_patches_match_built_ones() {
-        let attrs = Conv2dAttrs {
-            strides: [2, 1],
-            padding: [(1, 1), (0, 1)],
-            dilation: [1, 2],
-            groups: 1,
-        };
-        let (x, w, y) = (
-            ramp(&[3, 4, 5, 6], 0.5),
-            ramp(&[2, 4, 3, 2], 0.25),
-            [3, 2, 3, 5],
-        );
-        let g = ramp(&y, 0.125);
-        let grad = (
-            ConvKind::FilterGrad { kernel: [3, 2] },
-            &attrs,
-            [&x, &g],
-            false,
-            PATCH_BUDGET,
-        );
-        let forward = (ConvKind::Forward, &attrs, [&x, &w], false, PATCH_BUDGET);
-        let built = conv(grad, w.shape(), KeptAs::No);
-        let (mut kept, mut valid) = (Vec::new(), false);
-        let y_kept = conv(forward, &y, KeptAs::Keep(&mut kept, &mut valid));
-        assert!(valid && !kept.is_empty());
-        assert_eq!(y_kept, conv(forward, &y, KeptAs::No));
-        assert_eq!(conv(grad, w.shape(), KeptAs::Reuse(&kept)), built);
-        // An unfilled kept matrix is not read.
-        let unfilled = Kept::<Patches>::default();
-        let kept = kept_as(Keeping::Read(&unfilled), |p| &mut p.f64, |p| &p.f64);
-        assert!(matches!(kept, KeptAs::No));
     }
 }

@@ -3,8 +3,8 @@
 
 use super::Executable;
 use super::schedule::{Output, StepKind};
+use kiln_ir::PoolKind;
 use kiln_ir::print::{ValueNames, inst_line};
-use kiln_ir::{ConvKind, PoolKind};
 use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
@@ -29,8 +29,8 @@ pub struct Placement {
     /// Each output: its name and `slot 3`, `in place of %x (slot 3)`, `state @w` or
     /// `its own buffer`.
     pub outputs: Vec<(String, String)>,
-    /// What the step keeps for a later step or reads from an earlier one: a convolution's
-    /// patch matrix, a max pooling's argmax.
+    /// What the step keeps for a later step or reads from an earlier one: a max pooling's
+    /// argmax.
     pub kept: Option<String>,
 }
 
@@ -48,14 +48,6 @@ pub struct StepTime {
 /// What a step of kind `kind` keeps for a later step, or reads from an earlier one.
 fn kept(kind: &StepKind) -> Option<String> {
     Some(match kind {
-        StepKind::Conv2d {
-            kind: ConvKind::Forward,
-            patches: Some(i),
-            ..
-        } => format!("keeps its patch matrix (#{i}) for a filter gradient"),
-        StepKind::Conv2d {
-            patches: Some(i), ..
-        } => format!("reads the patch matrix #{i} a convolution kept"),
         StepKind::Pool2d {
             kind: PoolKind::Max,
             argmax: Some(i),

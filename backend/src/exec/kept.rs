@@ -1,6 +1,8 @@
-//! What a step keeps for a later step of the same run: a convolution's patch matrix for the
-//! filter gradient of the same input, a max pooling's argmax for its gradient. The schedule
-//! pairs the steps (`schedule.rs`); a kept value is valid only in the run that filled it.
+//! What a step keeps for a later step of the same run: a max pooling's argmax for its
+//! gradient. The schedule pairs the steps (`schedule.rs`); a kept value is valid only in the
+//! run that filled it. (Convolutions once kept their patch matrices for their filter
+//! gradients; since patch matrices are built a cache-sized chunk at a time, building one
+//! again costs less than keeping a whole batch's in memory.)
 
 /// A value one step fills and a later step of the same run reads.
 #[derive(Default)]

@@ -109,8 +109,6 @@ struct Runtime {
     dead: Vec<Array>,
     /// Pending stores: state, value, and the slot the state's old buffer may refill.
     stores: Vec<(String, Arc<Array>, Option<usize>)>,
-    /// Patch matrices convolutions keep for their filter gradients (`StepKind::Conv2d`).
-    kept_patches: Vec<Kept<conv::Patches>>,
     /// Argmaxes max poolings keep for their gradients (`StepKind::Pool2d`).
     kept_argmax: Vec<Kept<pool::Argmax>>,
     /// Communication under way, by step index.
@@ -149,8 +147,6 @@ pub struct ExecStats {
     pub kernels: usize,
     /// Buffer slots the memory plan uses.
     pub slots: usize,
-    /// Patch matrices convolutions keep for their filter gradients.
-    pub kept_patches: usize,
     /// Argmaxes max poolings keep for their gradients.
     pub kept_argmax: usize,
 }
@@ -285,7 +281,6 @@ impl Executable {
                 .count()
                 + regions.iter().map(|r| r.kernels).sum::<usize>(),
             slots: self.schedule.slots.len(),
-            kept_patches: self.schedule.kept_patches,
             kept_argmax: self.schedule.kept_argmax,
         }
     }
@@ -310,12 +305,9 @@ impl Executable {
         let mut rt = taken.unwrap_or_default();
         rt.arena.resize(self.schedule.slots.len(), None);
         rt.env.resize(self.func.num_values(), None);
-        rt.kept_patches
-            .resize_with(self.schedule.kept_patches, Default::default);
         rt.kept_argmax
             .resize_with(self.schedule.kept_argmax, Default::default);
-        // A kept patch matrix or argmax is this run's or none.
-        rt.kept_patches.iter_mut().for_each(|k| k.valid = false);
+        // A kept argmax is this run's or none.
         rt.kept_argmax.iter_mut().for_each(|k| k.valid = false);
         rt.communicating.clear();
         rt.communicating
@@ -609,11 +601,11 @@ impl Executable {
                     Some(scale) => self.run_matmul_onto(rt, step, state, operands, *scale),
                 }
             }
-            StepKind::Conv2d {
-                kind,
-                attrs,
-                patches,
-            } => self.run_conv(rt, step, *kind, attrs, *patches)?,
+            StepKind::Conv2d { kind, attrs } => {
+                self.two_operands_into_slot(rt, step, |a, b, out, threads| {
+                    conv::conv2d(*kind, attrs, a, b, out, threads)
+                })
+            }
             StepKind::Pool2d {
                 kind,
                 attrs,
@@ -817,25 +809,6 @@ impl Executable {
         matmul::matmul(&a, &b, target, operands, Some(scale), self.threads);
         rt.outputs.push(out);
         self.kernel_done(rt, step, state, 1);
-    }
-
-    /// A convolution (or a transpose) through im2col and gemm into a slot's buffer, keeping or
-    /// reusing the patch matrix `patches` names.
-    fn run_conv(
-        &self,
-        rt: &mut Runtime,
-        step: &Step,
-        kind: ConvKind,
-        attrs: &Conv2dAttrs,
-        patches: Option<usize>,
-    ) -> Result<(), InterpError> {
-        let mut kept = std::mem::take(&mut rt.kept_patches);
-        self.two_operands_into_slot(rt, step, |a, b, out, threads| {
-            let kept = Kept::of(&mut kept, patches, kind == ConvKind::Forward);
-            conv::conv2d(kind, attrs, a, b, out, threads, kept)
-        });
-        rt.kept_patches = kept;
-        Ok(())
     }
 
     /// Refuses a convolution whose scratch space would pass the memory limit at the sizes

@@ -34,13 +34,10 @@ pub(crate) enum StepKind {
         /// update folded into its gradient's product, gemm's `dst = dst + β·a·b`).
         onto: Option<f64>,
     },
-    /// A float convolution (or a transpose) through im2col and gemm. `patches` pairs a
-    /// convolution with a later filter gradient of the same input and geometry: the index of
-    /// the kept patch matrix the first fills and the second reads.
+    /// A float convolution (or a transpose) through im2col and gemm.
     Conv2d {
         kind: ConvKind,
         attrs: Conv2dAttrs,
-        patches: Option<usize>,
     },
     /// Float pooling (or its gradient) by direct loops. `argmax` pairs a max pooling with a
     /// later gradient of the same input and geometry: the index of the kept argmax the first
@@ -170,8 +167,6 @@ pub(crate) struct Schedule {
     pub infallible_from: usize,
     /// Kernels that fell back to the interpreter, and why (for `KILN_DEBUG`).
     pub fallbacks: Vec<String>,
-    /// How many patch matrices convolutions keep for their filter gradients.
-    pub kept_patches: usize,
     /// How many argmaxes max poolings keep for their gradients.
     pub kept_argmax: usize,
 }
@@ -264,7 +259,6 @@ impl Schedule {
         write_products_through_transposes(func, &mut steps);
         place_waits(&mut steps);
         let infallible_from = steps.iter().rposition(|s| s.fallible).map_or(0, |i| i + 1);
-        let kept_patches = pair_patch_matrices(func, &mut steps);
         let kept_argmax = pair_pooling_argmax(&mut steps);
         let mut schedule = Schedule {
             steps: Vec::new(),
@@ -272,7 +266,6 @@ impl Schedule {
             symbols: symbols.clone(),
             infallible_from,
             fallbacks,
-            kept_patches,
             kept_argmax,
         };
         schedule.plan_memory(func, &mut steps, &recipe);
@@ -547,49 +540,6 @@ impl Slots {
     }
 }
 
-/// Pairs each filter gradient with an earlier convolution of the same input, geometry and
-/// kernel size, whose patch matrix (the input's windows) is the one it would build; returns
-/// how many pairs there are. (The gradient's `dy` depends on the convolution's output, so in
-/// a training step the convolution always runs first.)
-fn pair_patch_matrices(func: &Function, steps: &mut [Step]) -> usize {
-    let reads = |g: &Step| {
-        let kind = &g.kind;
-        matches!(
-            kind,
-            StepKind::Conv2d {
-                kind: ConvKind::FilterGrad { .. },
-                patches: None,
-                ..
-            }
-        )
-    };
-    let fills = |f: &Step, g: &Step| {
-        let (
-            StepKind::Conv2d {
-                kind: ConvKind::Forward,
-                attrs: a,
-                patches: None,
-            },
-            StepKind::Conv2d {
-                kind: ConvKind::FilterGrad { kernel },
-                attrs,
-                ..
-            },
-        ) = (&f.kind, &g.kind)
-        else {
-            return false;
-        };
-        let kernel = [Dim::Fixed(kernel[0]), Dim::Fixed(kernel[1])];
-        a == attrs
-            && f.inputs[0] == g.inputs[0]
-            && func.value_type(f.inputs[1]).shape.0[2..] == kernel
-    };
-    pair_kept(steps, reads, fills, |kind| match kind {
-        StepKind::Conv2d { patches, .. } => Some(patches),
-        _ => None,
-    })
-}
-
 /// Pairs each max pooling gradient with an earlier max pooling of the same input and
 /// geometry, which records the argmax the gradient would search for again; returns how many
 /// argmaxes are kept. (Gradients of one pooling share its argmax.)
@@ -706,7 +656,6 @@ fn step_kind(
             StepKind::Conv2d {
                 kind: *kind,
                 attrs: *attrs,
-                patches: None,
             }
         }
         Op::Pool2d { kind, attrs } if func.value_type(data.results[0]).dtype.is_float() => {
