@@ -276,7 +276,9 @@ impl Run {
     }
 
     /// The filter gradient, chunk by chunk of `per_chunk` samples: in parallel when `across`,
-    /// each thread summing its chunks' products into its own partial sums, added at the end.
+    /// each thread summing the products of a run of chunks into its own partial sums, added
+    /// at the end (runs rather than every other chunk: the sums then go in the samples' order,
+    /// as a gemm over all positions split in halves does).
     fn filter_grad_in_chunks<T: Elem>(
         &self,
         per_chunk: usize,
@@ -294,7 +296,10 @@ impl Run {
         let mut partials = vec![vec![T::zero(); d.o * d.k()]; workers];
         for_each_chunk(&mut partials, 1, across, |worker, dw| {
             T::with_scratch(|s| {
-                for n0 in (worker * per_chunk..d.n).step_by(workers * per_chunk) {
+                let own = chunks.div_ceil(workers);
+                let first = (worker * own * per_chunk).min(d.n);
+                let last = ((worker + 1) * own * per_chunk).min(d.n);
+                for n0 in (first..last).step_by(per_chunk) {
                     let samples = n0..(n0 + per_chunk).min(d.n);
                     let x = Self::samples(x, samples.clone(), d.c * d.h * d.w);
                     let g = Self::samples(g, samples.clone(), d.o * d.p());
