@@ -180,10 +180,88 @@ fn typed<T: Elem>(call: Call<'_, T>, out: &mut ArrayD<T>) {
         return;
     }
     let (per_chunk, across) = chunking(&d, budget, threads);
+    if is_pointwise(&d, attrs) {
+        let gemm = Gemm {
+            threads: threads && !across,
+        };
+        return Pointwise { d, gemm }.run(kind, across, [a, b], out);
+    }
     let run = Run::new(d, attrs, threads && !across);
     match kind {
         ConvKind::FilterGrad { .. } => run.filter_grad_in_chunks(per_chunk, across, [a, b], out),
         _ => run.in_chunks(kind, per_chunk, across, [a, b], out),
+    }
+}
+
+/// Whether each output element reads one input position (1×1 windows, stride 1, no
+/// padding): the convolution is then a matrix product per sample and group of its NCHW planes
+/// as they are (`[C/g, H·W]`), with no layout passes and no patch matrix. Most of a ResNet's
+/// convolutions are.
+fn is_pointwise(d: &ConvDims, attrs: &Conv2dAttrs) -> bool {
+    (d.kh, d.kw) == (1, 1)
+        && attrs.strides == [1, 1]
+        && attrs.padding == [(0, 0), (0, 0)]
+        && (d.oh, d.ow) == (d.h, d.w)
+}
+
+/// A pointwise convolution (or a transpose): one gemm per sample and group, samples in
+/// parallel when there are enough of them, else each gemm split over the threads.
+struct Pointwise {
+    d: ConvDims,
+    gemm: Gemm,
+}
+
+impl Pointwise {
+    fn run<T: Elem>(&self, kind: ConvKind, across: bool, [a, b]: [&[T]; 2], out: &mut [T]) {
+        let d = &self.d;
+        let (cg, og, p) = (d.cg(), d.og(), d.p());
+        let (x_sample, y_sample) = (d.c * p, d.o * p);
+        match kind {
+            // y_n,g = W_g · x_n,g: [O/g, P] = [O/g, C/g] · [C/g, P].
+            ConvKind::Forward => for_each_chunk(out, y_sample, across, |n, y| {
+                for g in 0..d.groups {
+                    let (x, w) = (&a[n * x_sample + g * cg * p..], &b[g * og * cg..]);
+                    let y = &mut y[g * og * p..][..og * p];
+                    self.gemm.run(y, false, [og, p, cg], (w, 1, cg), (x, 1, p));
+                }
+            }),
+            // dx_n,g = W_gᵀ · dy_n,g: [C/g, P] = [C/g, O/g] · [O/g, P].
+            ConvKind::InputGrad { .. } => for_each_chunk(out, x_sample, across, |n, dx| {
+                for g in 0..d.groups {
+                    let (dy, w) = (&a[n * y_sample + g * og * p..], &b[g * og * cg..]);
+                    let dx = &mut dx[g * cg * p..][..cg * p];
+                    self.gemm
+                        .run(dx, false, [cg, p, og], (w, cg, 1), (dy, 1, p));
+                }
+            }),
+            // dW_g = Σ_n dy_n,g · x_n,gᵀ: [O/g, C/g] = [O/g, P] · [P, C/g], each thread summing
+            // a run of samples.
+            ConvKind::FilterGrad { .. } => {
+                let workers = if across {
+                    crate::team::width().min(d.n)
+                } else {
+                    1
+                };
+                let own = d.n.div_ceil(workers);
+                let mut partials = vec![vec![T::zero(); out.len()]; workers];
+                for_each_chunk(&mut partials, 1, across, |worker, dw| {
+                    for n in (worker * own).min(d.n)..((worker + 1) * own).min(d.n) {
+                        for g in 0..d.groups {
+                            let x = &a[n * x_sample + g * cg * p..];
+                            let dy = &b[n * y_sample + g * og * p..];
+                            let dw = &mut dw[0][g * og * cg..][..og * cg];
+                            self.gemm.run(dw, true, [og, cg, p], (dy, 1, p), (x, p, 1));
+                        }
+                    }
+                });
+                out.fill(T::zero());
+                for partial in partials {
+                    for (to, v) in out.iter_mut().zip(partial) {
+                        *to += v;
+                    }
+                }
+            }
+        }
     }
 }
 
@@ -733,6 +811,48 @@ mod tests {
             let whole = run(false, usize::MAX);
             assert_eq!(run(false, 4_000), whole, "{kind:?}");
             assert_eq!(run(true, 4_000), whole, "{kind:?}, in parallel");
+        }
+    }
+
+    /// Pointwise convolutions (one gemm per sample of the NCHW planes as they are) give what
+    /// the im2col path gives, for the convolution and both transposes, samples one after
+    /// another and in parallel.
+    #[test]
+    fn pointwise_convolutions_match_patch_matrices() {
+        let attrs = Conv2dAttrs {
+            strides: [1, 1],
+            padding: [(0, 0), (0, 0)],
+            dilation: [1, 1],
+            groups: 2,
+        };
+        let (x, w, y) = ([9, 6, 7, 5], [8, 3, 1, 1], [9, 8, 7, 5]);
+        let dims = ConvDims::of(&x, &w, &y, 2).expect("shapes");
+        assert!(is_pointwise(&dims, &attrs));
+        let kinds = [
+            (ConvKind::Forward, x, w, y),
+            (ConvKind::InputGrad { input: [7, 5] }, y, w, x),
+            (ConvKind::FilterGrad { kernel: [1, 1] }, x, y, w),
+        ];
+        for (kind, a, b, out) in kinds {
+            let (a, b) = (ramp(&a, 0.5), ramp(&b, 0.25));
+            let slices = [a.as_slice().unwrap(), b.as_slice().unwrap()];
+            let mut patches = ArrayD::zeros(IxDyn(&out));
+            let run = Run::new(dims, &attrs, false);
+            let target = patches.as_slice_mut().unwrap();
+            match kind {
+                ConvKind::FilterGrad { .. } => run.filter_grad_in_chunks(4, false, slices, target),
+                _ => run.in_chunks(kind, 4, false, slices, target),
+            }
+            for across in [false, true] {
+                let mut pointwise = ArrayD::zeros(IxDyn(&out));
+                let gemm = Gemm { threads: !across };
+                let target = pointwise.as_slice_mut().unwrap();
+                Pointwise { d: dims, gemm }.run(kind, across, slices, target);
+                assert_eq!(
+                    pointwise, patches,
+                    "{kind:?}, samples in parallel: {across}"
+                );
+            }
         }
     }
 
