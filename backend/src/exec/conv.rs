@@ -77,9 +77,16 @@ pub(crate) fn scratch(
     }
     let n = |v: usize| v as u128;
     let (k, p, width) = (n(d.k()), n(d.p()), n(crate::team::width()));
-    let (per_chunk, across) = chunking(&d, CHUNK_BYTES / elem_bytes.max(1), true);
-    let rows = n(per_chunk) * p;
-    let per_thread = rows * (k + n(d.og())) + n(per_chunk) * n(d.image());
+    let budget = CHUNK_BYTES / elem_bytes.max(1);
+    let (per_chunk, across) = chunking(&d, budget, true);
+    // As `typed` runs it: a run of positions of one sample, or a chunk of whole samples.
+    let positions = (budget / d.k()).max(16);
+    let by_positions = positions < d.p() && !matches!(kind, ConvKind::InputGrad { .. });
+    let (rows, samples) = match by_positions {
+        true => (n(positions), 1),
+        false => (n(per_chunk) * p, n(per_chunk)),
+    };
+    let per_thread = rows * (k + n(d.og())) + samples * n(d.image());
     let chunk_threads = if across { width } else { 1 };
     let elements = chunk_threads * per_thread + n(d.o) * k * (1 + width);
     let bytes = elements.saturating_mul(n(elem_bytes)) + 4 * p * n(d.taps());
@@ -187,7 +194,15 @@ fn typed<T: Elem>(call: Call<'_, T>, out: &mut ArrayD<T>) {
         return Pointwise { d, gemm }.run(kind, across, [a, b], out);
     }
     let run = Run::new(d, attrs, threads && !across);
+    // One sample's patch matrix larger than a chunk's: its output positions are chunked.
+    let positions = (budget / d.k()).max(16);
     match kind {
+        ConvKind::Forward if positions < d.p() => {
+            run.forward_by_positions(positions, across, [a, b], out)
+        }
+        ConvKind::FilterGrad { .. } if positions < d.p() => {
+            run.filter_grad_by_positions(positions, across, [a, b], out)
+        }
         ConvKind::FilterGrad { .. } => run.filter_grad_in_chunks(per_chunk, across, [a, b], out),
         _ => run.in_chunks(kind, per_chunk, across, [a, b], out),
     }
@@ -407,6 +422,118 @@ impl Run {
         self.weights_from_patch_order(&dw, out);
     }
 
+    /// The convolution of samples whose patch matrices are each larger than a chunk's: each
+    /// sample (on one thread when `across`) a run of `positions` output positions at a time,
+    /// whose patch matrix and product stay in cache; gemm writes `W'_g · patchesᵀ`, each output
+    /// channel's run of positions a row, copied into its plane.
+    fn forward_by_positions<T: Elem>(
+        &self,
+        positions: usize,
+        across: bool,
+        [x, w]: [&[T]; 2],
+        y: &mut [T],
+    ) {
+        let d = &self.d;
+        let (k, og, p, taps) = (d.k(), d.og(), d.p(), d.taps());
+        let weights = self.weights_to_patch_order(w);
+        for_each_chunk(y, d.o * p, across, |n, y| {
+            let x = Self::samples(x, n..n + 1, d.c * d.h * d.w);
+            T::with_scratch(|s| {
+                for group in 0..d.groups {
+                    let Scratch {
+                        image,
+                        patches,
+                        rows,
+                    } = &mut *s;
+                    let image = self.channels_last(Chunk { count: 1, group }, x, image);
+                    let w = &weights[group * og * k..];
+                    for p0 in (0..p).step_by(positions) {
+                        let len = positions.min(p - p0);
+                        let patches = prefix(patches, len * k);
+                        windows(
+                            d.cg(),
+                            image,
+                            &self.offsets[p0 * taps..][..len * taps],
+                            patches,
+                        );
+                        let product = prefix(rows, og * len);
+                        let shape = [og, len, k];
+                        self.gemm(og * len * k).run(
+                            product,
+                            false,
+                            shape,
+                            (w, 1, k),
+                            (patches, k, 1),
+                        );
+                        for (o, row) in product.chunks_exact(len).enumerate() {
+                            y[(group * og + o) * p + p0..][..len].copy_from_slice(row);
+                        }
+                    }
+                }
+            })
+        });
+    }
+
+    /// The filter gradient of samples whose patch matrices are each larger than a chunk's:
+    /// `dW'_g += dy_g · patches` a run of `positions` output positions at a time, reading
+    /// `dy`'s planes in place; each thread (when `across`) sums a run of samples.
+    fn filter_grad_by_positions<T: Elem>(
+        &self,
+        positions: usize,
+        across: bool,
+        [x, g]: [&[T]; 2],
+        out: &mut [T],
+    ) {
+        let d = &self.d;
+        let (k, og, p, taps) = (d.k(), d.og(), d.p(), d.taps());
+        let workers = if across {
+            crate::team::width().min(d.n)
+        } else {
+            1
+        };
+        let own = d.n.div_ceil(workers);
+        let mut partials = vec![vec![T::zero(); d.o * k]; workers];
+        for_each_chunk(&mut partials, 1, across, |worker, dw| {
+            T::with_scratch(|s| {
+                for n in (worker * own).min(d.n)..((worker + 1) * own).min(d.n) {
+                    let x = Self::samples(x, n..n + 1, d.c * d.h * d.w);
+                    for group in 0..d.groups {
+                        let Scratch { image, patches, .. } = &mut *s;
+                        let image = self.channels_last(Chunk { count: 1, group }, x, image);
+                        let dw = &mut dw[0][group * og * k..][..og * k];
+                        for p0 in (0..p).step_by(positions) {
+                            let len = positions.min(p - p0);
+                            let patches = prefix(patches, len * k);
+                            windows(
+                                d.cg(),
+                                image,
+                                &self.offsets[p0 * taps..][..len * taps],
+                                patches,
+                            );
+                            let dy = &g[(n * d.o + group * og) * p + p0..];
+                            let shape = [og, k, len];
+                            self.gemm(og * len * k).run(
+                                dw,
+                                true,
+                                shape,
+                                (dy, 1, p),
+                                (patches, 1, k),
+                            );
+                        }
+                    }
+                }
+            })
+        });
+        let mut partials = partials.into_iter();
+        let mut dw = partials.next().expect("one worker at least");
+        for partial in partials {
+            for (to, v) in dw.iter_mut().zip(partial) {
+                *to += v;
+            }
+        }
+        self.weights_from_patch_order(&dw, out);
+    }
+
     /// The product of the patches and the weights, then moved to NCHW (`scratch`). A short
     /// contraction (a first layer's `K = 9`) makes the product cheap and the move the cost:
     /// it writes `W'_g · patchesᵀ`, each output channel's planes in a row, moved by whole
@@ -591,24 +718,7 @@ impl Run {
         let (cg, per_sample) = (d.cg(), d.p() * d.k());
         for_each_chunk(patches, per_sample, self.threads, |n, patches| {
             let image = &image[n * d.image()..][..d.image()];
-            if cg == 1 {
-                // One channel: a gather (a copy call per element would cost more).
-                for (to, &at) in patches.iter_mut().zip(&self.offsets) {
-                    *to = if at == PADDING {
-                        T::zero()
-                    } else {
-                        image[at as usize]
-                    };
-                }
-                return;
-            }
-            for (to, &at) in patches.chunks_exact_mut(cg).zip(&self.offsets) {
-                if at == PADDING {
-                    to.fill(T::zero());
-                } else {
-                    to.copy_from_slice(&image[at as usize..][..cg]);
-                }
-            }
+            windows(cg, image, &self.offsets, patches)
         });
     }
 
@@ -702,6 +812,29 @@ impl Run {
                     to[ci * taps + t] = from[t * cg + ci];
                 }
             }
+        }
+    }
+}
+
+/// The windows of one sample's channels-last `image` (`C/g` channels a position) whose taps
+/// `offsets` lists, for a run of output positions, as rows of `patches` (zeros for padding).
+fn windows<T: Elem>(cg: usize, image: &[T], offsets: &[u32], patches: &mut [T]) {
+    if cg == 1 {
+        // One channel: a gather (a copy call per element would cost more).
+        for (to, &at) in patches.iter_mut().zip(offsets) {
+            *to = if at == PADDING {
+                T::zero()
+            } else {
+                image[at as usize]
+            };
+        }
+        return;
+    }
+    for (to, &at) in patches.chunks_exact_mut(cg).zip(offsets) {
+        if at == PADDING {
+            to.fill(T::zero());
+        } else {
+            to.copy_from_slice(&image[at as usize..][..cg]);
         }
     }
 }
@@ -811,6 +944,31 @@ mod tests {
             let whole = run(false, usize::MAX);
             assert_eq!(run(false, 4_000), whole, "{kind:?}");
             assert_eq!(run(true, 4_000), whole, "{kind:?}, in parallel");
+        }
+    }
+
+    /// Samples whose patch matrices are larger than a chunk's, run a few output positions at a
+    /// time, give what whole samples give, for the convolution and its filter gradient.
+    #[test]
+    fn samples_by_runs_of_positions_match_whole_samples() {
+        let attrs = Conv2dAttrs {
+            strides: [1, 2],
+            padding: [(1, 1), (1, 0)],
+            dilation: [1, 1],
+            groups: 2,
+        };
+        let (x, w, y) = ([3, 4, 9, 8], [6, 2, 3, 2], [3, 6, 9, 4]);
+        let kinds = [
+            (ConvKind::Forward, x, w, y),
+            (ConvKind::FilterGrad { kernel: [3, 2] }, x, y, w),
+        ];
+        for (kind, a, b, out) in kinds {
+            let (a, b) = (ramp(&a, 0.5), ramp(&b, 0.25));
+            let run = |threads, budget| conv((kind, &attrs, [&a, &b], threads, budget), &out);
+            // 36 positions × 12 weights a sample: a budget of 240 takes 20 positions at a time.
+            let whole = run(false, usize::MAX);
+            assert_eq!(run(false, 240), whole, "{kind:?}");
+            assert_eq!(run(true, 240), whole, "{kind:?}, threads");
         }
     }
 
