@@ -249,32 +249,20 @@ impl Pointwise {
                         .run(dx, false, [cg, p, og], (w, cg, 1), (dy, 1, p));
                 }
             }),
-            // dW_g = Σ_n dy_n,g · x_n,gᵀ: [O/g, C/g] = [O/g, P] · [P, C/g], each thread summing
-            // a run of samples.
+            // dW_g = Σ_n dy_n,g · x_n,gᵀ: [O/g, C/g] = [O/g, P] · [P, C/g], [`summed`] over the
+            // samples.
             ConvKind::FilterGrad { .. } => {
-                let workers = if across {
-                    crate::team::width().min(d.n)
-                } else {
-                    1
-                };
-                let own = d.n.div_ceil(workers);
-                let mut partials = vec![vec![T::zero(); out.len()]; workers];
-                for_each_chunk(&mut partials, 1, across, |worker, dw| {
-                    for n in (worker * own).min(d.n)..((worker + 1) * own).min(d.n) {
+                let dw = summed(d.n, out.len(), across, |samples, dw| {
+                    for n in samples {
                         for g in 0..d.groups {
                             let x = &a[n * x_sample + g * cg * p..];
                             let dy = &b[n * y_sample + g * og * p..];
-                            let dw = &mut dw[0][g * og * cg..][..og * cg];
+                            let dw = &mut dw[g * og * cg..][..og * cg];
                             self.gemm.run(dw, true, [og, cg, p], (dy, 1, p), (x, p, 1));
                         }
                     }
                 });
-                out.fill(T::zero());
-                for partial in partials {
-                    for (to, v) in out.iter_mut().zip(partial) {
-                        *to += v;
-                    }
-                }
+                out.copy_from_slice(&dw);
             }
         }
     }
@@ -368,10 +356,10 @@ impl Run {
         });
     }
 
-    /// The filter gradient, chunk by chunk of `per_chunk` samples: in parallel when `across`,
-    /// each thread summing the products of a run of chunks into its own partial sums, added
-    /// at the end (runs rather than every other chunk: the sums then go in the samples' order,
-    /// as a gemm over all positions split in halves does).
+    /// The filter gradient, chunk by chunk of `per_chunk` samples, [`summed`] over the chunks
+    /// (in parallel when `across`): a run of chunks per thread rather than every other chunk,
+    /// so the sums go in the samples' order (with every other chunk, the loss W9 prints after
+    /// 110 steps moved in its sixth digit).
     fn filter_grad_in_chunks<T: Elem>(
         &self,
         per_chunk: usize,
@@ -381,18 +369,9 @@ impl Run {
     ) {
         let d = &self.d;
         let chunks = d.n.div_ceil(per_chunk);
-        let workers = if across {
-            crate::team::width().min(chunks)
-        } else {
-            1
-        };
-        let mut partials = vec![vec![T::zero(); d.o * d.k()]; workers];
-        for_each_chunk(&mut partials, 1, across, |worker, dw| {
+        let dw = summed(chunks, d.o * d.k(), across, |run, dw| {
             T::with_scratch(|s| {
-                let own = chunks.div_ceil(workers);
-                let first = (worker * own * per_chunk).min(d.n);
-                let last = ((worker + 1) * own * per_chunk).min(d.n);
-                for n0 in (first..last).step_by(per_chunk) {
+                for n0 in run.map(|chunk| chunk * per_chunk) {
                     let samples = n0..(n0 + per_chunk).min(d.n);
                     let x = Self::samples(x, samples.clone(), d.c * d.h * d.w);
                     let g = Self::samples(g, samples.clone(), d.o * d.p());
@@ -407,18 +386,11 @@ impl Run {
                             rows,
                         } = &mut *s;
                         let patches = self.patch_matrix(c, x, image, patches);
-                        self.filter_grad(c, patches, g, &mut dw[0], rows);
+                        self.filter_grad(c, patches, g, dw, rows);
                     }
                 }
             })
         });
-        let mut partials = partials.into_iter();
-        let mut dw = partials.next().expect("one worker at least");
-        for partial in partials {
-            for (to, v) in dw.iter_mut().zip(partial) {
-                *to += v;
-            }
-        }
         self.weights_from_patch_order(&dw, out);
     }
 
@@ -476,7 +448,7 @@ impl Run {
 
     /// The filter gradient of samples whose patch matrices are each larger than a chunk's:
     /// `dW'_g += dy_g · patches` a run of `positions` output positions at a time, reading
-    /// `dy`'s planes in place; each thread (when `across`) sums a run of samples.
+    /// `dy`'s planes in place; [`summed`] over the samples.
     fn filter_grad_by_positions<T: Elem>(
         &self,
         positions: usize,
@@ -486,21 +458,14 @@ impl Run {
     ) {
         let d = &self.d;
         let (k, og, p, taps) = (d.k(), d.og(), d.p(), d.taps());
-        let workers = if across {
-            crate::team::width().min(d.n)
-        } else {
-            1
-        };
-        let own = d.n.div_ceil(workers);
-        let mut partials = vec![vec![T::zero(); d.o * k]; workers];
-        for_each_chunk(&mut partials, 1, across, |worker, dw| {
+        let dw = summed(d.n, d.o * k, across, |samples, dw| {
             T::with_scratch(|s| {
-                for n in (worker * own).min(d.n)..((worker + 1) * own).min(d.n) {
+                for n in samples {
                     let x = Self::samples(x, n..n + 1, d.c * d.h * d.w);
                     for group in 0..d.groups {
                         let Scratch { image, patches, .. } = &mut *s;
                         let image = self.channels_last(Chunk { count: 1, group }, x, image);
-                        let dw = &mut dw[0][group * og * k..][..og * k];
+                        let dw = &mut dw[group * og * k..][..og * k];
                         for p0 in (0..p).step_by(positions) {
                             let len = positions.min(p - p0);
                             let patches = prefix(patches, len * k);
@@ -524,13 +489,6 @@ impl Run {
                 }
             })
         });
-        let mut partials = partials.into_iter();
-        let mut dw = partials.next().expect("one worker at least");
-        for partial in partials {
-            for (to, v) in dw.iter_mut().zip(partial) {
-                *to += v;
-            }
-        }
         self.weights_from_patch_order(&dw, out);
     }
 
@@ -610,36 +568,18 @@ impl Run {
         let grad = prefix(grad, positions * og);
         self.gather(c, g, grad);
         let dw = &mut dw[c.group * og * k..(c.group + 1) * og * k];
-        let parallel = self.threads && og * k * positions >= PARALLEL_FLOPS;
-        let parts = if parallel {
-            crate::team::width().min(positions)
-        } else {
-            1
-        };
-        let per_part = positions.div_ceil(parts);
-        let part = |lo: usize, dst: &mut [T]| {
-            let hi = (lo + per_part).min(positions);
+        let part = |run: std::ops::Range<usize>, dst: &mut [T]| {
+            let (grad, patches) = (&grad[run.start..], &patches[run.start * k..]);
+            let shape = [og, k, run.len()];
             let single = Gemm { threads: false };
-            let (grad, patches) = (&grad[lo..], &patches[lo * k..]);
-            single.run(
-                dst,
-                true,
-                [og, k, hi - lo],
-                (grad, 1, positions),
-                (patches, 1, k),
-            );
+            single.run(dst, true, shape, (grad, 1, positions), (patches, 1, k));
         };
-        if parts <= 1 {
-            return part(0, dw);
+        if !(self.threads && og * k * positions >= PARALLEL_FLOPS) {
+            return part(0..positions, dw);
         }
-        let mut partials = vec![vec![T::zero(); og * k]; parts];
-        for_each_chunk(&mut partials, 1, true, |i, sum| {
-            part(i * per_part, &mut sum[0])
-        });
-        for sum in partials {
-            for (to, v) in dw.iter_mut().zip(sum) {
-                *to += v;
-            }
+        let sum = summed(positions, og * k, true, part);
+        for (to, v) in dw.iter_mut().zip(sum) {
+            *to += v;
         }
     }
 
@@ -814,6 +754,39 @@ impl Run {
             }
         }
     }
+}
+
+/// The sum of `len`-element partial results, each from `add` over a range of `0..items`
+/// (samples, or chunks of them): in parallel when `across`, each thread a run of consecutive
+/// items, the threads' sums then added in the items' order (as a product over all of them
+/// split in parts does).
+fn summed<T: Elem>(
+    items: usize,
+    len: usize,
+    across: bool,
+    add: impl Fn(std::ops::Range<usize>, &mut [T]) + Sync,
+) -> Vec<T> {
+    let workers = if across {
+        crate::team::width().clamp(1, items.max(1))
+    } else {
+        1
+    };
+    let own = items.div_ceil(workers);
+    let mut partials = vec![vec![T::zero(); len]; workers];
+    for_each_chunk(&mut partials, 1, across, |worker, sum| {
+        add(
+            (worker * own).min(items)..((worker + 1) * own).min(items),
+            &mut sum[0],
+        )
+    });
+    let mut partials = partials.into_iter();
+    let mut sum = partials.next().expect("one worker at least");
+    for partial in partials {
+        for (to, v) in sum.iter_mut().zip(partial) {
+            *to += v;
+        }
+    }
+    sum
 }
 
 /// The windows of one sample's channels-last `image` (`C/g` channels a position) whose taps
