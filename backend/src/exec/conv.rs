@@ -80,11 +80,9 @@ pub(crate) fn scratch(
     let budget = CHUNK_BYTES / elem_bytes.max(1);
     let (per_chunk, across) = chunking(&d, budget, true);
     // As `typed` runs it: a run of positions of one sample, or a chunk of whole samples.
-    let positions = (budget / d.k()).max(16);
-    let by_positions = positions < d.p() && !matches!(kind, ConvKind::InputGrad { .. });
-    let (rows, samples) = match by_positions {
-        true => (n(positions), 1),
-        false => (n(per_chunk) * p, n(per_chunk)),
+    let (rows, samples) = match positions_per_run(kind, &d, budget) {
+        Some(positions) => (n(positions), 1),
+        None => (n(per_chunk) * p, n(per_chunk)),
     };
     let per_thread = rows * (k + n(d.og())) + samples * n(d.image());
     let chunk_threads = if across { width } else { 1 };
@@ -187,25 +185,32 @@ fn typed<T: Elem>(call: Call<'_, T>, out: &mut ArrayD<T>) {
         return;
     }
     let (per_chunk, across) = chunking(&d, budget, threads);
+    let threads = threads && !across;
     if is_pointwise(&d, attrs) {
-        let gemm = Gemm {
-            threads: threads && !across,
-        };
-        return Pointwise { d, gemm }.run(kind, across, [a, b], out);
+        return Pointwise { d, threads }.run(kind, across, [a, b], out);
     }
-    let run = Run::new(d, attrs, threads && !across);
-    // One sample's patch matrix larger than a chunk's: its output positions are chunked.
-    let positions = (budget / d.k()).max(16);
-    match kind {
-        ConvKind::Forward if positions < d.p() => {
+    let run = Run::new(d, attrs, threads);
+    match (kind, positions_per_run(kind, &d, budget)) {
+        (ConvKind::Forward, Some(positions)) => {
             run.forward_by_positions(positions, across, [a, b], out)
         }
-        ConvKind::FilterGrad { .. } if positions < d.p() => {
+        (ConvKind::FilterGrad { .. }, Some(positions)) => {
             run.filter_grad_by_positions(positions, across, [a, b], out)
         }
-        ConvKind::FilterGrad { .. } => run.filter_grad_in_chunks(per_chunk, across, [a, b], out),
+        (ConvKind::FilterGrad { .. }, None) => {
+            run.filter_grad_in_chunks(per_chunk, across, [a, b], out)
+        }
         _ => run.in_chunks(kind, per_chunk, across, [a, b], out),
     }
+}
+
+/// For a sample whose patch matrix alone is larger than a chunk's `budget` (elements): how
+/// many output positions the convolution and its filter gradient take at a time (at least
+/// 16). The input gradient, whose patches add into overlapping windows, takes whole samples.
+fn positions_per_run(kind: ConvKind, d: &ConvDims, budget: usize) -> Option<usize> {
+    let positions = (budget / d.k().max(1)).max(16);
+    let split = positions < d.p() && !matches!(kind, ConvKind::InputGrad { .. });
+    split.then_some(positions)
 }
 
 /// Whether each output element reads one input position (1×1 windows, stride 1, no
@@ -223,7 +228,8 @@ fn is_pointwise(d: &ConvDims, attrs: &Conv2dAttrs) -> bool {
 /// parallel when there are enough of them, else each gemm split over the threads.
 struct Pointwise {
     d: ConvDims,
-    gemm: Gemm,
+    /// Whether each product may split over the team's threads.
+    threads: bool,
 }
 
 impl Pointwise {
@@ -231,13 +237,14 @@ impl Pointwise {
         let d = &self.d;
         let (cg, og, p) = (d.cg(), d.og(), d.p());
         let (x_sample, y_sample) = (d.c * p, d.o * p);
+        let gemm = Gemm::split(self.threads, og * cg * p);
         match kind {
             // y_n,g = W_g · x_n,g: [O/g, P] = [O/g, C/g] · [C/g, P].
             ConvKind::Forward => for_each_chunk(out, y_sample, across, |n, y| {
                 for g in 0..d.groups {
                     let (x, w) = (&a[n * x_sample + g * cg * p..], &b[g * og * cg..]);
                     let y = &mut y[g * og * p..][..og * p];
-                    self.gemm.run(y, false, [og, p, cg], (w, 1, cg), (x, 1, p));
+                    gemm.run(y, false, [og, p, cg], (w, 1, cg), (x, 1, p));
                 }
             }),
             // dx_n,g = W_gᵀ · dy_n,g: [C/g, P] = [C/g, O/g] · [O/g, P].
@@ -245,8 +252,7 @@ impl Pointwise {
                 for g in 0..d.groups {
                     let (dy, w) = (&a[n * y_sample + g * og * p..], &b[g * og * cg..]);
                     let dx = &mut dx[g * cg * p..][..cg * p];
-                    self.gemm
-                        .run(dx, false, [cg, p, og], (w, cg, 1), (dy, 1, p));
+                    gemm.run(dx, false, [cg, p, og], (w, cg, 1), (dy, 1, p));
                 }
             }),
             // dW_g = Σ_n dy_n,g · x_n,gᵀ: [O/g, C/g] = [O/g, P] · [P, C/g], [`summed`] over the
@@ -258,7 +264,7 @@ impl Pointwise {
                             let x = &a[n * x_sample + g * cg * p..];
                             let dy = &b[n * y_sample + g * og * p..];
                             let dw = &mut dw[g * og * cg..][..og * cg];
-                            self.gemm.run(dw, true, [og, cg, p], (dy, 1, p), (x, p, 1));
+                            gemm.run(dw, true, [og, cg, p], (dy, 1, p), (x, p, 1));
                         }
                     }
                 });
@@ -307,9 +313,7 @@ impl Run {
     }
 
     fn gemm(&self, flops: usize) -> Gemm {
-        Gemm {
-            threads: self.threads && flops >= PARALLEL_FLOPS,
-        }
+        Gemm::split(self.threads, flops)
     }
 
     /// The elements of `v` that belong to `samples`, `v` holding `per_sample` a sample.
@@ -342,15 +346,15 @@ impl Run {
                     let c = Chunk { count, group };
                     if kind != ConvKind::Forward {
                         self.input_grad(c, a, &weights, out, s);
-                        continue;
+                    } else {
+                        let Scratch {
+                            image,
+                            patches,
+                            rows,
+                        } = &mut *s;
+                        let patches = self.patch_matrix(c, a, image, patches);
+                        self.forward(c, patches, &weights, out, rows);
                     }
-                    let Scratch {
-                        image,
-                        patches,
-                        rows,
-                    } = &mut *s;
-                    let patches = self.patch_matrix(c, a, image, patches);
-                    self.forward(c, patches, &weights, out, rows);
                 }
             })
         });
@@ -406,7 +410,7 @@ impl Run {
         y: &mut [T],
     ) {
         let d = &self.d;
-        let (k, og, p, taps) = (d.k(), d.og(), d.p(), d.taps());
+        let (k, og, p) = (d.k(), d.og(), d.p());
         let weights = self.weights_to_patch_order(w);
         for_each_chunk(y, d.o * p, across, |n, y| {
             let x = Self::samples(x, n..n + 1, d.c * d.h * d.w);
@@ -419,28 +423,15 @@ impl Run {
                     } = &mut *s;
                     let image = self.channels_last(Chunk { count: 1, group }, x, image);
                     let w = &weights[group * og * k..];
-                    for p0 in (0..p).step_by(positions) {
-                        let len = positions.min(p - p0);
-                        let patches = prefix(patches, len * k);
-                        windows(
-                            d.cg(),
-                            image,
-                            &self.offsets[p0 * taps..][..len * taps],
-                            patches,
-                        );
+                    self.position_runs(image, positions, patches, |p0, patches| {
+                        let len = patches.len() / k;
                         let product = prefix(rows, og * len);
-                        let shape = [og, len, k];
-                        self.gemm(og * len * k).run(
-                            product,
-                            false,
-                            shape,
-                            (w, 1, k),
-                            (patches, k, 1),
-                        );
+                        let gemm = self.gemm(og * len * k);
+                        gemm.run(product, false, [og, len, k], (w, 1, k), (patches, k, 1));
                         for (o, row) in product.chunks_exact(len).enumerate() {
                             y[(group * og + o) * p + p0..][..len].copy_from_slice(row);
                         }
-                    }
+                    });
                 }
             })
         });
@@ -457,7 +448,7 @@ impl Run {
         out: &mut [T],
     ) {
         let d = &self.d;
-        let (k, og, p, taps) = (d.k(), d.og(), d.p(), d.taps());
+        let (k, og, p) = (d.k(), d.og(), d.p());
         let dw = summed(d.n, d.o * k, across, |samples, dw| {
             T::with_scratch(|s| {
                 for n in samples {
@@ -466,30 +457,40 @@ impl Run {
                         let Scratch { image, patches, .. } = &mut *s;
                         let image = self.channels_last(Chunk { count: 1, group }, x, image);
                         let dw = &mut dw[group * og * k..][..og * k];
-                        for p0 in (0..p).step_by(positions) {
-                            let len = positions.min(p - p0);
-                            let patches = prefix(patches, len * k);
-                            windows(
-                                d.cg(),
-                                image,
-                                &self.offsets[p0 * taps..][..len * taps],
-                                patches,
-                            );
+                        self.position_runs(image, positions, patches, |p0, patches| {
+                            let len = patches.len() / k;
                             let dy = &g[(n * d.o + group * og) * p + p0..];
-                            let shape = [og, k, len];
-                            self.gemm(og * len * k).run(
-                                dw,
-                                true,
-                                shape,
-                                (dy, 1, p),
-                                (patches, 1, k),
-                            );
-                        }
+                            let gemm = self.gemm(og * len * k);
+                            gemm.run(dw, true, [og, k, len], (dy, 1, p), (patches, 1, k));
+                        });
                     }
                 }
             })
         });
         self.weights_from_patch_order(&dw, out);
+    }
+
+    /// Calls `each(p0, patches)` for each run of `positions` output positions (from `p0`) of one
+    /// sample's channels-last `image`, with the run's patch matrix built in `patches`.
+    fn position_runs<T: Elem>(
+        &self,
+        image: &[T],
+        positions: usize,
+        patches: &mut Vec<T>,
+        mut each: impl FnMut(usize, &[T]),
+    ) {
+        let (k, p, taps) = (self.d.k(), self.d.p(), self.d.taps());
+        for p0 in (0..p).step_by(positions) {
+            let len = positions.min(p - p0);
+            let patches = prefix(patches, len * k);
+            windows(
+                self.d.cg(),
+                image,
+                &self.offsets[p0 * taps..][..len * taps],
+                patches,
+            );
+            each(p0, patches);
+        }
     }
 
     /// The product of the patches and the weights, then moved to NCHW (`scratch`). A short
@@ -830,6 +831,14 @@ struct Gemm {
 }
 
 impl Gemm {
+    /// A product of `flops` multiply-adds, split over the threads when `threads` allows and
+    /// it is large enough to gain.
+    fn split(threads: bool, flops: usize) -> Gemm {
+        Gemm {
+            threads: threads && flops >= PARALLEL_FLOPS,
+        }
+    }
+
     fn run<T: Copy + Zero + One + 'static>(
         &self,
         dst: &mut [T],
@@ -906,22 +915,30 @@ mod tests {
             (ConvKind::InputGrad { input: [15, 16] }, y, w, x),
             (ConvKind::FilterGrad { kernel: [3, 2] }, x, y, w),
         ];
-        for (kind, a, b, out) in kinds {
+        // One sample's patch matrix has 126 positions × 2·3·2 weights = 1,512 elements: a
+        // budget of 4,000 makes chunks of three samples (and a last one of two).
+        budget_changes_nothing(&attrs, &kinds, 4_000);
+    }
+
+    /// Each of `kinds` (kind and operand and result shapes) run with a patch-matrix `budget`,
+    /// one after another and with threads, gives what it gives with no budget. The ramps'
+    /// values are exact in f64, so every order of summing agrees.
+    fn budget_changes_nothing(attrs: &Conv2dAttrs, kinds: &[Case], budget: usize) {
+        for &(kind, a, b, out) in kinds {
             let (a, b) = (ramp(&a, 0.5), ramp(&b, 0.25));
-            let run = |threads, budget| {
-                let call = (kind, &attrs, [&a, &b], threads, budget);
-                conv(call, &out)
-            };
-            // One sample's patch matrix has 126 positions × 2·3·2 weights = 1,512 elements: a
-            // budget of 4,000 makes chunks of three samples (and a last one of two).
+            let run = |threads, budget| conv((kind, attrs, [&a, &b], threads, budget), &out);
             let whole = run(false, usize::MAX);
-            assert_eq!(run(false, 4_000), whole, "{kind:?}");
-            assert_eq!(run(true, 4_000), whole, "{kind:?}, in parallel");
+            assert_eq!(run(false, budget), whole, "{kind:?}");
+            assert_eq!(run(true, budget), whole, "{kind:?}, with threads");
         }
     }
 
+    /// A call's kind, operand shapes and result shape.
+    type Case = (ConvKind, [usize; 4], [usize; 4], [usize; 4]);
+
     /// Samples whose patch matrices are larger than a chunk's, run a few output positions at a
-    /// time, give what whole samples give, for the convolution and its filter gradient.
+    /// time (samples in parallel when the team has threads), give what whole samples give,
+    /// for the convolution and its filter gradient.
     #[test]
     fn samples_by_runs_of_positions_match_whole_samples() {
         let attrs = Conv2dAttrs {
@@ -930,19 +947,22 @@ mod tests {
             dilation: [1, 1],
             groups: 2,
         };
-        let (x, w, y) = ([3, 4, 9, 8], [6, 2, 3, 2], [3, 6, 9, 4]);
+        let (x, w, y) = ([8, 8, 32, 32], [64, 4, 3, 2], [8, 64, 32, 16]);
+        // 512 positions × 4·3·2 weights a sample: a budget of 2,400 takes 100 positions at a
+        // time, and there is enough work (3.1 MFLOP) for samples to run in parallel.
+        let dims = ConvDims::of(&x, &w, &y, 2).expect("shapes");
+        assert_eq!(
+            positions_per_run(ConvKind::Forward, &dims, 2_400),
+            Some(100)
+        );
+        if crate::team::width() > 1 {
+            assert!(chunking(&dims, 2_400, true).1, "samples in parallel");
+        }
         let kinds = [
             (ConvKind::Forward, x, w, y),
             (ConvKind::FilterGrad { kernel: [3, 2] }, x, y, w),
         ];
-        for (kind, a, b, out) in kinds {
-            let (a, b) = (ramp(&a, 0.5), ramp(&b, 0.25));
-            let run = |threads, budget| conv((kind, &attrs, [&a, &b], threads, budget), &out);
-            // 36 positions × 12 weights a sample: a budget of 240 takes 20 positions at a time.
-            let whole = run(false, usize::MAX);
-            assert_eq!(run(false, 240), whole, "{kind:?}");
-            assert_eq!(run(true, 240), whole, "{kind:?}, threads");
-        }
+        budget_changes_nothing(&attrs, &kinds, 2_400);
     }
 
     /// Pointwise convolutions (one gemm per sample of the NCHW planes as they are) give what
@@ -976,9 +996,9 @@ mod tests {
             }
             for across in [false, true] {
                 let mut pointwise = ArrayD::zeros(IxDyn(&out));
-                let gemm = Gemm { threads: !across };
                 let target = pointwise.as_slice_mut().unwrap();
-                Pointwise { d: dims, gemm }.run(kind, across, slices, target);
+                let threads = !across;
+                Pointwise { d: dims, threads }.run(kind, across, slices, target);
                 assert_eq!(
                     pointwise, patches,
                     "{kind:?}, samples in parallel: {across}"

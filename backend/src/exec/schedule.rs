@@ -540,57 +540,43 @@ impl Slots {
     }
 }
 
-/// Pairs each max pooling gradient with an earlier max pooling of the same input and
+/// Pairs each max pooling gradient with the first earlier max pooling of the same input and
 /// geometry, which records the argmax the gradient would search for again; returns how many
 /// argmaxes are kept. (Gradients of one pooling share its argmax.)
 fn pair_pooling_argmax(steps: &mut [Step]) -> usize {
-    let reads = |g: &Step| {
-        let kind = &g.kind;
-        matches!(kind, StepKind::Pool2d { kind: PoolKind::MaxGrad, argmax: None, attrs } if super::pool::argmax_fits(attrs))
-    };
-    let fills = |f: &Step, g: &Step| match (&f.kind, &g.kind) {
-        (
-            StepKind::Pool2d {
-                kind: PoolKind::Max,
-                attrs: a,
-                ..
-            },
-            StepKind::Pool2d { attrs, .. },
-        ) => a == attrs && f.inputs[0] == g.inputs[0],
-        _ => false,
-    };
-    pair_kept(steps, reads, fills, |kind| match kind {
-        StepKind::Pool2d { argmax, .. } => Some(argmax),
-        _ => None,
-    })
-}
-
-/// Pairs each step `reads` picks with the first earlier step that `fills(earlier, later)`
-/// accepts, which keeps a value for it in the run: both get the value's index in the field
-/// `kept` gives (an earlier step keeping one already gives its index again). Returns how many
-/// values are kept.
-fn pair_kept(
-    steps: &mut [Step],
-    reads: impl Fn(&Step) -> bool,
-    fills: impl Fn(&Step, &Step) -> bool,
-    kept: fn(&mut StepKind) -> Option<&mut Option<usize>>,
-) -> usize {
-    let mut count = 0;
+    let mut kept = 0;
     for g in 0..steps.len() {
-        if !reads(&steps[g]) {
-            continue;
-        }
-        let Some(f) = steps[..g].iter().position(|f| fills(f, &steps[g])) else {
+        let StepKind::Pool2d {
+            kind: PoolKind::MaxGrad,
+            attrs,
+            argmax: None,
+        } = steps[g].kind
+        else {
             continue;
         };
-        let filler = kept(&mut steps[f].kind).expect("a step that keeps values");
-        let index = *filler.get_or_insert_with(|| {
-            count += 1;
-            count - 1
+        let x = steps[g].inputs[0];
+        let records = |f: &Step| {
+            let max = matches!(f.kind, StepKind::Pool2d { kind: PoolKind::Max, attrs: a, .. } if a == attrs);
+            max && f.inputs[0] == x
+        };
+        if !super::pool::argmax_fits(&attrs) {
+            continue;
+        }
+        let Some(f) = steps[..g].iter().position(records) else {
+            continue;
+        };
+        let StepKind::Pool2d { argmax, .. } = &mut steps[f].kind else {
+            unreachable!("a pooling step")
+        };
+        let index = *argmax.get_or_insert_with(|| {
+            kept += 1;
+            kept - 1
         });
-        *kept(&mut steps[g].kind).expect("a step that reads kept values") = Some(index);
+        if let StepKind::Pool2d { argmax, .. } = &mut steps[g].kind {
+            *argmax = Some(index);
+        }
     }
-    count
+    kept
 }
 
 /// How the executor runs instruction `inst`.
