@@ -27,6 +27,7 @@ pub mod limits;
 pub mod random;
 pub mod state;
 pub mod team;
+pub(crate) mod lanes;
 pub(crate) mod tile_program;
 pub mod vecmath;
 

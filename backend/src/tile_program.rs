@@ -26,7 +26,8 @@
 //! a call prefetches the next tile of every buffer: the loads arrive while this tile computes,
 //! as they would in a loop that interleaved both.
 
-use crate::vecmath::{self, Isa};
+use crate::lanes::{binary_f32, unary_f32};
+use crate::vecmath::Isa;
 use kiln_ir::{BinaryOp, ReduceOp, UnaryOp};
 use std::sync::OnceLock;
 
@@ -384,65 +385,14 @@ unsafe fn map2(d: *mut f32, a: Src, b: Src, n: usize, f: impl Fn(f32, f32) -> f3
     }
 }
 
-/// x86's `maxps x, y`: `y` unless `x > y` (so `y` on NaN and on equal zeros).
-#[inline(always)]
-fn maxps(x: f32, y: f32) -> f32 {
-    if x > y { x } else { y }
-}
-
-#[inline(always)]
-fn minps(x: f32, y: f32) -> f32 {
-    if x < y { x } else { y }
-}
-
-/// The bits below a NaN's quiet bit, where `is_nan` (as an all-ones mask shifted right by 10).
-#[inline(always)]
-fn nan_fraction(is_nan: bool) -> u32 {
-    if is_nan { u32::MAX >> 10 } else { 0 }
-}
-
-/// Cranelift's `fmax.f32x4` on x86, step for step: the larger, `+0` over `-0`, NaN if either
-/// is, with the NaN's payload cleared.
-#[inline(always)]
-fn fmax(x: f32, y: f32) -> f32 {
-    let (m1, m2) = (maxps(x, y), maxps(y, x));
-    let xor = m1.to_bits() ^ m2.to_bits();
-    let blended = f32::from_bits(m1.to_bits() | xor);
-    let positive = blended - f32::from_bits(xor);
-    f32::from_bits(positive.to_bits() & !nan_fraction(blended.is_nan()))
-}
-
-/// Cranelift's `fmin.f32x4` on x86, step for step.
-#[inline(always)]
-fn fmin(x: f32, y: f32) -> f32 {
-    let (m1, m2) = (minps(x, y), minps(y, x));
-    let or = m1.to_bits() | m2.to_bits();
-    let is_nan = f32::from_bits(or).is_nan() || m2.is_nan();
-    let or = or | if is_nan { u32::MAX } else { 0 };
-    f32::from_bits(or & !nan_fraction(is_nan))
-}
-
-/// Cranelift's f32x4 `relu`: `x` where `x > 0` or NaN, else `+0`.
-#[inline(always)]
-fn relu(x: f32) -> f32 {
-    if x <= 0.0 { 0.0 } else { x }
-}
-
-/// Cranelift's f32x4 `sign`: `±1` by `x`'s sign bit where `x` is nonzero, else `x`.
-#[inline(always)]
-fn sign(x: f32) -> f32 {
-    let one = f32::from_bits(x.to_bits() & 0x8000_0000 | 1.0f32.to_bits());
-    if x == 0.0 || x.is_nan() { x } else { one }
-}
-
 /// Runs the frame's program over `len` elements of each register.
 ///
 /// # Safety
 /// `frame` is a frame as the module documents it, whose registers hold `len` elements each
 /// and whose accumulators hold [`PARTIALS`] f32s per reduction; `len` is a multiple of 8 (of
-/// 16 where the program reduces); the CPU has `isa`.
+/// 16 where the program reduces).
 #[inline(always)]
-unsafe fn run(frame: *const u64, len: i64, isa: Isa) {
+unsafe fn run(frame: *const u64, len: i64) {
     // SAFETY: as the function's contract states.
     let (program, count, scalars, accs) = unsafe {
         (
@@ -488,7 +438,7 @@ unsafe fn run(frame: *const u64, len: i64, isa: Isa) {
                     let scale = scale.map(|s| *scalars.add(s as usize));
                     fused([first, then], swap, scale, tile(dst), abc, n)
                 }
-                Instr::Unary { op, dst, a } => unary(op, tile(dst), src(a), n, isa),
+                Instr::Unary { op, dst, a } => unary(op, tile(dst), src(a), n),
                 Instr::Binary { op, dst, a, b } => binary(op, tile(dst), src(a), src(b), n),
                 Instr::Reduce { op, acc, a } => {
                     reduce(op, accs.add(acc as usize * PARTIALS), src(a), n)
@@ -498,39 +448,37 @@ unsafe fn run(frame: *const u64, len: i64, isa: Isa) {
     }
 }
 
-#[inline(always)]
-unsafe fn binary(op: BinaryOp, d: *mut f32, a: Src, b: Src, n: usize) {
-    // SAFETY: the tiles hold `n` elements.
-    unsafe {
-        match op {
-            BinaryOp::Add => map2(d, a, b, n, |x, y| x + y),
-            BinaryOp::Sub => map2(d, a, b, n, |x, y| x - y),
-            BinaryOp::Mul => map2(d, a, b, n, |x, y| x * y),
-            BinaryOp::Div => map2(d, a, b, n, |x, y| x / y),
-            BinaryOp::Max => map2(d, a, b, n, fmax),
-            BinaryOp::Min => map2(d, a, b, n, fmin),
-            // No f32 vector form (the op table's), so never in a program.
-            BinaryOp::Pow | BinaryOp::And | BinaryOp::Or | BinaryOp::Xor => {
-                unreachable!("`{}` is not in tile programs", op.name())
+/// `d = op(a, b)` by the op's body, one arm per op of the table so that each body is inlined
+/// with its op known. (`pow` and the bool ops have no f32 body and are never in a program.)
+macro_rules! binary_bodies {
+    ($(#[$meta:meta])* $enum:ident { $($variant:ident = $text:literal, $($_rest:ident),*;)* }) => {
+        #[inline(always)]
+        unsafe fn binary(op: BinaryOp, d: *mut f32, a: Src, b: Src, n: usize) {
+            match op {
+                $(BinaryOp::$variant => {
+                    // SAFETY: the tiles hold `n` elements.
+                    unsafe { map2(d, a, b, n, |x, y| binary_f32(BinaryOp::$variant, x, y)) }
+                })*
             }
         }
-    }
+    };
 }
+kiln_ir::with_binary_ops!(binary_bodies);
 
 /// Gives `$f` the closure of the binary op `$op` (one of [`fusable`]'s) in `$body`.
 macro_rules! with_cheap_op {
     ($op:expr, |$f:ident| $body:expr) => {
         match $op {
             BinaryOp::Add => {
-                let $f = |x: f32, y: f32| x + y;
+                let $f = |x, y| binary_f32(BinaryOp::Add, x, y);
                 $body
             }
             BinaryOp::Sub => {
-                let $f = |x: f32, y: f32| x - y;
+                let $f = |x, y| binary_f32(BinaryOp::Sub, x, y);
                 $body
             }
             BinaryOp::Mul => {
-                let $f = |x: f32, y: f32| x * y;
+                let $f = |x, y| binary_f32(BinaryOp::Mul, x, y);
                 $body
             }
             other => unreachable!("`{}` is not fused in tile programs", other.name()),
@@ -580,45 +528,22 @@ unsafe fn map3(d: *mut f32, abc: [Src; 3], n: usize, f: impl Fn(f32, f32, f32) -
     }
 }
 
-/// The transcendental functions call their vector routines (in place: after a copy, unless
-/// the program computes them over their operand's tile) — the routines' bits are the ones
-/// tested against Cranelift's, even in a NaN's sign.
-#[inline(always)]
-unsafe fn unary(op: UnaryOp, d: *mut f32, a: Src, n: usize, isa: Isa) {
-    if let Some(routine) = vecmath::routine(op, isa) {
-        // SAFETY: `d` and `a` hold `n` elements; the routine works in place.
-        unsafe {
-            copy(d, a, n);
-            routine(d, n as i64);
-        }
-        return;
-    }
-    // SAFETY: `d` and `a` hold `n` elements.
-    unsafe {
-        match op {
-            UnaryOp::Neg => map1(d, a, n, |x| -x),
-            UnaryOp::Abs => map1(d, a, n, f32::abs),
-            UnaryOp::Sqrt => map1(d, a, n, f32::sqrt),
-            UnaryOp::Floor => map1(d, a, n, f32::floor),
-            UnaryOp::Ceil => map1(d, a, n, f32::ceil),
-            UnaryOp::Round => map1(d, a, n, f32::round_ties_even),
-            UnaryOp::Recip => map1(d, a, n, |x| 1.0 / x),
-            UnaryOp::Rsqrt => map1(d, a, n, |x| 1.0 / x.sqrt()),
-            UnaryOp::Relu => map1(d, a, n, relu),
-            UnaryOp::Sign => map1(d, a, n, sign),
-            UnaryOp::Exp
-            | UnaryOp::Log
-            | UnaryOp::Tanh
-            | UnaryOp::Sigmoid
-            | UnaryOp::Softplus
-            | UnaryOp::Erf => unreachable!("`{}` has a routine at every level", op.name()),
-            // No f32 vector form (the op table's), so never in a program.
-            UnaryOp::Sin | UnaryOp::Cos | UnaryOp::Not => {
-                unreachable!("`{}` is not in tile programs", op.name())
+/// `d = op(a)` by the op's body, one arm per op of the table (as [`binary`]). (`sin`, `cos`
+/// and `not` have no f32 body and are never in a program.)
+macro_rules! unary_bodies {
+    ($(#[$meta:meta])* $enum:ident { $($variant:ident = $text:literal, $($_rest:ident),*;)* }) => {
+        #[inline(always)]
+        unsafe fn unary(op: UnaryOp, d: *mut f32, a: Src, n: usize) {
+            match op {
+                $(UnaryOp::$variant => {
+                    // SAFETY: the tiles hold `n` elements.
+                    unsafe { map1(d, a, n, |x| unary_f32(UnaryOp::$variant, x)) }
+                })*
             }
         }
-    }
+    };
 }
+kiln_ir::with_unary_ops!(unary_bodies);
 
 /// Combines `n` elements of `a` into the [`PARTIALS`] partial accumulators at `p`.
 #[inline(always)]
@@ -655,16 +580,16 @@ unsafe fn reduce(op: ReduceOp, p: *mut f32, a: Src, n: usize) {
             }
             *partials = s;
         }
-        ReduceOp::Max => any_order(partials, x, fmax),
-        ReduceOp::Min => any_order(partials, x, fmin),
+        ReduceOp::Max => any_order(partials, x, |x, y| binary_f32(BinaryOp::Max, x, y)),
+        ReduceOp::Min => any_order(partials, x, |x, y| binary_f32(BinaryOp::Min, x, y)),
     }
 }
 
 fn combine(op: ReduceOp, acc: f32, x: f32) -> f32 {
     match op {
         ReduceOp::Sum | ReduceOp::Mean => acc + x,
-        ReduceOp::Max => fmax(acc, x),
-        ReduceOp::Min => fmin(acc, x),
+        ReduceOp::Max => binary_f32(BinaryOp::Max, acc, x),
+        ReduceOp::Min => binary_f32(BinaryOp::Min, acc, x),
     }
 }
 
@@ -709,7 +634,7 @@ mod entry {
     #[target_feature(enable = "avx512f,avx512dq,avx512vl,avx2,fma")]
     unsafe extern "C" fn avx512(frame: *mut u64, len: i64) {
         // SAFETY: as the function's contract states.
-        unsafe { run(frame, len, Isa::Avx512) }
+        unsafe { run(frame, len) }
     }
 
     /// # Safety
@@ -717,7 +642,7 @@ mod entry {
     #[target_feature(enable = "avx2,fma")]
     unsafe extern "C" fn avx2(frame: *mut u64, len: i64) {
         // SAFETY: as the function's contract states.
-        unsafe { run(frame, len, Isa::Avx2) }
+        unsafe { run(frame, len) }
     }
 
     pub(super) fn table(isa: Isa) -> Option<Runner> {
@@ -814,21 +739,5 @@ mod tests {
             i.encode(&mut words);
             assert_eq!(Instr::decode(&words), (i, 1));
         }
-    }
-
-    #[test]
-    fn max_and_min_follow_cranelifts_sequences() {
-        assert_eq!(fmax(-0.0, 0.0).to_bits(), 0.0f32.to_bits());
-        assert_eq!(fmax(0.0, -0.0).to_bits(), 0.0f32.to_bits());
-        assert_eq!(fmin(-0.0, 0.0).to_bits(), (-0.0f32).to_bits());
-        assert_eq!(fmin(0.0, -0.0).to_bits(), (-0.0f32).to_bits());
-        assert!(fmax(f32::NAN, 1.0).is_nan() && fmax(1.0, f32::NAN).is_nan());
-        assert!(fmin(f32::NAN, 1.0).is_nan() && fmin(1.0, f32::NAN).is_nan());
-        assert_eq!(fmax(2.0, -3.0), 2.0);
-        assert_eq!(fmin(2.0, -3.0), -3.0);
-        assert_eq!(relu(-0.0).to_bits(), 0.0f32.to_bits());
-        assert!(relu(f32::NAN).is_nan());
-        assert_eq!(sign(-2.5), -1.0);
-        assert_eq!(sign(-0.0).to_bits(), (-0.0f32).to_bits());
     }
 }

@@ -18,7 +18,7 @@
 //! `2` also prints its Cranelift IR, `3` its machine code.
 
 pub(crate) mod codegen;
-mod math;
+mod symbols;
 pub(crate) mod plan;
 mod shape;
 
@@ -364,7 +364,7 @@ fn jit() -> &'static Mutex<Jit> {
             .finish(settings::Flags::new(flags))
             .expect("the host ISA builds");
         let mut builder = JITBuilder::with_isa(isa, default_libcall_names());
-        math::register_symbols(&mut builder);
+        symbols::register_symbols(&mut builder);
         let mut module = JITModule::new(builder);
         let mut ctx = module.make_context();
         let mut builder = FunctionBuilderContext::new();

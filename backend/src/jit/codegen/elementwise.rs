@@ -1,11 +1,11 @@
-//! Elementwise ops in Cranelift IR: unary, binary, comparisons, casts, and calls of the
-//! scalar helpers the op table names.
+//! Elementwise ops in Cranelift IR: f32 unary and binary ops by their one body
+//! (`crate::lanes`, emitted through [`Clif`]), f64 and integer ops, comparisons, casts, and
+//! calls of the scalar helpers the op table names.
 
 use super::*;
 
 impl Gen<'_, '_> {
     pub(super) fn unary(&mut self, op: UnaryOp, dtype: DType, x: CValue, vector: bool) -> CValue {
-        let lanes = Lanes { vector };
         if dtype == DType::Bool {
             return if vector {
                 self.b.ins().bnot(x)
@@ -32,11 +32,18 @@ impl Gen<'_, '_> {
                 other => panic!("kernel codegen: `{}` on integers", other.name()),
             };
         }
+        if dtype == DType::F32 {
+            let lanes = &mut Clif { b: &mut self.b, vector };
+            if let Some(y) = crate::lanes::unary(lanes, op, x) {
+                return y;
+            }
+        }
         if let Some(symbol) = op.helper_symbol(dtype) {
             return self.call(symbol, &[x], clif_type(dtype));
         }
-        let zero = self.float_const(dtype, 0.0, vector);
-        let one = self.float_const(dtype, 1.0, vector);
+        // f64 (scalar code only): the f32 bodies' constants and bit masks are 32-bit.
+        let zero = self.b.ins().f64const(0.0);
+        let one = self.b.ins().f64const(1.0);
         match op {
             UnaryOp::Neg => self.b.ins().fneg(x),
             UnaryOp::Abs => self.b.ins().fabs(x),
@@ -51,50 +58,24 @@ impl Gen<'_, '_> {
             }
             UnaryOp::Relu => {
                 let keep = self.b.ins().fcmp(FloatCC::UnorderedOrGreaterThan, x, zero);
-                self.float_select(keep, x, zero, vector)
+                self.b.ins().select(keep, x, zero)
             }
             UnaryOp::Sign => {
-                // Ordered and not equal (f32x4 has no `one` compare): below or above zero.
                 let below = self.b.ins().fcmp(FloatCC::LessThan, x, zero);
                 let above = self.b.ins().fcmp(FloatCC::GreaterThan, x, zero);
                 let nonzero = self.b.ins().bor(below, above);
-                let signed_one = if vector {
-                    let bits = lanes.to_int(&mut self.b, x);
-                    let sign_mask = lanes.ci(&mut self.b, i32::MIN);
-                    let sign = self.b.ins().band(bits, sign_mask);
-                    let one_bits = lanes.to_int(&mut self.b, one);
-                    let s = self.b.ins().bor(sign, one_bits);
-                    lanes.to_float(&mut self.b, s)
-                } else {
-                    self.b.ins().fcopysign(one, x)
-                };
-                self.float_select(nonzero, signed_one, x, vector)
+                let signed_one = self.b.ins().fcopysign(one, x);
+                self.b.ins().select(nonzero, signed_one, x)
             }
-            // f32 only: f64 calls the helper the table names (above).
-            UnaryOp::Exp => math::exp(&mut self.b, lanes, x),
-            UnaryOp::Log => math::log(&mut self.b, lanes, x),
-            UnaryOp::Tanh => math::tanh(&mut self.b, lanes, x),
-            UnaryOp::Sigmoid => math::sigmoid(&mut self.b, lanes, x),
-            UnaryOp::Softplus => math::softplus(&mut self.b, lanes, x),
-            UnaryOp::Erf => math::erf(&mut self.b, lanes, x),
-            UnaryOp::Sin | UnaryOp::Cos => {
-                unreachable!("`{}` calls its helper for every float dtype", op.name())
-            }
+            UnaryOp::Exp
+            | UnaryOp::Log
+            | UnaryOp::Tanh
+            | UnaryOp::Sigmoid
+            | UnaryOp::Softplus
+            | UnaryOp::Erf
+            | UnaryOp::Sin
+            | UnaryOp::Cos => unreachable!("`{}` calls its f64 helper", op.name()),
             UnaryOp::Not => panic!("kernel codegen: `not` on floats"),
-        }
-    }
-
-    pub(super) fn float_select(
-        &mut self,
-        cond: CValue,
-        x: CValue,
-        y: CValue,
-        vector: bool,
-    ) -> CValue {
-        if vector {
-            Lanes { vector }.select(&mut self.b, cond, x, y)
-        } else {
-            self.b.ins().select(cond, x, y)
         }
     }
 
@@ -106,17 +87,18 @@ impl Gen<'_, '_> {
         y: CValue,
         vector: bool,
     ) -> CValue {
+        if dtype.is_float() {
+            // The f32 bodies of these ops make no constants, so they serve f64 as well.
+            let lanes = &mut Clif { b: &mut self.b, vector };
+            if let Some(z) = crate::lanes::binary(lanes, op, x, y) {
+                return z;
+            }
+        }
         let ins = self.b.ins();
         match (op, dtype) {
             (BinaryOp::And, _) => ins.band(x, y),
             (BinaryOp::Or, _) => ins.bor(x, y),
             (BinaryOp::Xor, _) => ins.bxor(x, y),
-            (BinaryOp::Add, d) if d.is_float() => ins.fadd(x, y),
-            (BinaryOp::Sub, d) if d.is_float() => ins.fsub(x, y),
-            (BinaryOp::Mul, d) if d.is_float() => ins.fmul(x, y),
-            (BinaryOp::Div, d) if d.is_float() => ins.fdiv(x, y),
-            (BinaryOp::Max, d) if d.is_float() => ins.fmax(x, y),
-            (BinaryOp::Min, d) if d.is_float() => ins.fmin(x, y),
             (BinaryOp::Pow, d) => {
                 let symbol = op
                     .helper_symbol(d)
@@ -202,13 +184,13 @@ impl Gen<'_, '_> {
         if vector {
             return match (from, to) {
                 (DType::Bool, DType::F32) => {
-                    let lanes = Lanes { vector };
-                    let one = lanes.ci(&mut self.b, 1.0f32.to_bits() as i32);
-                    let bits = self.b.ins().band(x, one);
-                    lanes.to_float(&mut self.b, bits)
+                    let lanes = &mut Clif { b: &mut self.b, vector };
+                    let one = lanes.i(1.0f32.to_bits() as i32);
+                    let bits = lanes.and(x, one);
+                    lanes.from_bits(bits)
                 }
                 (DType::F32, DType::Bool) => {
-                    let zero = Lanes { vector }.c(&mut self.b, 0.0);
+                    let zero = Clif { b: &mut self.b, vector }.f(0.0);
                     self.b.ins().fcmp(FloatCC::NotEqual, x, zero)
                 }
                 _ => panic!("kernel codegen: no vector cast from {from} to {to}"),
@@ -248,7 +230,7 @@ impl Gen<'_, '_> {
         }
     }
 
-    /// Calls an imported scalar function (registered with the JIT in [`math`]).
+    /// Calls an imported scalar function (registered with the JIT in `jit/symbols.rs`).
     pub(super) fn call(&mut self, name: &str, args: &[CValue], ty: ClType) -> CValue {
         let callee = match self.imports.get(name) {
             Some(&f) => f,

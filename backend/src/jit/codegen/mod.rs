@@ -17,7 +17,8 @@
 //! everything else (f64, integers, bool in memory, ops whose table row says `Scalar`) runs scalar.
 
 use super::JitError;
-use super::math::{self, Lanes};
+use crate::lanes::Lanes;
+use lanes::Clif;
 use super::plan::{self, KernelPlan, Mapping, RowRole};
 use cranelift_codegen::ir::condcodes::{FloatCC, IntCC};
 use cranelift_codegen::ir::{
@@ -32,6 +33,7 @@ use std::collections::{HashMap, HashSet};
 
 mod addresses;
 mod elementwise;
+mod lanes;
 mod levels;
 mod programs;
 mod reductions;

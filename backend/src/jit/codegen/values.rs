@@ -151,7 +151,7 @@ impl Gen<'_, '_> {
     pub(super) fn float_const(&mut self, dtype: DType, x: f64, vector: bool) -> CValue {
         match dtype {
             DType::F64 => self.b.ins().f64const(x),
-            _ => Lanes { vector }.c(&mut self.b, x as f32),
+            _ => Clif { b: &mut self.b, vector }.f(x as f32),
         }
     }
 }
