@@ -47,22 +47,21 @@ expect_errors() {
 STEP="1. the row in the table"
 patch ir/src/op.rs '                Neg = "neg", neg, Numeric, Cheap, F32x4, None;' '
                 Cube = "cube", cube, Float, Cheap, F32x4, None;'
-expect_errors backend/src/interp/kernels.rs backend/src/jit/codegen/elementwise.rs \
-  backend/src/tile_program.rs backend/src/vecmath.rs
+expect_errors backend/src/interp/kernels.rs backend/src/lanes.rs \
+  backend/src/jit/codegen/elementwise.rs
 
-STEP="2. the interpreter's scalar function; 4. the f32 kernel code"
+STEP="2. the interpreter's scalar function; 4. the f32 body (and no integer code)"
 patch backend/src/interp/kernels.rs '        UnaryOp::Neg => |x| -x,' '
         UnaryOp::Cube => |x| x * x * x,'
-patch backend/src/jit/codegen/elementwise.rs '            UnaryOp::Neg => self.b.ins().fneg(x),' '
-            UnaryOp::Cube => {
-                let square = self.b.ins().fmul(x, x);
-                self.b.ins().fmul(square, x)
-            }'
-patch backend/src/tile_program.rs '            UnaryOp::Neg => map1(d, a, n, |x| -x),' '
-            UnaryOp::Cube => map1(d, a, n, |x| x * x * x),'
-patch backend/src/vecmath.rs '        UnaryOp::Neg
-        | UnaryOp::Abs' '
-        | UnaryOp::Cube'
+patch backend/src/lanes.rs '        UnaryOp::Neg => l.neg(x),' '
+        UnaryOp::Cube => {
+            let square = l.mul(x, x);
+            l.mul(square, x)
+        }'
+patch backend/src/jit/codegen/elementwise.rs '                UnaryOp::Exp
+                | UnaryOp::Log
+                | UnaryOp::Sqrt' '
+                | UnaryOp::Cube'
 expect_errors passes/src/autodiff/rules.rs
 
 STEP="3. the gradient rule"

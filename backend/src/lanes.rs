@@ -59,6 +59,8 @@ pub(crate) trait Lanes {
     fn fma(&mut self, a: Self::F, b: Self::F, c: Self::F) -> Self::F;
     fn neg(&mut self, a: Self::F) -> Self::F;
     fn abs(&mut self, a: Self::F) -> Self::F;
+    /// `a`'s magnitude with `sign`'s sign bit.
+    fn copysign(&mut self, a: Self::F, sign: Self::F) -> Self::F;
     fn sqrt(&mut self, a: Self::F) -> Self::F;
     fn floor(&mut self, a: Self::F) -> Self::F;
     fn ceil(&mut self, a: Self::F) -> Self::F;
@@ -154,19 +156,9 @@ fn sign<L: Lanes>(l: &mut L, x: L::F) -> L::F {
     let below = l.cmp(Cmp::Lt, x, zero);
     let above = l.cmp(Cmp::Gt, x, zero);
     let nonzero = l.either(below, above);
-    let signed_one = signed_one(l, x);
+    let one = l.f(1.0);
+    let signed_one = l.copysign(one, x);
     l.select(nonzero, signed_one, x)
-}
-
-/// `±1` with `x`'s sign bit.
-#[inline(always)]
-fn signed_one<L: Lanes>(l: &mut L, x: L::F) -> L::F {
-    let bits = l.to_bits(x);
-    let sign_mask = l.i(i32::MIN);
-    let sign = l.and(bits, sign_mask);
-    let one_bits = l.i(1.0f32.to_bits() as i32);
-    let bits = l.or(sign, one_bits);
-    l.from_bits(bits)
 }
 
 /// Adding it rounds to an integer in the low bits (1.5·2²³).
@@ -378,7 +370,8 @@ fn tanh<L: Lanes>(l: &mut L, x: L::F) -> L::F {
     // Beyond the clamp, ±1 (within 5 ULPs of the true value there; exact from |x| ≥ 9.01).
     let hi = l.f(TANH_BOUND);
     let big = l.cmp(Cmp::Gt, ax, hi);
-    let signed_one = signed_one(l, x);
+    let one = l.f(1.0);
+    let signed_one = l.copysign(one, x);
     l.select(big, signed_one, r)
 }
 
@@ -462,6 +455,10 @@ impl Lanes for Scalar {
     #[inline(always)]
     fn abs(&mut self, a: f32) -> f32 {
         a.abs()
+    }
+    #[inline(always)]
+    fn copysign(&mut self, a: f32, sign: f32) -> f32 {
+        a.copysign(sign)
     }
     #[inline(always)]
     fn sqrt(&mut self, a: f32) -> f32 {

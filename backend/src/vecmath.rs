@@ -11,7 +11,7 @@
 //! The ISA is detected once per process; `KILN_VECTOR_MATH` = `avx512`, `avx2` or `off` caps
 //! it (`off` keeps every kernel on its Cranelift code). A level the CPU lacks is never used.
 
-use kiln_ir::UnaryOp;
+use kiln_ir::{Cost, UnaryOp, VectorForm};
 use std::sync::OnceLock;
 
 /// The instruction-set level the routines are compiled for.
@@ -75,30 +75,10 @@ pub fn isa() -> Isa {
 /// A routine: replaces `len` f32s at `data` by the function's values.
 pub type Routine = unsafe extern "C" fn(data: *mut f32, len: i64);
 
-/// The routine of `op` at level `isa`, if the op has one there.
+/// The routine of `op` at level `isa`, if the op has one there: the transcendental functions
+/// with an f32 body (cheap ops stay inline in kernels; `sin` and `cos` call helpers).
 pub fn routine(op: UnaryOp, isa: Isa) -> Option<Routine> {
-    let has_routine = match op {
-        UnaryOp::Exp
-        | UnaryOp::Log
-        | UnaryOp::Tanh
-        | UnaryOp::Sigmoid
-        | UnaryOp::Softplus
-        | UnaryOp::Erf => true,
-        // Cheap or slow single instructions stay in Cranelift; sin and cos call helpers.
-        UnaryOp::Neg
-        | UnaryOp::Abs
-        | UnaryOp::Sign
-        | UnaryOp::Relu
-        | UnaryOp::Sqrt
-        | UnaryOp::Rsqrt
-        | UnaryOp::Recip
-        | UnaryOp::Sin
-        | UnaryOp::Cos
-        | UnaryOp::Floor
-        | UnaryOp::Ceil
-        | UnaryOp::Round
-        | UnaryOp::Not => false,
-    };
+    let has_routine = op.cost() == Cost::Transcendental && op.vector_form() == VectorForm::F32x4;
     if !has_routine || !isa.supported() {
         return None;
     }
@@ -126,10 +106,10 @@ mod routines {
     use super::{Isa, Routine};
     use kiln_ir::UnaryOp;
 
-    /// One routine per (function, ISA): the op's body in a loop that LLVM vectorises under
-    /// the ISA's target features.
+    /// One routine per (op of the table, ISA): the op's body in a loop that LLVM vectorises
+    /// under the ISA's target features.
     macro_rules! routines {
-        ($($op:ident $f:ident),*) => {
+        ($(#[$meta:meta])* $enum:ident { $($op:ident = $text:literal, $($_rest:ident),*;)* }) => {
             pub(super) fn table(op: UnaryOp, isa: Isa) -> Option<Routine> {
                 mod avx512 {
                     use crate::lanes::unary_f32;
@@ -137,8 +117,9 @@ mod routines {
                     $(
                         /// # Safety
                         /// `data` points to `len` f32s; the CPU has AVX-512F/DQ, AVX2 and FMA.
+                        #[allow(non_snake_case)]
                         #[target_feature(enable = "avx512f,avx512dq,avx512vl,avx2,fma")]
-                        pub(super) unsafe extern "C" fn $f(data: *mut f32, len: i64) {
+                        pub(super) unsafe extern "C" fn $op(data: *mut f32, len: i64) {
                             // SAFETY: as the function's contract states.
                             let xs = unsafe { std::slice::from_raw_parts_mut(data, len as usize) };
                             for x in xs {
@@ -153,8 +134,9 @@ mod routines {
                     $(
                         /// # Safety
                         /// `data` points to `len` f32s; the CPU has AVX2 and FMA.
+                        #[allow(non_snake_case)]
                         #[target_feature(enable = "avx2,fma")]
-                        pub(super) unsafe extern "C" fn $f(data: *mut f32, len: i64) {
+                        pub(super) unsafe extern "C" fn $op(data: *mut f32, len: i64) {
                             // SAFETY: as the function's contract states.
                             let xs = unsafe { std::slice::from_raw_parts_mut(data, len as usize) };
                             for x in xs {
@@ -163,19 +145,16 @@ mod routines {
                         }
                     )*
                 }
-                let f: Routine = match (op, isa) {
-                    $(
-                        (UnaryOp::$op, Isa::Avx512) => avx512::$f,
-                        (UnaryOp::$op, Isa::Avx2) => avx2::$f,
-                    )*
-                    _ => return None,
-                };
-                Some(f)
+                Some(match isa {
+                    Isa::Avx512 => match op { $(UnaryOp::$op => avx512::$op,)* },
+                    Isa::Avx2 => match op { $(UnaryOp::$op => avx2::$op,)* },
+                    Isa::Off => return None,
+                })
             }
         };
     }
 
-    routines!(Exp exp, Log log, Tanh tanh, Sigmoid sigmoid, Softplus softplus, Erf erf);
+    kiln_ir::with_unary_ops!(routines);
 }
 
 #[cfg(not(target_arch = "x86_64"))]

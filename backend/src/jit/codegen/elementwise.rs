@@ -1,5 +1,5 @@
-//! Elementwise ops in Cranelift IR: f32 unary and binary ops by their one body
-//! (`crate::lanes`, emitted through [`Clif`]), f64 and integer ops, comparisons, casts, and
+//! Elementwise ops in Cranelift IR: float unary and binary ops by their one body
+//! (`crate::lanes`, emitted through [`Clif`]), integer and bool ops, comparisons, casts, and
 //! calls of the scalar helpers the op table names.
 
 use super::*;
@@ -29,54 +29,30 @@ impl Gen<'_, '_> {
                     let neg = self.b.ins().uextend(ty, neg);
                     self.b.ins().isub(pos, neg)
                 }
-                other => panic!("kernel codegen: `{}` on integers", other.name()),
+                // Float or bool only (their rows' dtype classes), so never on integers.
+                UnaryOp::Exp
+                | UnaryOp::Log
+                | UnaryOp::Sqrt
+                | UnaryOp::Rsqrt
+                | UnaryOp::Recip
+                | UnaryOp::Tanh
+                | UnaryOp::Sigmoid
+                | UnaryOp::Softplus
+                | UnaryOp::Erf
+                | UnaryOp::Sin
+                | UnaryOp::Cos
+                | UnaryOp::Floor
+                | UnaryOp::Ceil
+                | UnaryOp::Round
+                | UnaryOp::Not => unreachable!("`{}` on integers", op.name()),
             };
-        }
-        if dtype == DType::F32 {
-            let lanes = &mut Clif { b: &mut self.b, vector };
-            if let Some(y) = crate::lanes::unary(lanes, op, x) {
-                return y;
-            }
         }
         if let Some(symbol) = op.helper_symbol(dtype) {
             return self.call(symbol, &[x], clif_type(dtype));
         }
-        // f64 (scalar code only): the f32 bodies' constants and bit masks are 32-bit.
-        let zero = self.b.ins().f64const(0.0);
-        let one = self.b.ins().f64const(1.0);
-        match op {
-            UnaryOp::Neg => self.b.ins().fneg(x),
-            UnaryOp::Abs => self.b.ins().fabs(x),
-            UnaryOp::Sqrt => self.b.ins().sqrt(x),
-            UnaryOp::Floor => self.b.ins().floor(x),
-            UnaryOp::Ceil => self.b.ins().ceil(x),
-            UnaryOp::Round => self.b.ins().nearest(x),
-            UnaryOp::Recip => self.b.ins().fdiv(one, x),
-            UnaryOp::Rsqrt => {
-                let s = self.b.ins().sqrt(x);
-                self.b.ins().fdiv(one, s)
-            }
-            UnaryOp::Relu => {
-                let keep = self.b.ins().fcmp(FloatCC::UnorderedOrGreaterThan, x, zero);
-                self.b.ins().select(keep, x, zero)
-            }
-            UnaryOp::Sign => {
-                let below = self.b.ins().fcmp(FloatCC::LessThan, x, zero);
-                let above = self.b.ins().fcmp(FloatCC::GreaterThan, x, zero);
-                let nonzero = self.b.ins().bor(below, above);
-                let signed_one = self.b.ins().fcopysign(one, x);
-                self.b.ins().select(nonzero, signed_one, x)
-            }
-            UnaryOp::Exp
-            | UnaryOp::Log
-            | UnaryOp::Tanh
-            | UnaryOp::Sigmoid
-            | UnaryOp::Softplus
-            | UnaryOp::Erf
-            | UnaryOp::Sin
-            | UnaryOp::Cos => unreachable!("`{}` calls its f64 helper", op.name()),
-            UnaryOp::Not => panic!("kernel codegen: `not` on floats"),
-        }
+        let lanes = &mut Clif::new(&mut self.b, dtype, vector);
+        crate::lanes::unary(lanes, op, x)
+            .unwrap_or_else(|| panic!("kernel codegen: `{}` on floats", op.name()))
     }
 
     pub(super) fn binary(
@@ -88,8 +64,7 @@ impl Gen<'_, '_> {
         vector: bool,
     ) -> CValue {
         if dtype.is_float() {
-            // The f32 bodies of these ops make no constants, so they serve f64 as well.
-            let lanes = &mut Clif { b: &mut self.b, vector };
+            let lanes = &mut Clif::new(&mut self.b, dtype, vector);
             if let Some(z) = crate::lanes::binary(lanes, op, x, y) {
                 return z;
             }
@@ -184,13 +159,13 @@ impl Gen<'_, '_> {
         if vector {
             return match (from, to) {
                 (DType::Bool, DType::F32) => {
-                    let lanes = &mut Clif { b: &mut self.b, vector };
+                    let lanes = &mut Clif::new(&mut self.b, to, vector);
                     let one = lanes.i(1.0f32.to_bits() as i32);
                     let bits = lanes.and(x, one);
                     lanes.from_bits(bits)
                 }
                 (DType::F32, DType::Bool) => {
-                    let zero = Clif { b: &mut self.b, vector }.f(0.0);
+                    let zero = Clif::new(&mut self.b, from, vector).f(0.0);
                     self.b.ins().fcmp(FloatCC::NotEqual, x, zero)
                 }
                 _ => panic!("kernel codegen: no vector cast from {from} to {to}"),

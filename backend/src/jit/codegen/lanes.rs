@@ -1,29 +1,43 @@
 //! [`Lanes`] over Cranelift values: the ops' bodies (`crate::lanes`) emitted inline into a
-//! kernel, on f32x4 lanes or on scalars.
+//! kernel, on f32x4 lanes, f32 scalars, or f64 scalars (the bodies of ops without helpers use
+//! no bit patterns of f32, so they serve f64 as they are).
 
 use crate::lanes::{Cmp, Lanes};
 use cranelift_codegen::ir::condcodes::FloatCC;
 use cranelift_codegen::ir::{InstBuilder, MemFlagsData, Type, Value, types};
 use cranelift_frontend::FunctionBuilder;
+use kiln_ir::DType;
 
-/// A function being built, and whether values are f32x4 lanes or scalars.
+/// A function being built, and the type of its float values: `F32X4`, `F32` or `F64`.
 pub(super) struct Clif<'a, 'b> {
-    pub b: &'a mut FunctionBuilder<'b>,
-    pub vector: bool,
+    b: &'a mut FunctionBuilder<'b>,
+    float: Type,
 }
 
-impl Clif<'_, '_> {
-    fn float(&self) -> Type {
-        if self.vector { types::F32X4 } else { types::F32 }
+impl<'a, 'b> Clif<'a, 'b> {
+    /// Values of `dtype` (f32 or f64), f32x4 lanes where `vector`.
+    pub(super) fn new(b: &'a mut FunctionBuilder<'b>, dtype: DType, vector: bool) -> Self {
+        let float = match (dtype, vector) {
+            (DType::F64, false) => types::F64,
+            (DType::F32, false) => types::F32,
+            (DType::F32, true) => types::F32X4,
+            _ => panic!("kernel codegen: no lanes of {dtype} (vector: {vector})"),
+        };
+        Clif { b, float }
     }
 
+    /// The integers as wide as the floats.
     fn int(&self) -> Type {
-        if self.vector { types::I32X4 } else { types::I32 }
+        match self.float {
+            types::F32X4 => types::I32X4,
+            types::F64 => types::I64,
+            _ => types::I32,
+        }
     }
 
     /// `m ? a : c`: vector masks select bitwise, as the values' type.
     fn pick(&mut self, m: Value, a: Value, c: Value) -> Value {
-        if !self.vector {
+        if !self.float.is_vector() {
             return self.b.ins().select(m, a, c);
         }
         let ty = self.b.func.dfg.value_type(a);
@@ -42,12 +56,23 @@ impl Lanes for Clif<'_, '_> {
     type M = Value;
 
     fn f(&mut self, x: f32) -> Value {
-        let s = self.b.ins().f32const(x);
-        if self.vector { self.b.ins().splat(types::F32X4, s) } else { s }
+        match self.float {
+            types::F64 => self.b.ins().f64const(f64::from(x)),
+            types::F32 => self.b.ins().f32const(x),
+            ty => {
+                let s = self.b.ins().f32const(x);
+                self.b.ins().splat(ty, s)
+            }
+        }
     }
     fn i(&mut self, x: i32) -> Value {
-        let s = self.b.ins().iconst(types::I32, i64::from(x));
-        if self.vector { self.b.ins().splat(types::I32X4, s) } else { s }
+        match self.int() {
+            types::I32X4 => {
+                let s = self.b.ins().iconst(types::I32, i64::from(x));
+                self.b.ins().splat(types::I32X4, s)
+            }
+            ty => self.b.ins().iconst(ty, i64::from(x)),
+        }
     }
     fn add(&mut self, a: Value, b: Value) -> Value {
         self.b.ins().fadd(a, b)
@@ -69,6 +94,18 @@ impl Lanes for Clif<'_, '_> {
     }
     fn abs(&mut self, a: Value) -> Value {
         self.b.ins().fabs(a)
+    }
+    fn copysign(&mut self, a: Value, sign: Value) -> Value {
+        if !self.float.is_vector() {
+            return self.b.ins().fcopysign(a, sign);
+        }
+        // x86 has no f32x4 `fcopysign` in Cranelift 0.135: by the bits.
+        let (a, sign) = (self.to_bits(a), self.to_bits(sign));
+        let mask = self.i(i32::MIN);
+        let sign = self.b.ins().band(sign, mask);
+        let a = self.b.ins().band_not(a, mask);
+        let bits = self.b.ins().bor(a, sign);
+        self.from_bits(bits)
     }
     fn sqrt(&mut self, a: Value) -> Value {
         self.b.ins().sqrt(a)
@@ -112,12 +149,10 @@ impl Lanes for Clif<'_, '_> {
         self.b.ins().bitcast(ty, MemFlagsData::new(), a)
     }
     fn from_bits(&mut self, a: Value) -> Value {
-        let ty = self.float();
-        self.b.ins().bitcast(ty, MemFlagsData::new(), a)
+        self.b.ins().bitcast(self.float, MemFlagsData::new(), a)
     }
     fn to_float(&mut self, a: Value) -> Value {
-        let ty = self.float();
-        self.b.ins().fcvt_from_sint(ty, a)
+        self.b.ins().fcvt_from_sint(self.float, a)
     }
     fn iadd(&mut self, a: Value, b: Value) -> Value {
         self.b.ins().iadd(a, b)

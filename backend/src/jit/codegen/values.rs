@@ -151,7 +151,7 @@ impl Gen<'_, '_> {
     pub(super) fn float_const(&mut self, dtype: DType, x: f64, vector: bool) -> CValue {
         match dtype {
             DType::F64 => self.b.ins().f64const(x),
-            _ => Clif { b: &mut self.b, vector }.f(x as f32),
+            _ => Clif::new(&mut self.b, DType::F32, vector).f(x as f32),
         }
     }
 }
