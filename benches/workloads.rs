@@ -128,7 +128,7 @@ fn paths(c: &mut Criterion) {
         let mut output = Array::zeros(DType::F32, &[rows, row]);
         let buffers = [input.data_ptr().cast_mut(), output.data_mut_ptr()];
         group.throughput(Throughput::Elements((rows * row) as u64));
-        for path in [jit::Path::Cranelift, jit::Path::Routines] {
+        for path in [jit::Path::Cranelift, jit::Path::Programs] {
             group.bench_function(
                 BenchmarkId::new(format!("{path:?}/softmax"), row),
                 |bench| {
@@ -161,7 +161,7 @@ fn xa_plus_b(c: &mut Criterion) {
     group
         .sample_size(20)
         .throughput(Throughput::Elements(1 << 20));
-    for path in [jit::Path::Cranelift, jit::Path::Routines] {
+    for path in [jit::Path::Cranelift, jit::Path::Programs] {
         group.bench_function(format!("{path:?}"), |bench| {
             // SAFETY: the kernel's one input and one output, contiguous, of its types.
             bench.iter(|| unsafe { kernel.execute_on(&buffers, &[], false, Some(path)) })

@@ -3,11 +3,12 @@
 //! A body is a branch-free sequence of lane operations — adds, fused multiply-adds, compares,
 //! selects, bit casts, integer shifts. Two implementations of [`Lanes`] compile it:
 //!
-//! - [`Scalar`], plain `f32` arithmetic, `#[inline(always)]`: inside a `#[target_feature]`
-//!   loop (the tile-program runner, the vector routines of [`crate::vecmath`]) LLVM vectorises
-//!   the body at the ISA's width — 16 lanes on AVX-512, 8 on AVX2;
+//! - [`Scalar`], plain `f32` arithmetic, `#[inline(always)]`: inside the tile-program runner's
+//!   loops, compiled under `#[target_feature]`, LLVM vectorises the body at the ISA's width —
+//!   16 lanes on AVX-512, 8 on AVX2 ([`crate::tile_program`], long rows);
 //! - Cranelift's values (`jit/codegen/lanes.rs`), which emit the same operations inline into
-//!   a kernel on f32x4 lanes or on scalars (short rows, row tails).
+//!   a kernel on f32x4 lanes or on scalars (short rows, row tails, and f64, whose cheap ops
+//!   use the same bodies).
 //!
 //! Every step is an exactly rounded IEEE operation or a bit operation, so the two compiled
 //! forms give the same bits by construction; `fmax`/`fmin` are the one pair whose meaning is
@@ -394,8 +395,8 @@ fn softplus<L: Lanes>(l: &mut L, x: L::F) -> L::F {
     l.add(pos, log1p)
 }
 
-/// Plain `f32` arithmetic: what the runner and the vector routines compile (and LLVM
-/// vectorises) the bodies as.
+/// Plain `f32` arithmetic: what the tile-program runner compiles (and LLVM vectorises) the
+/// bodies as.
 pub(crate) struct Scalar;
 
 /// x86's `maxps x, y`: `y` unless `x > y` (so `y` on NaN and on equal zeros).
@@ -590,6 +591,9 @@ mod tests {
         assert_eq!(unary_f32(UnaryOp::Relu, -0.0).to_bits(), 0.0f32.to_bits());
         assert!(unary_f32(UnaryOp::Relu, f32::NAN).is_nan());
         assert_eq!(unary_f32(UnaryOp::Sign, -2.5), -1.0);
-        assert_eq!(unary_f32(UnaryOp::Sign, -0.0).to_bits(), (-0.0f32).to_bits());
+        assert_eq!(
+            unary_f32(UnaryOp::Sign, -0.0).to_bits(),
+            (-0.0f32).to_bits()
+        );
     }
 }

@@ -3,12 +3,14 @@
 //! - [`interp`]: the reference interpreter — the oracle every compiled kernel is tested against.
 //! - [`array`]: host arrays of every Kiln dtype; [`state`]: the values of a module's state.
 //! - [`random`]: counter-based random numbers, the same whichever backend draws them.
-//! - [`jit`]: Cranelift kernels for `fused` regions (plan, code generation, f32 math).
+//! - [`jit`]: Cranelift kernels for `fused` regions (plan, code generation).
+//! - `lanes`: each f32 op's body, written once, that kernels emit inline and the runner
+//!   compiles per ISA; [`tile_program`]: that runner, a fused group's work over L1 tiles at
+//!   AVX-512 or AVX2 width.
 //! - [`exec`]: the compiled executor — a schedule of kernels, gemm matmuls and interpreter
 //!   steps over planned, reused buffers.
 //! - [`comm`]: communicators between ranks (threads of one process, or MPI processes) that
 //!   collective and point-to-point ops run on.
-//! - [`vecmath`]: exp, log, tanh, … over slices at AVX-512 or AVX2 width, which kernels call.
 //! - [`team`]: the threads kernels split their work over (helpers that spin between regions).
 //! - [`limits`]: the memory a run may ask for and the trips a loop may make.
 //! - [`debug`]: `KILN_DEBUG` levels.
@@ -23,13 +25,12 @@ pub mod debug;
 pub mod exec;
 pub mod interp;
 pub mod jit;
+pub(crate) mod lanes;
 pub mod limits;
 pub mod random;
 pub mod state;
 pub mod team;
-pub(crate) mod lanes;
-pub(crate) mod tile_program;
-pub mod vecmath;
+pub mod tile_program;
 
 pub use array::{Array, Element};
 pub use interp::{CustomOpError, CustomOps, Env, InterpError, Interpreter, unshare};

@@ -1,18 +1,20 @@
 //! Tile programs: a fused group's per-element work as a short list of whole-tile
-//! instructions, run at the ISA's full width by one routine per tile.
+//! instructions, run at the ISA's full width by one call of the runner per tile.
 //!
-//! Cranelift emits nothing wider than 128 bits on x86-64, so besides the transcendental
-//! functions ([`crate::vecmath`]) the cheap parts of a kernel — the multiply-adds around
-//! gelu's tanh, softmax's max, subtract, sum and scale — ran on f32x4 lanes. A kernel's
-//! tiled code now hands the whole group to [`run`]: each instruction reads and writes whole
-//! tiles (a few KiB, in L1), the way numexpr evaluates an expression block by block, so every
-//! step runs on 512-bit (or 256-bit) vectors and costs one dispatch per tile, not per element.
+//! Cranelift emits nothing wider than 128 bits on x86-64. A kernel's code for long rows
+//! hands each vectorised group to [`run`]: each instruction reads and writes whole tiles (a
+//! few KiB, in L1), the way numexpr evaluates an expression block by block, so every step runs
+//! on 512-bit (or 256-bit) vectors and costs one dispatch per tile, not per element. The
+//! runner is compiled once per ISA level ([`Isa`]: AVX-512, AVX2), chosen at run time.
 //!
-//! Every instruction mirrors the kernel's own Cranelift code step for step, so a tile program
-//! gives the same bits (the tests check it):
-//! - elementwise ops are single IEEE operations, or the same sequence Cranelift's x86 backend
-//!   lowers them to (`fmax`/`fmin`, `relu`, `sign`);
-//! - transcendental functions call the vector routines, which mirror `jit/math.rs`;
+//! An instruction computes each element by the op's one body (`crate::lanes`), the same body
+//! Cranelift emits into the kernel for short rows and row tails, so a tile program gives the
+//! same bits as the kernel's own code (the tests check it):
+//! - elementwise ops and transcendental functions are the bodies, compiled here as plain f32
+//!   code that LLVM vectorises at the ISA's width;
+//! - bools are masks (all bits set for true), as in Cranelift's vector code: comparisons
+//!   write them, selects pick bit by bit, `not`/`and`/`or`/`xor` work on their bits, and a
+//!   cast to f32 keeps the bits of `1.0`;
 //! - a sum keeps Cranelift's 16 partial sums (element `i` into partial `i mod 16`, in order);
 //! - a max or min may combine in any order: it is exact, and its NaN is made canonical when
 //!   the row's reduction finishes (on both paths).
@@ -27,8 +29,7 @@
 //! as they would in a loop that interleaved both.
 
 use crate::lanes::{binary_f32, unary_f32};
-use crate::vecmath::Isa;
-use kiln_ir::{BinaryOp, ReduceOp, UnaryOp};
+use kiln_ir::{BinaryOp, CompareOp, DTypeClass, ReduceOp, UnaryOp};
 use std::sync::OnceLock;
 
 /// Partial accumulators per reduction: Cranelift's 4 unrolled f32x4 accumulators of a loop
@@ -83,6 +84,28 @@ pub(crate) enum Instr {
         acc: u16,
         a: Operand,
     },
+    /// `dst = a op b` on f32 operands, as a mask: all bits set where it holds (bools are
+    /// masks in tiles, as in Cranelift's vector code; `not`, `and`, `or` and `xor` work on
+    /// their bits).
+    Compare {
+        op: CompareOp,
+        dst: u16,
+        a: Operand,
+        b: Operand,
+    },
+    /// `dst = c ? a : b`, bit by bit under the mask `c`.
+    Select {
+        dst: u16,
+        c: Operand,
+        a: Operand,
+        b: Operand,
+    },
+    /// A mask as f32 `1.0`/`0.0` (`to_f32`), or an f32 as the mask of where it is nonzero.
+    Cast {
+        to_f32: bool,
+        dst: u16,
+        a: Operand,
+    },
 }
 
 impl Instr {
@@ -92,7 +115,10 @@ impl Instr {
             Instr::Copy { dst, .. }
             | Instr::Unary { dst, .. }
             | Instr::Binary { dst, .. }
-            | Instr::Fused { dst, .. } => Some(dst),
+            | Instr::Fused { dst, .. }
+            | Instr::Compare { dst, .. }
+            | Instr::Select { dst, .. }
+            | Instr::Cast { dst, .. } => Some(dst),
             Instr::Reduce { .. } => None,
         }
     }
@@ -110,6 +136,9 @@ const UNARY: u64 = 1;
 const BINARY: u64 = 2;
 const REDUCE: u64 = 3;
 const FUSED: u64 = 4;
+const COMPARE: u64 = 5;
+const SELECT: u64 = 6;
+const CAST: u64 = 7;
 
 impl Operand {
     fn encode(self) -> u64 {
@@ -130,6 +159,21 @@ impl Operand {
 }
 
 impl Instr {
+    /// The instruction writing register `dst` instead.
+    pub(crate) fn with_destination(mut self, to: u16) -> Instr {
+        match &mut self {
+            Instr::Copy { dst, .. }
+            | Instr::Unary { dst, .. }
+            | Instr::Binary { dst, .. }
+            | Instr::Fused { dst, .. }
+            | Instr::Compare { dst, .. }
+            | Instr::Select { dst, .. }
+            | Instr::Cast { dst, .. } => *dst = to,
+            Instr::Reduce { .. } => {}
+        }
+        self
+    }
+
     /// The instruction with register `from` read and written as `to`.
     pub(crate) fn rename(&mut self, from: u16, to: u16) {
         let reg = |x: &mut u16| {
@@ -143,16 +187,16 @@ impl Instr {
             }
         };
         match self {
-            Instr::Copy { dst, a } | Instr::Unary { dst, a, .. } => {
+            Instr::Copy { dst, a } | Instr::Unary { dst, a, .. } | Instr::Cast { dst, a, .. } => {
                 reg(dst);
                 operand(a);
             }
-            Instr::Binary { dst, a, b, .. } => {
+            Instr::Binary { dst, a, b, .. } | Instr::Compare { dst, a, b, .. } => {
                 reg(dst);
                 operand(a);
                 operand(b);
             }
-            Instr::Fused { dst, a, b, c, .. } => {
+            Instr::Fused { dst, a, b, c, .. } | Instr::Select { dst, a, b, c } => {
                 reg(dst);
                 operand(a);
                 operand(b);
@@ -165,7 +209,8 @@ impl Instr {
     /// Appends the instruction's words: kind (4 bits), op (8: its index in the op table's
     /// `ALL`, which is its discriminant), destination (16), then operands of 16 bits each; a
     /// fused pair adds a word with its second op, `swap`, `c`, and its scale (bit 48 set when
-    /// it has one, its scalar in bits 32–47).
+    /// it has one, its scalar in bits 32–47); a select adds a word with its mask `c` in bits
+    /// 16–31.
     pub(crate) fn encode(self, out: &mut Vec<u64>) {
         let (kind, op, dst, a, b) = match self {
             Instr::Copy { dst, a } => (COPY, 0, dst, a, None),
@@ -175,6 +220,9 @@ impl Instr {
                 first, dst, a, b, ..
             } => (FUSED, first as u64, dst, a, Some(b)),
             Instr::Reduce { op, acc, a } => (REDUCE, op as u64, acc, a, None),
+            Instr::Compare { op, dst, a, b } => (COMPARE, op as u64, dst, a, Some(b)),
+            Instr::Select { dst, a, b, .. } => (SELECT, 0, dst, a, Some(b)),
+            Instr::Cast { to_f32, dst, a } => (CAST, u64::from(to_f32), dst, a, None),
         };
         let b = b.map_or(0, Operand::encode);
         out.push(kind | op << 4 | u64::from(dst) << 12 | a.encode() << 28 | b << 44);
@@ -188,6 +236,9 @@ impl Instr {
         {
             let scale = scale.map_or(0, |s| 1 << 48 | u64::from(s) << 32);
             out.push(then as u64 | u64::from(swap) << 8 | c.encode() << 16 | scale);
+        }
+        if let Instr::Select { c, .. } = self {
+            out.push(c.encode() << 16);
         }
     }
 
@@ -225,6 +276,21 @@ impl Instr {
                 };
                 return (instr, 2);
             }
+            SELECT => {
+                let c = Operand::decode(words[1] >> 16);
+                return (Instr::Select { dst, c, a, b }, 2);
+            }
+            COMPARE => Instr::Compare {
+                op: CompareOp::ALL[op],
+                dst,
+                a,
+                b,
+            },
+            CAST => Instr::Cast {
+                to_f32: op == 1,
+                dst,
+                a,
+            },
             _ => Instr::Reduce {
                 op: ReduceOp::ALL[op],
                 acc: dst,
@@ -235,11 +301,62 @@ impl Instr {
     }
 }
 
-/// Whether kernels use tile programs: unless `KILN_TILE_PROGRAMS=off` (read once), which
-/// leaves their tiled code calling only the transcendental routines, as before programs.
-pub(crate) fn enabled() -> bool {
-    static ENABLED: OnceLock<bool> = OnceLock::new();
-    *ENABLED.get_or_init(|| std::env::var("KILN_TILE_PROGRAMS").as_deref() != Ok("off"))
+/// The instruction-set level the runner is compiled for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Isa {
+    /// No runner: kernels keep their Cranelift f32x4 code.
+    Off,
+    /// 256-bit vectors with fused multiply-add.
+    Avx2,
+    /// 512-bit vectors.
+    Avx512,
+}
+
+impl Isa {
+    /// The level's name, as `KILN_VECTOR_MATH` spells it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Isa::Off => "off",
+            Isa::Avx2 => "avx2",
+            Isa::Avx512 => "avx512",
+        }
+    }
+
+    /// Every level, lowest first.
+    pub const ALL: [Isa; 3] = [Isa::Off, Isa::Avx2, Isa::Avx512];
+
+    /// Whether this CPU can run the level's runner.
+    pub fn supported(self) -> bool {
+        match self {
+            Isa::Off => true,
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx2 => is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma"),
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx512 => {
+                Isa::Avx2.supported()
+                    && is_x86_feature_detected!("avx512f")
+                    && is_x86_feature_detected!("avx512dq")
+            }
+            #[cfg(not(target_arch = "x86_64"))]
+            _ => false,
+        }
+    }
+}
+
+/// The level in use: the best the CPU has, capped by `KILN_VECTOR_MATH` (read once).
+pub fn isa() -> Isa {
+    static ISA: OnceLock<Isa> = OnceLock::new();
+    *ISA.get_or_init(|| {
+        let cap = match std::env::var("KILN_VECTOR_MATH").as_deref() {
+            Ok("off") => Isa::Off,
+            Ok("avx2") => Isa::Avx2,
+            _ => Isa::Avx512,
+        };
+        (Isa::ALL.into_iter())
+            .filter(|&i| i <= cap && i.supported())
+            .max()
+            .unwrap_or(Isa::Off)
+    })
 }
 
 /// The symbol kernels call the runner by.
@@ -265,7 +382,7 @@ enum Src {
 
 /// `d[i] = f(i)` for `i < n`. A plain counted loop, which LLVM vectorises at the ISA's width
 /// behind a check that `d` overlaps none of the pointers `f` reads: a result written over its
-/// own operand (a routine in place, an output over its stash) reads `d` itself, which the
+/// own operand (an output over its stash) reads `d` itself, which the
 /// callers spell as such, so the check passes.
 #[inline(always)]
 unsafe fn fill(d: *mut f32, n: usize, f: impl Fn(usize) -> f32) {
@@ -438,12 +555,76 @@ unsafe fn run(frame: *const u64, len: i64) {
                     let scale = scale.map(|s| *scalars.add(s as usize));
                     fused([first, then], swap, scale, tile(dst), abc, n)
                 }
+                Instr::Unary {
+                    op: UnaryOp::Not,
+                    dst,
+                    a,
+                } => map1(tile(dst), src(a), n, |x| bits(!x.to_bits())),
                 Instr::Unary { op, dst, a } => unary(op, tile(dst), src(a), n),
+                Instr::Binary { op, dst, a, b } if op.operand_class() == DTypeClass::Bool => {
+                    mask_logic(op, tile(dst), src(a), src(b), n)
+                }
                 Instr::Binary { op, dst, a, b } => binary(op, tile(dst), src(a), src(b), n),
+                Instr::Compare { op, dst, a, b } => compare(op, tile(dst), src(a), src(b), n),
+                Instr::Select { dst, c, a, b } => {
+                    let cab = [src(c), src(a), src(b)];
+                    map3(tile(dst), cab, n, |c, x, y| {
+                        let c = c.to_bits();
+                        bits(c & x.to_bits() | !c & y.to_bits())
+                    })
+                }
+                Instr::Cast { to_f32, dst, a } => match to_f32 {
+                    true => map1(tile(dst), src(a), n, |x| bits(x.to_bits() & ONE)),
+                    false => map1(tile(dst), src(a), n, |x| mask(x != 0.0)),
+                },
                 Instr::Reduce { op, acc, a } => {
                     reduce(op, accs.add(acc as usize * PARTIALS), src(a), n)
                 }
             }
+        }
+    }
+}
+
+/// The bits of `1.0`, what a mask cast to f32 keeps.
+const ONE: u32 = 0x3f80_0000;
+
+#[inline(always)]
+fn bits(x: u32) -> f32 {
+    f32::from_bits(x)
+}
+
+/// A bool as a mask: all bits set for true.
+#[inline(always)]
+fn mask(b: bool) -> f32 {
+    bits(if b { u32::MAX } else { 0 })
+}
+
+/// `d = a op b` on f32 operands, as masks.
+#[inline(always)]
+unsafe fn compare(op: CompareOp, d: *mut f32, a: Src, b: Src, n: usize) {
+    // SAFETY: the tiles hold `n` elements.
+    unsafe {
+        match op {
+            CompareOp::Eq => map2(d, a, b, n, |x, y| mask(x == y)),
+            CompareOp::Ne => map2(d, a, b, n, |x, y| mask(x != y)),
+            CompareOp::Lt => map2(d, a, b, n, |x, y| mask(x < y)),
+            CompareOp::Le => map2(d, a, b, n, |x, y| mask(x <= y)),
+            CompareOp::Gt => map2(d, a, b, n, |x, y| mask(x > y)),
+            CompareOp::Ge => map2(d, a, b, n, |x, y| mask(x >= y)),
+        }
+    }
+}
+
+/// `d = a op b` for the bool ops, bit by bit on masks.
+#[inline(always)]
+unsafe fn mask_logic(op: BinaryOp, d: *mut f32, a: Src, b: Src, n: usize) {
+    // SAFETY: the tiles hold `n` elements.
+    unsafe {
+        match op {
+            BinaryOp::And => map2(d, a, b, n, |x, y| bits(x.to_bits() & y.to_bits())),
+            BinaryOp::Or => map2(d, a, b, n, |x, y| bits(x.to_bits() | y.to_bits())),
+            BinaryOp::Xor => map2(d, a, b, n, |x, y| bits(x.to_bits() ^ y.to_bits())),
+            _ => unreachable!("`{}` is not a bool op", op.name()),
         }
     }
 }

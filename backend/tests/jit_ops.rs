@@ -4,7 +4,7 @@
 //! lengths with and without a vector tail, and non-contiguous inputs.
 
 use kiln_backend::jit::{self, KernelError, Path, Status};
-use kiln_backend::vecmath::{self, Isa};
+use kiln_backend::tile_program::{self, Isa};
 use kiln_backend::{Array, Interpreter, StateStore};
 use kiln_ir::{
     BinaryOp, BuildResult, CompareOp, Cost, DType, DTypeClass, Dim, FunctionBuilder, Helper,
@@ -157,13 +157,13 @@ fn check(
         Interpreter::new(&module).run_function(&func, inputs.clone(), &mut StateStore::default());
     let kernel = jit::kernel(&func).unwrap_or_else(|e| panic!("{what}: {e}\n{func}"));
     let refs: Vec<&Array> = inputs.iter().collect();
-    // Both codes of each stage (Cranelift's alone, and with vector routines where a stage has
+    // Both codes of each stage (Cranelift's alone, and with tile programs where a stage has
     // them) against the interpreter, and against each other: they give the same bits, but
     // for a NaN's sign and payload (which operand's NaN an op passes on differs between the
     // two compilers' code, as a random input with NaNs showed).
-    let on_routines = kernel.call_with(&refs, Path::Routines);
+    let on_programs = kernel.call_with(&refs, Path::Programs);
     let got = kernel.call_with(&refs, Path::Cranelift);
-    if let (Ok(a), Ok(b)) = (&got, &on_routines) {
+    if let (Ok(a), Ok(b)) = (&got, &on_programs) {
         for (x, y) in a.iter().zip(b) {
             let bits = |v: &Array| {
                 v.to_f64_vec()
@@ -174,7 +174,7 @@ fn check(
             assert_eq!(bits(x), bits(y), "{what}: the two paths differ\n{func}");
         }
     }
-    assert_eq!(got.is_ok(), on_routines.is_ok(), "{what}");
+    assert_eq!(got.is_ok(), on_programs.is_ok(), "{what}");
     match (got, want) {
         (Ok(got), Ok(want)) => {
             assert_eq!(got.len(), want.len());
@@ -559,9 +559,9 @@ fn fused_patterns() {
 }
 
 /// Rows long enough for tiles (512 elements), and not multiples of the vector width: the
-/// kernels' transcendental functions go to vector routines on tiles, with a scalar tail.
+/// kernels' groups run as tile programs, with a scalar tail.
 #[test]
-fn vector_routines_on_tiles() {
+fn long_rows_in_tile_programs() {
     let mut g = Gen(11);
     let n = Dim::sym("N");
     let rows = |c: usize| Type::new(DType::F32, Shape(vec![n.clone(), Dim::Fixed(c)]));
@@ -601,7 +601,7 @@ fn vector_routines_on_tiles() {
             let s = b.reduce(ReduceOp::Sum, e, vec![1], true)?;
             Ok(vec![b.div(e, s)?])
         });
-        // Calls whose arguments read other calls (two phases), and several ops in one tile.
+        // Transcendentals of transcendentals, and several ops in one tile.
         check("nested", &[rows(c)], vec![x.clone()], SUMS, |b, a| {
             let t = b.unary(UnaryOp::Tanh, a[0])?;
             let e = b.unary(UnaryOp::Exp, t)?;
@@ -738,17 +738,13 @@ fn a_stage_with_both_codes_chooses_one_by_its_row_length() {
     let func = b.finish(&[z]).unwrap();
     let kernel = jit::kernel(&func).unwrap();
     let stage = &kernel.stages[0];
-    if vecmath::isa() == Isa::Off {
-        assert!(stage.routines.is_none());
+    if tile_program::isa() == Isa::Off {
+        assert!(stage.programs.is_none());
         return;
     }
-    let program: &[&str] = match std::env::var("KILN_TILE_PROGRAMS").as_deref() {
-        Ok("off") => &[],
-        _ => &["tile program"],
-    };
-    assert_eq!(stage.routine_ops, [&["exp", "tanh"], program].concat());
-    assert_eq!(stage.path_for(jit::ROUTINES_MIN_ROW), Path::Routines);
-    assert_eq!(stage.path_for(jit::ROUTINES_MIN_ROW - 1), Path::Cranelift);
+    assert_eq!(stage.program_ops, ["exp", "tanh", "tile program"]);
+    assert_eq!(stage.path_for(jit::PROGRAMS_MIN_ROW), Path::Programs);
+    assert_eq!(stage.path_for(jit::PROGRAMS_MIN_ROW - 1), Path::Cranelift);
     let input = Gen(12).array(DType::F32, &[64, 1024], false, false);
     let first = kernel.call(&[&input]).unwrap();
     for _ in 0..10 {
@@ -756,13 +752,13 @@ fn a_stage_with_both_codes_chooses_one_by_its_row_length() {
     }
 }
 
-/// The ISA level the routines run at in this process, named in the output: when a parent
+/// The ISA level tile programs run at in this process, named in the output: when a parent
 /// test (or CI, on a machine with AVX-512) sets `KILN_EXPECT_ISA`, it must be that one; with no
 /// cap, it is the best this CPU has, so no test silently runs below the machine's width.
 #[test]
 fn isa_in_use() {
-    let isa = vecmath::isa();
-    eprintln!("vector routines run at: {}", isa.name());
+    let isa = tile_program::isa();
+    eprintln!("tile programs run at: {}", isa.name());
     if let Ok(expected) = std::env::var("KILN_EXPECT_ISA") {
         assert_eq!(isa.name(), expected);
     }
@@ -772,31 +768,30 @@ fn isa_in_use() {
     }
 }
 
-/// The differential tests again in child processes whose `KILN_VECTOR_MATH` caps the routines
-/// at each lower level — AVX2, and off (Cranelift's code alone, as on a CPU without AVX2) —
-/// and once with `KILN_TILE_PROGRAMS=off` (tiles calling only the transcendental routines),
-/// so every code shipped is checked against the interpreter on this machine.
+/// The differential tests again in child processes whose `KILN_VECTOR_MATH` caps the tile
+/// programs at each lower level — AVX2, and off (Cranelift's code alone, as on a CPU without
+/// AVX2) — so every code shipped is checked against the interpreter on this machine.
 #[test]
 fn differential_tests_at_every_isa_level() {
     let exe = std::env::current_exe().expect("the test binary");
-    for (cap, programs) in [(Isa::Off, "on"), (Isa::Avx2, "on"), (Isa::Avx512, "off")] {
+    for cap in [Isa::Off, Isa::Avx2] {
         let expected = (Isa::ALL.into_iter())
             .filter(|&i| i <= cap && i.supported())
             .max()
             .expect("off is always supported");
         let out = std::process::Command::new(&exe)
             .args(["--exact", "isa_in_use", "unary_ops", "fused_patterns"])
-            .args(["vector_routines_on_tiles", "every_op_in_a_tile_program"])
+            .args(["long_rows_in_tile_programs", "every_op_in_a_tile_program"])
+            .args(["masks_in_tile_programs"])
             .args(["--test-threads", "1"])
             .env("KILN_VECTOR_MATH", cap.name())
             .env("KILN_EXPECT_ISA", expected.name())
-            .env("KILN_TILE_PROGRAMS", programs)
             .output()
             .expect("the test binary runs");
         let stdout = String::from_utf8_lossy(&out.stdout);
         assert!(
-            out.status.success() && stdout.contains("5 passed"),
-            "KILN_VECTOR_MATH={} KILN_TILE_PROGRAMS={programs}:\n{stdout}\n{}",
+            out.status.success() && stdout.contains("6 passed"),
+            "KILN_VECTOR_MATH={}:\n{stdout}\n{}",
             cap.name(),
             String::from_utf8_lossy(&out.stderr)
         );
@@ -914,22 +909,92 @@ fn a_program_reading_a_register_twice_frees_its_tile_once() {
     );
 }
 
-/// Every transcendental function of the op table has its vector routine at every ISA level
-/// the CPU has: a table row added without its `routines!` entry fails here, not by leaving a
-/// kernel slower (the program then leaves that group to Cranelift's code).
+/// The masks' ops — comparisons, selects, bool logic, casts between f32 and bool — in the
+/// groups tile programs run, on rows long and short, beside a transcendental: their programs
+/// against the interpreter and against Cranelift's bits (in `check`).
+fn mask_groups(b: &mut FunctionBuilder, a: &[Value]) -> BuildResult<Vec<Value>> {
+    let lt = b.compare(CompareOp::Lt, a[0], a[1])?;
+    let one = b.scalar(DType::F32, 1.0)?;
+    let gt = b.compare(CompareOp::Gt, a[0], one)?;
+    let not_gt = b.unary(UnaryOp::Not, gt)?;
+    let both = b.binary(BinaryOp::And, lt, not_gt)?;
+    let either = b.binary(BinaryOp::Or, lt, gt)?;
+    let neither = b.binary(BinaryOp::Xor, both, either)?;
+    let as_float = b.cast(neither, DType::F32)?;
+    let e = b.unary(UnaryOp::Exp, a[1])?;
+    let picked = b.select(both, e, as_float)?;
+    let nonzero = b.cast(a[0], DType::Bool)?;
+    let masked = b.select(nonzero, picked, a[1])?;
+    // A row-level bool: a comparison of two scalars.
+    let zero = b.scalar(DType::F32, 0.0)?;
+    let always = b.compare(CompareOp::Le, zero, one)?;
+    let shape = b.value_type(a[0]).shape.clone();
+    let always = b.broadcast_to(always, &shape)?;
+    let kept = b.select(always, masked, zero)?;
+    let relu_grad = b.compare(CompareOp::Ge, a[0], zero)?;
+    let relu_grad = b.select(relu_grad, a[1], zero)?;
+    Ok(vec![kept, relu_grad])
+}
+
 #[test]
-fn every_transcendental_has_its_routine() {
-    for isa in [Isa::Avx512, Isa::Avx2] {
-        if !isa.supported() {
-            continue;
+fn masks_in_tile_programs() {
+    let mut g = Gen(13);
+    for shape in [&[3, 37][..], &[2, 130], &[1029]] {
+        let ty = Type::new(DType::F32, fixed(shape));
+        let types = [ty.clone(), ty];
+        let mut inputs = vec![
+            g.array(DType::F32, shape, true, false),
+            g.array(DType::F32, shape, true, false),
+        ];
+        // Zeros and equal pairs, so that every comparison and cast has both answers.
+        if let (Array::F32(a), Array::F32(b)) = (&inputs[0].clone(), &mut inputs[1]) {
+            (b.iter_mut().zip(a.iter()).step_by(3)).for_each(|(y, x)| *y = *x);
         }
-        for &op in UnaryOp::ALL {
-            let transcendental = op.cost() == kiln_ir::Cost::Transcendental;
-            let has = vecmath::routine(op, isa).is_some();
-            // sin and cos are transcendental but call scalar helpers (no f32 vector form).
-            if transcendental && op.vector_form() == kiln_ir::VectorForm::F32x4 {
-                assert!(has, "`{}` has no {isa:?} routine", op.name());
-            }
+        if let Array::F32(a) = &mut inputs[0] {
+            a.iter_mut().step_by(5).for_each(|x| *x = 0.0);
+        }
+        check(
+            &format!("masks {shape:?}"),
+            &types,
+            inputs,
+            APPROX,
+            mask_groups,
+        );
+    }
+}
+
+/// Every op with an f32 vector form, and the masks' ops, run in a tile program where the CPU
+/// runs them (a group a program cannot hold falls back to Cranelift's 128-bit code, slower
+/// but right, so only this test would notice).
+#[test]
+fn every_vector_op_runs_in_a_tile_program() {
+    if tile_program::isa() == Isa::Off {
+        return;
+    }
+    let ty = Type::new(DType::F32, fixed(&[1029]));
+    let in_program = |what: &str, build: &dyn Fn(&mut FunctionBuilder, Value, Value) -> Value| {
+        let mut b = FunctionBuilder::new("k");
+        let (x, y) = (b.arg("x", ty.clone()), b.arg("y", ty.clone()));
+        let z = build(&mut b, x, y);
+        let func = b.finish(&[z]).unwrap();
+        let kernel = jit::kernel(&func).unwrap();
+        let ops = &kernel.stages[0].program_ops;
+        assert!(
+            ops.contains(&"tile program"),
+            "{what}: no tile program\n{func}"
+        );
+    };
+    for &op in UnaryOp::ALL {
+        if op.vector_form() == kiln_ir::VectorForm::F32x4 && accepts(op.operand_class(), DType::F32)
+        {
+            in_program(op.name(), &|b, x, _| b.unary(op, x).unwrap());
         }
     }
+    for &op in BinaryOp::ALL {
+        if op.vector_form() == kiln_ir::VectorForm::F32x4 && accepts(op.operand_class(), DType::F32)
+        {
+            in_program(op.name(), &|b, x, y| b.binary(op, x, y).unwrap());
+        }
+    }
+    in_program("masks", &|b, x, y| mask_groups(b, &[x, y]).unwrap()[0]);
 }

@@ -1,11 +1,12 @@
-//! The f32 approximations the JIT writes in Cranelift IR (exp, log, tanh, sigmoid, erf),
-//! measured against the same functions computed in f64 and rounded to f32, over a sweep of
-//! inputs. The maximum errors found are documented in `backend/src/jit/math.rs` and the
-//! book's compiled-execution chapter; this test fails if a change makes any of them worse.
+//! The f32 approximations of the ops' bodies (exp, log, tanh, sigmoid, erf, softplus),
+//! measured in compiled kernels against the same functions computed in f64 and rounded to
+//! f32, over a sweep of inputs. The maximum errors found are documented in
+//! `backend/src/lanes.rs` and the book's compiled-execution chapter; this test fails if a
+//! change makes any of them worse.
 
 use kiln_backend::Array;
 use kiln_backend::jit::{self, Path};
-use kiln_backend::vecmath::{self, Isa};
+use kiln_backend::tile_program;
 use kiln_ir::{DType, Dim, FunctionBuilder, Shape, Type, UnaryOp};
 use ndarray::{ArrayD, IxDyn};
 
@@ -54,18 +55,18 @@ fn log_sweep(n_per_binade: usize) -> Vec<f32> {
 }
 
 fn run(op: UnaryOp, xs: &[f32]) -> Vec<f32> {
+    // Cranelift's own code: the tile programs are held to its bits below.
+    run_on(op, xs, Path::Cranelift)
+}
+
+fn run_on(op: UnaryOp, xs: &[f32], path: Path) -> Vec<f32> {
     let mut b = FunctionBuilder::new("k");
     let x = b.arg("x", Type::new(DType::F32, Shape(vec![Dim::sym("N")])));
     let y = b.unary(op, x).unwrap();
     let func = b.finish(&[y]).unwrap();
     let kernel = jit::kernel(&func).unwrap();
     let input = Array::F32(ArrayD::from_shape_vec(IxDyn(&[xs.len()]), xs.to_vec()).unwrap());
-    // Cranelift's own code: the routines are held to its bits below.
-    match kernel
-        .call_with(&[&input], Path::Cranelift)
-        .unwrap()
-        .remove(0)
-    {
+    match kernel.call_with(&[&input], path).unwrap().remove(0) {
         Array::F32(a) => a.iter().copied().collect(),
         _ => unreachable!(),
     }
@@ -186,16 +187,16 @@ fn special_values_match_the_standard_library() {
     }
 }
 
-/// The vector routines at every ISA level this CPU has give the Cranelift code's bits, so the
-/// errors measured above hold for them too.
+/// The tile programs at the ISA level in use give the Cranelift code's bits, so the errors
+/// measured above hold for them too (`jit_ops`'s differential tests run at the lower levels).
 #[test]
-fn vector_routines_give_the_kernels_bits() {
+fn tile_programs_give_the_kernels_bits() {
     let n = 200_001;
     let specials = [&SPECIALS[..], &[-1e-45, f32::MAX, f32::MIN]].concat();
-    let mut tested = 0;
+    let mut tested = Vec::new();
     for &op in UnaryOp::ALL {
-        let levels = [Isa::Avx2, Isa::Avx512];
-        if levels.iter().all(|&i| vecmath::routine(op, i).is_none()) {
+        let transcendental = op.cost() == kiln_ir::Cost::Transcendental;
+        if !transcendental || op.vector_form() != kiln_ir::VectorForm::F32x4 {
             continue;
         }
         let mut xs = match op {
@@ -204,32 +205,23 @@ fn vector_routines_give_the_kernels_bits() {
         };
         xs.extend(&specials);
         let want = run(op, &xs);
-        for isa in [Isa::Avx2, Isa::Avx512] {
-            let mut got = xs.clone();
-            if !vecmath::apply(op, isa, &mut got) {
-                continue;
-            }
-            tested += 1;
-            for ((x, g), w) in xs.iter().zip(&got).zip(&want) {
-                assert!(
-                    g.to_bits() == w.to_bits() || (g.is_nan() && w.is_nan()),
-                    "{}({x}) at {}: {g}, the kernel gives {w}",
-                    op.name(),
-                    isa.name()
-                );
-            }
+        let got = run_on(op, &xs, Path::Programs);
+        for ((x, g), w) in xs.iter().zip(&got).zip(&want) {
+            assert!(
+                g.to_bits() == w.to_bits() || (g.is_nan() && w.is_nan()),
+                "{}({x}) in a tile program at {}: {g}, Cranelift's code gives {w}",
+                op.name(),
+                tile_program::isa().name()
+            );
         }
+        tested.push(op.name());
     }
-    // Six functions at each level the CPU has (none on a CPU without AVX2), named.
-    let levels: Vec<&str> = (([Isa::Avx2, Isa::Avx512].iter()).filter(|i| i.supported()))
-        .map(|i| i.name())
-        .collect();
-    eprintln!("vector routines checked at: {levels:?}");
-    assert_eq!(tested, 6 * levels.len());
+    eprintln!(
+        "tile programs at {} checked for {tested:?}",
+        tile_program::isa().name()
+    );
+    assert_eq!(tested.len(), 6);
     if let Ok(expected) = std::env::var("KILN_EXPECT_ISA") {
-        assert!(
-            expected == "off" || levels.contains(&expected.as_str()),
-            "{expected} untested"
-        );
+        assert_eq!(tile_program::isa().name(), expected, "{expected} untested");
     }
 }

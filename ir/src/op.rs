@@ -9,25 +9,23 @@
 //! place matches on [`Op`] (or the table's enum) exhaustively, so a new op that the table knows
 //! but a backend does not is a compile error.
 //!
-//! The checklist for a new elementwise op (what a transcendental such as `softplus` touches;
-//! issue 25 is merging the vector paths of step 4 into one):
+//! The checklist for a new elementwise op (what a transcendental such as `softplus` touches):
 //!
 //! 1. its row in the table here;
 //! 2. its scalar function in the interpreter (`kiln-backend`, `interp/kernels.rs`; the JIT's
 //!    helper symbols call the same function) — a compile error until written;
 //! 3. its gradient rule (`kiln-passes`, `autodiff/rules.rs`) — a compile error until written;
-//! 4. its f32 kernel code, unless its row says `F32AndF64` helpers: Cranelift's in
-//!    `jit/codegen/elementwise.rs`, the tile-program runner's in `tile_program.rs`, and
-//!    whether it has a vector routine (`vecmath::routine`'s match) — each a compile error
-//!    until written; for a new approximation, its polynomial in `jit/math.rs`, the same body
-//!    in `vecmath.rs` and its `routines!` entry there (the test
-//!    `every_transcendental_has_its_routine` fails until written; until then its groups stay
-//!    in Cranelift's code);
+//! 4. its one vector body, unless its row says `F32AndF64` helpers: the arm of
+//!    `kiln-backend`'s `lanes::unary` (or `binary`), written over the `Lanes` trait — the same
+//!    body becomes Cranelift's inline code (f32x4, f32 and f64 scalars) and the tile-program
+//!    runner's at AVX-512/AVX2 width; and, for an op the table accepts on integers, its
+//!    integer code in `jit/codegen/elementwise.rs` (else its name in that match's list of
+//!    float-only ops) — each a compile error until written;
 //! 5. tests: hand values in `backend/tests/interp_ops.rs`, its domain in the exhaustive match of
 //!    `passes/tests/grad_check.rs` (a compile error until added), and for a new approximation
-//!    its ULP bound in `backend/tests/math_ulp.rs`, which also checks the polynomial and the
-//!    routine agree bit for bit. The JIT differential tests iterate the table, so they cover
-//!    it already.
+//!    its ULP bound in `backend/tests/math_ulp.rs`. The JIT differential tests iterate the
+//!    table (each op against the interpreter on both compiled forms, and the two forms bit for
+//!    bit), so they cover it already.
 //!
 //! `scripts/checklist_op.sh` (run by CI) proves it: it adds a throwaway op, `cube`, to a copy of
 //! the workspace by these steps and checks that after each the compiler names exactly the

@@ -90,18 +90,18 @@ impl Executable {
                     } else {
                         "rows split across threads"
                     };
-                    let routines = match code.routines {
+                    let code = match code.programs {
                         Some(_) => format!(
                             "; Cranelift code in f32x4 lanes, and on rows of ≥ {} elements \
-                             vector routines ({}) for {}",
-                            crate::jit::ROUTINES_MIN_ROW,
-                            crate::vecmath::isa().name(),
-                            code.routine_ops.join(", ")
+                             tile programs at {} width ({})",
+                            crate::jit::PROGRAMS_MIN_ROW,
+                            crate::tile_program::isa().name(),
+                            code.program_ops.join(", ")
                         ),
                         None => "; Cranelift code in f32x4 lanes".to_owned(),
                     };
                     format!(
-                        "over {}: writes {}; {how}{routines}",
+                        "over {}: writes {}; {how}{code}",
                         stage.domain,
                         values.join(", ")
                     )

@@ -18,9 +18,9 @@
 //! `2` also prints its Cranelift IR, `3` its machine code.
 
 pub(crate) mod codegen;
-mod symbols;
 pub(crate) mod plan;
 mod shape;
+mod symbols;
 
 use crate::Array;
 use crate::debug;
@@ -108,37 +108,36 @@ pub struct Kernel {
 pub enum Path {
     /// Cranelift's code alone (f32x4 lanes).
     Cranelift,
-    /// Cranelift's code calling vector routines on tiles of a row.
-    Routines,
+    /// Cranelift's code running its vectorised groups as tile programs (the runner, at the
+    /// ISA's width).
+    Programs,
 }
 
-/// A stage with both codes runs the routines on rows of at least this many elements, and
-/// Cranelift's code alone on shorter ones, where setting up a row's tiles costs more than the
-/// routines save. Measured (`cargo bench --bench workloads -- paths`, a softmax over 2²⁰
-/// elements, AVX-512): routines 6.8 ms against 2.1 ms for rows of 16, 1.47 against 1.48 ms for
-/// rows of 96, 1.19 against 1.46 ms for 128, 0.50 against 1.38 ms for 2048. Elementwise
-/// kernels are one long row, so they always take the routines. The rule depends only on the
-/// shapes, so a program always runs the same code (it replaced a choice by timing the first
-/// calls).
-pub const ROUTINES_MIN_ROW: i64 = 128;
+/// A stage with both codes runs its tile programs on rows of at least this many elements,
+/// and Cranelift's code alone on shorter ones, where a runner call per tile costs more than
+/// the full width saves (`cargo bench --bench workloads -- paths`, a softmax over 2²⁰
+/// elements; figures in BENCHMARKS.md). Elementwise kernels are one long row, so they always
+/// take the programs. The rule depends only on the shapes, so a program always runs the same
+/// code.
+pub const PROGRAMS_MIN_ROW: i64 = 128;
 
-/// One stage's generated code: Cranelift's alone, and, when the stage has transcendental
-/// functions on vectorised rows, a second code that gives them to vector routines on tiles.
-/// Calls take the second on rows of at least [`ROUTINES_MIN_ROW`] elements.
+/// One stage's generated code: Cranelift's alone, and, when a vectorised group of the stage
+/// is a tile program, a second code that runs it. Calls take the second on rows of at least
+/// [`PROGRAMS_MIN_ROW`] elements.
 pub struct StageCode {
     /// Cranelift's code alone.
     pub cranelift: StageFn,
-    /// The code calling vector routines ([`crate::vecmath`]) on tiles of a row.
-    pub routines: Option<StageFn>,
-    /// The functions the routines compute, by name.
-    pub routine_ops: Vec<&'static str>,
+    /// The code running tile programs ([`crate::tile_program`]).
+    pub programs: Option<StageFn>,
+    /// What the programs compute: their transcendental functions by name, then "tile program".
+    pub program_ops: Vec<&'static str>,
 }
 
 impl StageCode {
     /// The path a call over rows of `row_len` elements takes.
     pub fn path_for(&self, row_len: i64) -> Path {
-        match self.routines {
-            Some(_) if row_len >= ROUTINES_MIN_ROW => Path::Routines,
+        match self.programs {
+            Some(_) if row_len >= PROGRAMS_MIN_ROW => Path::Programs,
             _ => Path::Cranelift,
         }
     }
@@ -272,8 +271,8 @@ impl Kernel {
                 .saturating_mul(self.cost[index]);
             let compiled = &self.stages[index];
             let path = path.unwrap_or_else(|| compiled.path_for(row_len));
-            let f = match (path, compiled.routines) {
-                (Path::Routines, Some(f)) => f,
+            let f = match (path, compiled.programs) {
+                (Path::Programs, Some(f)) => f,
                 _ => compiled.cranelift,
             };
             let chunks = if threads && stage.parallel() && work >= PARALLEL_WORK {
@@ -365,11 +364,9 @@ fn jit() -> &'static Mutex<Jit> {
             .expect("the host ISA builds");
         let mut builder = JITBuilder::with_isa(isa, default_libcall_names());
         symbols::register_symbols(&mut builder);
-        let mut module = JITModule::new(builder);
-        let mut ctx = module.make_context();
-        let mut builder = FunctionBuilderContext::new();
-        codegen::define_trampolines(&mut module, &mut ctx, &mut builder)
-            .expect("the vector routines' trampolines compile");
+        let module = JITModule::new(builder);
+        let ctx = module.make_context();
+        let builder = FunctionBuilderContext::new();
         Mutex::new(Jit {
             module,
             ctx,
@@ -424,21 +421,21 @@ pub fn kernel(func: &Function) -> Result<Arc<Kernel>, JitError> {
     let (stages, code_size) = jit.compile(&plan, func)?;
     drop(jit);
     if debug::level() >= 1 {
-        let routines: Vec<String> = (stages.iter().enumerate())
-            .filter(|(_, s)| s.routines.is_some())
-            .map(|(i, s)| format!("stage {i}: {}", s.routine_ops.join(", ")))
+        let programs: Vec<String> = (stages.iter().enumerate())
+            .filter(|(_, s)| s.programs.is_some())
+            .map(|(i, s)| format!("stage {i}: {}", s.program_ops.join(", ")))
             .collect();
-        let routines = if routines.is_empty() {
+        let programs = if programs.is_empty() {
             String::new()
         } else {
             format!(
-                "; vector routines ({}) for {}",
-                crate::vecmath::isa().name(),
-                routines.join("; ")
+                "; tile programs ({}) for {}",
+                crate::tile_program::isa().name(),
+                programs.join("; ")
             )
         };
         eprintln!(
-            "kiln: compiled a kernel of {} stages, {code_size} bytes{routines}",
+            "kiln: compiled a kernel of {} stages, {code_size} bytes{programs}",
             plan.stages.len()
         );
     }
@@ -461,19 +458,19 @@ pub fn kernel(func: &Function) -> Result<Arc<Kernel>, JitError> {
 }
 
 impl Jit {
-    /// Compiles every stage of `plan` — with vector routines first; if the stage gave them
-    /// nothing, that code is Cranelift's alone, else Cranelift's alone is compiled too — then
-    /// finalises and takes the pointers. Returns the stages' code and its total size.
+    /// Compiles every stage of `plan` — with tile programs first; if the stage has none, that
+    /// code is Cranelift's alone, else Cranelift's alone is compiled too — then finalises and
+    /// takes the pointers. Returns the stages' code and its total size.
     fn compile(
         &mut self,
         plan: &KernelPlan,
         func: &Function,
     ) -> Result<(Vec<StageCode>, usize), JitError> {
-        let routines = crate::vecmath::isa() != crate::vecmath::Isa::Off;
+        let programs = crate::tile_program::isa() != crate::tile_program::Isa::Off;
         let mut ids = Vec::new();
         let mut code_size = 0;
         for index in 0..plan.stages.len() {
-            let (first, ops) = self.compile_stage(plan, func, index, routines, &mut code_size)?;
+            let (first, ops) = self.compile_stage(plan, func, index, programs, &mut code_size)?;
             let (cranelift, tiled) = if ops.is_empty() {
                 (first, None)
             } else {
@@ -491,10 +488,10 @@ impl Jit {
             unsafe { std::mem::transmute::<*const u8, StageFn>(code) }
         };
         let stages = (ids.into_iter())
-            .map(|(cranelift, tiled, routine_ops)| StageCode {
+            .map(|(cranelift, tiled, program_ops)| StageCode {
                 cranelift: pointer(cranelift),
-                routines: tiled.map(pointer),
-                routine_ops,
+                programs: tiled.map(pointer),
+                program_ops,
             })
             .collect();
         Ok((stages, code_size))
@@ -506,7 +503,7 @@ impl Jit {
         plan: &KernelPlan,
         func: &Function,
         index: usize,
-        routines: bool,
+        programs: bool,
         code_size: &mut usize,
     ) -> Result<(FuncId, Vec<&'static str>), JitError> {
         // A failed or interrupted compilation may have left the context dirty.
@@ -532,12 +529,12 @@ impl Jit {
             &mut self.builder,
             plan,
             index,
-            routines,
+            programs,
         )?;
         let which = if ops.is_empty() {
             String::new()
         } else {
-            format!(" (vector routines for {})", ops.join(", "))
+            format!(" ({})", ops.join(", "))
         };
         if debug::level() >= 2 {
             eprintln!(

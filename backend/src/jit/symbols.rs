@@ -1,7 +1,7 @@
 //! The symbols compiled kernels call, made known to the JIT: each op's scalar helper (the
 //! interpreter's own function, for ops whose table row names one — `sin`, `cos`, `pow` and
-//! every f64 transcendental — a cold path, a call per element), the vector routines of the ISA
-//! in use, and the tile-program runner.
+//! every f64 transcendental — a cold path, a call per element), and the tile-program runner
+//! of the ISA in use.
 
 use cranelift_jit::JITBuilder;
 use kiln_ir::{BinaryOp, DType, UnaryOp};
@@ -36,17 +36,10 @@ extern "C" fn pow64(x: f64, y: f64) -> f64 {
     kernels::pow(x, y)
 }
 
-/// Makes every helper symbol of the op table, and the vector routines of the ISA in use,
-/// known to the JIT (its fallback lookup finds only
-/// symbols already loaded, so each is registered here).
+/// Makes every helper symbol of the op table, and the runner of the ISA in use, known to the
+/// JIT (its fallback lookup finds only symbols already loaded, so each is registered here).
 pub(super) fn register_symbols(builder: &mut JITBuilder) {
-    let isa = crate::vecmath::isa();
-    for &op in UnaryOp::ALL {
-        if let Some(routine) = crate::vecmath::routine(op, isa) {
-            builder.symbol(crate::vecmath::symbol(op), routine as *const u8);
-        }
-    }
-    if let Some(runner) = crate::tile_program::runner(isa) {
+    if let Some(runner) = crate::tile_program::runner(crate::tile_program::isa()) {
         builder.symbol(crate::tile_program::SYMBOL, runner as *const u8);
     }
     for &op in UnaryOp::ALL {

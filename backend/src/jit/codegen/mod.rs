@@ -17,9 +17,8 @@
 //! everything else (f64, integers, bool in memory, ops whose table row says `Scalar`) runs scalar.
 
 use super::JitError;
-use crate::lanes::Lanes;
-use lanes::Clif;
 use super::plan::{self, KernelPlan, Mapping, RowRole};
+use crate::lanes::Lanes;
 use cranelift_codegen::ir::condcodes::{FloatCC, IntCC};
 use cranelift_codegen::ir::{
     AbiParam, Block, FuncRef, InstBuilder, MemFlagsData, StackSlotData, StackSlotKind,
@@ -29,6 +28,7 @@ use cranelift_frontend::{FunctionBuilder, FunctionBuilderContext, Variable};
 use cranelift_jit::JITModule;
 use cranelift_module::{Linkage, Module};
 use kiln_ir::{BinaryOp, CompareOp, DType, Dim, Literal, Op, ReduceOp, UnaryOp, Value, VectorForm};
+use lanes::Clif;
 use std::collections::{HashMap, HashSet};
 
 mod addresses;
@@ -38,9 +38,6 @@ mod levels;
 mod programs;
 mod reductions;
 mod stage;
-mod tiles;
-
-pub(crate) use tiles::define_trampolines;
 mod values;
 
 /// f32 lanes per vector (Cranelift's vectors are 128-bit on x86_64).
@@ -97,16 +94,16 @@ impl Work {
 }
 
 /// Builds stage `stage` of `plan` into `func`, whose signature is the kernel ABI; with
-/// `routines`, transcendental functions on vectorised rows call vector routines on tiles.
-/// Returns the names of the functions it gave to routines (none: the code is Cranelift's
-/// alone).
+/// `programs`, vectorised groups whose ops a tile program has run as programs. Returns what
+/// its programs compute (their transcendental functions, then "tile program"; none: the code
+/// is Cranelift's alone).
 pub(crate) fn build_stage(
     module: &mut JITModule,
     func: &mut cranelift_codegen::ir::Function,
     builder_ctx: &mut FunctionBuilderContext,
     plan: &KernelPlan,
     stage: usize,
-    routines: bool,
+    programs: bool,
 ) -> Result<Vec<&'static str>, JitError> {
     let config = module.target_config();
     let mut b = FunctionBuilder::new(func, builder_ctx);
@@ -154,14 +151,13 @@ pub(crate) fn build_stage(
         imports: HashMap::new(),
         stash_in: Vec::new(),
         stash_out: Vec::new(),
-        routines,
-        tile: None,
-        routines_called: Vec::new(),
+        programs,
+        in_programs: Vec::new(),
     };
     g.extents = g.dims.clone().iter().map(|d| g.extent(d)).collect();
     g.run(begin, end);
     g.b.finalize(config);
-    let mut called = g.routines_called;
+    let mut called = g.in_programs;
     called.sort_unstable();
     called.dedup();
     Ok(called)
@@ -203,12 +199,10 @@ struct Gen<'a, 'f> {
     /// Stashes the current inner loop writes, and those it reads back.
     stash_in: Vec<Stash>,
     stash_out: Vec<Stash>,
-    /// Whether transcendentals on vectorised rows call vector routines on tiles.
-    routines: bool,
-    /// The tile being computed, in a tiled inner loop.
-    tile: Option<tiles::Tile>,
-    /// The functions given to routines so far.
-    routines_called: Vec<&'static str>,
+    /// Whether vectorised groups may run as tile programs.
+    programs: bool,
+    /// What the programs so far compute.
+    in_programs: Vec<&'static str>,
 }
 
 /// A part of a rows stage's work along one row.

@@ -14,8 +14,9 @@
 
 use super::*;
 use crate::tile_program::{self, FRAME_HEADER, Instr, Operand, PARTIALS};
-use crate::vecmath;
-use tiles::TILE;
+
+/// Elements per tile: 2 KiB of f32 per call, so a tile's scratch and its inputs sit in L1.
+pub(super) const TILE: i64 = 512;
 
 const _: () = assert!(PARTIALS == (LANES * REDUCE_UNROLL) as usize);
 
@@ -142,11 +143,16 @@ impl Program {
             Operand::Scalar(_) => None,
         };
         match i {
-            Instr::Copy { a, .. } | Instr::Unary { a, .. } | Instr::Reduce { a, .. } => {
-                tile(a).into_iter().collect()
+            Instr::Copy { a, .. }
+            | Instr::Unary { a, .. }
+            | Instr::Reduce { a, .. }
+            | Instr::Cast { a, .. } => tile(a).into_iter().collect(),
+            Instr::Binary { a, b, .. } | Instr::Compare { a, b, .. } => {
+                tile(a).into_iter().chain(tile(b)).collect()
             }
-            Instr::Binary { a, b, .. } => tile(a).into_iter().chain(tile(b)).collect(),
-            Instr::Fused { a, b, c, .. } => [a, b, c].into_iter().filter_map(tile).collect(),
+            Instr::Fused { a, b, c, .. } | Instr::Select { a, b, c, .. } => {
+                [a, b, c].into_iter().filter_map(tile).collect()
+            }
         }
     }
 
@@ -193,34 +199,6 @@ impl Program {
         }
     }
 
-    /// Lets a routine (which works in place) run over its operand's tile where nothing else
-    /// reads that tile, saving the copy into its own.
-    fn routines_in_place(&mut self, stores: &mut [(u16, Operand)]) {
-        let isa = vecmath::isa();
-        for k in 0..self.instrs.len() {
-            let Instr::Unary {
-                op,
-                dst,
-                a: Operand::Tile(r),
-            } = self.instrs[k]
-            else {
-                continue;
-            };
-            let scratch = matches!(self.registers[r as usize], Register::Scratch(_));
-            if !scratch || self.read_count(r, stores) != 1 || vecmath::routine(op, isa).is_none() {
-                continue;
-            }
-            for i in &mut self.instrs[k..] {
-                i.rename(dst, r);
-            }
-            for (_, a) in stores.iter_mut() {
-                if *a == Operand::Tile(dst) {
-                    *a = Operand::Tile(r);
-                }
-            }
-        }
-    }
-
     /// Lets the instruction that computes a stored value write it to its destination, saving
     /// a copy, where that is safe: when no later instruction reads a buffer (an output may
     /// share its buffer with an input, and must not be written before the input's last read).
@@ -235,18 +213,7 @@ impl Program {
             let later_reads_buffer = (self.instrs[k + 1..].iter())
                 .flat_map(Self::reads)
                 .any(|x| x != r && is_buffer(x));
-            // A routine that rewrites the value in place runs over L1 scratch, unless another
-            // instruction reads its result there too (W10's 64×256 tanh stage took 14 µs with
-            // its routine over the output and 8.8 µs over scratch then copied; softmax's exp,
-            // which the sum reads, is faster written to the output at once).
-            let rewrites = |i: &Instr| Self::defines(i) == Some(r);
-            let rewritten = self.instrs[k + 1..].iter().any(rewrites);
-            let read_elsewhere =
-                (self.instrs[k + 1..].iter()).any(|i| !rewrites(i) && Self::reads(i).contains(&r));
-            if later_reads_buffer
-                || (rewritten && !read_elsewhere)
-                || !matches!(self.registers[r as usize], Register::Scratch(_))
-            {
+            if later_reads_buffer || !matches!(self.registers[r as usize], Register::Scratch(_)) {
                 continue;
             }
             for i in &mut self.instrs[k..] {
@@ -274,7 +241,7 @@ impl Program {
         let mut tiles = 0;
         let mut assigned = vec![false; self.registers.len()];
         for (k, i) in self.instrs.iter().enumerate() {
-            // A register written again (a routine in place) keeps its tile.
+            // A register gets its tile where it is first written.
             if let Some(dst) = Self::defines(i)
                 && let Register::Scratch(_) = self.registers[dst as usize]
                 && !std::mem::replace(&mut assigned[dst as usize], true)
@@ -324,9 +291,6 @@ impl Gen<'_, '_> {
     /// The group's tile program, if every per-element op of it has one (f32 values, stores
     /// and plain reductions).
     pub(super) fn tile_program(&mut self, works: &[Work]) -> Option<Program> {
-        if !tile_program::enabled() {
-            return None;
-        }
         let mut p = Program {
             instrs: Vec::new(),
             registers: Vec::new(),
@@ -338,6 +302,10 @@ impl Gen<'_, '_> {
         let mut stores = Vec::new();
         for (index, &w) in works.iter().enumerate() {
             let (root, map) = self.root(w);
+            // Bools are masks in tiles, and bytes in memory.
+            if self.dtype(root) != DType::F32 {
+                return None;
+            }
             let x = self.program_operand(&mut p, root, &map)?;
             match w {
                 Work::Store(_) => {
@@ -355,12 +323,14 @@ impl Gen<'_, '_> {
             }
         }
         for stash in self.stash_in.clone() {
+            if self.dtype(stash.value) != DType::F32 {
+                return None;
+            }
             let x = self.program_operand(&mut p, stash.value, &stash.map)?;
             let to = p.register(Register::Buffer(stash.slot, stash.slot_map));
             stores.push((to, x));
         }
         p.fuse(&stores);
-        p.routines_in_place(&mut stores);
         p.write_results_in_place(&mut stores);
         (p.instrs).extend(stores.into_iter().map(|(dst, a)| Instr::Copy { dst, a }));
         p.assign_scratch();
@@ -373,50 +343,95 @@ impl Gen<'_, '_> {
             return Some(o);
         }
         let plan = self.plan;
-        let f32 = self.dtype(v) == DType::F32;
+        let dtype = self.dtype(v);
+        if !matches!(dtype, DType::F32 | DType::Bool) {
+            return None;
+        }
         let stashed = (self.stash_out.iter())
             .find(|s| s.value == v && s.map == *map)
             .map(|s| (s.slot, s.slot_map.clone()));
         let o = if self.level(v, map) < Level::Inner {
-            if !f32 {
-                return None;
-            }
             Operand::Scalar(p.scalar(v, map))
         } else if let Some((slot, slot_map)) = stashed {
+            if dtype != DType::F32 {
+                return None;
+            }
             Operand::Tile(p.register(Register::Buffer(slot, slot_map)))
         } else if plan.is_leaf_in(v, self.stage) {
+            if dtype != DType::F32 {
+                return None;
+            }
             let slot = plan.slot(plan.source[&v]);
             Operand::Tile(p.register(Register::Buffer(slot, map.clone())))
         } else {
             let operands = plan.operand_mappings(v, map);
-            match plan.op(v).expect("an op").0 {
-                Op::Broadcast { .. } | Op::Reshape { .. } => {
-                    let (x, m) = &operands[0];
-                    self.program_operand(p, *x, m)?
+            let mut tile = |g: &mut Self, k: usize| {
+                let (x, m) = &operands[k];
+                g.program_operand(p, *x, m)
+            };
+            let instr = match (plan.op(v).expect("an op").0, dtype) {
+                (Op::Broadcast { .. } | Op::Reshape { .. }, _) => {
+                    let o = tile(self, 0)?;
+                    p.memo.insert((v, map.clone()), o);
+                    return Some(o);
                 }
-                // A transcendental function runs in a program only by its routine: one whose
-                // routine is missing leaves the group to Cranelift's code instead of failing.
-                Op::Unary(op)
-                    if f32
-                        && op.vector_form() == VectorForm::F32x4
-                        && (!plan::is_transcendental(&Op::Unary(*op))
-                            || vecmath::routine(*op, vecmath::isa()).is_some()) =>
-                {
-                    let (x, m) = &operands[0];
-                    let a = self.program_operand(p, *x, m)?;
-                    let dst = p.scratch();
-                    p.instrs.push(Instr::Unary { op: *op, dst, a });
-                    Operand::Tile(dst)
+                (Op::Unary(op), DType::F32) if op.vector_form() == VectorForm::F32x4 => {
+                    let a = tile(self, 0)?;
+                    Instr::Unary { op: *op, dst: 0, a }
                 }
-                Op::Binary(op) if f32 && op.vector_form() == VectorForm::F32x4 => {
-                    let a = self.program_operand(p, operands[0].0, &operands[0].1)?;
-                    let b = self.program_operand(p, operands[1].0, &operands[1].1)?;
-                    let dst = p.scratch();
-                    p.instrs.push(Instr::Binary { op: *op, dst, a, b });
-                    Operand::Tile(dst)
+                (Op::Unary(op @ UnaryOp::Not), DType::Bool) => {
+                    let a = tile(self, 0)?;
+                    Instr::Unary { op: *op, dst: 0, a }
                 }
+                (Op::Binary(op), DType::F32) if op.vector_form() == VectorForm::F32x4 => {
+                    let (a, b) = (tile(self, 0)?, tile(self, 1)?);
+                    Instr::Binary {
+                        op: *op,
+                        dst: 0,
+                        a,
+                        b,
+                    }
+                }
+                (Op::Binary(op @ (BinaryOp::And | BinaryOp::Or | BinaryOp::Xor)), _) => {
+                    let (a, b) = (tile(self, 0)?, tile(self, 1)?);
+                    Instr::Binary {
+                        op: *op,
+                        dst: 0,
+                        a,
+                        b,
+                    }
+                }
+                (Op::Compare(op), _) if self.dtype(operands[0].0) == DType::F32 => {
+                    let (a, b) = (tile(self, 0)?, tile(self, 1)?);
+                    Instr::Compare {
+                        op: *op,
+                        dst: 0,
+                        a,
+                        b,
+                    }
+                }
+                (Op::Select, _) => {
+                    let (c, a, b) = (tile(self, 0)?, tile(self, 1)?, tile(self, 2)?);
+                    Instr::Select { dst: 0, c, a, b }
+                }
+                (Op::Cast { to }, _) => match (self.dtype(operands[0].0), *to) {
+                    (DType::Bool, DType::F32) => Instr::Cast {
+                        to_f32: true,
+                        dst: 0,
+                        a: tile(self, 0)?,
+                    },
+                    (DType::F32, DType::Bool) => Instr::Cast {
+                        to_f32: false,
+                        dst: 0,
+                        a: tile(self, 0)?,
+                    },
+                    _ => return None,
+                },
                 _ => return None,
-            }
+            };
+            let dst = p.scratch();
+            p.instrs.push(instr.with_destination(dst));
+            Operand::Tile(dst)
         };
         p.memo.insert((v, map.clone()), o);
         Some(o)
@@ -506,7 +521,12 @@ impl Gen<'_, '_> {
     pub(super) fn run_program(&mut self, f: &Frame, vec_end: CValue, accs: &[Vec<Variable>]) {
         let (p, frame, partials) = (&f.program, f.frame, f.partials);
         for (k, (v, map)) in p.scalars.iter().enumerate() {
-            let x = self.emit(*v, map, false);
+            let mut x = self.emit(*v, map, false);
+            if self.dtype(*v) == DType::Bool {
+                // A mask, as tiles hold bools.
+                let wide = self.b.ins().uextend(types::I32, x);
+                x = self.b.ins().ineg(wide);
+            }
             self.b.ins().store(flags(), x, f.scalars, 4 * k as i32);
         }
         for (k, &(_, op)) in p.reductions.iter().enumerate() {
@@ -528,9 +548,7 @@ impl Gen<'_, '_> {
             let x = self.b.ins().iadd(base, offset);
             self.b.ins().store(flags(), x, frame, at);
         }
-        // In the platform's convention: only the loop's few addresses are live across it,
-        // and they stay in callee-saved registers (a trampoline would save every register).
-        self.call_routine_symbol(tile_program::SYMBOL, frame, len, true);
+        self.call_runner(frame, len);
         self.end_loop(tiles, TILE);
         for (k, &(work, _)) in p.reductions.iter().enumerate() {
             for (u, &var) in accs[work].iter().enumerate() {
@@ -539,8 +557,40 @@ impl Gen<'_, '_> {
                 self.b.def_var(var, x);
             }
         }
-        self.routines_called.extend(p.functions());
-        self.routines_called.push("tile program");
+        self.in_programs.extend(p.functions());
+        self.in_programs.push("tile program");
+    }
+
+    /// Opens the loop over the tiles of `0..vec_end`; returns it, the tile's end and its length.
+    fn begin_tiles(&mut self, vec_end: CValue) -> (Loop, CValue, CValue) {
+        let zero = self.b.ins().iconst(types::I64, 0);
+        let tiles = self.begin_loop(zero, vec_end);
+        let full = self.b.ins().iadd_imm_s(tiles.index, TILE);
+        let short = self.b.ins().icmp(IntCC::SignedLessThan, vec_end, full);
+        let end = self.b.ins().select(short, vec_end, full);
+        let len = self.b.ins().isub(end, tiles.index);
+        (tiles, end, len)
+    }
+
+    /// Calls the runner on a tile, in the platform's convention: only the loop's few
+    /// addresses are live across the call, and they stay in callee-saved registers.
+    fn call_runner(&mut self, frame: CValue, len: CValue) {
+        let name = tile_program::SYMBOL;
+        let callee = match self.imports.get(name) {
+            Some(&f) => f,
+            None => {
+                let ptr = self.module.target_config().pointer_type();
+                let mut sig = self.module.make_signature();
+                sig.params
+                    .extend([AbiParam::new(ptr), AbiParam::new(types::I64)]);
+                let id = (self.module.declare_function(name, Linkage::Import, &sig))
+                    .expect("the runner is declared with one signature");
+                let f = self.module.declare_func_in_func(id, self.b.func);
+                self.imports.insert(name.to_owned(), f);
+                f
+            }
+        };
+        self.b.ins().call(callee, &[frame, len]);
     }
 }
 

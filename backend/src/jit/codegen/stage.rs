@@ -146,16 +146,16 @@ impl Gen<'_, '_> {
             .collect();
     }
 
-    /// Makes tile programs of the groups that can be ones (where this code calls routines:
-    /// every vectorised f32 group whose ops a program has, with a transcendental or not, so
-    /// that it runs at the CPU's width), their frames filled before the rows; by segment.
+    /// Makes tile programs of the groups that can be ones (in the stage's code for long rows:
+    /// every vectorised group whose ops a program has, so that it runs at the CPU's width),
+    /// their frames filled before the rows; by segment.
     fn prepare_programs(
         &mut self,
         segments: &[Segment],
         stashes: &[Stash],
     ) -> Vec<Option<programs::Frame>> {
         let mut frames: Vec<_> = segments.iter().map(|_| None).collect();
-        if !self.routines {
+        if !self.programs {
             return frames;
         }
         for (index, segment) in segments.iter().enumerate() {
@@ -416,7 +416,7 @@ impl Gen<'_, '_> {
     }
 
     /// The vectorised part of the row, `0..n` rounded down to whole trips: by the tile
-    /// `program`, the routines' tiles, or Cranelift's unrolled loop. Returns where the scalar
+    /// `program`, or Cranelift's unrolled loop. Returns where the scalar
     /// tail starts and each reduction's accumulator, folded to a scalar.
     fn vector_part(
         &mut self,
@@ -450,7 +450,7 @@ impl Gen<'_, '_> {
             vector_accs.push(accs);
         }
         // One vector step of the group at `self.inner`, for unrolled copy `u`.
-        let mut body = |g: &mut Self, u: u32| {
+        let body = |g: &mut Self, u: u32| {
             g.scopes.push(HashMap::new());
             for (i, &w) in works.iter().enumerate() {
                 let acc = vector_accs[i].get(u as usize).copied();
@@ -459,21 +459,15 @@ impl Gen<'_, '_> {
             g.store_stashes(true);
             g.scopes.pop();
         };
-        let phases = match (&program, self.routines) {
-            (None, true) => self.routine_calls(works),
-            _ => Vec::new(),
-        };
         if let Some(program) = program {
             self.run_program(&program, vec_end, &vector_accs);
-        } else if phases.is_empty() {
+        } else {
             let l = self.begin_loop(zero, vec_end);
             for u in 0..unroll {
                 self.inner = Some(self.b.ins().iadd_imm_s(l.index, u * LANES));
                 body(self, u as u32);
             }
             self.end_loop(l, step);
-        } else {
-            self.tiled_vector_loop(&phases, vec_end, unroll, &mut body);
         }
         for (i, &w) in works.iter().enumerate() {
             if let Work::Reduce(v) | Work::ReduceInto(v) = w {

@@ -13,9 +13,7 @@ impl Gen<'_, '_> {
             .iter()
             .find(|s| s.value == v && s.map == *map)
             .map(|s| (s.slot, s.slot_map.clone()));
-        let x = if let Some(x) = self.tile_result(v, map, vector) {
-            x
-        } else if let Some((slot, slot_map)) = stashed {
+        let x = if let Some((slot, slot_map)) = stashed {
             let addr = self.address(slot, &slot_map, self.dtype(v));
             let ty = if vector {
                 types::F32X4
