@@ -506,8 +506,8 @@ unsafe fn map2(d: *mut f32, a: Src, b: Src, n: usize, f: impl Fn(f32, f32) -> f3
 ///
 /// # Safety
 /// `frame` is a frame as the module documents it, whose registers hold `len` elements each
-/// and whose accumulators hold [`PARTIALS`] f32s per reduction; `len` is a multiple of 8 (of
-/// 16 where the program reduces).
+/// and whose accumulators hold [`PARTIALS`] f32s per reduction; `len` is a multiple of 16
+/// where the program reduces.
 #[inline(always)]
 unsafe fn run(frame: *const u64, len: i64) {
     // SAFETY: as the function's contract states.

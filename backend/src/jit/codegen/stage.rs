@@ -415,8 +415,8 @@ impl Gen<'_, '_> {
         self.finish_works(works, &scalar_accs, n);
     }
 
-    /// The vectorised part of the row, `0..n` rounded down to whole trips: by the tile
-    /// `program`, or Cranelift's unrolled loop. Returns where the scalar
+    /// The vectorised part of the row: by the tile `program` (all of `0..n` unless the group
+    /// reduces), or Cranelift's unrolled loop (`0..n` rounded down to whole trips). Returns where the scalar
     /// tail starts and each reduction's accumulator, folded to a scalar.
     fn vector_part(
         &mut self,
@@ -430,7 +430,12 @@ impl Gen<'_, '_> {
         let reduces = (works.iter()).any(|w| matches!(w, Work::Reduce(_) | Work::ReduceInto(_)));
         let unroll = if reduces { REDUCE_UNROLL } else { UNROLL };
         let step = LANES * unroll;
-        let vec_end = self.b.ins().band_imm_s(n, !(step - 1));
+        // A program that does not reduce takes the whole row, its tail included; a reduction's
+        // tail stays in Cranelift's scalar code, added after the 16 partials as on its path.
+        let vec_end = match program {
+            Some(_) if !reduces => n,
+            _ => self.b.ins().band_imm_s(n, !(step - 1)),
+        };
         let mut vector_accs: Vec<Vec<Variable>> = Vec::new();
         for &w in works {
             let accs = match w {
