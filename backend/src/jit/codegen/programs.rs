@@ -392,78 +392,80 @@ impl Gen<'_, '_> {
             }
             let slot = plan.slot(plan.source[&v]);
             Operand::Tile(p.register(Register::Buffer(slot, map.clone())))
+        } else if let (Op::Broadcast { .. } | Op::Reshape { .. }, _) = plan.op(v).expect("an op") {
+            let (x, m) = &plan.operand_mappings(v, map)[0];
+            self.program_operand(p, *x, m)?
         } else {
-            let operands = plan.operand_mappings(v, map);
-            let mut tile = |g: &mut Self, k: usize| {
-                let (x, m) = &operands[k];
-                g.program_operand(p, *x, m)
-            };
-            let instr = match (plan.op(v).expect("an op").0, dtype) {
-                (Op::Broadcast { .. } | Op::Reshape { .. }, _) => {
-                    let o = tile(self, 0)?;
-                    p.memo.insert((v, map.clone()), o);
-                    return Some(o);
-                }
-                (Op::Unary(op), DType::F32) if op.vector_form() == VectorForm::F32x4 => {
-                    let a = tile(self, 0)?;
-                    Instr::Unary { op: *op, dst: 0, a }
-                }
-                (Op::Unary(op @ UnaryOp::Not), DType::Bool) => {
-                    let a = tile(self, 0)?;
-                    Instr::Unary { op: *op, dst: 0, a }
-                }
-                (Op::Binary(op), DType::F32) if op.vector_form() == VectorForm::F32x4 => {
-                    let (a, b) = (tile(self, 0)?, tile(self, 1)?);
-                    Instr::Binary {
-                        op: *op,
-                        dst: 0,
-                        a,
-                        b,
-                    }
-                }
-                (Op::Binary(op @ (BinaryOp::And | BinaryOp::Or | BinaryOp::Xor)), _) => {
-                    let (a, b) = (tile(self, 0)?, tile(self, 1)?);
-                    Instr::Binary {
-                        op: *op,
-                        dst: 0,
-                        a,
-                        b,
-                    }
-                }
-                (Op::Compare(op), _) if self.dtype(operands[0].0) == DType::F32 => {
-                    let (a, b) = (tile(self, 0)?, tile(self, 1)?);
-                    Instr::Compare {
-                        op: *op,
-                        dst: 0,
-                        a,
-                        b,
-                    }
-                }
-                (Op::Select, _) => {
-                    let (c, a, b) = (tile(self, 0)?, tile(self, 1)?, tile(self, 2)?);
-                    Instr::Select { dst: 0, c, a, b }
-                }
-                (Op::Cast { to }, _) => match (self.dtype(operands[0].0), *to) {
-                    (DType::Bool, DType::F32) => Instr::Cast {
-                        to_f32: true,
-                        dst: 0,
-                        a: tile(self, 0)?,
-                    },
-                    (DType::F32, DType::Bool) => Instr::Cast {
-                        to_f32: false,
-                        dst: 0,
-                        a: tile(self, 0)?,
-                    },
-                    _ => return None,
-                },
-                _ => return None,
-            };
+            let instr = self.program_instruction(p, v, map)?;
             let dst = p.scratch();
             p.instrs.push(instr.with_destination(dst));
             Operand::Tile(dst)
         };
         p.memo.insert((v, map.clone()), o);
         Some(o)
+    }
+
+    /// The instruction computing `v` from its operands' tiles (its destination still to be
+    /// given), if a program has one for its op.
+    fn program_instruction(&mut self, p: &mut Program, v: Value, map: &Mapping) -> Option<Instr> {
+        let plan = self.plan;
+        let operands = plan.operand_mappings(v, map);
+        let mut tile = |g: &mut Self, k: usize| {
+            let (x, m) = &operands[k];
+            g.program_operand(p, *x, m)
+        };
+        let f32 = self.dtype(v) == DType::F32;
+        Some(match plan.op(v).expect("an op").0 {
+            Op::Unary(op) if f32 && op.vector_form() == VectorForm::F32x4 => {
+                let a = tile(self, 0)?;
+                Instr::Unary { op: *op, dst: 0, a }
+            }
+            Op::Unary(op @ UnaryOp::Not) => {
+                let a = tile(self, 0)?;
+                Instr::Unary { op: *op, dst: 0, a }
+            }
+            Op::Binary(op) if f32 && op.vector_form() == VectorForm::F32x4 => {
+                let (a, b) = (tile(self, 0)?, tile(self, 1)?);
+                Instr::Binary {
+                    op: *op,
+                    dst: 0,
+                    a,
+                    b,
+                }
+            }
+            Op::Binary(op @ (BinaryOp::And | BinaryOp::Or | BinaryOp::Xor)) => {
+                let (a, b) = (tile(self, 0)?, tile(self, 1)?);
+                Instr::Binary {
+                    op: *op,
+                    dst: 0,
+                    a,
+                    b,
+                }
+            }
+            Op::Compare(op) if self.dtype(operands[0].0) == DType::F32 => {
+                let (a, b) = (tile(self, 0)?, tile(self, 1)?);
+                Instr::Compare {
+                    op: *op,
+                    dst: 0,
+                    a,
+                    b,
+                }
+            }
+            Op::Select => {
+                let (c, a, b) = (tile(self, 0)?, tile(self, 1)?, tile(self, 2)?);
+                Instr::Select { dst: 0, c, a, b }
+            }
+            Op::Cast { to } => {
+                let to_f32 = match (self.dtype(operands[0].0), *to) {
+                    (DType::Bool, DType::F32) => true,
+                    (DType::F32, DType::Bool) => false,
+                    _ => return None,
+                };
+                let a = tile(self, 0)?;
+                Instr::Cast { to_f32, dst: 0, a }
+            }
+            _ => return None,
+        })
     }
 
     /// Fills, before the rows, what a program's frame keeps from row to row: the program,
