@@ -93,6 +93,7 @@ expect_passed() {
 }
 
 echo "checklist: the op against the interpreter (every path) and finite differences"
-expect_passed 2 -p kiln-backend --test jit_ops -- unary_ops every_op_in_a_tile_program
+expect_passed 3 -p kiln-backend --test jit_ops -- unary_ops every_op_in_a_tile_program \
+  every_vector_op_runs_in_a_tile_program
 expect_passed 1 -p kiln-passes --test grad_check -- unary_ops
 echo "checklist: a new op by the checklist alone compiles, computes and differentiates"
