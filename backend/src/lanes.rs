@@ -79,10 +79,10 @@ pub(crate) trait Lanes {
     /// `m ? a : b` on integer lanes.
     fn select_int(&mut self, m: Self::M, a: Self::I, b: Self::I) -> Self::I;
 
-    fn to_bits(&mut self, a: Self::F) -> Self::I;
-    fn from_bits(&mut self, a: Self::I) -> Self::F;
+    fn bits(&mut self, a: Self::F) -> Self::I;
+    fn float_of_bits(&mut self, a: Self::I) -> Self::F;
     /// The integer's value as a float.
-    fn to_float(&mut self, a: Self::I) -> Self::F;
+    fn convert_int(&mut self, a: Self::I) -> Self::F;
     fn iadd(&mut self, a: Self::I, b: Self::I) -> Self::I;
     fn isub(&mut self, a: Self::I, b: Self::I) -> Self::I;
     fn and(&mut self, a: Self::I, b: Self::I) -> Self::I;
@@ -269,7 +269,7 @@ fn exp<L: Lanes>(l: &mut L, x: L::F) -> L::F {
     let p = l.fma(poly, r2, r_plus_one);
     // 2ⁿ as 2^(n>>1) · 2^(n − n>>1), each built in the exponent bits, so that `n` may reach
     // either end of the range.
-    let ti = l.to_bits(t);
+    let ti = l.bits(t);
     let magic_bits = l.i(MAGIC.to_bits() as i32);
     let ni = l.isub(ti, magic_bits);
     let half = l.sar(ni, 1);
@@ -279,7 +279,7 @@ fn exp<L: Lanes>(l: &mut L, x: L::F) -> L::F {
     let e1 = l.shl(e1, 23);
     let e2 = l.iadd(rest, bias);
     let e2 = l.shl(e2, 23);
-    let (s1, s2) = (l.from_bits(e1), l.from_bits(e2));
+    let (s1, s2) = (l.float_of_bits(e1), l.float_of_bits(e2));
     let y = l.mul(p, s1);
     let y = l.mul(y, s2);
     // Beyond the largest finite result infinity, below the smallest subnormal zero.
@@ -302,7 +302,7 @@ fn log<L: Lanes>(l: &mut L, x: L::F) -> L::F {
     let xs = l.select(tiny, scaled, x);
     let (zero_i, shift_i) = (l.i(0), l.i(23));
     let pre = l.select_int(tiny, shift_i, zero_i);
-    let bits = l.to_bits(xs);
+    let bits = l.bits(xs);
     let exp_bits = l.shr(bits, 23);
     let mask = l.i(0xff);
     let exp_bits = l.and(exp_bits, mask);
@@ -313,8 +313,8 @@ fn log<L: Lanes>(l: &mut L, x: L::F) -> L::F {
     let half_bits = l.i(0x3f00_0000);
     let m = l.and(bits, mant_mask);
     let m = l.or(m, half_bits);
-    let m = l.from_bits(m); // in [0.5, 1)
-    let ef = l.to_float(e);
+    let m = l.float_of_bits(m); // in [0.5, 1)
+    let ef = l.convert_int(e);
     let sqrt_half = l.f(std::f32::consts::FRAC_1_SQRT_2);
     let small = l.cmp(Cmp::Lt, m, sqrt_half);
     let one = l.f(1.0);
@@ -501,8 +501,8 @@ impl Lanes for Scalar {
             Cmp::Lt => a < b,
             Cmp::Gt => a > b,
             Cmp::Eq => a == b,
-            Cmp::LtOrNan => !(a >= b),
-            Cmp::GtOrNan => !(a <= b),
+            Cmp::LtOrNan => a < b || a.is_nan() || b.is_nan(),
+            Cmp::GtOrNan => a > b || a.is_nan() || b.is_nan(),
         }
     }
     #[inline(always)]
@@ -518,15 +518,15 @@ impl Lanes for Scalar {
         if m { a } else { b }
     }
     #[inline(always)]
-    fn to_bits(&mut self, a: f32) -> i32 {
+    fn bits(&mut self, a: f32) -> i32 {
         a.to_bits() as i32
     }
     #[inline(always)]
-    fn from_bits(&mut self, a: i32) -> f32 {
+    fn float_of_bits(&mut self, a: i32) -> f32 {
         f32::from_bits(a as u32)
     }
     #[inline(always)]
-    fn to_float(&mut self, a: i32) -> f32 {
+    fn convert_int(&mut self, a: i32) -> f32 {
         a as f32
     }
     #[inline(always)]

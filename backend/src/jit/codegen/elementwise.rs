@@ -162,7 +162,7 @@ impl Gen<'_, '_> {
                     let lanes = &mut Clif::new(&mut self.b, to, vector);
                     let one = lanes.i(1.0f32.to_bits() as i32);
                     let bits = lanes.and(x, one);
-                    lanes.from_bits(bits)
+                    lanes.float_of_bits(bits)
                 }
                 (DType::F32, DType::Bool) => {
                     let zero = Clif::new(&mut self.b, from, vector).f(0.0);

@@ -100,12 +100,12 @@ impl Lanes for Clif<'_, '_> {
             return self.b.ins().fcopysign(a, sign);
         }
         // x86 has no f32x4 `fcopysign` in Cranelift 0.135: by the bits.
-        let (a, sign) = (self.to_bits(a), self.to_bits(sign));
+        let (a, sign) = (self.bits(a), self.bits(sign));
         let mask = self.i(i32::MIN);
         let sign = self.b.ins().band(sign, mask);
         let a = self.b.ins().band_not(a, mask);
         let bits = self.b.ins().bor(a, sign);
-        self.from_bits(bits)
+        self.float_of_bits(bits)
     }
     fn sqrt(&mut self, a: Value) -> Value {
         self.b.ins().sqrt(a)
@@ -144,14 +144,14 @@ impl Lanes for Clif<'_, '_> {
     fn select_int(&mut self, m: Value, a: Value, b: Value) -> Value {
         self.pick(m, a, b)
     }
-    fn to_bits(&mut self, a: Value) -> Value {
+    fn bits(&mut self, a: Value) -> Value {
         let ty = self.int();
         self.b.ins().bitcast(ty, MemFlagsData::new(), a)
     }
-    fn from_bits(&mut self, a: Value) -> Value {
+    fn float_of_bits(&mut self, a: Value) -> Value {
         self.b.ins().bitcast(self.float, MemFlagsData::new(), a)
     }
-    fn to_float(&mut self, a: Value) -> Value {
+    fn convert_int(&mut self, a: Value) -> Value {
         self.b.ins().fcvt_from_sint(self.float, a)
     }
     fn iadd(&mut self, a: Value, b: Value) -> Value {
