@@ -111,7 +111,12 @@ pub(crate) enum Instr {
 impl Instr {
     /// The register the instruction writes, if it writes one.
     pub(crate) fn destination(&self) -> Option<u16> {
-        match *self {
+        let mut instr = *self;
+        instr.destination_mut().copied()
+    }
+
+    fn destination_mut(&mut self) -> Option<&mut u16> {
+        match self {
             Instr::Copy { dst, .. }
             | Instr::Unary { dst, .. }
             | Instr::Binary { dst, .. }
@@ -159,17 +164,10 @@ impl Operand {
 }
 
 impl Instr {
-    /// The instruction writing register `dst` instead.
+    /// The instruction writing register `to` instead.
     pub(crate) fn with_destination(mut self, to: u16) -> Instr {
-        match &mut self {
-            Instr::Copy { dst, .. }
-            | Instr::Unary { dst, .. }
-            | Instr::Binary { dst, .. }
-            | Instr::Fused { dst, .. }
-            | Instr::Compare { dst, .. }
-            | Instr::Select { dst, .. }
-            | Instr::Cast { dst, .. } => *dst = to,
-            Instr::Reduce { .. } => {}
+        if let Some(dst) = self.destination_mut() {
+            *dst = to;
         }
         self
     }
