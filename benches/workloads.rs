@@ -102,8 +102,8 @@ fn training(c: &mut Criterion) {
 }
 
 /// Where a stage's two codes cross: a softmax over rows of length 3 to 2048 (about 2²⁰
-/// elements in all; its reductions keep the rows) on Cranelift's f32x4 code and on the tile
-/// program with the vector routines, so that the rule choosing between them is a measured
+/// elements in all; its reductions keep the rows) on Cranelift's f32x4 code and as a tile
+/// program, so that the rule choosing between them (`jit::PROGRAMS_MIN_ROW`) is a measured
 /// one.
 fn paths(c: &mut Criterion) {
     use kiln::backend::Array;

@@ -11,8 +11,10 @@
 //!   use the same bodies).
 //!
 //! Every step is an exactly rounded IEEE operation or a bit operation, so the two compiled
-//! forms give the same bits by construction; `fmax`/`fmin` are the one pair whose meaning is
-//! Cranelift's x86 lowering, which [`Scalar`] spells out step for step.
+//! forms give the same bits by construction — but for a NaN's sign and payload: `fmax`/`fmin`
+//! are the one pair whose meaning is Cranelift's x86 lowering, which [`Scalar`] spells out
+//! for f32x4 lanes (NaN payload cleared), while Cranelift's scalar sequence (row tails) passes
+//! an operand's NaN on.
 //!
 //! The approximations, and their maximum errors against the f64 function rounded to f32
 //! (measured over sweeps of 130k–400k inputs by `backend/tests/math_ulp.rs`, which fails if
@@ -27,8 +29,8 @@
 //! | erf | XLA's rational form on `|x| ≤ 4` | 6 | 3.7e-7 | [−5, 5] |
 //! | softplus | `max(x, 0) + log1p(exp(−|x|))` | 3 | 2.4e-7 | [−80, 30] (subnormal results included) |
 //!
-//! Ops whose table row names a helper (`sin`, `cos`, `pow`, every f64 transcendental) have no
-//! body here: kernels call the interpreter's own scalar function by symbol.
+//! `sin`, `cos` and `pow` have no body here, and on f64 every transcendental calls its helper
+//! instead of its body: kernels call the interpreter's own scalar function by symbol.
 
 use kiln_ir::{BinaryOp, UnaryOp};
 

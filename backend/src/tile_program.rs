@@ -889,6 +889,22 @@ mod tests {
                 c: Operand::Scalar(0),
                 scale: Some(0x7fff),
             },
+            Instr::Select {
+                dst: 0x7fff,
+                c: Operand::Scalar(0x7fff),
+                a: Operand::Tile(0x7ffe),
+                b: Operand::Scalar(1),
+            },
+            Instr::Cast {
+                to_f32: true,
+                dst: 6,
+                a: Operand::Tile(0x7fff),
+            },
+            Instr::Cast {
+                to_f32: false,
+                dst: 0,
+                a: Operand::Scalar(4),
+            },
         ];
         let mut words = Vec::new();
         for i in all {
@@ -912,7 +928,13 @@ mod tests {
             a,
             b: a,
         }))
-        .chain((ReduceOp::ALL.iter()).map(|&op| Instr::Reduce { op, acc: 0, a }));
+        .chain((ReduceOp::ALL.iter()).map(|&op| Instr::Reduce { op, acc: 0, a }))
+        .chain((CompareOp::ALL.iter()).map(|&op| Instr::Compare {
+            op,
+            dst: 3,
+            a,
+            b: Operand::Scalar(0x7fff),
+        }));
         for i in every {
             let mut words = Vec::new();
             i.encode(&mut words);

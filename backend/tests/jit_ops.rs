@@ -553,7 +553,8 @@ fn fused_patterns() {
 }
 
 /// Rows long enough for tiles (512 elements), and not multiples of the vector width: the
-/// kernels' groups run as tile programs, with a scalar tail.
+/// kernels' groups run as tile programs, a tile shorter at the row's end (a reduction's last
+/// elements in Cranelift's scalar tail).
 #[test]
 fn long_rows_in_tile_programs() {
     let mut g = Gen(11);

@@ -140,7 +140,7 @@ fn approximations_stay_within_their_documented_errors() {
     let sig = measure(UnaryOp::Sigmoid, &sweep(-80.0, 30.0, n), sigmoid, tiny);
     let erf = measure(UnaryOp::Erf, &sweep(-5.0, 5.0, n), libm::erf, 0.0);
     let softplus = measure(UnaryOp::Softplus, &sweep(-80.0, 30.0, n), softplus, tiny);
-    // Bounds: the measured figures (see math.rs), with one ULP of slack.
+    // Bounds: the measured figures (see lanes.rs), with one ULP of slack.
     assert!(exp.max_ulps <= 2, "exp: {} ulp", exp.max_ulps);
     assert!(log.max_ulps <= 2, "log: {} ulp", log.max_ulps);
     assert!(tanh.max_ulps <= 7, "tanh: {} ulp", tanh.max_ulps);
@@ -224,4 +224,27 @@ fn tile_programs_give_the_kernels_bits() {
     if let Ok(expected) = std::env::var("KILN_EXPECT_ISA") {
         assert_eq!(tile_program::isa().name(), expected, "{expected} untested");
     }
+}
+
+/// The same at AVX2, in a child process whose `KILN_VECTOR_MATH` caps the level (the parent
+/// runs at the best level the CPU has).
+#[test]
+fn tile_programs_at_avx2_give_the_kernels_bits() {
+    let avx2 = tile_program::Isa::Avx2;
+    if !avx2.supported() || tile_program::isa() == avx2 {
+        return;
+    }
+    let exe = std::env::current_exe().expect("the test binary");
+    let out = std::process::Command::new(&exe)
+        .args(["--exact", "tile_programs_give_the_kernels_bits"])
+        .env("KILN_VECTOR_MATH", avx2.name())
+        .env("KILN_EXPECT_ISA", avx2.name())
+        .output()
+        .expect("the test binary runs");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && stdout.contains("1 passed"),
+        "at avx2:\n{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }

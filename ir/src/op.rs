@@ -18,7 +18,9 @@
 //! 4. its one vector body, unless its row says `F32AndF64` helpers: the arm of
 //!    `kiln-backend`'s `lanes::unary` (or `binary`), written over the `Lanes` trait — the same
 //!    body becomes Cranelift's inline code (f32x4, f32 and f64 scalars) and the tile-program
-//!    runner's at AVX-512/AVX2 width; and, for an op the table accepts on integers, its
+//!    runner's at AVX-512/AVX2 width (f64 uses the same body unless the row names an f64
+//!    helper, so a body built on f32 bit patterns, as exp's, needs its row to say `F64`);
+//!    and, for an op the table accepts on integers, its
 //!    integer code in `jit/codegen/elementwise.rs` (else its name in that match's list of
 //!    float-only ops) — each a compile error until written;
 //! 5. tests: hand values in `backend/tests/interp_ops.rs`, its domain in the exhaustive match of

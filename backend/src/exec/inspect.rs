@@ -14,8 +14,8 @@ pub struct KernelInfo {
     /// The instruction it runs (the `fused` line, regions elided).
     pub inst: String,
     /// For each stage (a pass over the data): its domain and the values it writes; whether it
-    /// accumulates (one thread) or splits rows across threads; and the vector routines of
-    /// its second code path, if it has one.
+    /// accumulates (one thread) or splits rows across threads; and what its tile programs
+    /// compute, if it has them.
     pub stages: Vec<String>,
     /// Machine-code bytes of all stages.
     pub code_size: usize,

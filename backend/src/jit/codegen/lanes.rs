@@ -26,6 +26,12 @@ impl<'a, 'b> Clif<'a, 'b> {
         Clif { b, float }
     }
 
+    /// The bodies' bit patterns are f32's (exponent at bit 23, bias 127): an op whose body uses
+    /// them has an f64 helper, so f64 values never reach them.
+    fn f32_bits_only(&self) {
+        debug_assert!(self.float != types::F64, "an f32 bit pattern on f64 values");
+    }
+
     /// The integers as wide as the floats.
     fn int(&self) -> Type {
         match self.float {
@@ -145,10 +151,12 @@ impl Lanes for Clif<'_, '_> {
         self.pick(m, a, b)
     }
     fn bits(&mut self, a: Value) -> Value {
+        self.f32_bits_only();
         let ty = self.int();
         self.b.ins().bitcast(ty, MemFlagsData::new(), a)
     }
     fn float_of_bits(&mut self, a: Value) -> Value {
+        self.f32_bits_only();
         self.b.ins().bitcast(self.float, MemFlagsData::new(), a)
     }
     fn convert_int(&mut self, a: Value) -> Value {
@@ -167,12 +175,15 @@ impl Lanes for Clif<'_, '_> {
         self.b.ins().bor(a, b)
     }
     fn shl(&mut self, a: Value, n: u8) -> Value {
+        self.f32_bits_only();
         self.b.ins().ishl_imm_s(a, i64::from(n))
     }
     fn sar(&mut self, a: Value, n: u8) -> Value {
+        self.f32_bits_only();
         self.b.ins().sshr_imm_s(a, i64::from(n))
     }
     fn shr(&mut self, a: Value, n: u8) -> Value {
+        self.f32_bits_only();
         self.b.ins().ushr_imm_s(a, i64::from(n))
     }
 }

@@ -1,12 +1,13 @@
-//! Tile programs in kernels: a vectorised group whose per-element work is all f32 ops that
-//! [`tile_program`] has becomes a program of whole-tile instructions, and the group's vector
-//! loop becomes one call of the runner per tile:
+//! Tile programs in kernels: a vectorised group whose per-element work is all ops that
+//! [`tile_program`] has (f32 values, and bools as masks) becomes a program of whole-tile
+//! instructions, and the group's vector loop becomes one call of the runner per tile:
 //!
 //! ```text
 //! per row:   scalars[k] = row-level operand k;  partials = identities
 //! per tile:  registers[b] = buffer b at the tile's start
 //!            kiln_tile_program(frame, len)      (one call: every instruction, full width)
-//! after:     the f32x4 accumulators loaded from the partials; the scalar tail as before
+//! after:     the f32x4 accumulators loaded from the partials; a reduction's scalar tail
+//!            (a program that does not reduce takes the whole row)
 //! ```
 //!
 //! Stores to the group's destinations (and stashes) are the program's last instructions, so
@@ -240,7 +241,18 @@ impl Program {
             let later_reads_buffer = (self.instrs[k + 1..].iter())
                 .flat_map(Self::reads)
                 .any(|x| x != r && is_buffer(x));
-            if later_reads_buffer || !matches!(self.registers[r as usize], Register::Scratch(_)) {
+            // A unary op that rewrites the value in place runs over L1 scratch, then the value is
+            // copied out, unless another instruction reads it too (W10's 64×256 tanh stage took
+            // 14.3 µs over the output, a slice of its states' stack, and 8.2–9.3 µs over
+            // scratch; softmax's exp, which the sum reads, is faster written to the output).
+            let rewrites = |i: &Instr| Self::defines(i) == Some(r);
+            let rewritten = self.instrs[k + 1..].iter().any(rewrites);
+            let read_elsewhere =
+                (self.instrs[k + 1..].iter()).any(|i| !rewrites(i) && Self::reads(i).contains(&r));
+            if later_reads_buffer
+                || (rewritten && !read_elsewhere)
+                || !matches!(self.registers[r as usize], Register::Scratch(_))
+            {
                 continue;
             }
             for i in &mut self.instrs[k..] {
@@ -316,8 +328,8 @@ impl Program {
 }
 
 impl Gen<'_, '_> {
-    /// The group's tile program, if every per-element op of it has one (f32 values, stores
-    /// and plain reductions).
+    /// The group's tile program, if every per-element op of it has one (f32 and mask values,
+    /// f32 stores and plain reductions).
     pub(super) fn tile_program(&mut self, works: &[Work]) -> Option<Program> {
         let mut p = Program {
             instrs: Vec::new(),
@@ -392,7 +404,7 @@ impl Gen<'_, '_> {
             }
             let slot = plan.slot(plan.source[&v]);
             Operand::Tile(p.register(Register::Buffer(slot, map.clone())))
-        } else if let (Op::Broadcast { .. } | Op::Reshape { .. }, _) = plan.op(v).expect("an op") {
+        } else if self.passes_through(v) {
             let (x, m) = &plan.operand_mappings(v, map)[0];
             self.program_operand(p, *x, m)?
         } else {
@@ -403,6 +415,15 @@ impl Gen<'_, '_> {
         };
         p.memo.insert((v, map.clone()), o);
         Some(o)
+    }
+
+    /// Whether `v` is its operand's value: a broadcast, a reshape, a cast to its own type.
+    fn passes_through(&self, v: Value) -> bool {
+        match self.plan.op(v).expect("an op") {
+            (Op::Broadcast { .. } | Op::Reshape { .. }, _) => true,
+            (Op::Cast { to }, args) => self.dtype(args[0]) == *to,
+            _ => false,
+        }
     }
 
     /// The instruction computing `v` from its operands' tiles (its destination still to be
