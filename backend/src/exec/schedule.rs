@@ -554,14 +554,18 @@ fn pair_pooling_argmax(steps: &mut [Step]) -> usize {
         else {
             continue;
         };
-        let x = steps[g].inputs[0];
-        let records = |f: &Step| {
-            let max = matches!(f.kind, StepKind::Pool2d { kind: PoolKind::Max, attrs: a, .. } if a == attrs);
-            max && f.inputs[0] == x
-        };
         if !super::pool::argmax_fits(&attrs) {
             continue;
         }
+        let x = steps[g].inputs[0];
+        let records = |f: &Step| match f.kind {
+            StepKind::Pool2d {
+                kind: PoolKind::Max,
+                attrs: a,
+                ..
+            } => a == attrs && f.inputs[0] == x,
+            _ => false,
+        };
         let Some(f) = steps[..g].iter().position(records) else {
             continue;
         };

@@ -416,8 +416,8 @@ impl Gen<'_, '_> {
     }
 
     /// The vectorised part of the row: by the tile `program` (all of `0..n` unless the group
-    /// reduces), or Cranelift's unrolled loop (`0..n` rounded down to whole trips). Returns where the scalar
-    /// tail starts and each reduction's accumulator, folded to a scalar.
+    /// reduces), or Cranelift's unrolled loop (`0..n` rounded down to whole trips). Returns
+    /// where the scalar tail starts and each reduction's accumulator, folded to a scalar.
     fn vector_part(
         &mut self,
         works: &[Work],
@@ -454,23 +454,20 @@ impl Gen<'_, '_> {
             };
             vector_accs.push(accs);
         }
-        // One vector step of the group at `self.inner`, for unrolled copy `u`.
-        let body = |g: &mut Self, u: u32| {
-            g.scopes.push(HashMap::new());
-            for (i, &w) in works.iter().enumerate() {
-                let acc = vector_accs[i].get(u as usize).copied();
-                g.element(w, acc, true);
-            }
-            g.store_stashes(true);
-            g.scopes.pop();
-        };
         if let Some(program) = program {
             self.run_program(&program, vec_end, &vector_accs);
         } else {
             let l = self.begin_loop(zero, vec_end);
+            // One vector step of the group per unrolled copy `u`.
             for u in 0..unroll {
                 self.inner = Some(self.b.ins().iadd_imm_s(l.index, u * LANES));
-                body(self, u as u32);
+                self.scopes.push(HashMap::new());
+                for (i, &w) in works.iter().enumerate() {
+                    let acc = vector_accs[i].get(u as usize).copied();
+                    self.element(w, acc, true);
+                }
+                self.store_stashes(true);
+                self.scopes.pop();
             }
             self.end_loop(l, step);
         }
