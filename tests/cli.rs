@@ -553,11 +553,13 @@ fn report_writes_one_page_for_every_program_of_the_corpus() {
             .unwrap()
             .contains("<h3>Profile</h3>")
     );
-    // The memory plan says what a step keeps for a later one.
+    // The memory plan says what a step keeps for a later one, and what it runs as its
+    // epilogue.
     let conv_step = std::fs::read_to_string(dir.join("conv_step.html")).unwrap();
     for kept in [
         "records its argmax (#0) for its gradient",
         "reads the argmax #0 max pooling recorded",
+        "runs the next kernel on each run of samples it writes (its epilogue)",
     ] {
         assert!(conv_step.contains(kept), "no {kept:?}");
     }

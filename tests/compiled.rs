@@ -534,6 +534,72 @@ fn convolutions_in_both_product_orientations_agree() {
     assert_eq!(tally.compared, 1);
 }
 
+/// Convolutions followed by a kernel that alone reads their output run it as their epilogue,
+/// on each run of samples as they write it: a bias and ReLU (chunks of samples in parallel,
+/// as in the digits CNN's first layer) and their sum with the biased output beside it (two
+/// outputs, over the output in place), a pointwise convolution (a sample at a time), a large
+/// image (runs of positions), an input gradient with its ReLU mask, and a kernel over the
+/// output as one row (`tanh`: its rows do not split by samples, so it runs after the
+/// convolution). The same convolution written twice is one after the pipeline. Each agrees
+/// with the interpreter, and the schedule pairs all five.
+#[test]
+fn convolution_epilogues_agree() {
+    let same = "{strides=[1, 1], padding=[(1, 1), (1, 1)], dilation=[1, 1], groups=1}";
+    let pointwise = "{strides=[1, 1], padding=[(0, 0), (0, 0)], dilation=[1, 1], groups=1}";
+    let module = kiln::ir::parse_module(&format!(
+        "module {{
+  func @f(%x: f32[64,1,8,8], %w: f32[32,1,3,3], %b: f32[32], %v: f32[16,32,1,1], %big: f32[1,8,64,64], %u: f32[4,8,3,3], %g: f32[64,32,8,8], %k: f32[32,32,3,3]) -> (f32[64,32,8,8], f32[64,32,8,8], f32[64,16,8,8], f32[1,4,64,64], f32[64,1,8,8], f32[64,32,8,8]) {{
+    %c = conv2d %x, %w {same} : f32[64,32,8,8]
+    %b4 = reshape %b : f32[1,32,1,1]
+    %bb = broadcast %b4 : f32[64,32,8,8]
+    %z = add %c, %bb : f32[64,32,8,8]
+    %zero = const 0.0 : f32[64,32,8,8]
+    %h = max %z, %zero : f32[64,32,8,8]
+    %c2 = conv2d %x, %w {same} : f32[64,32,8,8]
+    %z2 = add %c2, %bb : f32[64,32,8,8]
+    %h2 = max %z2, %zero : f32[64,32,8,8]
+    %s = add %z2, %h2 : f32[64,32,8,8]
+    %p = conv2d %h, %v {pointwise} : f32[64,16,8,8]
+    %pz = const 0.0 : f32[64,16,8,8]
+    %ph = max %p, %pz : f32[64,16,8,8]
+    %l = conv2d %big, %u {same} : f32[1,4,64,64]
+    %lz = const 0.0 : f32[1,4,64,64]
+    %lh = max %l, %lz : f32[1,4,64,64]
+    %dx = conv2d_input_grad %g, %w {same} : f32[64,1,8,8]
+    %xz = const 0.0 : f32[64,1,8,8]
+    %on = gt %x, %xz : bool[64,1,8,8]
+    %dm = select %on, %dx, %xz : f32[64,1,8,8]
+    %t = conv2d %h2, %k {same} : f32[64,32,8,8]
+    %th = tanh %t : f32[64,32,8,8]
+    return %h, %s, %ph, %lh, %dm, %th
+  }}
+}}"
+    ))
+    .unwrap();
+    let mut optimised = module.clone();
+    PassManager::pipeline("default")
+        .unwrap()
+        .run(&mut optimised)
+        .unwrap();
+    let func = optimised.function("f").unwrap();
+    let executable = Executable::new(func);
+    assert_eq!(executable.stats().epilogues, 5, "{func}");
+    for seed in [31, 32] {
+        assert_eq!(check_module(&module, seed).unwrap().compared, 1);
+    }
+    // The bias kernel's rows split by samples, and the large image is one sample; the other
+    // three kernels are one row each, so they run after their convolution.
+    let args = arguments(&module, "f", &mut Gen::new(33));
+    let shared: Vec<Arc<Array>> = args.into_iter().map(Arc::new).collect();
+    let (mut state, interp) = (StateStore::default(), Interpreter::new(&optimised));
+    for _ in 0..2 {
+        executable
+            .run(shared.clone(), &mut state, &interp, false)
+            .unwrap();
+    }
+    assert_eq!(executable.stats().epilogues_run, 4);
+}
+
 /// Max pooling and its gradients in one function, as a training step has them: each pooling
 /// records its windows' argmax and its gradients read it instead of searching the windows
 /// again (paired by the schedule; two gradients of one pooling share it). 2×2 windows that

@@ -91,23 +91,34 @@ pub(crate) fn scratch(
     Ok((bytes, [rows, k]))
 }
 
+/// Called with each run of samples a convolution (or its input gradient) has finished
+/// writing and the address of the first of them in the output: the executor runs the kernel
+/// that alone reads the output on those samples while they are still in cache (an epilogue:
+/// a bias and an activation, say). Filter gradients do not call it.
+pub(crate) type Written<'a> = &'a (dyn Fn(std::ops::Range<usize>, *mut u8) + Sync);
+
 /// Runs `conv2d` (or a transpose, by `kind`) of `a` and `b` into `out`, which has the
-/// result's shape. Float arrays of one dtype (the schedule sends no others).
+/// result's shape, calling `written` on each run of samples written. Float arrays of one
+/// dtype (the schedule sends no others).
 pub(crate) fn conv2d(
     kind: ConvKind,
     attrs: &Conv2dAttrs,
-    a: &Array,
-    b: &Array,
+    [a, b]: [&Array; 2],
     out: &mut Array,
     threads: bool,
+    written: Option<Written>,
 ) {
     match (a, b, out) {
-        (Array::F32(a), Array::F32(b), Array::F32(out)) => {
-            typed((kind, attrs, [a, b], threads, CHUNK_BYTES / 4), out)
-        }
-        (Array::F64(a), Array::F64(b), Array::F64(out)) => {
-            typed((kind, attrs, [a, b], threads, CHUNK_BYTES / 8), out)
-        }
+        (Array::F32(a), Array::F32(b), Array::F32(out)) => typed(
+            (kind, attrs, [a, b], threads, CHUNK_BYTES / 4),
+            out,
+            written,
+        ),
+        (Array::F64(a), Array::F64(b), Array::F64(out)) => typed(
+            (kind, attrs, [a, b], threads, CHUNK_BYTES / 8),
+            out,
+            written,
+        ),
         _ => unreachable!("the executor runs only float convolutions through gemm"),
     }
 }
@@ -164,8 +175,8 @@ fn chunking(d: &ConvDims, budget: usize, threads: bool) -> (usize, bool) {
     (d.n.div_ceil(chunks), true)
 }
 
-/// The convolution of `call` into `out`.
-fn typed<T: Elem>(call: Call<'_, T>, out: &mut ArrayD<T>) {
+/// The convolution of `call` into `out`, `written` called on each run of samples.
+fn typed<T: Elem>(call: Call<'_, T>, out: &mut ArrayD<T>, written: Option<Written>) {
     let (kind, attrs, [a, b], threads, budget) = call;
     let (x, w, y) = match kind {
         ConvKind::Forward => (a.shape(), b.shape(), out.shape()),
@@ -182,17 +193,20 @@ fn typed<T: Elem>(call: Call<'_, T>, out: &mut ArrayD<T>) {
     if [d.n, d.k(), d.p(), d.h * d.w].contains(&0) {
         // No sample, no weight, no output position or no input element: every sum is empty.
         out.fill(T::zero());
+        if !matches!(kind, ConvKind::FilterGrad { .. }) {
+            after(written, 0..d.n, out);
+        }
         return;
     }
     let (per_chunk, across) = chunking(&d, budget, threads);
     let threads = threads && !across;
     if is_pointwise(&d, attrs) {
-        return Pointwise { d, threads }.run(kind, across, [a, b], out);
+        return Pointwise { d, threads }.run(kind, across, [a, b], out, written);
     }
     let run = Run::new(d, attrs, threads);
     match (kind, positions_per_run(kind, &d, budget)) {
         (ConvKind::Forward, Some(positions)) => {
-            run.forward_by_positions(positions, across, [a, b], out)
+            run.forward_by_positions(positions, across, [a, b], out, written)
         }
         (ConvKind::FilterGrad { .. }, Some(positions)) => {
             run.filter_grad_by_positions(positions, across, [a, b], out)
@@ -200,7 +214,14 @@ fn typed<T: Elem>(call: Call<'_, T>, out: &mut ArrayD<T>) {
         (ConvKind::FilterGrad { .. }, None) => {
             run.filter_grad_in_chunks(per_chunk, across, [a, b], out)
         }
-        _ => run.in_chunks(kind, per_chunk, across, [a, b], out),
+        _ => run.in_chunks(kind, per_chunk, across, [a, b], out, written),
+    }
+}
+
+/// Tells `written` (if any) that `samples` are written, `out` holding them.
+fn after<T>(written: Option<Written>, samples: std::ops::Range<usize>, out: &mut [T]) {
+    if let Some(written) = written {
+        written(samples, out.as_mut_ptr().cast());
     }
 }
 
@@ -233,7 +254,14 @@ struct Pointwise {
 }
 
 impl Pointwise {
-    fn run<T: Elem>(&self, kind: ConvKind, across: bool, [a, b]: [&[T]; 2], out: &mut [T]) {
+    fn run<T: Elem>(
+        &self,
+        kind: ConvKind,
+        across: bool,
+        [a, b]: [&[T]; 2],
+        out: &mut [T],
+        written: Option<Written>,
+    ) {
         let d = &self.d;
         let (cg, og, p) = (d.cg(), d.og(), d.p());
         let (x_sample, y_sample) = (d.c * p, d.o * p);
@@ -246,6 +274,7 @@ impl Pointwise {
                     let y = &mut y[g * og * p..][..og * p];
                     gemm.run(y, false, [og, p, cg], (w, 1, cg), (x, 1, p));
                 }
+                after(written, n..n + 1, y)
             }),
             // dx_n,g = W_gᵀ · dy_n,g: [C/g, P] = [C/g, O/g] · [O/g, P].
             ConvKind::InputGrad { .. } => for_each_chunk(out, x_sample, across, |n, dx| {
@@ -254,6 +283,7 @@ impl Pointwise {
                     let dx = &mut dx[g * cg * p..][..cg * p];
                     gemm.run(dx, false, [cg, p, og], (w, cg, 1), (dy, 1, p));
                 }
+                after(written, n..n + 1, dx)
             }),
             // dW_g = Σ_n dy_n,g · x_n,gᵀ: [O/g, C/g] = [O/g, P] · [P, C/g], [`summed`] over the
             // samples.
@@ -330,6 +360,7 @@ impl Run {
         across: bool,
         [a, b]: [&[T]; 2],
         out: &mut [T],
+        written: Option<Written>,
     ) {
         let d = &self.d;
         let weights = self.weights_to_patch_order(b);
@@ -356,7 +387,8 @@ impl Run {
                         self.forward(c, patches, &weights, out, rows);
                     }
                 }
-            })
+            });
+            after(written, n0..n0 + count, out)
         });
     }
 
@@ -408,6 +440,7 @@ impl Run {
         across: bool,
         [x, w]: [&[T]; 2],
         y: &mut [T],
+        written: Option<Written>,
     ) {
         let d = &self.d;
         let (k, og, p) = (d.k(), d.og(), d.p());
@@ -433,7 +466,8 @@ impl Run {
                         }
                     });
                 }
-            })
+            });
+            after(written, n..n + 1, y)
         });
     }
 
@@ -992,13 +1026,13 @@ mod tests {
             let target = patches.as_slice_mut().unwrap();
             match kind {
                 ConvKind::FilterGrad { .. } => run.filter_grad_in_chunks(4, false, slices, target),
-                _ => run.in_chunks(kind, 4, false, slices, target),
+                _ => run.in_chunks(kind, 4, false, slices, target, None),
             }
             for across in [false, true] {
                 let mut pointwise = ArrayD::zeros(IxDyn(&out));
                 let target = pointwise.as_slice_mut().unwrap();
                 let threads = !across;
-                Pointwise { d: dims, threads }.run(kind, across, slices, target);
+                Pointwise { d: dims, threads }.run(kind, across, slices, target, None);
                 assert_eq!(
                     pointwise, patches,
                     "{kind:?}, samples in parallel: {across}"
@@ -1010,7 +1044,7 @@ mod tests {
     /// `call` into a new array of shape `out`.
     fn conv(call: Call<'_, f64>, out: &[usize]) -> ArrayD<f64> {
         let mut result = ArrayD::zeros(IxDyn(out));
-        typed(call, &mut result);
+        typed(call, &mut result, None);
         result
     }
 }

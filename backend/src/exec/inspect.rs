@@ -29,8 +29,8 @@ pub struct Placement {
     /// Each output: its name and `slot 3`, `in place of %x (slot 3)`, `state @w` or
     /// `its own buffer`.
     pub outputs: Vec<(String, String)>,
-    /// What the step keeps for a later step or reads from an earlier one: a max pooling's
-    /// argmax.
+    /// What the step keeps for a later step or reads from an earlier one (a max pooling's
+    /// argmax), or the kernel it runs as its epilogue (a convolution's).
     pub kept: Option<String>,
 }
 
@@ -45,7 +45,8 @@ pub struct StepTime {
     pub calls: u64,
 }
 
-/// What a step of kind `kind` keeps for a later step, or reads from an earlier one.
+/// What a step of kind `kind` keeps for a later step, reads from an earlier one, or runs as its
+/// epilogue.
 fn kept(kind: &StepKind) -> Option<String> {
     Some(match kind {
         StepKind::Pool2d {
@@ -56,6 +57,11 @@ fn kept(kind: &StepKind) -> Option<String> {
         StepKind::Pool2d {
             argmax: Some(i), ..
         } => format!("reads the argmax #{i} max pooling recorded"),
+        StepKind::Conv2d { epilogue: true, .. } => {
+            "runs the next kernel on each run of samples it writes (its epilogue), when that \
+             kernel's rows split by samples"
+                .to_owned()
+        }
         _ => return None,
     })
 }

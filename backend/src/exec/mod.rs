@@ -113,11 +113,32 @@ struct Runtime {
     kept_argmax: Vec<Kept<pool::Argmax>>,
     /// Communication under way, by step index.
     communicating: Vec<Option<crate::comm::Started>>,
+    /// The convolution just run has run the next step's kernel as its epilogue.
+    epilogue_ran: bool,
 }
 
 // SAFETY: `pointers` only holds addresses during one kernel call and is cleared after it; the
 // rest is owned data.
 unsafe impl Send for Runtime {}
+
+/// An epilogue kernel's buffer addresses and the convolution output's among them, shared by
+/// the threads that run the convolution's chunks.
+struct Addresses<'a>(&'a [*mut u8], *mut u8);
+
+// SAFETY: each thread runs the kernel on the rows of the samples it has written, which no other
+// thread reads or writes; the other buffers are read only, or written at those rows only.
+unsafe impl Sync for Addresses<'_> {}
+
+impl Addresses<'_> {
+    /// The addresses with the convolution output's replaced by `output`.
+    fn with_output_at(&self, output: *mut u8) -> [*mut u8; schedule::MAX_EPILOGUE_BUFFERS] {
+        let mut buffers = [std::ptr::null_mut(); schedule::MAX_EPILOGUE_BUFFERS];
+        for (to, &p) in buffers.iter_mut().zip(self.0) {
+            *to = if p == self.1 { output } else { p };
+        }
+        buffers
+    }
+}
 
 #[derive(Default)]
 struct Counters {
@@ -126,6 +147,7 @@ struct Counters {
     reuses: AtomicU64,
     in_place: AtomicU64,
     interpreted: AtomicU64,
+    epilogues_run: AtomicU64,
 }
 
 /// What an executable did so far, and how it is built.
@@ -141,6 +163,8 @@ pub struct ExecStats {
     pub in_place: u64,
     /// Steps run by the interpreter.
     pub interpreted: u64,
+    /// Kernels run as a convolution's epilogue (on each run of samples it wrote).
+    pub epilogues_run: u64,
     /// Steps in the schedule.
     pub steps: usize,
     /// Steps that call a compiled kernel.
@@ -149,6 +173,9 @@ pub struct ExecStats {
     pub slots: usize,
     /// Argmaxes max poolings keep for their gradients.
     pub kept_argmax: usize,
+    /// Convolutions paired with the kernel after them, which they run as their epilogue when
+    /// its rows split by samples.
+    pub epilogues: usize,
 }
 
 /// How a step that is not native code runs.
@@ -275,6 +302,7 @@ impl Executable {
             reuses: get(&c.reuses) + sum(|r| r.reuses),
             in_place: get(&c.in_place) + sum(|r| r.in_place),
             interpreted: get(&c.interpreted) + sum(|r| r.interpreted),
+            epilogues_run: get(&c.epilogues_run) + sum(|r| r.epilogues_run),
             steps: self.schedule.steps.len(),
             kernels: (self.schedule.steps.iter())
                 .filter(|s| matches!(s.kind, StepKind::Kernel { .. }))
@@ -282,6 +310,9 @@ impl Executable {
                 + regions.iter().map(|r| r.kernels).sum::<usize>(),
             slots: self.schedule.slots.len(),
             kept_argmax: self.schedule.kept_argmax,
+            epilogues: (self.schedule.steps.iter())
+                .filter(|s| matches!(s.kind, StepKind::Conv2d { epilogue: true, .. }))
+                .count(),
         }
     }
 
@@ -572,6 +603,7 @@ impl Executable {
     ) -> Result<(), InterpError> {
         let step = &self.schedule.steps[index];
         match &step.kind {
+            StepKind::Kernel { .. } if std::mem::take(&mut rt.epilogue_ran) => {}
             StepKind::Kernel { kernel, symbols } => {
                 self.run_kernel(rt, step, state, kernel, symbols)?
             }
@@ -601,10 +633,16 @@ impl Executable {
                     Some(scale) => self.run_matmul_onto(rt, step, state, operands, *scale),
                 }
             }
-            StepKind::Conv2d { kind, attrs } => {
-                self.two_operands_into_slot(rt, step, |a, b, out, threads| {
-                    conv::conv2d(*kind, attrs, a, b, out, threads)
-                })
+            StepKind::Conv2d {
+                kind,
+                attrs,
+                epilogue,
+            } => {
+                if !(*epilogue && self.run_conv_with_epilogue(rt, index, state)) {
+                    self.two_operands_into_slot(rt, step, |a, b, out, threads| {
+                        conv::conv2d(*kind, attrs, [a, b], out, threads, None)
+                    })
+                }
             }
             StepKind::Pool2d {
                 kind,
@@ -667,6 +705,79 @@ impl Executable {
             ));
         }
         Ok(())
+    }
+
+    /// Runs convolution step `index` with the next step's kernel as its epilogue
+    /// (`schedule::pair_epilogues`): the kernel's buffers are taken first, then the kernel runs
+    /// on each run of samples as the convolution writes them. False, with nothing done, when
+    /// the kernel's rows do not split by samples at these sizes.
+    fn run_conv_with_epilogue(
+        &self,
+        rt: &mut Runtime,
+        index: usize,
+        state: &mut StateStore,
+    ) -> bool {
+        let (step, next) = (&self.schedule.steps[index], &self.schedule.steps[index + 1]);
+        let (StepKind::Conv2d { kind, attrs, .. }, StepKind::Kernel { kernel, symbols }) =
+            (&step.kind, &next.kind)
+        else {
+            unreachable!("a convolution paired with a kernel")
+        };
+        let Output::Slot(slot) = step.out[0] else {
+            unreachable!("a paired convolution writes a slot")
+        };
+        rt.kernel_sizes.clear();
+        rt.kernel_sizes.extend(symbols.iter().map(|&s| rt.sizes[s]));
+        let stage = &kernel.plan.stages[0];
+        let rows = stage.rows(&kernel.plan, &rt.kernel_sizes) as usize;
+        let row_len = stage.row_len(&kernel.plan, &rt.kernel_sizes) as usize;
+        step.shapes[0].resolve_into(&rt.sizes, &mut rt.shape);
+        let (samples, len) = (rt.shape[0], rt.shape.iter().product::<usize>());
+        if samples == 0 || !rows.is_multiple_of(samples) || rows * row_len != len {
+            return false;
+        }
+        let y = step.outputs[0];
+        let dtype = self.func.value_type(y).dtype;
+        rt.env[y.index()] = Some(self.acquire(rt, slot, dtype, &step.shapes[0]));
+        let scratch_start = self.kernel_buffers(rt, next, state, symbols);
+        let operands = [0, 1].map(|k| Self::value(rt, step.inputs[k]).clone());
+        let Runtime {
+            env,
+            outputs,
+            pointers,
+            kernel_sizes,
+            ..
+        } = &mut *rt;
+        let y_at = pointers[next.inputs.iter().position(|&v| v == y).expect("read")];
+        let target = match env[y.index()].as_mut() {
+            Some(array) => array,
+            // The kernel writes its output over the convolution's.
+            None => (outputs.iter_mut())
+                .find(|o| o.data_ptr().cast_mut() == y_at)
+                .expect("the output written in place"),
+        };
+        let target = Arc::get_mut(target).expect("a buffer of the step's own");
+        let addresses = Addresses(pointers, y_at);
+        let (per_sample, sample_bytes) = (rows / samples, len / samples * dtype.size_bytes());
+        let written = |run: std::ops::Range<usize>, at: *mut u8| {
+            // The convolution's output as the chunk's own slice gives it.
+            let buffers = addresses.with_output_at(at.wrapping_sub(run.start * sample_bytes));
+            let rows = (run.start * per_sample) as i64..(run.end * per_sample) as i64;
+            // SAFETY: the kernel's buffers as `kernel_buffers` took them, the convolution's
+            // output addressed through the run's slice; the runs' rows are disjoint, and the
+            // kernel's rows read and write only their own samples.
+            let done =
+                unsafe { kernel.execute_rows(&buffers[..addresses.0.len()], kernel_sizes, rows) };
+            done.expect("an epilogue kernel cannot fail");
+        };
+        let [a, b] = &operands;
+        conv::conv2d(*kind, attrs, [a, b], target, self.threads, Some(&written));
+        #[cfg(feature = "fault-injection")]
+        fault::apply(&self.func, next.inst, &mut rt.outputs[..next.out.len()]);
+        self.kernel_done(rt, next, state, scratch_start);
+        add(&self.counters.epilogues_run, 1);
+        rt.epilogue_ran = true;
+        true
     }
 
     /// Fills `rt.pointers` with the kernel's inputs, outputs and scratch in its ABI order and

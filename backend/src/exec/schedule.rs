@@ -34,10 +34,13 @@ pub(crate) enum StepKind {
         /// update folded into its gradient's product, gemm's `dst = dst + β·a·b`).
         onto: Option<f64>,
     },
-    /// A float convolution (or a transpose) through im2col and gemm.
+    /// A float convolution (or a transpose) through im2col and gemm. `epilogue`: the next
+    /// step is a kernel that alone reads the output, run on each run of samples as the
+    /// convolution writes it (see [`pair_epilogues`]).
     Conv2d {
         kind: ConvKind,
         attrs: Conv2dAttrs,
+        epilogue: bool,
     },
     /// Float pooling (or its gradient) by direct loops. `argmax` pairs a max pooling with a
     /// later gradient of the same input and geometry: the index of the kept argmax the first
@@ -254,6 +257,7 @@ impl Schedule {
                 }
             })
             .collect();
+        hoist_before_convolutions(&mut steps);
         fold_updates_into_products(func, &mut steps);
         read_products_through_views(func, &mut steps, &recipe);
         write_products_through_transposes(func, &mut steps);
@@ -269,6 +273,7 @@ impl Schedule {
             kept_argmax,
         };
         schedule.plan_memory(func, &mut steps, &recipe);
+        pair_epilogues(func, &mut steps);
         schedule.steps = steps;
         schedule
     }
@@ -583,6 +588,79 @@ fn pair_pooling_argmax(steps: &mut [Step]) -> usize {
     kept
 }
 
+/// Pairs each convolution (or input gradient) with the kernel after it that alone reads its
+/// output — a bias and an activation, a batch norm's scale and shift — so that the kernel runs
+/// on each run of samples as the convolution writes it, while they are in cache, rather than
+/// in a pass of its own over the whole output. The kernel must be one rows stage (its rows
+/// independent) that cannot fail, share no input with the convolution, and write no slot that
+/// the convolution's step frees (its buffers are taken before that step ends). Whether its
+/// rows split by samples depends on the sizes, so the executor checks that at run time.
+fn pair_epilogues(func: &Function, steps: &mut [Step]) {
+    let mut reads: HashMap<Value, usize> = HashMap::new();
+    for v in steps.iter().flat_map(|s| &s.inputs) {
+        *reads.entry(*v).or_default() += 1;
+    }
+    let results = &func.region(func.body()).results;
+    for i in 1..steps.len() {
+        let (before, after) = steps.split_at_mut(i);
+        let (conv, kernel) = (&mut before[i - 1], &after[0]);
+        let StepKind::Conv2d { kind, epilogue, .. } = &mut conv.kind else {
+            continue;
+        };
+        let StepKind::Kernel { kernel: k, .. } = &kernel.kind else {
+            continue;
+        };
+        let y = conv.outputs[0];
+        let freed: HashSet<usize> = conv.release.iter().filter_map(|r| r.1).collect();
+        let taken = (kernel.out.iter())
+            .map(|o| match o {
+                Output::Slot(s)
+                | Output::InPlace { slot: s, .. }
+                | Output::State { slot: s, .. } => Some(*s),
+                Output::External => None,
+            })
+            .chain(kernel.scratch.iter().map(|s| Some(s.0)));
+        *epilogue = !matches!(kind, ConvKind::FilterGrad { .. })
+            && matches!(conv.out[0], Output::Slot(_))
+            && reads.get(&y) == Some(&1)
+            && kernel.inputs.contains(&y)
+            && !results.contains(&y)
+            && (k.plan.stages.len() == 1 && k.plan.stages[0].parallel())
+            && !k.plan.can_fail()
+            && k.plan.buffer_count() <= MAX_EPILOGUE_BUFFERS
+            && !kernel.inputs.iter().any(|v| conv.inputs.contains(v))
+            && taken
+                .into_iter()
+                .all(|s| s.is_none_or(|s| !freed.contains(&s)));
+    }
+}
+
+/// Moves the reshapes, loads and constants between a convolution and the first later step that
+/// reads its output (a bias reshaped for the kernel that adds it) to before the convolution,
+/// so that the reader can follow it as its epilogue ([`pair_epilogues`]). They do not read
+/// the convolution's output, so they may run first.
+fn hoist_before_convolutions(steps: &mut [Step]) {
+    for i in 0..steps.len() {
+        if !matches!(steps[i].kind, StepKind::Conv2d { .. }) {
+            continue;
+        }
+        let y = steps[i].outputs[0];
+        let movable = (steps[i + 1..].iter())
+            .take_while(|s| {
+                !s.inputs.contains(&y)
+                    && matches!(
+                        s.kind,
+                        StepKind::Reshape | StepKind::Load { .. } | StepKind::Const { .. }
+                    )
+            })
+            .count();
+        steps[i..=i + movable].rotate_left(1);
+    }
+}
+
+/// The most buffers an epilogue kernel may take (its pointers are an array on the stack).
+pub(crate) const MAX_EPILOGUE_BUFFERS: usize = 16;
+
 /// How the executor runs instruction `inst`.
 fn step_kind(
     func: &Function,
@@ -646,6 +724,7 @@ fn step_kind(
             StepKind::Conv2d {
                 kind: *kind,
                 attrs: *attrs,
+                epilogue: false,
             }
         }
         Op::Pool2d { kind, attrs } if func.value_type(data.results[0]).dtype.is_float() => {

@@ -311,6 +311,30 @@ impl Kernel {
         Ok(())
     }
 
+    /// Runs the rows `rows` of a kernel of one rows stage on this thread, on the path its row
+    /// length chooses: for a caller that runs the kernel in pieces (a convolution's epilogue,
+    /// each run of samples as it is written).
+    ///
+    /// # Safety
+    /// As for [`Kernel::run_stage`].
+    pub unsafe fn execute_rows(
+        &self,
+        buffers: &[*mut u8],
+        sizes: &[i64],
+        rows: std::ops::Range<i64>,
+    ) -> Result<(), Status> {
+        debug_assert!(self.plan.stages.len() == 1 && self.plan.stages[0].parallel());
+        let row_len = self.plan.stages[0].row_len(&self.plan, sizes);
+        let compiled = &self.stages[0];
+        let f = match (compiled.path_for(row_len), compiled.programs) {
+            (Path::Programs, Some(f)) => f,
+            _ => compiled.cranelift,
+        };
+        // SAFETY: forwarded from the caller.
+        let code = unsafe { Self::run_stage(f, buffers, sizes, rows.start, rows.end) };
+        Status::from_code(code).map_or(Ok(()), Err)
+    }
+
     /// Runs a stage's code `f` over rows `begin..end`.
     ///
     /// # Safety
