@@ -17,6 +17,7 @@ mod kept;
 pub(crate) mod matmul;
 use kept::Kept;
 mod pool;
+mod pool_avx512;
 pub(crate) mod schedule;
 pub use inspect::{KernelInfo, Placement, StepTime};
 mod spare;

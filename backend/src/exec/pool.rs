@@ -74,7 +74,7 @@ struct Planes<'a, T: FloatElem> {
     threads: bool,
 }
 
-impl<'a, T: FloatElem + Send + Sync> Planes<'a, T> {
+impl<'a, T: Tiled2x2 + Send + Sync> Planes<'a, T> {
     fn new(
         kind: PoolKind,
         attrs: &'a Pool2dAttrs,
@@ -142,9 +142,9 @@ impl<'a, T: FloatElem + Send + Sync> Planes<'a, T> {
             if tiled_2x2 {
                 let a = &a[first * image..(first + count) * image];
                 return match (g, read) {
-                    (None, _) if record.is_empty() => max_2x2(a, this.w, planes),
-                    (None, _) => max_2x2_recording(a, this.w, planes, record),
-                    (Some(g), Some(taps)) => max_2x2_from(taps, this.w, &g[windows], planes),
+                    (None, _) if record.is_empty() => T::max_2x2(a, this.w, planes, None),
+                    (None, _) => T::max_2x2(a, this.w, planes, Some(record)),
+                    (Some(g), Some(taps)) => T::max_2x2_from(taps, this.w, &g[windows], planes),
                     (Some(g), None) => max_2x2_grad(a, this.w, &g[windows], planes),
                 };
             }
@@ -328,6 +328,49 @@ fn first_max_of_4<T: FloatElem>(taps: [T; 4]) -> (T, u8) {
     let holds = |i: usize| u8::from((taps[i] == m) | taps[i].is_nan()) << i;
     let bits = holds(0) | holds(1) | holds(2) | holds(3);
     (m, bits.trailing_zeros() as u8)
+}
+
+/// The element types pooling runs in, with their 2×2 max pooling over windows that tile the
+/// planes and its gradient from the recorded argmax: f32's a block of sixteen windows at a
+/// time in AVX-512 registers where the CPU has them (`pool_avx512.rs`), the rest by the
+/// scalar loops here.
+pub(crate) trait Tiled2x2: FloatElem {
+    /// [`max_2x2`], recording each window's argmax in `taps` when given.
+    fn max_2x2(x: &[Self], w: usize, out: &mut [Self], taps: Option<&mut [u8]>) {
+        match taps {
+            Some(taps) => max_2x2_recording(x, w, out, taps),
+            None => max_2x2(x, w, out),
+        }
+    }
+
+    /// [`max_2x2_from`].
+    fn max_2x2_from(taps: &[u8], w: usize, g: &[Self], out: &mut [Self]) {
+        max_2x2_from(taps, w, g, out)
+    }
+}
+
+impl Tiled2x2 for f64 {}
+
+impl Tiled2x2 for f32 {
+    fn max_2x2(x: &[f32], w: usize, out: &mut [f32], mut taps: Option<&mut [u8]>) {
+        let done = match super::pool_avx512::suits(w) {
+            true => super::pool_avx512::max_2x2(x, w, out, taps.as_deref_mut()),
+            false => 0,
+        };
+        let (x, out) = (&x[4 * done..], &mut out[done..]);
+        match taps {
+            Some(taps) => max_2x2_recording(x, w, out, &mut taps[done..]),
+            None => max_2x2(x, w, out),
+        }
+    }
+
+    fn max_2x2_from(taps: &[u8], w: usize, g: &[f32], out: &mut [f32]) {
+        let done = match super::pool_avx512::suits(w) {
+            true => super::pool_avx512::max_2x2_from(taps, w, g, out),
+            false => 0,
+        };
+        max_2x2_from(&taps[done..], w, &g[done..], &mut out[4 * done..])
+    }
 }
 
 /// [`max_2x2`] that records each window's argmax in `taps`.
