@@ -600,6 +600,80 @@ fn convolution_epilogues_agree() {
     assert_eq!(executable.stats().epilogues_run, 4);
 }
 
+/// Convolutions and max pooling with channels-last activations (`channels_last=true`, the
+/// `channels_last` pass's layout) agree with the interpreter, which runs them as the NCHW ops
+/// on transposed operands — and give, transposed, what the NCHW ops give: padded, strided
+/// and dilated convolutions and both transposes, one input channel, a pointwise convolution
+/// and its transposes, an image large enough to run by positions, grouped (by the
+/// interpreter), max pooling with its gradient paired and unpaired, overlapping padded
+/// windows, average pooling (by the interpreter).
+#[test]
+fn channels_last_ops_agree() {
+    let conv = |stride: usize, pad: usize, dilation: usize, groups: usize| {
+        format!(
+            "strides=[{stride}, {stride}], padding=[({pad}, {pad}), ({pad}, {pad})], \
+             dilation=[{dilation}, {dilation}], groups={groups}"
+        )
+    };
+    let (same, strided) = (conv(1, 1, 1, 1), conv(2, 2, 2, 1));
+    let (pointwise, grouped) = (conv(1, 0, 1, 1), conv(1, 1, 1, 2));
+    let tiled = "window=[2, 2], strides=[2, 2], padding=[(0, 0), (0, 0)]";
+    let padded = "window=[3, 3], strides=[2, 2], padding=[(1, 1), (1, 1)]";
+    let module = kiln::ir::parse_module(&format!(
+        "module {{
+  func @f(%x: f32[6,9,7,4], %w: f32[8,4,3,3], %g: f32[6,9,7,8], %x1: f32[5,8,8,1], %w1: f32[16,1,3,3], %v: f32[8,4,1,1], %gs: f32[6,5,4,8], %big: f32[1,64,64,8], %u: f32[4,8,3,3], %pg: f32[6,4,3,4], %pp: f32[6,5,4,4]) -> (f32[6,9,7,8], f32[6,9,7,4], f32[8,4,3,3], f32[6,5,4,8], f32[6,9,7,4], f32[8,4,3,3], f32[5,8,8,16], f32[6,9,7,8], f32[6,9,7,4], f32[8,4,1,1], f32[1,64,64,4], f32[6,4,3,4], f32[6,9,7,4], f32[6,9,7,4], f32[6,5,4,4], f32[6,9,7,4]) {{
+    %y = conv2d %x, %w {{{same}, channels_last=true}} : f32[6,9,7,8]
+    %dx = conv2d_input_grad %g, %w {{{same}, channels_last=true}} : f32[6,9,7,4]
+    %dw = conv2d_filter_grad %x, %g {{{same}, channels_last=true}} : f32[8,4,3,3]
+    %ys = conv2d %x, %w {{{strided}, channels_last=true}} : f32[6,5,4,8]
+    %dxs = conv2d_input_grad %gs, %w {{{strided}, channels_last=true}} : f32[6,9,7,4]
+    %dws = conv2d_filter_grad %x, %gs {{{strided}, channels_last=true}} : f32[8,4,3,3]
+    %y1 = conv2d %x1, %w1 {{{same}, channels_last=true}} : f32[5,8,8,16]
+    %yp = conv2d %x, %v {{{pointwise}, channels_last=true}} : f32[6,9,7,8]
+    %dxp = conv2d_input_grad %g, %v {{{pointwise}, channels_last=true}} : f32[6,9,7,4]
+    %dwp = conv2d_filter_grad %x, %g {{{pointwise}, channels_last=true}} : f32[8,4,1,1]
+    %yb = conv2d %big, %u {{{same}, channels_last=true}} : f32[1,64,64,4]
+    %p = max_pool2d %x {{{tiled}, channels_last=true}} : f32[6,4,3,4]
+    %dp = max_pool2d_grad %x, %pg {{{tiled}, channels_last=true}} : f32[6,9,7,4]
+    %dq = max_pool2d_grad %x, %pg {{{tiled}, channels_last=true}} : f32[6,9,7,4]
+    %q = max_pool2d %x {{{padded}, channels_last=true}} : f32[6,5,4,4]
+    %dr = max_pool2d_grad %x, %pp {{{padded}, channels_last=true}} : f32[6,9,7,4]
+    return %y, %dx, %dw, %ys, %dxs, %dws, %y1, %yp, %dxp, %dwp, %yb, %p, %dp, %dq, %q, %dr
+  }}
+}}"
+    ))
+    .unwrap();
+    for seed in [41, 42] {
+        assert_eq!(check_module(&module, seed).unwrap().compared, 1);
+    }
+    // The interpreter's channels-last ops are the NCHW ones on transposed operands (a
+    // grouped convolution and average pooling, which the executor leaves to it, among them).
+    let reference = kiln::ir::parse_module(&format!(
+        "module {{
+  func @f(%x: f32[6,9,7,4], %w: f32[8,4,3,3], %wg: f32[8,2,3,3]) -> (f32[6,9,7,8], f32[6,9,7,8], f32[6,9,7,8], f32[6,9,7,8], f32[6,5,4,4], f32[6,5,4,4]) {{
+    %y = conv2d %x, %w {{{same}, channels_last=true}} : f32[6,9,7,8]
+    %yg = conv2d %x, %wg {{{grouped}, channels_last=true}} : f32[6,9,7,8]
+    %a = avg_pool2d %x {{{padded}, channels_last=true}} : f32[6,5,4,4]
+    %xn = transpose %x {{perm=[0, 3, 1, 2]}} : f32[6,4,9,7]
+    %yn = conv2d %xn, %w {{{same}}} : f32[6,8,9,7]
+    %ygn = conv2d %xn, %wg {{{grouped}}} : f32[6,8,9,7]
+    %an = avg_pool2d %xn {{{padded}}} : f32[6,4,5,4]
+    %y2 = transpose %yn {{perm=[0, 2, 3, 1]}} : f32[6,9,7,8]
+    %yg2 = transpose %ygn {{perm=[0, 2, 3, 1]}} : f32[6,9,7,8]
+    %a2 = transpose %an {{perm=[0, 2, 3, 1]}} : f32[6,5,4,4]
+    return %y, %y2, %yg, %yg2, %a, %a2
+  }}
+}}"
+    ))
+    .unwrap();
+    let args = arguments(&reference, "f", &mut Gen::new(43));
+    let interp = Interpreter::new(&reference);
+    let results = interp.run("f", args, &mut StateStore::default()).unwrap();
+    for pair in results.chunks(2) {
+        assert_eq!(pair[0], pair[1]);
+    }
+}
+
 /// Max pooling and its gradients in one function, as a training step has them: each pooling
 /// records its windows' argmax and its gradients read it instead of searching the windows
 /// again (paired by the schedule; two gradients of one pooling share it). 2×2 windows that

@@ -872,6 +872,7 @@ fn conv2d_matches_its_definition() {
                 padding: [(1, 2), (0, 1)],
                 dilation: [1, 2],
                 groups: 1,
+                channels_last: false,
             },
         ),
         (
@@ -934,6 +935,7 @@ fn pooling_matches_hand_values() {
         window: [2, 2],
         strides: [2, 2],
         padding: [(1, 1), (1, 1)],
+        channels_last: false,
     };
     let max = eval1(vec![x.clone()], |b, p| b.max_pool2d(p[0], padded));
     assert_eq!(

@@ -6,7 +6,7 @@
 
 use crate::op::{AllReduceOp, AxisSlice, DTypeClass, Distribution, Op};
 use crate::types::{DType, Dim, Shape, Type};
-use crate::window::{Conv2dAttrs, ConvKind, Pool2dAttrs, PoolKind};
+use crate::window::{Conv2dAttrs, ConvKind, NCHW_TO_NHWC, NHWC_TO_NCHW, Pool2dAttrs, PoolKind};
 use std::fmt;
 
 /// An op applied to operands it does not accept.
@@ -435,8 +435,20 @@ fn rule(op: &Op, args: &[&Type], regions: &[RegionTypes<'_>]) -> Result<Vec<Type
             }
             one(updates.with_shape(shape.clone()))
         }
-        Op::Conv2d { kind, attrs } => one(conv2d_type(*kind, attrs, args)?),
-        Op::Pool2d { kind, attrs } => one(pool2d_type(*kind, attrs, args)?),
+        Op::Conv2d { kind, attrs } => {
+            let activations = match kind {
+                ConvKind::Forward | ConvKind::InputGrad { .. } => [true, false, true],
+                ConvKind::FilterGrad { .. } => [true, true, false],
+            };
+            one(in_layout(attrs.channels_last, activations, args, |args| {
+                conv2d_type(*kind, attrs, args)
+            })?)
+        }
+        Op::Pool2d { kind, attrs } => {
+            one(in_layout(attrs.channels_last, [true; 3], args, |args| {
+                pool2d_type(*kind, attrs, args)
+            })?)
+        }
         Op::OneHot { depth, dtype } => {
             let labels = args[0];
             if !labels.dtype.is_int() {
@@ -683,6 +695,42 @@ fn nchw(what: &str, t: &Type) -> Result<(Dim, [usize; 3]), String> {
             )),
         },
         _ => Err(format!("the {what} must be NCHW (rank 4), found {t}")),
+    }
+}
+
+/// The type rule `rule` of a convolution or pooling op, whose activations (`activations`: each
+/// operand's, then the result's) are laid out channels last (`[N, H, W, C]`) when
+/// `channels_last`: the rule applied to the operands seen as NCHW, the result laid out
+/// channels last again.
+fn in_layout(
+    channels_last: bool,
+    activations: [bool; 3],
+    args: &[&Type],
+    rule: impl Fn(&[&Type]) -> Result<Type, String>,
+) -> Result<Type, String> {
+    if !channels_last {
+        return rule(args);
+    }
+    let permuted = |t: &Type, perm: [usize; 4]| -> Result<Type, String> {
+        match t.shape.dims() {
+            dims if dims.len() == 4 => {
+                Ok(t.with_shape(Shape(perm.map(|a| dims[a].clone()).into())))
+            }
+            _ => Err(format!(
+                "a channels-last operand must be NHWC (rank 4), found {t}"
+            )),
+        }
+    };
+    let nchw: Vec<Type> = (args.iter().zip(activations))
+        .map(|(t, activation)| match activation {
+            true => permuted(t, NHWC_TO_NCHW),
+            false => Ok((*t).clone()),
+        })
+        .collect::<Result<_, _>>()?;
+    let result = rule(&nchw.iter().collect::<Vec<_>>())?;
+    match activations[2] {
+        true => permuted(&result, NCHW_TO_NHWC),
+        false => Ok(result),
     }
 }
 

@@ -45,4 +45,6 @@ pub use op::{
 pub use parse::{ParseError, parse_module};
 pub use types::{BindError, DType, Dim, Shape, Symbol, SymbolBindings, TooLarge, Type};
 pub use verify::{VerifyError, VerifyErrors, verify_module};
-pub use window::{Conv2dAttrs, ConvKind, Pool2dAttrs, PoolKind};
+pub use window::{
+    Conv2dAttrs, ConvKind, NCHW_TO_NHWC, NHWC_TO_NCHW, Pool2dAttrs, PoolKind, spatial_axes,
+};

@@ -1051,31 +1051,31 @@ impl Op {
                     kind: ConvKind::Forward,
                     attrs: attrs.conv2d(parts.name)?,
                 },
-                "conv2d_input_grad" => Op::Conv2d {
-                    kind: ConvKind::InputGrad {
-                        input: spatial(&single_result()?)?,
-                    },
-                    attrs: attrs.conv2d(parts.name)?,
-                },
+                "conv2d_input_grad" => {
+                    let attrs = attrs.conv2d(parts.name)?;
+                    let input = spatial(&single_result()?, attrs.channels_last)?;
+                    Op::Conv2d {
+                        kind: ConvKind::InputGrad { input },
+                        attrs,
+                    }
+                }
                 "conv2d_filter_grad" => Op::Conv2d {
                     kind: ConvKind::FilterGrad {
-                        kernel: spatial(&single_result()?)?,
+                        kernel: spatial(&single_result()?, false)?,
                     },
                     attrs: attrs.conv2d(parts.name)?,
                 },
                 "max_pool2d" | "avg_pool2d" | "max_pool2d_grad" | "avg_pool2d_grad" => {
+                    let attrs = attrs.pool2d(parts.name)?;
                     let kind = match parts.name {
                         "max_pool2d" => PoolKind::Max,
                         "avg_pool2d" => PoolKind::Avg,
                         "max_pool2d_grad" => PoolKind::MaxGrad,
                         _ => PoolKind::AvgGrad {
-                            input: spatial(&single_result()?)?,
+                            input: spatial(&single_result()?, attrs.channels_last)?,
                         },
                     };
-                    Op::Pool2d {
-                        kind,
-                        attrs: attrs.pool2d(parts.name)?,
-                    }
+                    Op::Pool2d { kind, attrs }
                 }
                 "one_hot" => {
                     let ty = single_result()?;
@@ -1347,16 +1347,19 @@ impl Op {
 }
 
 /// The fixed spatial size `(H, W)` of an NCHW type (a result type that states it).
-fn spatial(ty: &Type) -> Result<[usize; 2], String> {
+/// The height and width of `ty` (rank 4), at [`crate::window::spatial_axes`] of
+/// `channels_last`.
+fn spatial(ty: &Type, channels_last: bool) -> Result<[usize; 2], String> {
+    let [h, w] = crate::window::spatial_axes(channels_last);
     match ty.shape.dims() {
-        [_, _, h, w] => match (h.as_fixed(), w.as_fixed()) {
+        dims @ [_, _, _, _] => match (dims[h].as_fixed(), dims[w].as_fixed()) {
             (Some(h), Some(w)) => Ok([h, w]),
             _ => Err(format!(
                 "the result type must state fixed spatial sizes, found {ty}"
             )),
         },
         _ => Err(format!(
-            "the result type must have rank 4 (NCHW), found {ty}"
+            "the result type must have rank 4 (NCHW or NHWC), found {ty}"
         )),
     }
 }
@@ -1495,6 +1498,7 @@ impl<'a> AttrReader<'a> {
                 None => 1,
                 Some(_) => self.usize("groups")?,
             },
+            channels_last: self.bool_or("channels_last", false)?,
         };
         attrs.check().map_err(|e| format!("`{op}`: {e}"))?;
         Ok(attrs)
@@ -1506,6 +1510,7 @@ impl<'a> AttrReader<'a> {
             window,
             strides: self.usize2_or("strides", window)?,
             padding: self.padding("padding")?,
+            channels_last: self.bool_or("channels_last", false)?,
         };
         attrs.check().map_err(|e| format!("`{op}`: {e}"))?;
         Ok(attrs)

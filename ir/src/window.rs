@@ -21,6 +21,10 @@ pub struct Conv2dAttrs {
     pub dilation: [usize; 2],
     /// Channel groups: each output channel sees `C / groups` input channels.
     pub groups: usize,
+    /// Whether the input, the output and their gradients are laid out channels last
+    /// (`[N, H, W, C]`, the `channels_last` pass's choice) rather than `[N, C, H, W]`; the
+    /// weights stay `[O, C/groups, KH, KW]`.
+    pub channels_last: bool,
 }
 
 impl Default for Conv2dAttrs {
@@ -30,6 +34,7 @@ impl Default for Conv2dAttrs {
             padding: [(0, 0), (0, 0)],
             dilation: [1, 1],
             groups: 1,
+            channels_last: false,
         }
     }
 }
@@ -93,12 +98,14 @@ impl Conv2dAttrs {
 
     /// The attributes the text form prints.
     pub fn attributes(&self) -> Vec<(&'static str, Attr)> {
-        vec![
+        let mut attributes = vec![
             ("strides", ints(&self.strides)),
             ("padding", pairs(&self.padding)),
             ("dilation", ints(&self.dilation)),
             ("groups", Attr::Int(self.groups as i128)),
-        ]
+        ];
+        layout_attribute(&mut attributes, self.channels_last);
+        attributes
     }
 }
 
@@ -111,6 +118,9 @@ pub struct Pool2dAttrs {
     pub strides: [usize; 2],
     /// Elements added before and after each spatial axis.
     pub padding: [(usize, usize); 2],
+    /// Whether the input, the output and their gradients are laid out channels last
+    /// (`[N, H, W, C]`) rather than `[N, C, H, W]`.
+    pub channels_last: bool,
 }
 
 impl Pool2dAttrs {
@@ -120,6 +130,7 @@ impl Pool2dAttrs {
             window,
             strides,
             padding: [(0, 0), (0, 0)],
+            channels_last: false,
         }
     }
 
@@ -171,11 +182,31 @@ impl Pool2dAttrs {
 
     /// The attributes the text form prints.
     pub fn attributes(&self) -> Vec<(&'static str, Attr)> {
-        vec![
+        let mut attributes = vec![
             ("window", ints(&self.window)),
             ("strides", ints(&self.strides)),
             ("padding", pairs(&self.padding)),
-        ]
+        ];
+        layout_attribute(&mut attributes, self.channels_last);
+        attributes
+    }
+}
+
+/// The permutation (a `transpose`'s `perm`) that lays an `[N, C, H, W]` tensor out channels
+/// last (`[N, H, W, C]`).
+pub const NCHW_TO_NHWC: [usize; 4] = [0, 2, 3, 1];
+/// The inverse of [`NCHW_TO_NHWC`].
+pub const NHWC_TO_NCHW: [usize; 4] = [0, 3, 1, 2];
+
+/// The axes of height and width of an activation: `[2, 3]` (NCHW), or `[1, 2]` channels last.
+pub fn spatial_axes(channels_last: bool) -> [usize; 2] {
+    if channels_last { [1, 2] } else { [2, 3] }
+}
+
+/// `channels_last=true` when it is (the default layout, NCHW, is not printed).
+fn layout_attribute(attributes: &mut Vec<(&'static str, Attr)>, channels_last: bool) {
+    if channels_last {
+        attributes.push(("channels_last", Attr::Bool(true)));
     }
 }
 
@@ -284,6 +315,7 @@ mod tests {
                         padding: [(low, 1), (0, 0)],
                         dilation: [dilation, 1],
                         groups: 1,
+                        channels_last: false,
                     };
                     for (size, tap, outputs) in [(5, 0, 4), (5, 2, 6), (1, 1, 3), (0, 0, 2)] {
                         let (run, first) = attrs.inside(0, tap, size, outputs);

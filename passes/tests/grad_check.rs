@@ -815,6 +815,7 @@ fn conv_attrs(strides: usize, pad: (usize, usize), dilation: usize, groups: usiz
         padding: [pad, (pad.1, pad.0)],
         dilation: [dilation, dilation],
         groups,
+        channels_last: false,
     }
 }
 
@@ -866,6 +867,7 @@ fn pooling_and_its_gradients() {
             window: [3, 2],
             strides: [2, 1],
             padding: [(1, 1), (0, 1)],
+            channels_last: false,
         },
     ];
     for (k, attrs) in attrs.into_iter().enumerate() {

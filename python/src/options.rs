@@ -65,6 +65,7 @@ impl Options<'_, '_> {
             padding: [(padding[0], padding[0]), (padding[1], padding[1])],
             dilation: self.pair("dilation", [1, 1])?,
             groups: self.value("groups")?.map_or(Ok(1), |v| v.extract())?,
+            channels_last: false,
         })
     }
 

@@ -653,6 +653,7 @@ fn dilated_convolution_and_padded_average_pooling() {
         window: [3, 3],
         strides: [2, 2],
         padding: [(1, 1), (1, 1)],
+        channels_last: false,
     };
     equivalent(
         "dilated_convolution_and_padded_average_pooling",

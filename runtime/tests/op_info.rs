@@ -235,11 +235,13 @@ fn cases() -> Vec<Case> {
         padding: [(1, 1), (0, 1)],
         dilation: [1, 2],
         groups: 2,
+        channels_last: false,
     };
     let pool = Pool2dAttrs {
         window: [2, 3],
         strides: [2, 1],
         padding: [(1, 0), (1, 1)],
+        channels_last: false,
     };
     let (x, w, y) = ([2, 4, 5, 6], [6, 2, 3, 2], [2, 6, 3, 5]);
     let halves = Pool2dAttrs::new([2, 2], [2, 2]);

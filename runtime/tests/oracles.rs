@@ -513,6 +513,7 @@ fn convolution_with_strides_padding_dilation_and_groups_matches_its_definition()
         padding: [(1, 0), (2, 1)],
         dilation: [2, 1],
         groups: 2,
+        channels_last: false,
     };
     let conv = Conv2d::new("conv", [c, o], [kh, kw], attrs).unwrap();
     let out_size = |size: usize, axis: usize, k: usize| {
@@ -604,12 +605,14 @@ fn pooling_with_overlapping_strided_asymmetrically_padded_windows_matches_its_de
             window: [3, 3],
             strides: [2, 2],
             padding: [(1, 0), (2, 1)],
+            channels_last: false,
         },
         // Strides larger than the window (inputs skipped), and a non-square window.
         Pool2dAttrs {
             window: [2, 1],
             strides: [3, 2],
             padding: [(0, 1), (0, 0)],
+            channels_last: false,
         },
     ] {
         for max in [true, false] {

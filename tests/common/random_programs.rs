@@ -395,6 +395,7 @@ fn random_op(
                 padding: [(g.below(2), g.below(2)), (g.below(2), g.below(2))],
                 dilation: [1 + g.below(2), 1 + g.below(2)],
                 groups,
+                channels_last: false,
             };
             b.conv2d(input, weights, attrs)?
         }
@@ -418,6 +419,7 @@ fn random_op(
                     (g.below(window[0]), g.below(window[0])),
                     (g.below(window[1]), g.below(window[1])),
                 ],
+                channels_last: false,
             };
             match g.chance(50) {
                 true => b.max_pool2d(input, attrs)?,

@@ -58,16 +58,11 @@ impl<T> Default for Scratch<T> {
 /// checked against the memory limit before anything is allocated.
 pub(crate) fn scratch(
     kind: ConvKind,
-    groups: usize,
-    [a, b, out]: [&[usize]; 3],
+    attrs: &Conv2dAttrs,
+    shapes: [&[usize]; 3],
     elem_bytes: usize,
 ) -> Result<(u128, [u128; 2]), String> {
-    let (x, w, y) = match kind {
-        ConvKind::Forward => (a, b, out),
-        ConvKind::InputGrad { .. } => (out, b, a),
-        ConvKind::FilterGrad { .. } => (a, out, b),
-    };
-    let d = ConvDims::of(x, w, y, groups).map_err(|e| e.0)?;
+    let d = dims(kind, attrs.groups, attrs.channels_last, shapes)?;
     if d.image() >= PADDING as usize {
         return Err(format!(
             "one sample's channel group has {} elements, more than the compiled \
@@ -178,15 +173,32 @@ fn chunking(d: &ConvDims, budget: usize, threads: bool) -> (usize, bool) {
     (d.n.div_ceil(chunks), true)
 }
 
+/// The sizes of a convolution of `kind` with operand and result shapes `[a, b, out]`, its
+/// activations laid out channels last when `channels_last`.
+fn dims(
+    kind: ConvKind,
+    groups: usize,
+    channels_last: bool,
+    [a, b, out]: [&[usize]; 3],
+) -> Result<ConvDims, String> {
+    let (x, w, y) = match kind {
+        ConvKind::Forward => (a, b, out),
+        ConvKind::InputGrad { .. } => (out, b, a),
+        ConvKind::FilterGrad { .. } => (a, out, b),
+    };
+    let nchw = |s: &[usize]| match s {
+        [n, h, w, c] if channels_last => vec![*n, *c, *h, *w],
+        _ => s.to_vec(),
+    };
+    ConvDims::of(&nchw(x), w, &nchw(y), groups).map_err(|e| e.0)
+}
+
 /// The convolution of `call` into `out`, `written` called on each run of samples.
 fn typed<T: Elem>(call: Call<'_, T>, out: &mut ArrayD<T>, written: Option<Written>) {
     let (kind, attrs, [a, b], threads, budget) = call;
-    let (x, w, y) = match kind {
-        ConvKind::Forward => (a.shape(), b.shape(), out.shape()),
-        ConvKind::InputGrad { .. } => (out.shape(), b.shape(), a.shape()),
-        ConvKind::FilterGrad { .. } => (a.shape(), out.shape(), b.shape()),
-    };
-    let d = ConvDims::of(x, w, y, attrs.groups).expect("the verifier checked the shapes");
+    let shapes = [a.shape(), b.shape(), out.shape()];
+    let d = dims(kind, attrs.groups, attrs.channels_last, shapes)
+        .expect("the verifier checked the shapes");
     let (a, b) = (a.as_standard_layout(), b.as_standard_layout());
     let (a, b) = (
         a.as_slice().expect("standard"),
@@ -203,6 +215,11 @@ fn typed<T: Elem>(call: Call<'_, T>, out: &mut ArrayD<T>, written: Option<Writte
     }
     let (per_chunk, across) = chunking(&d, budget, threads);
     let threads = threads && !across;
+    if is_pointwise(&d, attrs) && attrs.channels_last {
+        let gemm = Gemm::split(threads || across, d.n * d.p() * d.c * d.o);
+        Pointwise::channels_last(&d, gemm, kind, [a, b], out);
+        return after(written, 0..d.n, out);
+    }
     if is_pointwise(&d, attrs) {
         return Pointwise { d, threads }.run(kind, across, [a, b], out, written);
     }
@@ -257,6 +274,26 @@ struct Pointwise {
 }
 
 impl Pointwise {
+    /// A pointwise convolution (or a transpose) of channels-last activations: one product
+    /// over every sample's positions, `[N·P, C]` against the weights `[O, C]`.
+    fn channels_last<T: Elem>(
+        d: &ConvDims,
+        gemm: Gemm,
+        kind: ConvKind,
+        [a, b]: [&[T]; 2],
+        out: &mut [T],
+    ) {
+        let (rows, c, o) = (d.n * d.p(), d.c, d.o);
+        match kind {
+            // y = x · Wᵀ: [N·P, O] = [N·P, C] · [C, O].
+            ConvKind::Forward => gemm.run(out, false, [rows, o, c], (a, 1, c), (b, c, 1)),
+            // dx = dy · W: [N·P, C] = [N·P, O] · [O, C].
+            ConvKind::InputGrad { .. } => gemm.run(out, false, [rows, c, o], (a, 1, o), (b, 1, c)),
+            // dW = dyᵀ · x: [O, C] = [O, N·P] · [N·P, C].
+            ConvKind::FilterGrad { .. } => gemm.run(out, false, [o, c, rows], (b, o, 1), (a, 1, c)),
+        }
+    }
+
     fn run<T: Elem>(
         &self,
         kind: ConvKind,
@@ -312,6 +349,9 @@ struct Run {
     d: ConvDims,
     /// Whether a chunk's steps split their work over the team's threads.
     threads: bool,
+    /// Whether the activations are laid out channels last (one group): the image is the
+    /// input itself, the product's rows are the output's, and no layout pass runs.
+    channels_last: bool,
     /// For each output position and kernel tap, where the tap's channels start in a sample's
     /// channels-last image (`PADDING` where it reads padding): the window geometry worked out
     /// once per call, not per sample.
@@ -341,6 +381,7 @@ impl Run {
         Run {
             d,
             threads,
+            channels_last: attrs.channels_last,
             offsets,
         }
     }
@@ -461,8 +502,12 @@ impl Run {
                     let w = &weights[group * og * k..];
                     self.position_runs(image, positions, patches, |p0, patches| {
                         let len = patches.len() / k;
-                        let product = prefix(rows, og * len);
                         let gemm = self.gemm(og * len * k);
+                        if self.channels_last {
+                            let y = &mut y[p0 * og..][..len * og];
+                            return gemm.run(y, false, [len, og, k], (patches, 1, k), (w, k, 1));
+                        }
+                        let product = prefix(rows, og * len);
                         gemm.run(product, false, [og, len, k], (w, 1, k), (patches, k, 1));
                         for (o, row) in product.chunks_exact(len).enumerate() {
                             y[(group * og + o) * p + p0..][..len].copy_from_slice(row);
@@ -496,9 +541,12 @@ impl Run {
                         let dw = &mut dw[group * og * k..][..og * k];
                         self.position_runs(image, positions, patches, |p0, patches| {
                             let len = patches.len() / k;
-                            let dy = &g[(n * d.o + group * og) * p + p0..];
+                            let dy = match self.channels_last {
+                                true => (&g[(n * p + p0) * d.o..], d.o, 1),
+                                false => (&g[(n * d.o + group * og) * p + p0..], 1, p),
+                            };
                             let gemm = self.gemm(og * len * k);
-                            gemm.run(dw, true, [og, k, len], (dy, 1, p), (patches, 1, k));
+                            gemm.run(dw, true, [og, k, len], dy, (patches, 1, k));
                         });
                     }
                 }
@@ -544,8 +592,12 @@ impl Run {
         scratch: &mut Vec<T>,
     ) {
         let (k, og, positions) = (self.d.k(), self.d.og(), c.count * self.d.p());
-        let product = prefix(scratch, positions * og);
         let (gemm, w) = (self.gemm(og * k * positions), &w[c.group * og * k..]);
+        if self.channels_last {
+            let y = &mut y[..positions * og];
+            return gemm.run(y, false, [positions, og, k], (patches, 1, k), (w, k, 1));
+        }
+        let product = prefix(scratch, positions * og);
         if k <= og {
             gemm.run(
                 product,
@@ -570,8 +622,14 @@ impl Run {
     /// `patches = g · W'_g`, then each patch added back to the input elements it came from.
     fn input_grad<T: Elem>(&self, c: Chunk, g: &[T], w: &[T], dx: &mut [T], s: &mut Scratch<T>) {
         let (k, og, positions) = (self.d.k(), self.d.og(), c.count * self.d.p());
-        let rows = prefix(&mut s.rows, positions * og);
-        self.nchw_to_rows(c, g, rows);
+        let rows = match self.channels_last {
+            true => &g[..positions * og],
+            false => {
+                let rows = prefix(&mut s.rows, positions * og);
+                self.nchw_to_rows(c, g, rows);
+                rows
+            }
+        };
         let patches = prefix(&mut s.patches, positions * k);
         self.gemm(og * k * positions).run(
             patches,
@@ -580,8 +638,8 @@ impl Run {
             (rows, 1, og),
             (&w[c.group * og * k..], 1, k),
         );
-        if self.d.c == 1 {
-            // One channel: NCHW is channels last already.
+        if self.d.c == 1 || self.channels_last {
+            // Channels last already (one channel: NCHW is too).
             let image = self.d.image();
             return self.col2im(patches, &mut dx[..c.count * image]);
         }
@@ -603,14 +661,21 @@ impl Run {
         grad: &mut Vec<T>,
     ) {
         let (k, og, positions) = (self.d.k(), self.d.og(), c.count * self.d.p());
-        let grad = prefix(grad, positions * og);
-        self.gather(c, g, grad);
+        // `g` as `[O/g, count·P]`: the rows of a channels-last `g` read across, else gathered.
+        let (grad, column, row) = match self.channels_last {
+            true => (&g[..positions * og], og, 1),
+            false => {
+                let grad = prefix(grad, positions * og);
+                self.gather(c, g, grad);
+                (&*grad, 1, positions)
+            }
+        };
         let dw = &mut dw[c.group * og * k..(c.group + 1) * og * k];
         let part = |run: std::ops::Range<usize>, dst: &mut [T]| {
-            let (grad, patches) = (&grad[run.start..], &patches[run.start * k..]);
+            let (grad, patches) = (&grad[run.start * column..], &patches[run.start * k..]);
             let shape = [og, k, run.len()];
             let single = Gemm { threads: false };
-            single.run(dst, true, shape, (grad, 1, positions), (patches, 1, k));
+            single.run(dst, true, shape, (grad, column, row), (patches, 1, k));
         };
         if !(self.threads && og * k * positions >= PARALLEL_FLOPS) {
             return part(0..positions, dw);
@@ -651,7 +716,7 @@ impl Run {
     /// channel, else laid out in `scratch`.
     fn channels_last<'a, T: Elem>(&self, c: Chunk, x: &'a [T], scratch: &'a mut Vec<T>) -> &'a [T] {
         let image = self.d.image();
-        if self.d.c == 1 {
+        if self.d.c == 1 || self.channels_last {
             return &x[..c.count * image];
         }
         let to = prefix(scratch, c.count * image);
@@ -939,6 +1004,7 @@ mod tests {
             padding: [(1, 0), (1, 1)],
             dilation: [1, 1],
             groups: 2,
+            channels_last: false,
         };
         // Enough samples and work for chunks to run in parallel.
         let (x, w, y) = ([32, 4, 15, 16], [48, 2, 3, 2], [32, 48, 14, 9]);
@@ -984,6 +1050,7 @@ mod tests {
             padding: [(1, 1), (1, 0)],
             dilation: [1, 1],
             groups: 2,
+            channels_last: false,
         };
         let (x, w, y) = ([8, 8, 32, 32], [64, 4, 3, 2], [8, 64, 32, 16]);
         // 512 positions × 4·3·2 weights a sample: a budget of 2,400 takes 100 positions at a
@@ -1013,6 +1080,7 @@ mod tests {
             padding: [(0, 0), (0, 0)],
             dilation: [1, 1],
             groups: 2,
+            channels_last: false,
         };
         let (x, w, y) = ([9, 6, 7, 5], [8, 3, 1, 1], [9, 8, 7, 5]);
         let dims = ConvDims::of(&x, &w, &y, 2).expect("shapes");

@@ -18,6 +18,7 @@ pub(crate) mod matmul;
 use kept::Kept;
 mod pool;
 mod pool_avx512;
+mod pool_nhwc;
 pub(crate) mod schedule;
 pub use inspect::{KernelInfo, Placement, StepTime};
 mod spare;
@@ -942,9 +943,8 @@ impl Executable {
         };
         let [a, b, out] = [step.inputs[0], step.inputs[1], step.outputs[0]].map(shape);
         let dtype = self.func.value_type(step.outputs[0]).dtype;
-        let (bytes, [rows, cols]) =
-            conv::scratch(kind, attrs.groups, [&a, &b, &out], dtype.size_bytes())
-                .map_err(|message| self.fail(step.inst, message))?;
+        let (bytes, [rows, cols]) = conv::scratch(kind, attrs, [&a, &b, &out], dtype.size_bytes())
+            .map_err(|message| self.fail(step.inst, message))?;
         if bytes <= u128::from(crate::limits::memory_limit()) {
             return Ok(());
         }

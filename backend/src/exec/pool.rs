@@ -27,6 +27,20 @@ pub(crate) fn pool2d(
     threads: bool,
     argmax: Keeping<Argmax>,
 ) {
+    if attrs.channels_last {
+        let call = (kind, attrs, threads, argmax);
+        return match (args, out) {
+            ([Array::F32(x)], Array::F32(out)) => channels_last(call, x, None, out),
+            ([Array::F64(x)], Array::F64(out)) => channels_last(call, x, None, out),
+            ([Array::F32(x), Array::F32(g)], Array::F32(out)) => {
+                channels_last(call, x, Some(g), out)
+            }
+            ([Array::F64(x), Array::F64(g)], Array::F64(out)) => {
+                channels_last(call, x, Some(g), out)
+            }
+            _ => unreachable!("the executor runs only float pooling natively"),
+        };
+    }
     match (args, out) {
         ([Array::F32(x)], Array::F32(out)) => {
             Planes::new(kind, attrs, x, None, threads).into(out, argmax)
@@ -44,12 +58,49 @@ pub(crate) fn pool2d(
     }
 }
 
+/// Max pooling (or its gradient) of channels-last `x` (and `g`) into `out`
+/// (`pool_nhwc.rs`).
+fn channels_last<T: FloatElem + Send + Sync>(
+    (kind, attrs, threads, argmax): (PoolKind, &Pool2dAttrs, bool, Keeping<Argmax>),
+    x: &ArrayD<T>,
+    g: Option<&ArrayD<T>>,
+    out: &mut ArrayD<T>,
+) {
+    let x = x.as_standard_layout();
+    let g = g.map(|g| g.as_standard_layout());
+    let pooled = g.as_ref().map_or(out.shape(), |g| g.shape());
+    let call = super::pool_nhwc::ChannelsLast {
+        attrs,
+        input: x.shape().try_into().expect("NHWC"),
+        pooled: [pooled[1], pooled[2]],
+        threads,
+    };
+    let x = x.as_slice().expect("standard");
+    let out = out.as_slice_mut().expect("executor buffers are contiguous");
+    match (kind, argmax, &g) {
+        (PoolKind::Max, Keeping::Fill(kept), _) => {
+            kept.value.resize(out.len(), NO_TAP);
+            kept.valid = true;
+            call.max(x, out, &mut kept.value)
+        }
+        (PoolKind::Max, _, _) => call.max(x, out, &mut Vec::new()),
+        (PoolKind::MaxGrad, argmax, Some(g)) => {
+            let read = match argmax {
+                Keeping::Read(kept) if kept.valid => Some(&kept.value[..]),
+                _ => None,
+            };
+            call.max_grad(x, g.as_slice().expect("standard"), read, out)
+        }
+        _ => unreachable!("the schedule runs channels-last average pooling by the interpreter"),
+    }
+}
+
 /// Where each window's largest element is, as its position among the window's (clipped) taps
 /// in row-major order, kept by a max pooling for the gradient of the same input.
 pub(crate) type Argmax = Vec<u8>;
 
 /// The tap position that stands for "no tap" (a window wholly in the padding).
-const NO_TAP: u8 = u8::MAX;
+pub(super) const NO_TAP: u8 = u8::MAX;
 
 /// Whether windows of `attrs` are small enough for their argmax to be kept.
 pub(crate) fn argmax_fits(attrs: &Pool2dAttrs) -> bool {

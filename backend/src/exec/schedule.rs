@@ -720,6 +720,13 @@ fn step_kind(
             written_through: None,
             onto: None,
         },
+        // Channels last, the executor's loops take one group and max pooling; the interpreter
+        // runs the rest.
+        Op::Conv2d { attrs, .. } if attrs.channels_last && attrs.groups > 1 => StepKind::Direct,
+        Op::Pool2d {
+            kind: PoolKind::Avg | PoolKind::AvgGrad { .. },
+            attrs,
+        } if attrs.channels_last => StepKind::Direct,
         Op::Conv2d { kind, attrs } if func.value_type(data.results[0]).dtype.is_float() => {
             StepKind::Conv2d {
                 kind: *kind,

@@ -7,10 +7,11 @@
 //! they share that loop ([`for_each_tap`]). Sums accumulate in f64 and round once, as the
 //! other reductions do.
 
-use super::kernels::{FloatElem, KernelResult, OpError};
+use super::kernels::{FloatElem, KernelResult, OpError, transpose};
 use crate::array::Array;
-use kiln_ir::{Conv2dAttrs, ConvKind, Pool2dAttrs, PoolKind};
+use kiln_ir::{Conv2dAttrs, ConvKind, NCHW_TO_NHWC, NHWC_TO_NCHW, Pool2dAttrs, PoolKind};
 use ndarray::{ArrayD, IxDyn};
+use std::borrow::Cow;
 
 /// Sizes of one convolution: input `[n, c, h, w]`, weights `[o, c / groups, kh, kw]`,
 /// output `[n, o, oh, ow]`, and the channel groups. The executor's convolutions share it.
@@ -76,6 +77,35 @@ impl ConvDims {
 }
 
 /// Runs `conv2d` (or a transpose) of `attrs` on `a` and `b`; `out_shape` is the result's.
+/// A channels-last op (`[N, H, W, C]` activations: `activations` marks each operand's, then
+/// the result's) by its NCHW loops `nchw`: the activations transposed to NCHW, the result back.
+fn in_nchw(
+    activations: [bool; 3],
+    args: &[&Array],
+    out_shape: &[usize],
+    nchw: impl FnOnce(&[&Array], &[usize]) -> KernelResult<Array>,
+) -> KernelResult<Array> {
+    let transposed: Vec<Cow<Array>> = (args.iter().zip(activations))
+        .map(|(a, activation)| match activation {
+            true => transpose(a, &NHWC_TO_NCHW).map(Cow::Owned),
+            false => Ok(Cow::Borrowed(*a)),
+        })
+        .collect::<KernelResult<_>>()?;
+    let args: Vec<&Array> = transposed.iter().map(|a| a.as_ref()).collect();
+    if !activations[2] {
+        return nchw(&args, out_shape);
+    }
+    let shape: Vec<usize> = match out_shape {
+        [_, _, _, _] => NHWC_TO_NCHW.iter().map(|&a| out_shape[a]).collect(),
+        _ => {
+            return Err(OpError(format!(
+                "a channels-last result must be NHWC, found {out_shape:?}"
+            )));
+        }
+    };
+    transpose(&nchw(&args, &shape)?, &NCHW_TO_NHWC)
+}
+
 pub(super) fn conv2d(
     kind: ConvKind,
     attrs: &Conv2dAttrs,
@@ -83,6 +113,19 @@ pub(super) fn conv2d(
     b: &Array,
     out_shape: &[usize],
 ) -> KernelResult<Array> {
+    if attrs.channels_last {
+        let activations = match kind {
+            ConvKind::Forward | ConvKind::InputGrad { .. } => [true, false, true],
+            ConvKind::FilterGrad { .. } => [true, true, false],
+        };
+        let nchw = Conv2dAttrs {
+            channels_last: false,
+            ..*attrs
+        };
+        return in_nchw(activations, &[a, b], out_shape, |args, shape| {
+            conv2d(kind, &nchw, args[0], args[1], shape)
+        });
+    }
     match (a, b) {
         (Array::F32(a), Array::F32(b)) => Ok(Array::F32(conv_typed(kind, attrs, a, b, out_shape)?)),
         (Array::F64(a), Array::F64(b)) => Ok(Array::F64(conv_typed(kind, attrs, a, b, out_shape)?)),
@@ -166,6 +209,15 @@ pub(super) fn pool2d(
     args: &[&Array],
     out_shape: &[usize],
 ) -> KernelResult<Array> {
+    if attrs.channels_last {
+        let nchw = Pool2dAttrs {
+            channels_last: false,
+            ..*attrs
+        };
+        return in_nchw([true; 3], args, out_shape, |args, shape| {
+            pool2d(kind, &nchw, args, shape)
+        });
+    }
     match args {
         [Array::F32(x)] => Ok(Array::F32(pool_typed(kind, attrs, x, None, out_shape)?)),
         [Array::F64(x)] => Ok(Array::F64(pool_typed(kind, attrs, x, None, out_shape)?)),

@@ -147,6 +147,7 @@ pub(super) fn conv(c: &mut Ctx) -> Converted {
         padding: win.pads,
         dilation: win.dilations,
         groups: c.node.positive("group", Some(1))?,
+        channels_last: false,
     };
     let y = c.b.conv2d(x, w, attrs)?;
     let y = add_channel_bias(c, y, bias)?;
@@ -214,6 +215,7 @@ pub(super) fn conv_transpose(c: &mut Ctx) -> Converted {
         padding: pads,
         dilation: dilations,
         groups,
+        channels_last: false,
     };
     let y = c.b.conv(ConvKind::InputGrad { input: out }, attrs, x, w)?;
     let y = add_channel_bias(c, y, bias)?;
@@ -263,6 +265,7 @@ pub(super) fn pool(c: &mut Ctx, max: bool) -> Converted {
         window: kernel,
         strides: win.strides,
         padding,
+        channels_last: false,
     };
     if max {
         let y = c.b.max_pool2d(x, attrs)?;
@@ -339,6 +342,7 @@ pub(super) fn lp_pool(c: &mut Ctx) -> Converted {
         window: kernel,
         strides: win.strides,
         padding: win.pads,
+        channels_last: false,
     };
     let mean = c.b.avg_pool2d(powered, attrs)?;
     let area = c.scalar(dtype, (kernel[0] * kernel[1]) as f64)?;

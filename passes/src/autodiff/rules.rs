@@ -235,7 +235,7 @@ pub(super) fn vjp(
         }
         Op::Conv2d { kind, attrs } => {
             let (a, c) = (x(0), x(1));
-            let spatial = |i: usize| spatial_of(s.ty(args[i]));
+            let spatial = |i: usize| spatial_of(s.ty(args[i]), i == 0 && attrs.channels_last);
             // ⟨g, conv(x, w)⟩ = ⟨x, input_grad(g, w)⟩ = ⟨w, filter_grad(x, g)⟩: each op's
             // adjoints are the other two.
             let (da, dc) = match kind {
@@ -264,7 +264,7 @@ pub(super) fn vjp(
                 out.push((args[0], b.pool(PoolKind::MaxGrad, *attrs, &[x(0), g])?));
             }
             PoolKind::Avg if active(0) => {
-                let input = spatial_of(s.ty(args[0]));
+                let input = spatial_of(s.ty(args[0]), attrs.channels_last);
                 out.push((args[0], b.pool(PoolKind::AvgGrad { input }, *attrs, &[g])?));
             }
             PoolKind::AvgGrad { .. } if active(0) => {
@@ -293,10 +293,11 @@ pub(super) fn vjp(
 }
 
 /// The spatial size `(H, W)` of an NCHW type (fixed: the type rules require it).
-fn spatial_of(ty: &Type) -> [usize; 2] {
+/// The height and width of an activation (`channels_last`) or of weights.
+fn spatial_of(ty: &Type, channels_last: bool) -> [usize; 2] {
     let d = ty.shape.dims();
     let fixed = |i: usize| d.get(i).and_then(Dim::as_fixed).unwrap_or(0);
-    [fixed(2), fixed(3)]
+    kiln_ir::spatial_axes(channels_last).map(fixed)
 }
 
 /// A custom op's gradient comes from the op's own backward, which the runtime registers as
