@@ -264,8 +264,31 @@ fn opt_prints_the_ir_after_each_pass_and_statistics() {
     let bad = kiln(&["opt", "tests/programs/mlp.kir", "--passes", "cse,inline"]);
     assert_eq!(bad.status.code(), Some(1));
     assert!(stderr(&bad).contains(
-        "unknown pass `inline`; the passes are: canonicalize, fold, cse, simplify, loops, dce, fuse"
+        "unknown pass `inline`; the passes are: canonicalize, fold, cse, simplify, channels_last, loops, dce, fuse"
     ));
+    // The channels-last pipeline shows its choice: the IR after the pass, and why.
+    let out = kiln(&[
+        "opt",
+        "tests/programs/conv_step.kir",
+        "--pipeline",
+        "channels_last",
+        "--explain",
+        "--print-after-all",
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = stdout(&out);
+    let after = text
+        .split("// -----// IR Dump After channels_last //----- //\n")
+        .nth(1)
+        .unwrap();
+    assert!(
+        after.contains("channels_last=true} : f32[N,8,8,4]"),
+        "{after}"
+    );
+    assert!(
+        text.contains("@train_step: 2 convolution(s), 2 pooling(s)"),
+        "{text}"
+    );
 }
 
 #[test]

@@ -83,10 +83,15 @@ fn check_program(seed: u64) -> Result<Tally, String> {
 }
 
 fn check_module(module: &Module, seed: u64) -> Result<Tally, String> {
+    check_module_in("default", module, seed)
+}
+
+/// [`check_module`] through the pass pipeline `pipeline`.
+fn check_module_in(pipeline: &str, module: &Module, seed: u64) -> Result<Tally, String> {
     let module = module.clone();
     let mut tally = Tally::default();
     let mut optimised = module.clone();
-    PassManager::pipeline("default")
+    PassManager::pipeline(pipeline)
         .unwrap()
         .run(&mut optimised)
         .map_err(|e| format!("the pipeline failed: {e}\n{module}"))?;
@@ -671,6 +676,95 @@ fn channels_last_ops_agree() {
     let results = interp.run("f", args, &mut StateStore::default()).unwrap();
     for pair in results.chunks(2) {
         assert_eq!(pair[0], pair[1]);
+    }
+}
+
+/// The `channels_last` pass rewrites each region of activations that holds a convolution
+/// channels last, with transposes (or reshapes, when only axes of size 1 move) where it meets
+/// other ops, and the results do not change: one layer's training step (`conv_step.kir`:
+/// the image and the bias come in by reshapes, the pooled values' gradient by a transpose);
+/// two layers flattened into a dense layer, with a scalar broadcast, a bias gradient keeping
+/// its axes, and a concatenation of channels; a pooling without a convolution and a region
+/// read inside a `while` body, both left as they are.
+#[test]
+fn channels_last_regions_keep_results() {
+    let conv_step = std::fs::read_to_string("tests/programs/conv_step.kir").unwrap();
+    let conv_step = kiln::ir::parse_module(&conv_step).unwrap();
+    let same = "strides=[1, 1], padding=[(1, 1), (1, 1)], dilation=[1, 1], groups=1";
+    let tiled = "window=[2, 2], strides=[2, 2], padding=[(0, 0), (0, 0)]";
+    let layers = kiln::ir::parse_module(&format!(
+        "module {{
+  func @two(%x: f32[N,3,8,8], %w1: f32[4,3,3,3], %w2: f32[6,8,3,3], %d: f32[96,5], %s: f32[]) -> (f32[N,5], f32[1,6,1,1]) {{
+    %c1 = conv2d %x, %w1 {{{same}}} : f32[N,4,8,8]
+    %sb = broadcast %s : f32[N,4,8,8]
+    %z1 = mul %c1, %sb : f32[N,4,8,8]
+    %both = concat %z1, %c1 {{axis=1}} : f32[N,8,8,8]
+    %c2 = conv2d %both, %w2 {{{same}}} : f32[N,6,8,8]
+    %zero = const 0.0 : f32[N,6,8,8]
+    %h = max %c2, %zero : f32[N,6,8,8]
+    %p = max_pool2d %h {{{tiled}}} : f32[N,6,4,4]
+    %db = reduce_sum %h {{axes=[0, 2, 3], keep_dims=true}} : f32[1,6,1,1]
+    %flat = reshape %p : f32[N,96]
+    %y = matmul %flat, %d : f32[N,5]
+    return %y, %db
+  }}
+
+  func @pool_only(%x: f32[2,3,4,4]) -> f32[2,3,2,2] {{
+    %p = max_pool2d %x {{{tiled}}} : f32[2,3,2,2]
+    return %p
+  }}
+
+  func @in_loop(%x: f32[2,3,4,4], %w: f32[3,3,3,3]) -> f32[2,3,4,4] {{
+    %c = conv2d %x, %w {{{same}}} : f32[2,3,4,4]
+    %zero = const 0 : i64[]
+    %r, %k = while %c, %zero : f32[2,3,4,4], i64[] cond(%a: f32[2,3,4,4], %i: i64[]) {{
+      %three = const 3 : i64[]
+      %go = lt %i, %three : bool[]
+      yield %go
+    }} body(%a2: f32[2,3,4,4], %i2: i64[]) {{
+      %b = add %a2, %c : f32[2,3,4,4]
+      %one = const 1 : i64[]
+      %next = add %i2, %one : i64[]
+      yield %b, %next
+    }}
+    return %r
+  }}
+}}"
+    ))
+    .unwrap();
+    for (module, seed) in [(&conv_step, 51), (&layers, 52)] {
+        assert_eq!(
+            check_module_in("channels_last", module, seed)
+                .unwrap()
+                .compared,
+            module.functions.len() as u64
+        );
+    }
+    let optimised = |module: &Module| {
+        let mut optimised = module.clone();
+        PassManager::pipeline("channels_last")
+            .unwrap()
+            .run(&mut optimised)
+            .unwrap();
+        optimised
+    };
+    let text = |module: &Module, name: &str| module.function(name).unwrap().to_string();
+    let step = text(&optimised(&conv_step), "train_step");
+    assert_eq!(step.matches("channels_last=true").count(), 4, "{step}");
+    assert_eq!(step.matches("= transpose").count(), 1, "{step}");
+    let layers = optimised(&layers);
+    let two = text(&layers, "two");
+    // Both convolutions, the pooling; in: the image; out: the pooled values (flattened) and
+    // the bias gradient (a reshape).
+    assert_eq!(two.matches("channels_last=true").count(), 3, "{two}");
+    assert!(two.contains("concat") && two.contains("{axis=3}"), "{two}");
+    assert_eq!(two.matches("= transpose").count(), 2, "{two}");
+    for name in ["pool_only", "in_loop"] {
+        let f = text(&layers, name);
+        assert!(
+            !f.contains("channels_last") && !f.contains("transpose"),
+            "{f}"
+        );
     }
 }
 

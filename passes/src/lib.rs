@@ -4,6 +4,8 @@
 //!   verification and IR dumps after each pass.
 //! - [`canonicalize`], [`fold`], [`cse`], [`dce`]: the classic passes.
 //! - [`simplify`]: e-graph rewriting with egg, rules by topic, memory-traffic extraction.
+//! - `layout`: convolutions, pooling and the ops between them channels last, chosen per
+//!   region of the graph, with transposes only at its edges.
 //! - `loops`: invariant code motion, transposed invariant operands and batched input
 //!   projections in `while` bodies.
 //! - [`fusion`]: elementwise, broadcast and reduction ops grouped into `fused` kernels.
@@ -22,6 +24,7 @@ mod cse;
 mod dce;
 mod fold;
 mod fusion;
+mod layout;
 mod loops;
 pub mod manager;
 pub mod prune;
@@ -33,6 +36,7 @@ pub use cse::Cse;
 pub use dce::Dce;
 pub use fold::ConstantFold;
 pub use fusion::Fuse;
+pub use layout::ChannelsLast;
 pub use loops::Loops;
 pub use manager::{Pass, PassError, PassManager, PassReport, Stats};
 pub use prune::{prune, prune_fed};

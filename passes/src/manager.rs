@@ -5,7 +5,7 @@
 //! skip it unless asked. `--print-after-all` is an instrumentation hook: the manager calls back
 //! with the module after each pass, headed like MLIR's `// -----// IR Dump After cse //----- //`.
 
-use crate::{canonicalize, cse, dce, fold, fusion, loops, simplify};
+use crate::{canonicalize, cse, dce, fold, fusion, layout, loops, simplify};
 use kiln_ir::{Module, verify_module};
 use std::fmt;
 use std::time::{Duration, Instant};
@@ -138,6 +138,10 @@ pub const PASSES: &[(&str, &str)] = &[
         "e-graph rewriting (egg): algebra, layout, broadcasts, matmul transposes; memory-traffic cost",
     ),
     (
+        "channels_last",
+        "convolutions, max pooling and the ops between them channels last, transposes at the region's edges",
+    ),
+    (
         "loops",
         "in `while` bodies: hoist invariant ops, pre-transpose invariant operands, batch input projections",
     ),
@@ -181,6 +185,24 @@ pub const PIPELINES: &[(&str, &[&str])] = &[
             "dce",
         ],
     ),
+    // The default pipeline with activations channels last where a region holds a
+    // convolution; not the default yet (the digits CNN's step is slower: BENCHMARKS.md).
+    (
+        "channels_last",
+        &[
+            "canonicalize",
+            "fold",
+            "cse",
+            "simplify",
+            "channels_last",
+            "canonicalize",
+            "fold",
+            "cse",
+            "loops",
+            "dce",
+            "fuse",
+        ],
+    ),
     ("none", &[]),
 ];
 
@@ -192,6 +214,7 @@ pub fn pass_by_name(name: &str) -> Result<Box<dyn Pass>, PassError> {
         "cse" => Box::new(cse::Cse),
         "simplify" => Box::new(simplify::Simplify::default()),
         "dce" => Box::new(dce::Dce),
+        "channels_last" => Box::new(layout::ChannelsLast::default()),
         "loops" => Box::new(loops::Loops),
         "fuse" => Box::new(fusion::Fuse::default()),
         _ => {

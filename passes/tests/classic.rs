@@ -325,12 +325,13 @@ fn unknown_passes_and_pipelines_are_named() {
         .to_string();
     assert_eq!(
         err,
-        "unknown pass `inline`; the passes are: canonicalize, fold, cse, simplify, loops, dce, fuse"
+        "unknown pass `inline`; the passes are: canonicalize, fold, cse, simplify, channels_last, \
+         loops, dce, fuse"
     );
     let err = PassManager::pipeline("O3").err().unwrap().to_string();
     assert_eq!(
         err,
-        "unknown pipeline `O3`; the pipelines are: default, simplify, none"
+        "unknown pipeline `O3`; the pipelines are: default, simplify, channels_last, none"
     );
 }
 

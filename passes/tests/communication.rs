@@ -101,6 +101,7 @@ keeps_communication! {
     fold: ["fold"];
     cse: ["cse"];
     simplify: ["simplify"];
+    channels_last: ["channels_last"];
     loops: ["loops"];
     dce: ["dce"];
     fuse: ["fuse"];
@@ -114,6 +115,7 @@ fn the_tests_cover_every_pass() {
         "fold",
         "cse",
         "simplify",
+        "channels_last",
         "loops",
         "dce",
         "fuse",

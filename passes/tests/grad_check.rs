@@ -857,6 +857,51 @@ fn conv2d_and_its_transposes() {
     }
 }
 
+/// Channels-last convolutions (`[N, H, W, C]` activations) and their transposes, and pooling,
+/// differentiated with respect to every operand.
+#[test]
+fn channels_last_convolutions_and_pooling() {
+    let attrs = Conv2dAttrs {
+        channels_last: true,
+        ..conv_attrs(2, (1, 2), 1, 1)
+    };
+    let (x, w) = ([2, 6, 5, 2], [3, 2, 3, 2]);
+    check(vec![input(&x, 90), input(&w, 91)], |b, a| {
+        b.conv2d(a[0], a[1], attrs)
+    });
+    let y = {
+        let mut b = FunctionBuilder::new("shape");
+        let xa = b.arg("x", Type::new(DType::F64, Shape::fixed(&x)));
+        let wa = b.arg("w", Type::new(DType::F64, Shape::fixed(&w)));
+        let y = b.conv2d(xa, wa, attrs).unwrap();
+        b.value_type(y).shape.as_fixed().unwrap()
+    };
+    let input_grad = ConvKind::InputGrad {
+        input: [x[1], x[2]],
+    };
+    check(vec![input(&y, 92), input(&w, 93)], |b, a| {
+        b.conv(input_grad, attrs, a[0], a[1])
+    });
+    let filter_grad = ConvKind::FilterGrad {
+        kernel: [w[2], w[3]],
+    };
+    check(vec![input(&x, 94), input(&y, 95)], |b, a| {
+        b.conv(filter_grad, attrs, a[0], a[1])
+    });
+    let pool = Pool2dAttrs {
+        window: [3, 2],
+        strides: [2, 1],
+        padding: [(1, 1), (0, 1)],
+        channels_last: true,
+    };
+    check(vec![input(&[2, 5, 6, 3], 96)], |b, a| {
+        b.max_pool2d(a[0], pool)
+    });
+    check(vec![input(&[2, 5, 6, 3], 97)], |b, a| {
+        b.avg_pool2d(a[0], pool)
+    });
+}
+
 #[test]
 fn pooling_and_its_gradients() {
     // Random values: a window's largest element leads the next by far more than the step.

@@ -63,7 +63,12 @@ impl ChannelsLast<'_> {
 
     /// Max pooling of `x` into `out` (`[N, OH, OW, C]`), recording each window's argmax in
     /// `record` (empty: none).
-    pub(super) fn max<T: FloatElem + Send + Sync>(&self, x: &[T], out: &mut [T], record: &mut Argmax) {
+    pub(super) fn max<T: FloatElem + Send + Sync>(
+        &self,
+        x: &[T],
+        out: &mut [T],
+        record: &mut Argmax,
+    ) {
         let ([_, h, w, c], [oh, ow]) = (self.input, self.pooled);
         let windows = self.windows();
         let per_tap = if record.is_empty() { 0 } else { oh * ow * c };
