@@ -416,7 +416,44 @@ pub fn transpose(x: &Array, perm: &[usize]) -> KernelResult<Array> {
     if !valid {
         return Err(format!("{perm:?} is not a permutation for {:?}", x.shape()).into());
     }
-    Ok(map_array!(x, a => standard(a.view().permuted_axes(IxDyn(perm)))))
+    Ok(map_array!(x, a => permuted(a, perm)))
+}
+
+/// `a` with its axes permuted by `perm` (valid), in row-major order: the result walked in
+/// order, each run along its last axis read at the input's stride for that axis, and an
+/// odometer over the others (ndarray's walk of a permuted dynamic-rank view took ~20 ns an
+/// element: 1.4 ms for the digits CNN's 256 KiB of pooled values).
+fn permuted<T: Copy + Default>(a: &ArrayD<T>, perm: &[usize]) -> ArrayD<T> {
+    let a = a.as_standard_layout();
+    let (x, shape) = (a.as_slice().expect("standard"), a.shape());
+    let mut strides = vec![1; shape.len()];
+    for axis in (0..shape.len().saturating_sub(1)).rev() {
+        strides[axis] = strides[axis + 1] * shape[axis + 1];
+    }
+    let dims: Vec<usize> = perm.iter().map(|&p| shape[p]).collect();
+    let steps: Vec<usize> = perm.iter().map(|&p| strides[p]).collect();
+    let mut out = ArrayD::from_elem(IxDyn(&dims), T::default());
+    let (Some(&inner), Some(&step)) = (dims.last(), steps.last()) else {
+        return a.into_owned();
+    };
+    let outer = dims.len() - 1;
+    let (mut index, mut base) = (vec![0; outer], 0);
+    let values = out.as_slice_mut().expect("fresh arrays are standard");
+    for row in values.chunks_exact_mut(inner.max(1)) {
+        for (k, v) in row.iter_mut().enumerate() {
+            *v = x[base + k * step];
+        }
+        for axis in (0..outer).rev() {
+            index[axis] += 1;
+            base += steps[axis];
+            if index[axis] < dims[axis] {
+                break;
+            }
+            base -= steps[axis] * dims[axis];
+            index[axis] = 0;
+        }
+    }
+    out
 }
 
 /// A range of each axis of `x`.
