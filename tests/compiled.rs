@@ -679,6 +679,65 @@ fn channels_last_ops_agree() {
     }
 }
 
+/// Cases the executor's channels-last loops leave to the interpreter or must not trip on:
+/// windows of 255 taps or more (whose tap does not fit the argmax's byte), and samples with
+/// no channel or no position. Each gives the interpreter's result.
+#[test]
+fn channels_last_pooling_edge_cases_agree() {
+    let module = kiln::ir::parse_module(
+        "module {
+  func @f(%x: f32[1,17,17,2], %g: f32[1,1,1,2], %e: f32[2,4,4,0], %ge: f32[2,2,2,0], %z: f32[1,0,4,3], %gz: f32[1,1,2,3]) -> (f32[1,1,1,2], f32[1,17,17,2], f32[2,2,2,0], f32[2,4,4,0], f32[1,0,4,3]) {
+    %p = max_pool2d %x {window=[17, 17], strides=[1, 1], padding=[(0, 0), (0, 0)], channels_last=true} : f32[1,1,1,2]
+    %d = max_pool2d_grad %x, %g {window=[17, 17], strides=[1, 1], padding=[(0, 0), (0, 0)], channels_last=true} : f32[1,17,17,2]
+    %pe = max_pool2d %e {window=[2, 2], strides=[2, 2], padding=[(0, 0), (0, 0)], channels_last=true} : f32[2,2,2,0]
+    %de = max_pool2d_grad %e, %ge {window=[2, 2], strides=[2, 2], padding=[(0, 0), (0, 0)], channels_last=true} : f32[2,4,4,0]
+    %dz = max_pool2d_grad %z, %gz {window=[2, 2], strides=[2, 2], padding=[(1, 1), (0, 0)], channels_last=true} : f32[1,0,4,3]
+    return %p, %d, %pe, %de, %dz
+  }
+}",
+    )
+    .unwrap();
+    let func = module.function("f").unwrap();
+    let args = arguments(&module, "f", &mut Gen::new(61));
+    let interp = Interpreter::new(&module);
+    let expected = interp
+        .run("f", args.clone(), &mut StateStore::default())
+        .unwrap();
+    let executable = Executable::new(func);
+    let shared: Vec<Arc<Array>> = args.into_iter().map(Arc::new).collect();
+    let compiled = (executable.run(shared, &mut StateStore::default(), &interp, false)).unwrap();
+    for (a, b) in expected.iter().zip(&compiled) {
+        assert_eq!(a, &**b);
+    }
+}
+
+/// A kernel that waits for a collective's result (its first reader) is not a convolution's
+/// epilogue, which would run it a step before the wait: here the bias is all-reduced (one
+/// rank: returned as it is) and read only by the kernel after the convolution.
+#[test]
+fn a_kernel_waiting_for_a_collective_is_no_epilogue() {
+    let module = kiln::ir::parse_module(
+        "module {
+  func @f(%x: f32[4,1,8,8], %w: f32[8,1,3,3], %b: f32[1,8,1,1]) -> f32[4,8,8,8] {
+    %s = all_reduce_sum %b : f32[1,8,1,1]
+    %c = conv2d %x, %w {strides=[1, 1], padding=[(1, 1), (1, 1)], dilation=[1, 1], groups=1} : f32[4,8,8,8]
+    %bb = broadcast %s : f32[4,8,8,8]
+    %y = add %c, %bb : f32[4,8,8,8]
+    return %y
+  }
+}",
+    )
+    .unwrap();
+    let mut optimised = module.clone();
+    PassManager::pipeline("default")
+        .unwrap()
+        .run(&mut optimised)
+        .unwrap();
+    let executable = Executable::new(optimised.function("f").unwrap());
+    assert_eq!(executable.stats().epilogues, 0);
+    assert_eq!(check_module(&module, 62).unwrap().compared, 1);
+}
+
 /// The `channels_last` pass rewrites each region of activations that holds a convolution
 /// channels last, with transposes (or reshapes, when only axes of size 1 move) where it meets
 /// other ops, and the results do not change: one layer's training step (`conv_step.kir`:

@@ -345,6 +345,8 @@ impl Executable {
         rt.communicating.clear();
         rt.communicating
             .resize_with(self.schedule.steps.len(), || None);
+        // A run that failed between a convolution and its epilogue's step left this set.
+        rt.epilogue_ran = false;
         let result = self.run_in(&mut rt, args, state, interp, retain_results);
         rt.env.iter_mut().for_each(|v| *v = None);
         rt.communicating.clear();
@@ -735,7 +737,8 @@ impl Executable {
         let row_len = stage.row_len(&kernel.plan, &rt.kernel_sizes) as usize;
         step.shapes[0].resolve_into(&rt.sizes, &mut rt.shape);
         let (samples, len) = (rt.shape[0], rt.shape.iter().product::<usize>());
-        if samples == 0 || !rows.is_multiple_of(samples) || rows * row_len != len {
+        // Chunks of no elements are never handed to the callback.
+        if len == 0 || !rows.is_multiple_of(samples) || rows * row_len != len {
             return false;
         }
         let y = step.outputs[0];

@@ -2,7 +2,9 @@
 //! and its gradient, for the executor. Each tap of a window is a run of `C` contiguous
 //! channels, so every step is a loop over the channels with selects, not branches, that the
 //! compiler vectorises. As the NCHW loops (`pool.rs`), max pooling may record each window's
-//! argmax for each channel (its tap among the window's clipped taps, row-major, one byte) for
+//! argmax for each channel (its tap among the window's clipped taps, row-major, one byte:
+//! windows of fewer than 255 taps, `argmax_fits`; the schedule sends others to the
+//! interpreter) for
 //! the gradient of the same input, which then adds each window's gradient there without
 //! searching again; samples split across the team's threads.
 
@@ -39,6 +41,10 @@ impl ChannelsLast<'_> {
         sample: impl Fn(usize, &mut [T], &mut [u8]) + Sync,
     ) {
         let n = self.input[0];
+        if per_out == 0 {
+            // No element to write (no channel, or no position).
+            return;
+        }
         let taps: Vec<&mut [u8]> = match per_tap {
             0 => (0..n).map(|_| &mut [][..]).collect(),
             _ => taps.chunks_mut(per_tap).collect(),

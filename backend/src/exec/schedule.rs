@@ -592,8 +592,9 @@ fn pair_pooling_argmax(steps: &mut [Step]) -> usize {
 /// output — a bias and an activation, a batch norm's scale and shift — so that the kernel runs
 /// on each run of samples as the convolution writes it, while they are in cache, rather than
 /// in a pass of its own over the whole output. The kernel must be one rows stage (its rows
-/// independent) that cannot fail, share no input with the convolution, and write no slot that
-/// the convolution's step frees (its buffers are taken before that step ends). Whether its
+/// independent) that cannot fail and waits for no communication (it runs a step early), share
+/// no input with the convolution, and write no slot that the convolution's step frees (its
+/// buffers are taken before that step ends). Whether its
 /// rows split by samples depends on the sizes, so the executor checks that at run time.
 fn pair_epilogues(func: &Function, steps: &mut [Step]) {
     let mut reads: HashMap<Value, usize> = HashMap::new();
@@ -626,7 +627,8 @@ fn pair_epilogues(func: &Function, steps: &mut [Step]) {
             && kernel.inputs.contains(&y)
             && !results.contains(&y)
             && (k.plan.stages.len() == 1 && k.plan.stages[0].parallel())
-            && !k.plan.can_fail()
+            && !kernel.fallible
+            && kernel.awaits.is_empty()
             && k.plan.buffer_count() <= MAX_EPILOGUE_BUFFERS
             && !kernel.inputs.iter().any(|v| conv.inputs.contains(v))
             && taken
@@ -720,13 +722,17 @@ fn step_kind(
             written_through: None,
             onto: None,
         },
-        // Channels last, the executor's loops take one group and max pooling; the interpreter
-        // runs the rest.
+        // Channels last, the executor's loops take one group and max pooling of windows of
+        // fewer than 255 taps; the interpreter runs the rest.
         Op::Conv2d { attrs, .. } if attrs.channels_last && attrs.groups > 1 => StepKind::Direct,
         Op::Pool2d {
             kind: PoolKind::Avg | PoolKind::AvgGrad { .. },
             attrs,
         } if attrs.channels_last => StepKind::Direct,
+        // Channels-last max pooling keeps a window's tap in a byte.
+        Op::Pool2d { attrs, .. } if attrs.channels_last && !super::pool::argmax_fits(attrs) => {
+            StepKind::Direct
+        }
         Op::Conv2d { kind, attrs } if func.value_type(data.results[0]).dtype.is_float() => {
             StepKind::Conv2d {
                 kind: *kind,
