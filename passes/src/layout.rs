@@ -235,13 +235,10 @@ fn regions(func: &Function) -> Vec<Region> {
         values.dedup();
         values
     };
-    for &inst in &body.insts {
-        let values = linked(inst);
+    let links: Vec<(Inst, Vec<Value>)> = body.insts.iter().map(|&i| (i, linked(i))).collect();
+    for (_, values) in &links {
         for pair in values.windows(2) {
             union(&mut parent, pair[0], pair[1]);
-        }
-        if let [only] = values[..] {
-            find(&mut parent, only);
         }
     }
     let nested: HashSet<Value> = (body.insts.iter())
@@ -250,8 +247,7 @@ fn regions(func: &Function) -> Vec<Region> {
         .collect();
     let mut by_root: HashMap<Value, Region> = HashMap::new();
     let mut spoiled: HashSet<Value> = HashSet::new();
-    for &inst in &body.insts {
-        let values = linked(inst);
+    for (inst, values) in links {
         let Some(&first) = values.first() else {
             continue;
         };

@@ -352,11 +352,17 @@ enum Taps<'a> {
 fn first_max_of<T: FloatElem>(values: impl IntoIterator<Item = T>) -> (T, u8) {
     let (mut best, mut at) = (T::neg_infinity(), NO_TAP);
     for (i, v) in values.into_iter().enumerate() {
-        let take = (at == NO_TAP) | (!best.is_nan() & ((v > best) | v.is_nan()));
+        let take = takes_over(v, best, at);
         best = if take { v } else { best };
         at = if take { i as u8 } else { at };
     }
     (if best.is_nan() { T::nan() } else { best }, at)
+}
+
+/// Whether tap value `v` becomes a window's largest over `best`, held by tap `at` (`NO_TAP`:
+/// none yet): it is larger, or the first NaN (`nan_max`'s largest), or the first tap.
+pub(super) fn takes_over<T: FloatElem>(v: T, best: T, at: u8) -> bool {
+    (at == NO_TAP) | (!best.is_nan() & ((v > best) | v.is_nan()))
 }
 
 /// Max pooling of one plane (rows `w` long) by 2×2 windows that tile it: each pair of input

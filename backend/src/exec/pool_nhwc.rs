@@ -8,7 +8,7 @@
 //! the gradient of the same input, which then adds each window's gradient there without
 //! searching again; samples split across the team's threads.
 
-use super::pool::{Argmax, NO_TAP};
+use super::pool::{Argmax, NO_TAP, takes_over};
 use crate::interp::kernels::FloatElem;
 use kiln_ir::Pool2dAttrs;
 use std::ops::Range;
@@ -134,7 +134,7 @@ impl ChannelsLast<'_> {
 
 /// The largest of each channel over the window `(rows, cols)` of one sample `x` (`[H, W, C]`
 /// with `[w, c]` its last two sizes) into `best`, and the first tap that holds it into `at`
-/// (the first NaN, if any, as `pool.rs`'s `first_max_of`; `NO_TAP` and −∞ for no tap).
+/// (by `pool.rs`'s rule, [`takes_over`]; `NO_TAP` and −∞ for no tap).
 fn first_max<T: FloatElem>(
     x: &[T],
     (rows, cols): (&Range<usize>, &Range<usize>),
@@ -150,7 +150,7 @@ fn first_max<T: FloatElem>(
     for (k, (row, col)) in taps.enumerate() {
         let tap = &x[(row * w + col) * c..][..c];
         for ((best, at), &v) in best.iter_mut().zip(at.iter_mut()).zip(tap) {
-            let take = (*at == NO_TAP) | (!best.is_nan() & ((v > *best) | v.is_nan()));
+            let take = takes_over(v, *best, *at);
             *best = if take { v } else { *best };
             *at = if take { k as u8 } else { *at };
         }
