@@ -209,9 +209,9 @@ enum Command {
         kiln opt tests/programs/mlp.kir --passes canonicalize,cse,simplify,dce --print-after-all\n  \
         kiln opt tests/programs/softmax_xent.kir --stats\n  \
         kiln opt tests/programs/attention.kir --explain\n  \
-        kiln opt tests/programs/conv_step.kir --pipeline channels_last --explain\n\n\
+        kiln opt tests/programs/conv_step.kir --passes channels_last --explain\n\n\
         Passes: canonicalize, fold, cse, simplify, channels_last, loops, dce, fuse. \
-        Pipelines: default, simplify, channels_last (the default with the channels_last pass), none.")]
+        Pipelines: default, simplify, none.")]
     Opt {
         file: PathBuf,
         /// Passes to run, in order, separated by commas.

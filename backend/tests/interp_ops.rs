@@ -371,6 +371,51 @@ fn select_and_cast() {
     );
 }
 
+/// Every permutation of ranks 0 to 4 over shapes with axes of 0, 1, odd sizes and sizes past
+/// the 16-element tiles of batched matrix transposes (NCHW ↔ NHWC), in both kernels — the
+/// interpreter's and the executor's, into a buffer — against ndarray's permuted view.
+#[test]
+fn transpose_matches_a_permuted_view_for_every_permutation() {
+    fn permutations(rank: usize) -> Vec<Vec<usize>> {
+        if rank == 0 {
+            return vec![vec![]];
+        }
+        let mut all = Vec::new();
+        for p in permutations(rank - 1) {
+            for at in 0..=p.len() {
+                let mut q = p.clone();
+                q.insert(at, rank - 1);
+                all.push(q);
+            }
+        }
+        all
+    }
+    let shapes: [&[usize]; 8] = [
+        &[],
+        &[5],
+        &[3, 17],
+        &[2, 1, 4],
+        &[2, 19, 5, 7],
+        &[3, 4, 2, 2],
+        &[2, 0, 3, 4],
+        &[1, 33, 18, 1],
+    ];
+    for shape in shapes {
+        let count: usize = shape.iter().product();
+        let x = ArrayD::from_shape_vec(IxDyn(shape), (0..count as i64).collect()).unwrap();
+        for perm in permutations(shape.len()) {
+            let want = x.clone().permuted_axes(IxDyn(&perm));
+            let want = Array::I64(want.as_standard_layout().into_owned());
+            let got = kiln_backend::interp::kernels::transpose(&Array::I64(x.clone()), &perm);
+            assert_eq!(got.unwrap(), want, "{shape:?} by {perm:?}");
+            let mut into = Array::zeros(DType::I64, want.shape());
+            kiln_backend::interp::kernels::transpose_into(&Array::I64(x.clone()), &perm, &mut into)
+                .unwrap();
+            assert_eq!(into, want, "{shape:?} by {perm:?}, into a buffer");
+        }
+    }
+}
+
 #[test]
 fn layout_ops() {
     let x = i32s(&[2, 3], &[0, 1, 2, 3, 4, 5]);

@@ -42,11 +42,24 @@ impl Pass for ChannelsLast {
         let mut total = Converted::default();
         for func in &mut module.functions {
             for region in regions(func) {
+                let (saved, paid) = (saved_moves(func, &region), edge_moves(func, &region));
+                if saved <= paid {
+                    if self.explain {
+                        self.explanations.push(format!(
+                            "@{}: {} convolution(s) stay NCHW: channels last would save {saved} \
+                             element moves in them and pay {paid} at the region's edges",
+                            func.name(),
+                            region.convolutions,
+                        ));
+                    }
+                    continue;
+                }
                 let done = convert(func, &region);
                 if self.explain {
                     self.explanations.push(format!(
                         "@{}: {} convolution(s), {} pooling(s) and {} other op(s) run channels \
-                         last; {} transpose(s) or reshape(s) in, {} out",
+                         last; {} transpose(s) or reshape(s) in, {} out (saving {saved} element \
+                         moves in the convolutions, paying {paid} at the edges)",
                         func.name(),
                         done.convolutions,
                         done.poolings,
@@ -301,6 +314,87 @@ fn relayout(ty: &Type, perm: [usize; 4]) -> Op {
     }
 }
 
+/// The elements laying out an NCHW activation of type `ty` channels last (or back) moves:
+/// none when only axes of size 1 move (one channel, a bias). Counted per unit of the
+/// symbolic sizes (a batch `N`, which every activation of a region shares, counts once).
+fn moves(ty: &Type) -> u64 {
+    match relayout(ty, NCHW_TO_NHWC) {
+        Op::Transpose { .. } => (ty.shape.dims().iter())
+            .map(|d| d.as_fixed().map_or(1, |n| n as u64))
+            .fold(1, u64::saturating_mul),
+        _ => 0,
+    }
+}
+
+/// The element moves the region's convolutions make over NCHW activations and not channels
+/// last: the executor lays each NCHW activation a convolution reads out channels last, and
+/// its output back.
+fn saved_moves(func: &Function, region: &Region) -> u64 {
+    let body = func.region(func.body());
+    (body.insts.iter().filter(|i| region.insts.contains(i)))
+        .filter_map(|&inst| match role(func, inst) {
+            Role::Window { carried, result } if matches!(func.inst(inst).op, Op::Conv2d { .. }) => {
+                let data = func.inst(inst);
+                let operands = (data.args.iter().zip(carried))
+                    .filter(|(_, c)| *c)
+                    .map(|(&a, _)| moves(func.value_type(a)));
+                let output = result.then(|| moves(func.value_type(data.results[0])));
+                Some(operands.chain(output).fold(0, u64::saturating_add))
+            }
+            _ => None,
+        })
+        .fold(0, u64::saturating_add)
+}
+
+/// The element moves of the transposes converting `region` adds at its edges (reshapes move
+/// nothing; the values are NCHW still, and moving only axes of size 1 one way moves only
+/// them the other way too).
+fn edge_moves(func: &Function, region: &Region) -> u64 {
+    let body = func.region(func.body());
+    let mut crossing: HashSet<(Value, bool)> = HashSet::new();
+    for &inst in &body.insts {
+        let args = &func.inst(inst).args;
+        crossing.extend(
+            crossings(func, region, inst)
+                .into_iter()
+                .map(|(i, into)| (args[i], into)),
+        );
+    }
+    crossing.extend(
+        (body.results.iter())
+            .filter(|r| region.values.contains(r))
+            .map(|&r| (r, false)),
+    );
+    (crossing.into_iter())
+        .map(|(v, _)| moves(func.value_type(v)))
+        .fold(0, u64::saturating_add)
+}
+
+/// The operands of `inst` that cross `region`'s edge: `(index, true)` for a value from
+/// outside that an op inside reads (laid out channels last on the way in), `(index, false)`
+/// for a region value that an op outside reads (laid back out NCHW).
+fn crossings(func: &Function, region: &Region, inst: Inst) -> Vec<(usize, bool)> {
+    let args = &func.inst(inst).args;
+    let inside = region.insts.contains(&inst);
+    let carried: Vec<bool> = match (inside, role(func, inst)) {
+        (true, Role::Window { carried, .. }) => carried.to_vec(),
+        (true, Role::Along | Role::Reads) => args
+            .iter()
+            .map(|&a| func.value_type(a).rank() == 4)
+            .collect(),
+        _ => vec![false; args.len()],
+    };
+    (args.iter().zip(carried).enumerate())
+        .filter_map(
+            |(i, (a, carried))| match (carried, region.values.contains(a)) {
+                (true, false) => Some((i, true)),
+                (false, true) => Some((i, false)),
+                _ => None,
+            },
+        )
+        .collect()
+}
+
 /// Rewrites `region` of `func`'s body channels last, with the edges it needs.
 fn convert(func: &mut Function, region: &Region) -> Converted {
     let body = func.body();
@@ -324,31 +418,22 @@ fn convert(func: &mut Function, region: &Region) -> Converted {
         func.inst(inst).results[0]
     };
     for inst in func.region(body).insts.clone() {
-        let (args, loc) = (func.inst(inst).args.clone(), func.inst(inst).loc);
-        let inside = region.insts.contains(&inst);
-        let carried: Vec<bool> = match (inside, role(func, inst)) {
-            (true, Role::Window { carried, .. }) => carried.to_vec(),
-            (true, Role::Along | Role::Reads) => args
-                .iter()
-                .map(|&a| func.value_type(a).rank() == 4)
-                .collect(),
-            _ => vec![false; args.len()],
-        };
-        for (i, (&a, carried)) in args.iter().zip(carried).enumerate() {
-            let replacement = match (carried, region.values.contains(&a)) {
-                (true, false) => *into.entry(a).or_insert_with(|| {
+        let loc = func.inst(inst).loc;
+        for (i, into_region) in crossings(func, region, inst) {
+            let a = func.inst(inst).args[i];
+            let replacement = match into_region {
+                true => *into.entry(a).or_insert_with(|| {
                     done.edges_in += 1;
                     edge(func, &mut insts, a, NCHW_TO_NHWC, loc)
                 }),
-                (false, true) => *out_of.entry(a).or_insert_with(|| {
+                false => *out_of.entry(a).or_insert_with(|| {
                     done.edges_out += 1;
                     edge(func, &mut insts, a, NHWC_TO_NCHW, loc)
                 }),
-                _ => continue,
             };
             func.inst_mut(inst).args[i] = replacement;
         }
-        if inside {
+        if region.insts.contains(&inst) {
             relabel(func, inst, &mut done);
         }
         insts.push(inst);

@@ -164,6 +164,7 @@ pub const PIPELINES: &[(&str, &[&str])] = &[
             "fold",
             "cse",
             "simplify",
+            "channels_last",
             "canonicalize",
             "fold",
             "cse",
@@ -183,24 +184,6 @@ pub const PIPELINES: &[(&str, &[&str])] = &[
             "fold",
             "cse",
             "dce",
-        ],
-    ),
-    // The default pipeline with activations channels last where a region holds a
-    // convolution; not the default yet (the digits CNN's step is slower: BENCHMARKS.md).
-    (
-        "channels_last",
-        &[
-            "canonicalize",
-            "fold",
-            "cse",
-            "simplify",
-            "channels_last",
-            "canonicalize",
-            "fold",
-            "cse",
-            "loops",
-            "dce",
-            "fuse",
         ],
     ),
     ("none", &[]),

@@ -331,7 +331,7 @@ fn unknown_passes_and_pipelines_are_named() {
     let err = PassManager::pipeline("O3").err().unwrap().to_string();
     assert_eq!(
         err,
-        "unknown pipeline `O3`; the pipelines are: default, simplify, channels_last, none"
+        "unknown pipeline `O3`; the pipelines are: default, simplify, none"
     );
 }
 

@@ -105,7 +105,7 @@ keeps_communication! {
     loops: ["loops"];
     dce: ["dce"];
     fuse: ["fuse"];
-    default_pipeline: ["canonicalize", "fold", "cse", "simplify", "canonicalize", "fold", "cse", "loops", "dce", "fuse"];
+    default_pipeline: ["canonicalize", "fold", "cse", "simplify", "channels_last", "canonicalize", "fold", "cse", "loops", "dce", "fuse"];
 }
 
 #[test]

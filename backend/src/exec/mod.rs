@@ -1061,6 +1061,7 @@ impl Executable {
         let arg = |k: usize| &**Self::value(rt, step.inputs[k]);
         let done = match op {
             Op::OneHot { depth, .. } => kernels::one_hot_into(arg(0), *depth, target),
+            Op::Transpose { perm } => kernels::transpose_into(arg(0), perm, target),
             Op::Gather { axis } => kernels::gather_into(arg(0), arg(1), *axis, target),
             Op::ScatterAdd { axis, .. } => kernels::scatter_add_into(arg(0), arg(1), *axis, target),
             Op::Random { dist, seed, .. } => {

@@ -60,7 +60,7 @@ pub(crate) fn pool2d(
 
 /// Max pooling (or its gradient) of channels-last `x` (and `g`) into `out`
 /// (`pool_nhwc.rs`).
-fn channels_last<T: FloatElem + Send + Sync>(
+fn channels_last<T: Tiled2x2 + Send + Sync>(
     (kind, attrs, threads, argmax): (PoolKind, &Pool2dAttrs, bool, Keeping<Argmax>),
     x: &ArrayD<T>,
     g: Option<&ArrayD<T>>,
@@ -107,9 +107,19 @@ pub(crate) fn argmax_fits(attrs: &Pool2dAttrs) -> bool {
     attrs.window[0].saturating_mul(attrs.window[1]) < usize::from(NO_TAP)
 }
 
+/// Whether the windows of `attrs` tile an input plane of `[h, w]` pooled to `[oh, ow]`
+/// exactly: no padding, strides equal to the window, and no input left over.
+pub(super) fn tiles(attrs: &Pool2dAttrs, [h, w]: [usize; 2], [oh, ow]: [usize; 2]) -> bool {
+    let unpadded = attrs.padding == [(0, 0), (0, 0)];
+    unpadded
+        && attrs.window == attrs.strides
+        && oh * attrs.window[0] == h
+        && ow * attrs.window[1] == w
+}
+
 /// Below this many input elements, pooling stays on the calling thread; and the input
 /// elements one task takes.
-const PARALLEL_ELEMENTS: usize = 1 << 14;
+pub(super) const PARALLEL_ELEMENTS: usize = 1 << 14;
 
 /// One pooling call: the operands as row-major slices and the sizes of one plane.
 struct Planes<'a, T: FloatElem> {
@@ -234,17 +244,9 @@ impl<'a, T: Tiled2x2 + Send + Sync> Planes<'a, T> {
         }
     }
 
-    /// Whether the windows tile the input exactly: no padding, strides equal to the window,
-    /// and no input left over.
+    /// Whether the windows tile the input plane exactly ([`tiles`]).
     fn tiles(&self) -> bool {
-        let Pool2dAttrs {
-            window, strides, ..
-        } = *self.attrs;
-        let unpadded = self.attrs.padding == [(0, 0), (0, 0)];
-        unpadded
-            && window == strides
-            && self.oh * window[0] == self.h
-            && self.ow * window[1] == self.w
+        tiles(self.attrs, [self.h, self.w], [self.oh, self.ow])
     }
 
     /// Plane `index` of the result: one pass over the pooled positions, each reading its
@@ -404,6 +406,25 @@ pub(crate) trait Tiled2x2: FloatElem {
     fn max_2x2_from(taps: &[u8], w: usize, g: &[Self], out: &mut [Self]) {
         max_2x2_from(taps, w, g, out)
     }
+
+    /// 2×2 max pooling of channels-last `x` (`[H, W, C]` with `[W, C]` = `wc`, H and W even)
+    /// into `out`, recording each window's argmax for each channel in `taps` when given, if
+    /// this type has a loop for it on this CPU: whether it ran (else the caller's general loop
+    /// runs).
+    fn max_2x2_channels_last(
+        _: &[Self],
+        _: [usize; 2],
+        _: &mut [Self],
+        _: Option<&mut [u8]>,
+    ) -> bool {
+        false
+    }
+
+    /// The gradient of [`Tiled2x2::max_2x2_channels_last`] from its recorded `taps` into all
+    /// of `out`, if this type has a loop for it on this CPU: whether it ran.
+    fn max_2x2_channels_last_from(_: &[u8], _: [usize; 2], _: &[Self], _: &mut [Self]) -> bool {
+        false
+    }
 }
 
 impl Tiled2x2 for f64 {}
@@ -427,6 +448,27 @@ impl Tiled2x2 for f32 {
             false => 0,
         };
         max_2x2_from(&taps[done..], w, &g[done..], &mut out[4 * done..])
+    }
+
+    fn max_2x2_channels_last(
+        x: &[f32],
+        wc: [usize; 2],
+        out: &mut [f32],
+        taps: Option<&mut [u8]>,
+    ) -> bool {
+        let suits = super::pool_avx512::suits_channels_last();
+        if suits {
+            super::pool_avx512::max_2x2_channels_last(x, wc, out, taps);
+        }
+        suits
+    }
+
+    fn max_2x2_channels_last_from(taps: &[u8], wc: [usize; 2], g: &[f32], out: &mut [f32]) -> bool {
+        let suits = super::pool_avx512::suits_channels_last();
+        if suits {
+            super::pool_avx512::max_2x2_channels_last_from(taps, wc, g, out);
+        }
+        suits
     }
 }
 

@@ -1,14 +1,15 @@
 //! Max pooling of channels-last tensors (`[N, H, W, C]`, the `channels_last` pass's layout)
 //! and its gradient, for the executor. Each tap of a window is a run of `C` contiguous
 //! channels, so every step is a loop over the channels with selects, not branches, that the
-//! compiler vectorises. As the NCHW loops (`pool.rs`), max pooling may record each window's
+//! compiler vectorises; 2×2 windows that tile the image run sixteen channels at a time in
+//! AVX-512 registers where the CPU has them (`pool_avx512.rs`, through [`Tiled2x2`]). As the NCHW loops (`pool.rs`), max pooling may record each window's
 //! argmax for each channel (its tap among the window's clipped taps, row-major, one byte:
 //! windows of fewer than 255 taps, `argmax_fits`; the schedule sends others to the
 //! interpreter) for
 //! the gradient of the same input, which then adds each window's gradient there without
 //! searching again; samples split across the team's threads.
 
-use super::pool::{Argmax, NO_TAP, takes_over};
+use super::pool::{Argmax, NO_TAP, PARALLEL_ELEMENTS, Tiled2x2, takes_over};
 use crate::interp::kernels::FloatElem;
 use kiln_ir::Pool2dAttrs;
 use std::ops::Range;
@@ -24,6 +25,12 @@ pub(super) struct ChannelsLast<'a> {
 }
 
 impl ChannelsLast<'_> {
+    /// Whether the windows are 2×2 and tile each image exactly (`Tiled2x2`'s loops).
+    fn tiled_2x2(&self) -> bool {
+        let [_, h, w, _] = self.input;
+        self.attrs.window == [2, 2] && super::pool::tiles(self.attrs, [h, w], self.pooled)
+    }
+
     /// Each pooled position's input rows and columns (clipped to the input).
     fn windows(&self) -> Vec<(Range<usize>, Range<usize>)> {
         let ([_, h, w, _], [oh, ow]) = (self.input, self.pooled);
@@ -49,27 +56,31 @@ impl ChannelsLast<'_> {
             0 => (0..n).map(|_| &mut [][..]).collect(),
             _ => taps.chunks_mut(per_tap).collect(),
         };
-        let samples: Vec<_> = (out.chunks_mut(per_out).zip(taps)).collect();
-        let parallel = self.threads && self.input.iter().product::<usize>() >= 1 << 14;
+        let mut samples: Vec<_> = (out.chunks_mut(per_out).zip(taps)).collect();
+        let image: usize = self.input[1..].iter().product();
+        let parallel = self.threads && image * n >= PARALLEL_ELEMENTS;
         if !parallel {
             for (s, (out, taps)) in samples.into_iter().enumerate() {
                 sample(s, out, taps);
             }
             return;
         }
-        // Each sample is taken by exactly one task; the locks are never contended.
-        let samples: Vec<_> = samples.into_iter().map(Mutex::new).collect();
-        crate::team::for_each(samples.len(), |s| {
-            if let Ok(mut chunk) = samples[s].lock() {
-                let (out, taps) = &mut *chunk;
-                sample(s, out, taps)
+        // Small images are cheap: a task takes enough of them to outweigh its own cost. Each
+        // run of samples is taken by exactly one task; the locks are never contended.
+        let per_task = PARALLEL_ELEMENTS.div_ceil(image.max(1));
+        let tasks: Vec<_> = samples.chunks_mut(per_task).map(Mutex::new).collect();
+        crate::team::for_each(tasks.len(), |t| {
+            if let Ok(mut run) = tasks[t].lock() {
+                for (i, (out, taps)) in run.iter_mut().enumerate() {
+                    sample(t * per_task + i, out, taps)
+                }
             }
         });
     }
 
     /// Max pooling of `x` into `out` (`[N, OH, OW, C]`), recording each window's argmax in
     /// `record` (empty: none).
-    pub(super) fn max<T: FloatElem + Send + Sync>(
+    pub(super) fn max<T: Tiled2x2 + Send + Sync>(
         &self,
         x: &[T],
         out: &mut [T],
@@ -77,9 +88,14 @@ impl ChannelsLast<'_> {
     ) {
         let ([_, h, w, c], [oh, ow]) = (self.input, self.pooled);
         let windows = self.windows();
+        let tiled_2x2 = self.tiled_2x2();
         let per_tap = if record.is_empty() { 0 } else { oh * ow * c };
         self.per_sample((out, oh * ow * c), (record, per_tap), |s, out, taps| {
             let x = &x[s * h * w * c..][..h * w * c];
+            let recording = (!taps.is_empty()).then_some(&mut *taps);
+            if tiled_2x2 && T::max_2x2_channels_last(x, [w, c], out, recording) {
+                return;
+            }
             let mut at = vec![NO_TAP; c];
             for (i, (rows, cols)) in windows.iter().enumerate() {
                 let best = &mut out[i * c..][..c];
@@ -93,7 +109,7 @@ impl ChannelsLast<'_> {
 
     /// The gradient of max pooling: each window's `g` added at its argmax — `read` (recorded
     /// by the pooling of `x`) when given, else found again in `x` — into `out`, `x`'s shape.
-    pub(super) fn max_grad<T: FloatElem + Send + Sync>(
+    pub(super) fn max_grad<T: Tiled2x2 + Send + Sync>(
         &self,
         x: &[T],
         g: &[T],
@@ -102,8 +118,15 @@ impl ChannelsLast<'_> {
     ) {
         let ([_, h, w, c], [oh, ow]) = (self.input, self.pooled);
         let windows = self.windows();
-        let image = h * w * c;
+        let tiled_2x2 = self.tiled_2x2();
+        let (image, pooled) = (h * w * c, oh * ow * c);
         self.per_sample((out, image), (&mut [], 0), |s, out, _| {
+            if let (true, Some(read)) = (tiled_2x2, read) {
+                let (taps, g) = (&read[s * pooled..][..pooled], &g[s * pooled..][..pooled]);
+                if T::max_2x2_channels_last_from(taps, [w, c], g, out) {
+                    return;
+                }
+            }
             out.fill(T::zero());
             let x = &x[s * image..][..image];
             let (mut at, mut best) = (vec![NO_TAP; c], vec![T::zero(); c]);

@@ -68,8 +68,8 @@ pub(crate) enum StepKind {
         state: String,
         recycle: Option<usize>,
     },
-    /// `gather`, `scatter_add`, `one_hot` or a random draw: a native loop writing into a
-    /// planned buffer.
+    /// `gather`, `scatter_add`, `one_hot`, `transpose` or a random draw: a native loop
+    /// writing into a planned buffer.
     Native,
     /// An op without regions or state, by the interpreter's kernel for it (no frame).
     Direct,
@@ -751,6 +751,7 @@ fn step_kind(
         | Op::Gather { .. }
         | Op::UpdateSlice { .. }
         | Op::ScatterAdd { .. }
+        | Op::Transpose { .. }
         | Op::Random { .. } => StepKind::Native,
         Op::Load { state, .. } => StepKind::Load {
             state: state.clone(),
