@@ -743,9 +743,9 @@ fn a_kernel_waiting_for_a_collective_is_no_epilogue() {
 /// other ops, and the results do not change: one layer's training step (`conv_step.kir`:
 /// the image and the bias come in by reshapes, the pooled values' gradient by a transpose);
 /// two layers flattened into a dense layer, with a scalar broadcast, a bias gradient keeping
-/// its axes, and a concatenation of channels; a pooling without a convolution, a region
-/// read inside a `while` body and one convolution whose edges would cost what it saves, all
-/// left as they are.
+/// its axes, a concatenation of channels and a filter gradient; a pooling without a
+/// convolution, a region read inside a `while` body, a forward convolution alone and
+/// pointwise convolutions (which save nothing channels last), all left as they are.
 #[test]
 fn channels_last_regions_keep_results() {
     let conv_step = std::fs::read_to_string("tests/programs/conv_step.kir").unwrap();
@@ -754,7 +754,7 @@ fn channels_last_regions_keep_results() {
     let tiled = "window=[2, 2], strides=[2, 2], padding=[(0, 0), (0, 0)]";
     let layers = kiln::ir::parse_module(&format!(
         "module {{
-  func @two(%x: f32[N,3,8,8], %w1: f32[4,3,3,3], %w2: f32[6,8,3,3], %d: f32[96,5], %s: f32[]) -> (f32[N,5], f32[1,6,1,1]) {{
+  func @two(%x: f32[N,3,8,8], %w1: f32[4,3,3,3], %w2: f32[6,8,3,3], %d: f32[96,5], %s: f32[], %g: f32[N,6,8,8]) -> (f32[N,5], f32[1,6,1,1], f32[6,8,3,3]) {{
     %c1 = conv2d %x, %w1 {{{same}}} : f32[N,4,8,8]
     %sb = broadcast %s : f32[N,4,8,8]
     %z1 = mul %c1, %sb : f32[N,4,8,8]
@@ -766,7 +766,8 @@ fn channels_last_regions_keep_results() {
     %db = reduce_sum %h {{axes=[0, 2, 3], keep_dims=true}} : f32[1,6,1,1]
     %flat = reshape %p : f32[N,96]
     %y = matmul %flat, %d : f32[N,5]
-    return %y, %db
+    %dw = conv2d_filter_grad %both, %g {{{same}}} : f32[6,8,3,3]
+    return %y, %db, %dw
   }}
 
   func @pool_only(%x: f32[2,3,4,4]) -> f32[2,3,2,2] {{
@@ -780,8 +781,15 @@ fn channels_last_regions_keep_results() {
     return %f
   }}
 
-  func @in_loop(%x: f32[2,3,4,4], %w: f32[3,3,3,3]) -> f32[2,3,4,4] {{
+  func @pointwise(%x: f32[N,3,8,8], %w: f32[4,3,1,1], %g: f32[N,4,8,8]) -> (f32[N,4,8,8], f32[4,3,1,1]) {{
+    %c = conv2d %x, %w {{strides=[1, 1], padding=[(0, 0), (0, 0)], dilation=[1, 1], groups=1}} : f32[N,4,8,8]
+    %dw = conv2d_filter_grad %x, %g {{strides=[1, 1], padding=[(0, 0), (0, 0)], dilation=[1, 1], groups=1}} : f32[4,3,1,1]
+    return %c, %dw
+  }}
+
+  func @in_loop(%x: f32[2,3,4,4], %w: f32[3,3,3,3]) -> (f32[2,3,4,4], f32[3,3,3,3]) {{
     %c = conv2d %x, %w {{{same}}} : f32[2,3,4,4]
+    %dw = conv2d_filter_grad %x, %c {{{same}}} : f32[3,3,3,3]
     %zero = const 0 : i64[]
     %r, %k = while %c, %zero : f32[2,3,4,4], i64[] cond(%a: f32[2,3,4,4], %i: i64[]) {{
       %three = const 3 : i64[]
@@ -793,7 +801,7 @@ fn channels_last_regions_keep_results() {
       %next = add %i2, %one : i64[]
       yield %b, %next
     }}
-    return %r
+    return %r, %dw
   }}
 }}"
     ))
@@ -819,30 +827,32 @@ fn channels_last_regions_keep_results() {
     let unoptimised = layers.clone();
     let layers = optimised(&layers);
     let two = text(&layers, "two");
-    // Both convolutions, the pooling; in: the image; out: the pooled values (flattened) and
-    // the bias gradient (a reshape).
-    assert_eq!(two.matches("channels_last=true").count(), 3, "{two}");
+    // The three convolutions, the pooling; in: the image and the output gradient; out: the
+    // pooled values (flattened) and the bias gradient (a reshape).
+    assert_eq!(two.matches("channels_last=true").count(), 4, "{two}");
     assert!(two.contains("concat") && two.contains("{axis=3}"), "{two}");
-    assert_eq!(two.matches("= transpose").count(), 2, "{two}");
-    for name in ["pool_only", "in_loop", "flattened"] {
+    assert_eq!(two.matches("= transpose").count(), 3, "{two}");
+    for name in ["pool_only", "in_loop", "flattened", "pointwise"] {
         let f = text(&layers, name);
         assert!(
             !f.contains("channels_last") && !f.contains("transpose"),
             "{f}"
         );
     }
-    // One convolution between a transposed image and a flattened output would pay at its edges
-    // all it saves: it stays NCHW, and says why.
-    let mut flattened = unoptimised;
+    // A forward convolution alone stays NCHW; so do pointwise ones, which save nothing
+    // (products over the NCHW planes) and would pay for their edges. Each says why.
+    let mut unoptimised = unoptimised;
     let reports = (PassManager::from_names(&["channels_last"]).unwrap())
         .explain(true)
-        .run(&mut flattened)
+        .run(&mut unoptimised)
         .unwrap();
     let why = reports[0].explanations.join("\n");
-    assert!(
-        why.contains("@flattened: 1 convolution(s) stay NCHW: channels last would save 448 element moves in them and pay 448 at the region's edges"),
-        "{why}"
-    );
+    for reason in [
+        "@flattened: 1 convolution(s) stay NCHW: no gradient among them",
+        "@pointwise: 2 convolution(s) stay NCHW: channels last would save 0 element moves in them and pay 704 at the region's edges",
+    ] {
+        assert!(why.contains(reason), "{why}");
+    }
 }
 
 /// Max pooling and its gradients in one function, as a training step has them: each pooling

@@ -42,6 +42,17 @@ impl Pass for ChannelsLast {
         let mut total = Converted::default();
         for func in &mut module.functions {
             for region in regions(func) {
+                if region.gradients == 0 {
+                    if self.explain {
+                        self.explanations.push(format!(
+                            "@{}: {} convolution(s) stay NCHW: no gradient among them (forward \
+                             passes alone run faster NCHW: BENCHMARKS.md)",
+                            func.name(),
+                            region.convolutions,
+                        ));
+                    }
+                    continue;
+                }
                 let (saved, paid) = (saved_moves(func, &region), edge_moves(func, &region));
                 if saved <= paid {
                     if self.explain {
@@ -200,6 +211,8 @@ struct Region {
     insts: HashSet<Inst>,
     values: HashSet<Value>,
     convolutions: usize,
+    /// Of which gradients (input or filter).
+    gradients: usize,
 }
 
 /// The body's regions worth converting: connected through the ops of [`role`], holding a
@@ -269,10 +282,12 @@ fn regions(func: &Function) -> Vec<Region> {
             insts: HashSet::new(),
             values: HashSet::new(),
             convolutions: 0,
+            gradients: 0,
         });
         region.insts.insert(inst);
-        if matches!(func.inst(inst).op, Op::Conv2d { .. }) {
+        if let Op::Conv2d { kind, .. } = func.inst(inst).op {
             region.convolutions += 1;
+            region.gradients += usize::from(kind != ConvKind::Forward);
         }
         if values.iter().any(|v| nested.contains(v)) {
             spoiled.insert(root);
@@ -327,13 +342,12 @@ fn moves(ty: &Type) -> u64 {
 }
 
 /// The element moves the region's convolutions make over NCHW activations and not channels
-/// last: the executor lays each NCHW activation a convolution reads out channels last, and
-/// its output back.
+/// last ([`lays_out_nchw`]).
 fn saved_moves(func: &Function, region: &Region) -> u64 {
     let body = func.region(func.body());
     (body.insts.iter().filter(|i| region.insts.contains(i)))
         .filter_map(|&inst| match role(func, inst) {
-            Role::Window { carried, result } if matches!(func.inst(inst).op, Op::Conv2d { .. }) => {
+            Role::Window { carried, result } if lays_out_nchw(func, inst) => {
                 let data = func.inst(inst);
                 let operands = (data.args.iter().zip(carried))
                     .filter(|(_, c)| *c)
@@ -344,6 +358,25 @@ fn saved_moves(func: &Function, region: &Region) -> u64 {
             _ => None,
         })
         .fold(0, u64::saturating_add)
+}
+
+/// Whether the executor lays the NCHW activations `inst` reads out channels last, and its
+/// output back: a convolution, unless it is pointwise (1×1 windows, unit strides, no
+/// padding: a product over the NCHW planes as they are).
+fn lays_out_nchw(func: &Function, inst: Inst) -> bool {
+    let data = func.inst(inst);
+    let Op::Conv2d { kind, attrs } = &data.op else {
+        return false;
+    };
+    let weights = match kind {
+        ConvKind::FilterGrad { .. } => data.results[0],
+        _ => data.args[1],
+    };
+    let window = &func.value_type(weights).shape.dims()[2..];
+    let pointwise = window.iter().all(|d| d.is_one())
+        && attrs.strides == [1, 1]
+        && attrs.padding == [(0, 0), (0, 0)];
+    !pointwise
 }
 
 /// The element moves of the transposes converting `region` adds at its edges (reshapes move

@@ -1062,6 +1062,10 @@ impl Executable {
         let done = match op {
             Op::OneHot { depth, .. } => kernels::one_hot_into(arg(0), *depth, target),
             Op::Transpose { perm } => kernels::transpose_into(arg(0), perm, target),
+            Op::Concat { axis } => {
+                let args: Vec<&Array> = (0..step.inputs.len()).map(arg).collect();
+                kernels::concat_into(&args, *axis, target)
+            }
             Op::Gather { axis } => kernels::gather_into(arg(0), arg(1), *axis, target),
             Op::ScatterAdd { axis, .. } => kernels::scatter_add_into(arg(0), arg(1), *axis, target),
             Op::Random { dist, seed, .. } => {

@@ -68,8 +68,8 @@ pub(crate) enum StepKind {
         state: String,
         recycle: Option<usize>,
     },
-    /// `gather`, `scatter_add`, `one_hot`, `transpose` or a random draw: a native loop
-    /// writing into a planned buffer.
+    /// `gather`, `scatter_add`, `one_hot`, `transpose`, `concat` or a random draw: a native
+    /// loop writing into a planned buffer.
     Native,
     /// An op without regions or state, by the interpreter's kernel for it (no frame).
     Direct,
@@ -752,6 +752,7 @@ fn step_kind(
         | Op::UpdateSlice { .. }
         | Op::ScatterAdd { .. }
         | Op::Transpose { .. }
+        | Op::Concat { .. }
         | Op::Random { .. } => StepKind::Native,
         Op::Load { state, .. } => StepKind::Load {
             state: state.clone(),
