@@ -7,8 +7,11 @@
 //! gradient); a chain of layers pays that at every layer. This pass finds each **region** of
 //! rank-4 activations connected through convolutions (one group), max pooling and its
 //! gradient, elementwise ops (a bias, an activation, a ReLU's mask), splat constants,
-//! broadcasts, reductions (a bias gradient) and channel concatenations, and when the region
-//! holds a convolution it rewrites the whole region channels last: the ops take
+//! broadcasts, reductions (a bias gradient) and channel concatenations, and when that is
+//! cheaper it rewrites the whole region channels last. Cheaper means: the region holds a
+//! convolution gradient (a training step; forward passes alone measured no faster), and
+//! the elements its convolutions would lay out channels last and back over NCHW activations
+//! (none for pointwise ones) outnumber those its edges' transposes move. The ops take
 //! `channels_last=true`, the values' types their axes permuted, the reductions and
 //! concatenations their axes renumbered. Values entering the region from other ops (the
 //! image, a reshaped gradient) get one transpose in; values leaving it (to a reshape, a
@@ -16,7 +19,8 @@
 //! `[1, C, 1, 1]`). Regions read inside `while` or `cond` bodies are left as they are.
 //!
 //! The choice is shown by `kiln opt` (`--print-after-all`, or `--passes channels_last`) and
-//! explained with `--explain`: each region converted, its size, and the edges it paid for.
+//! explained with `--explain`: each region converted, its size, what it saves and the edges
+//! it pays for, or why it stays NCHW.
 
 use crate::manager::{Pass, PassError, Stats};
 use kiln_ir::{
@@ -46,7 +50,7 @@ impl Pass for ChannelsLast {
                     if self.explain {
                         self.explanations.push(format!(
                             "@{}: {} convolution(s) stay NCHW: no gradient among them (forward \
-                             passes alone run faster NCHW: BENCHMARKS.md)",
+                             passes alone measured no faster channels last: BENCHMARKS.md)",
                             func.name(),
                             region.convolutions,
                         ));
