@@ -414,6 +414,11 @@ fn transpose_matches_a_permuted_view_for_every_permutation() {
             assert_eq!(into, want, "{shape:?} by {perm:?}, into a buffer");
         }
     }
+    // A buffer of another shape is refused, not overrun.
+    let x = Array::I64(ArrayD::from_shape_vec(IxDyn(&[2, 3]), (0..6).collect()).unwrap());
+    let mut wrong = Array::zeros(DType::I64, &[2, 3]);
+    let err = kiln_backend::interp::kernels::transpose_into(&x, &[1, 0], &mut wrong);
+    assert!(err.unwrap_err().to_string().contains("into [2, 3]"));
 }
 
 #[test]

@@ -129,6 +129,7 @@ fn first_holding(t: [__m512; 4], m: __m512) -> __m512i {
 
 /// Where the four taps of 2×2 window `window` of a channels-last sample (rows `w` long of
 /// `c` channels, windows tiling it) start.
+#[cfg(target_arch = "x86_64")]
 fn channels_last_taps(window: usize, [w, c]: [usize; 2]) -> [usize; 4] {
     let (y, x) = (window / (w / 2), window % (w / 2));
     let first = (2 * y * w + 2 * x) * c;

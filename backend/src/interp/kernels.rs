@@ -422,6 +422,11 @@ pub fn transpose(x: &Array, perm: &[usize]) -> KernelResult<Array> {
 /// [`transpose`] into `out`, which has the result's shape and dtype (the executor's buffer).
 pub fn transpose_into(x: &Array, perm: &[usize], out: &mut Array) -> KernelResult<()> {
     check_permutation(x, perm)?;
+    let dims: Vec<usize> = perm.iter().map(|&p| x.shape()[p]).collect();
+    if out.shape() != dims.as_slice() {
+        let shape = out.shape();
+        return Err(format!("transpose of {:?} by {perm:?} into {shape:?}", x.shape()).into());
+    }
     macro_rules! into {
         ($($variant:ident),*) => {
             match (x, out) {
