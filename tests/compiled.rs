@@ -436,14 +436,20 @@ fn products_read_transposed_operands_through_strides() {
     assert_eq!(steps, insts - (reshapes + transposes - 3), "{text}");
 }
 
-/// `module`'s function `@f` after the default pipeline: its text, the steps of its schedule,
-/// and its instructions.
-fn scheduled(module: &kiln::ir::Module) -> (String, usize, usize) {
+/// `module` through the default pipeline.
+fn optimised(module: &Module) -> Module {
     let mut optimised = module.clone();
     PassManager::pipeline("default")
         .unwrap()
         .run(&mut optimised)
         .unwrap();
+    optimised
+}
+
+/// `module`'s function `@f` after the default pipeline: its text, the steps of its schedule,
+/// and its instructions.
+fn scheduled(module: &kiln::ir::Module) -> (String, usize, usize) {
+    let optimised = optimised(module);
     let func = optimised.function("f").unwrap();
     let steps = Executable::new(func).stats().steps;
     (
@@ -581,11 +587,7 @@ fn convolution_epilogues_agree() {
 }}"
     ))
     .unwrap();
-    let mut optimised = module.clone();
-    PassManager::pipeline("default")
-        .unwrap()
-        .run(&mut optimised)
-        .unwrap();
+    let optimised = optimised(&module);
     let func = optimised.function("f").unwrap();
     let executable = Executable::new(func);
     assert_eq!(executable.stats().epilogues, 5, "{func}");
@@ -728,11 +730,7 @@ fn a_kernel_waiting_for_a_collective_is_no_epilogue() {
 }",
     )
     .unwrap();
-    let mut optimised = module.clone();
-    PassManager::pipeline("default")
-        .unwrap()
-        .run(&mut optimised)
-        .unwrap();
+    let optimised = optimised(&module);
     let executable = Executable::new(optimised.function("f").unwrap());
     assert_eq!(executable.stats().epilogues, 0);
     assert_eq!(check_module(&module, 62).unwrap().compared, 1);
@@ -812,14 +810,6 @@ fn channels_last_regions_keep_results() {
             module.functions.len() as u64
         );
     }
-    let optimised = |module: &Module| {
-        let mut optimised = module.clone();
-        PassManager::pipeline("default")
-            .unwrap()
-            .run(&mut optimised)
-            .unwrap();
-        optimised
-    };
     let text = |module: &Module, name: &str| module.function(name).unwrap().to_string();
     let step = text(&optimised(&conv_step), "train_step");
     assert_eq!(step.matches("channels_last=true").count(), 4, "{step}");

@@ -145,8 +145,7 @@ fn lanes(ch: usize, c: usize) -> __mmask16 {
     }
 }
 
-// Loads and stores of a run of channels: masked only for the last, short run (a masked
-// store is several times slower than a plain one on AMD's cores).
+// Loads and stores of a run of channels: masked only for the last, short run.
 
 #[cfg(target_arch = "x86_64")]
 #[inline]
