@@ -101,6 +101,7 @@ pub(crate) trait Lanes {
 pub(crate) fn unary<L: Lanes>(l: &mut L, op: UnaryOp, x: L::F) -> Option<L::F> {
     Some(match op {
         UnaryOp::Neg => l.neg(x),
+        UnaryOp::StopGradient => x,
         UnaryOp::Abs => l.abs(x),
         UnaryOp::Sqrt => l.sqrt(x),
         UnaryOp::Floor => l.floor(x),

@@ -223,6 +223,7 @@ macro_rules! with_unary_ops {
                 Ceil = "ceil", ceil, Float, Slow, F32x4, None;
                 Round = "round", round, Float, Slow, F32x4, None;
                 Not = "not", not, Bool, Cheap, F32x4, None;
+                StopGradient = "stop_gradient", stop_gradient, Float, Cheap, F32x4, None;
             }
         }
     };

@@ -184,10 +184,30 @@ fn unary_ops() {
                     array(shape, away.clone())
                 }
                 UnaryOp::Not => continue, // bool: never differentiated
+                // Its derivative is zero by definition, which differences cannot see (tested
+                // below).
+                UnaryOp::StopGradient => continue,
             };
             check(vec![x], |b, a| b.unary(op, a[0]));
         }
     }
+}
+
+/// `stop_gradient` is the identity whose derivative is taken as zero: the gradient of
+/// `sum(x · stop_gradient(x) · w)` is `x · w`, not `2x · w`.
+#[test]
+fn stop_gradient_passes_no_gradient() {
+    let x = input(&[5], 3);
+    let check = Check::new(std::slice::from_ref(&x), |b, a| {
+        let held = b.stop_gradient(a[0])?;
+        b.mul(a[0], held)
+    });
+    let out = check.run(std::slice::from_ref(&x));
+    let w = values(5, 99, 0.5, 1.5, true);
+    let want: Vec<f64> = (x.to_f64_vec().iter().zip(&w))
+        .map(|(x, w)| x * w)
+        .collect();
+    assert_eq!(out[1].to_f64_vec(), want);
 }
 
 #[test]

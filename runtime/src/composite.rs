@@ -71,7 +71,10 @@ pub fn log_softmax(b: &mut FunctionBuilder, x: Value, axis: usize) -> BuildResul
     b.sub(z, lse)
 }
 
-/// `z = x - max`, `exp(z)` and its sum along `axis` (kept as an axis of size 1).
+/// `z = x - max`, `exp(z)` and its sum along `axis` (kept as an axis of size 1). The maximum
+/// is a constant shift that changes nothing but the range, so no gradient flows through it
+/// (as JAX's and PyTorch's softmaxes): its adjoint would be zero up to rounding, at the cost
+/// of comparisons and two more reductions in the backward pass.
 #[track_caller]
 fn shifted_exp_sum(
     b: &mut FunctionBuilder,
@@ -85,6 +88,7 @@ fn shifted_exp_sum(
         return Err(error(composite, message));
     }
     let m = b.reduce(ReduceOp::Max, x, vec![axis], true)?;
+    let m = b.stop_gradient(m)?;
     let z = b.sub(x, m)?;
     let e = b.exp(z)?;
     let s = b.reduce(ReduceOp::Sum, e, vec![axis], true)?;

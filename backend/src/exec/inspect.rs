@@ -75,7 +75,7 @@ impl Executable {
                 Default::default();
                 self.schedule.steps.len()
             ]));
-            self.print_profile = false;
+            self.print_profile = 0;
         }
         self
     }

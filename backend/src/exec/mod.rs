@@ -47,13 +47,14 @@ pub struct Executable {
     threads: bool,
     /// With `KILN_PROFILE=1` or [`Executable::with_profile`]: time and count per step.
     profile: Option<Mutex<Vec<(std::time::Duration, u64)>>>,
-    /// Whether the profile is printed when the executable is dropped (`KILN_PROFILE=1`).
-    print_profile: bool,
+    /// How many of the slowest steps are printed when the executable is dropped (25 with
+    /// `KILN_PROFILE=1`, all with `KILN_PROFILE=all`; none for [`Executable::with_profile`]).
+    print_profile: usize,
 }
 
 impl Drop for Executable {
     fn drop(&mut self) {
-        let Some(profile) = self.profile.as_ref().filter(|_| self.print_profile) else {
+        let Some(profile) = self.profile.as_ref().filter(|_| self.print_profile > 0) else {
             return;
         };
         let profile = profile.lock().unwrap_or_else(PoisonError::into_inner);
@@ -68,7 +69,7 @@ impl Drop for Executable {
             total * 1e3,
             rows.len()
         );
-        for (i, secs, n) in rows.into_iter().take(25) {
+        for (i, secs, n) in rows.into_iter().take(self.print_profile) {
             let step = &self.schedule.steps[i];
             let mut line = inst_line(&self.func, step.inst);
             line.truncate(100);
@@ -231,7 +232,11 @@ impl Executable {
             }
         }
         let steps = schedule.steps.len();
-        let profiling = std::env::var("KILN_PROFILE").is_ok_and(|v| v == "1");
+        let print_profile = match std::env::var("KILN_PROFILE").as_deref() {
+            Ok("1") => 25,
+            Ok("all") => usize::MAX,
+            _ => 0,
+        };
         let mut result_slots = Vec::new();
         for step in &schedule.steps {
             for (out, &value) in step.out.iter().zip(&step.outputs) {
@@ -249,8 +254,8 @@ impl Executable {
             runtime: Mutex::new(None),
             counters: Counters::default(),
             threads: true,
-            profile: profiling.then(|| Mutex::new(vec![Default::default(); steps])),
-            print_profile: profiling,
+            profile: (print_profile > 0).then(|| Mutex::new(vec![Default::default(); steps])),
+            print_profile,
         }
     }
 

@@ -588,19 +588,16 @@ fn pair_pooling_argmax(steps: &mut [Step]) -> usize {
     kept
 }
 
-/// Pairs each convolution (or input gradient) with the kernel after it that alone reads its
-/// output — a bias and an activation, a batch norm's scale and shift — so that the kernel runs
-/// on each run of samples as the convolution writes it, while they are in cache, rather than
-/// in a pass of its own over the whole output. The kernel must be one rows stage (its rows
+/// Pairs each convolution (or input gradient) with the kernel after it that reads its output
+/// — a bias and an activation, a batch norm's scale and shift — so that the kernel runs on
+/// each run of samples as the convolution writes it, while they are in cache, rather than in
+/// a pass of its own over the whole output (later readers, such as a backward kernel that
+/// recomputes the activation, read the whole output after). The kernel must be one rows stage (its rows
 /// independent) that cannot fail and waits for no communication (it runs a step early), share
 /// no input with the convolution, and write no slot that the convolution's step frees (its
 /// buffers are taken before that step ends). Whether its
 /// rows split by samples depends on the sizes, so the executor checks that at run time.
 fn pair_epilogues(func: &Function, steps: &mut [Step]) {
-    let mut reads: HashMap<Value, usize> = HashMap::new();
-    for v in steps.iter().flat_map(|s| &s.inputs) {
-        *reads.entry(*v).or_default() += 1;
-    }
     let results = &func.region(func.body()).results;
     for i in 1..steps.len() {
         let (before, after) = steps.split_at_mut(i);
@@ -623,7 +620,6 @@ fn pair_epilogues(func: &Function, steps: &mut [Step]) {
             .chain(kernel.scratch.iter().map(|s| Some(s.0)));
         *epilogue = !matches!(kind, ConvKind::FilterGrad { .. })
             && matches!(conv.out[0], Output::Slot(_))
-            && reads.get(&y) == Some(&1)
             && kernel.inputs.contains(&y)
             && !results.contains(&y)
             && (k.plan.stages.len() == 1 && k.plan.stages[0].parallel())

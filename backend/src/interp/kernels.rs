@@ -214,6 +214,7 @@ pub fn unary_float_fn<T: FloatElem>(op: UnaryOp) -> KernelResult<fn(T) -> T> {
         UnaryOp::Floor => |x| x.floor(),
         UnaryOp::Ceil => |x| x.ceil(),
         UnaryOp::Round => |x| x.round_even(),
+        UnaryOp::StopGradient => |x| x,
         UnaryOp::Not => return Err(dtype_error(op.name(), DType::F32)),
     })
 }

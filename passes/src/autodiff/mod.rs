@@ -7,7 +7,7 @@
 //! How it works:
 //! - *Activity*: a value is active when it depends on a value we differentiate with respect
 //!   to. Only active float values receive gradients; integer, boolean and comparison results
-//!   stop gradients by construction.
+//!   stop gradients by construction, and `stop_gradient` by definition.
 //! - *Reverse sweep*: instructions are visited last to first; each instruction whose results
 //!   have adjoints contributes to its active operands through its vector-Jacobian rule
 //!   (`rules.rs`, one rule per op). Contributions to one value are summed.
@@ -22,7 +22,8 @@ use crate::loops::{Counted, counted_loop};
 use crate::simplify::extract::bytes;
 use deferred::{Deferred, only_deferred_uses, stack_of};
 use kiln_ir::{
-    BuildError, DType, Function, FunctionBuilder, Inst, Literal, Module, Op, Region, Type, Value,
+    BuildError, DType, Function, FunctionBuilder, Inst, Literal, Module, Op, Region, Type, UnaryOp,
+    Value,
 };
 use std::collections::{HashMap, HashSet};
 
@@ -248,7 +249,7 @@ fn mark_region(func: &Function, region: Region, active: &mut HashSet<Value>) {
             }
             mark_region(func, r, active);
         }
-        if uses_active {
+        if uses_active && data.op != Op::Unary(UnaryOp::StopGradient) {
             for &r in &data.results {
                 if func.value_type(r).dtype.is_float() {
                     active.insert(r);

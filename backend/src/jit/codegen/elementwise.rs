@@ -44,6 +44,7 @@ impl Gen<'_, '_> {
                 | UnaryOp::Floor
                 | UnaryOp::Ceil
                 | UnaryOp::Round
+                | UnaryOp::StopGradient
                 | UnaryOp::Not => unreachable!("`{}` on integers", op.name()),
             };
         }

@@ -10,7 +10,10 @@
 //! which is the only recomputation fusion allows. A value computed from constants and iotas
 //! alone that a consumer broadcasts (a causal mask `[T, T]` added to scores `[N, H, T, T]`)
 //! stays out of that consumer's kernel, in a kernel of its own: inside it would be recomputed
-//! for every copy.
+//! for every copy. Before grouping for good, a kernel that reads a value another kernel
+//! computed elementwise may compute it again ([`recompute`]).
+
+mod recompute;
 
 use crate::manager::{Pass, PassError, Stats};
 use kiln_ir::print::ValueNames;
@@ -39,13 +42,15 @@ impl Pass for Fuse {
     }
 
     fn run(&mut self, module: &mut Module) -> Result<Stats, PassError> {
-        let (mut groups, mut fused_insts) = (0, 0);
+        let (mut groups, mut fused_insts, mut recomputed) = (0, 0, 0);
         self.explanations.clear();
         for func in &mut module.functions {
             let mut replace = HashMap::new();
             let mut pending = vec![func.body()];
             while let Some(region) = pending.pop() {
-                let notes = self.explain.then_some(&mut self.explanations);
+                let mut notes = self.explain.then_some(&mut self.explanations);
+                recomputed +=
+                    recompute::recompute_across_kernels(func, region, notes.as_deref_mut());
                 let (g, n) = fuse_region(func, region, &mut replace, notes);
                 groups += g;
                 fused_insts += n;
@@ -59,7 +64,8 @@ impl Pass for Fuse {
         }
         Ok(Stats::default()
             .with("kernels", groups)
-            .with("ops fused", fused_insts))
+            .with("ops fused", fused_insts)
+            .with("values recomputed", recomputed))
     }
 }
 
