@@ -234,7 +234,7 @@ fn fusion_stops_at_matmuls_and_yields_values_used_later() {
 /// its other reader, a product, needs it in memory), and a broadcast is copied into every
 /// kernel that uses it.
 #[test]
-fn fusion_never_recomputes_shared_values() {
+fn fusion_yields_values_a_product_also_reads() {
     check(
         &["fuse"],
         r#"module {
@@ -444,5 +444,41 @@ fn fusion_recomputes_elementwise_values_in_later_kernels() {
             "%h (add) recomputed by the 1 kernel reading it: 4080 bytes fewer moved a run"
         ) && notes.contains("%t (tanh) recomputed"),
         "{notes}"
+    );
+}
+
+/// A value in a kernel of its own (a reader inside another kernel's span kept it out) that both
+/// its reading kernels recompute is gone: no kernel computes it for nothing.
+#[test]
+fn fusion_drops_a_value_every_reader_recomputes() {
+    check(
+        &["fuse"],
+        r#"module {
+  func @f(%x: f32[4]) -> (f32[4], f32[1,4]) {
+    %t = exp %x : f32[4]
+    %u1 = mul %t, %x : f32[4]
+    %u2 = add %t, %x : f32[4]
+    %row = reshape %u2 : f32[1,4]
+    %v = mul %u1, %u1 : f32[4]
+    return %v, %row
+  }
+}"#,
+        r#"module {
+  func @f(%x: f32[4]) -> (f32[4], f32[1,4]) {
+    %v = fused %x : f32[4] body(%0: f32[4]) {
+      %1 = exp %0 : f32[4]
+      %u1 = mul %1, %0 : f32[4]
+      %2 = mul %u1, %u1 : f32[4]
+      yield %2
+    }
+    %u2 = fused %x : f32[4] body(%3: f32[4]) {
+      %4 = exp %3 : f32[4]
+      %5 = add %4, %3 : f32[4]
+      yield %5
+    }
+    %row = reshape %u2 : f32[1,4]
+    return %v, %row
+  }
+}"#,
     );
 }

@@ -592,11 +592,11 @@ fn pair_pooling_argmax(steps: &mut [Step]) -> usize {
 /// — a bias and an activation, a batch norm's scale and shift — so that the kernel runs on
 /// each run of samples as the convolution writes it, while they are in cache, rather than in
 /// a pass of its own over the whole output (later readers, such as a backward kernel that
-/// recomputes the activation, read the whole output after). The kernel must be one rows stage (its rows
-/// independent) that cannot fail and waits for no communication (it runs a step early), share
-/// no input with the convolution, and write no slot that the convolution's step frees (its
-/// buffers are taken before that step ends). Whether its
-/// rows split by samples depends on the sizes, so the executor checks that at run time.
+/// recomputes the activation, read the whole output after). The kernel must be one rows
+/// stage (its rows independent) that cannot fail and waits for no communication (it runs a
+/// step early), share no input with the convolution, and write no slot that the
+/// convolution's step frees (its buffers are taken before that step ends). Whether its rows
+/// split by samples depends on the sizes, so the executor checks that at run time.
 fn pair_epilogues(func: &Function, steps: &mut [Step]) {
     let results = &func.region(func.body()).results;
     for i in 1..steps.len() {

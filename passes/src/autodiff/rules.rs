@@ -380,8 +380,9 @@ fn unary(
         }
         // Piecewise constant: zero almost everywhere.
         UnaryOp::Sign | UnaryOp::Floor | UnaryOp::Ceil | UnaryOp::Round => zeros_like(b, x)?,
-        // The identity gradients do not flow through (JAX's `stop_gradient`); its result is
-        // never active, so no adjoint reaches it (`activity`).
+        // The identity gradients do not flow through (JAX's `stop_gradient`): its result is
+        // never active (`activity`); a loop or branch body that yields it still gives it an
+        // adjoint, which stops here.
         UnaryOp::StopGradient => zeros_like(b, x)?,
         // d relu = [x > 0] = [y > 0]: reading the output, which the next layer keeps anyway,
         // lets the input die after the forward pass (one activation fewer kept and written).

@@ -6,12 +6,12 @@
 //! then yields the value too: a multi-output kernel). Either way no path leaves a group and
 //! comes back, so the groups stay acyclic. A reduction may lead into elementwise ops after it
 //! (softmax's `e / sum(e)` is one group). Broadcasts, splat constants and iotas are index
-//! arithmetic: they are never shared between groups but copied into each group that uses them,
-//! which is the only recomputation fusion allows. A value computed from constants and iotas
-//! alone that a consumer broadcasts (a causal mask `[T, T]` added to scores `[N, H, T, T]`)
-//! stays out of that consumer's kernel, in a kernel of its own: inside it would be recomputed
-//! for every copy. Before grouping for good, a kernel that reads a value another kernel
-//! computed elementwise may compute it again ([`recompute`]).
+//! arithmetic: they are never shared between groups but copied into each group that uses them.
+//! A value computed from constants and iotas alone that a consumer broadcasts (a causal mask
+//! `[T, T]` added to scores `[N, H, T, T]`) stays out of that consumer's kernel, in a kernel of
+//! its own: inside it would be recomputed for every copy. Before grouping for good, a kernel
+//! that reads a value another kernel computed elementwise may compute it again
+//! ([`recompute`]).
 
 mod recompute;
 

@@ -19,7 +19,7 @@ use super::{RegionUses, duplicable};
 use crate::simplify::extract::bytes;
 use kiln_ir::print::ValueNames;
 use kiln_ir::{Cost, Function, Inst, Op, Region, Value};
-use std::collections::{BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 
 /// The most instructions one value's chain may recompute in one kernel.
 const MAX_CHAIN: usize = 16;
@@ -108,51 +108,30 @@ pub(super) fn recompute_across_kernels(
         .collect();
     let mut kernels = Kernels::new(&uses, &groups, &producer);
     // Per reading group: the positions it computes again.
-    let mut planned: HashMap<usize, BTreeSet<usize>> = HashMap::new();
+    let mut planned: BTreeMap<usize, BTreeSet<usize>> = BTreeMap::new();
     let mut explained = Vec::new();
-    let mut recomputed = 0;
     let names = notes.is_some().then(|| ValueNames::new(func));
     for p in 0..uses.insts.len() {
         let Some(own) = kernels.group_of[p].filter(|_| elementwise(&uses, p)) else {
             continue;
         };
         let v = func.inst(uses.insts[p]).results[0];
-        let readers = uses.effective_users(v);
-        let outside: Vec<usize> = (readers.iter().copied())
-            .filter(|&u| kernels.group_of.get(u).copied().flatten() != Some(own))
+        let outside: Vec<usize> = (uses.effective_users(v).into_iter())
+            .filter(|&u| group(&kernels, u) != Some(own))
             .collect();
-        let reading_groups: BTreeSet<usize> = (outside.iter())
-            .filter_map(|&u| kernels.group_of.get(u).copied().flatten())
-            .collect();
-        if reading_groups.is_empty() {
+        let reading: BTreeSet<usize> = outside.iter().filter_map(|&u| group(&kernels, u)).collect();
+        // A kernel that broadcasts `v` to more elements would compute it for every copy.
+        let expanded = |u: usize| group(&kernels, u).is_some() && uses.expands(p, u);
+        if reading.is_empty() || outside.iter().any(|&u| expanded(u)) {
             continue;
         }
-        let chains: Option<Vec<(usize, Chain)>> = (reading_groups.iter())
+        let chains: Option<Vec<(usize, Chain)>> = (reading.iter())
             .map(|&g| Some((g, chain(&uses, &producer, &kernels, planned.get(&g), g, v)?)))
             .collect();
         let Some(chains) = chains else { continue };
-        let size = bytes(func.value_type(v));
         // Readers outside kernels (a product, the region's results) need it in memory.
-        let memory_free =
-            (outside.iter()).all(|&u| kernels.group_of.get(u).is_some_and(|g| g.is_some()));
-        let mut gain = if memory_free { size } else { 0.0 };
-        let mut newly_yielded: BTreeSet<Value> = BTreeSet::new();
-        for (g, chain) in &chains {
-            gain += size;
-            for &leaf in &chain.leaves {
-                if !kernels.reads[*g].contains(&leaf) {
-                    gain -= bytes(func.value_type(leaf));
-                }
-                if let Some(h) = producer.get(&leaf).and_then(|&q| kernels.group_of[q])
-                    && !kernels.yields[h].contains(&leaf)
-                {
-                    newly_yielded.insert(leaf);
-                }
-            }
-        }
-        gain -= (newly_yielded.iter())
-            .map(|&l| bytes(func.value_type(l)))
-            .sum::<f64>();
+        let memory_free = outside.iter().all(|&u| group(&kernels, u).is_some());
+        let (gain, newly_yielded) = gain(func, &kernels, &producer, v, memory_free, &chains);
         if gain <= 0.0 {
             continue;
         }
@@ -172,27 +151,87 @@ pub(super) fn recompute_across_kernels(
         if memory_free {
             kernels.yields[own].remove(&v);
         }
-        recomputed += 1;
-        if let Some(names) = &names {
-            let n = reading_groups.len();
-            explained.push(format!(
+        let n = reading.len();
+        explained.push(names.as_ref().map(|names| {
+            format!(
                 "{} ({}) recomputed by the {n} kernel{} reading it: {gain:.0} bytes fewer \
                  moved a run",
                 names.get(v),
                 func.inst(uses.insts[p]).op.name(),
                 if n == 1 { "" } else { "s" }
-            ));
-        }
+            )
+        }));
     }
     if let Some(notes) = notes {
-        notes.extend(explained);
+        notes.extend(explained.iter().flatten().cloned());
     }
-    if planned.is_empty() {
-        return 0;
+    if !planned.is_empty() {
+        let insts = uses.insts.clone();
+        apply(func, region, &insts, &groups, &producer, &planned);
+        drop_dead(func, region);
     }
-    let insts = uses.insts.clone();
-    apply(func, region, &insts, &groups, &producer, &planned);
-    recomputed
+    explained.len()
+}
+
+/// The group of position `u` (`None` outside kernels, and for the region's results).
+fn group(kernels: &Kernels, u: usize) -> Option<usize> {
+    kernels.group_of.get(u).copied().flatten()
+}
+
+/// The bytes a run saves by recomputing `v` by `chains` (one per reading group), and the
+/// chains' leaves their kernels must now yield.
+fn gain(
+    func: &Function,
+    kernels: &Kernels,
+    producer: &HashMap<Value, usize>,
+    v: Value,
+    memory_free: bool,
+    chains: &[(usize, Chain)],
+) -> (f64, BTreeSet<Value>) {
+    let size = bytes(func.value_type(v));
+    let mut gain = if memory_free { size } else { 0.0 };
+    let mut newly_yielded = BTreeSet::new();
+    for (g, chain) in chains {
+        gain += size;
+        for &leaf in &chain.leaves {
+            if !kernels.reads[*g].contains(&leaf) {
+                gain -= bytes(func.value_type(leaf));
+            }
+            if let Some(h) = producer.get(&leaf).and_then(|&q| kernels.group_of[q])
+                && !kernels.yields[h].contains(&leaf)
+            {
+                newly_yielded.insert(leaf);
+            }
+        }
+    }
+    gain -= (newly_yielded.iter())
+        .map(|&l| bytes(func.value_type(l)))
+        .sum::<f64>();
+    (gain, newly_yielded)
+}
+
+/// Removes the region's elementwise and duplicable instructions that nothing reads any more
+/// (values every reader now recomputes), last to first, so that no kernel computes them.
+fn drop_dead(func: &mut Function, region: Region) {
+    let insts = func.region(region).insts.clone();
+    let mut used: HashSet<Value> = func.region(region).results.iter().copied().collect();
+    let mut keep = vec![true; insts.len()];
+    for (k, &inst) in insts.iter().enumerate().rev() {
+        let data = func.inst(inst);
+        let pure = data.regions.is_empty() && super::fusible(&data.op);
+        if pure && data.results.iter().all(|r| !used.contains(r)) {
+            keep[k] = false;
+            continue;
+        }
+        used.extend(data.args.iter().copied());
+        for &r in &data.regions {
+            used.extend(func.free_values(r));
+        }
+    }
+    let kept = (insts.into_iter().zip(keep))
+        .filter_map(|(inst, k)| k.then_some(inst))
+        .collect();
+    func.region_mut(region).insts = kept;
 }
 
 /// Whether position `p` computes an elementwise function a kernel could compute again.
@@ -266,7 +305,7 @@ fn apply(
     insts: &[Inst],
     groups: &[Vec<usize>],
     producer: &HashMap<Value, usize>,
-    planned: &HashMap<usize, BTreeSet<usize>>,
+    planned: &BTreeMap<usize, BTreeSet<usize>>,
 ) {
     let mut before: HashMap<usize, Vec<Inst>> = HashMap::new();
     for (&g, positions) in planned {
