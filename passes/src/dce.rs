@@ -36,7 +36,7 @@ pub(crate) fn has_effects(func: &Function, inst: Inst) -> bool {
 
 /// Removes the dead instructions of `region` (and, in live instructions, of their regions);
 /// returns how many were removed.
-fn dce_region(func: &mut Function, region: Region) -> usize {
+pub(crate) fn dce_region(func: &mut Function, region: Region) -> usize {
     let mut used: HashSet<Value> = func.region(region).results.iter().copied().collect();
     let mut removed = 0;
     let mut live: Vec<Inst> = Vec::new();

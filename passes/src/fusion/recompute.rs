@@ -168,7 +168,8 @@ pub(super) fn recompute_across_kernels(
     if !planned.is_empty() {
         let insts = uses.insts.clone();
         apply(func, region, &insts, &groups, &producer, &planned);
-        drop_dead(func, region);
+        // What every reader now recomputes is read by nothing: no kernel computes it.
+        crate::dce::dce_region(func, region);
     }
     explained.len()
 }
@@ -208,30 +209,6 @@ fn gain(
         .map(|&l| bytes(func.value_type(l)))
         .sum::<f64>();
     (gain, newly_yielded)
-}
-
-/// Removes the region's elementwise and duplicable instructions that nothing reads any more
-/// (values every reader now recomputes), last to first, so that no kernel computes them.
-fn drop_dead(func: &mut Function, region: Region) {
-    let insts = func.region(region).insts.clone();
-    let mut used: HashSet<Value> = func.region(region).results.iter().copied().collect();
-    let mut keep = vec![true; insts.len()];
-    for (k, &inst) in insts.iter().enumerate().rev() {
-        let data = func.inst(inst);
-        let pure = data.regions.is_empty() && super::fusible(&data.op);
-        if pure && data.results.iter().all(|r| !used.contains(r)) {
-            keep[k] = false;
-            continue;
-        }
-        used.extend(data.args.iter().copied());
-        for &r in &data.regions {
-            used.extend(func.free_values(r));
-        }
-    }
-    let kept = (insts.into_iter().zip(keep))
-        .filter_map(|(inst, k)| k.then_some(inst))
-        .collect();
-    func.region_mut(region).insts = kept;
 }
 
 /// Whether position `p` computes an elementwise function a kernel could compute again.
