@@ -171,7 +171,7 @@ fn matrices<T: Copy + 'static + num_traits::Zero + num_traits::One>(
         b: y.as_ptr(),
         b_strides: strides(ys[1], transpose_b),
         scale,
-        split_rows: transpose_a,
+        split_rows: splits_rows(transpose_a, n, k),
     };
     let split = threads && m * n * k >= PARALLEL_FLOPS;
     // SAFETY: `z` is a contiguous m×n matrix (row stride n), disjoint from the operands, which
@@ -267,7 +267,7 @@ unsafe fn batched<T: Copy + 'static + num_traits::Zero + num_traits::One>(
                 b: unsafe { b.ptr.add(at[1]) },
                 b_strides,
                 scale,
-                split_rows: transpose_a,
+                split_rows: splits_rows(transpose_a, n, k),
             };
             (product, at[2])
         })
@@ -306,6 +306,15 @@ pub(crate) struct Product<T> {
     /// thread then packs only its rows of it): W5's `xᵀ·g` 670 → 604 µs and `hᵀ·g` 431 → 388
     /// µs in the step; with `b` transposed columns were better (421 against 506 µs alone).
     pub split_rows: bool,
+}
+
+/// Whether a product split across threads gives each its rows rather than its columns: for
+/// `aᵀ·b` over a short sum (W5's `xᵀ·g`, k = 256: 670 → 604 µs in the step) or too few
+/// columns to split; columns otherwise — with a long sum rows were slower on Zen 4 (gemm
+/// alone, 2 threads: 1024×256×2048 6.19 → 4.91 ms by columns, 256×256×2048 1.34 → 1.22,
+/// 256×256×4096 2.80 → 2.60; 512×512×256 0.64 by rows against 0.68).
+fn splits_rows(transpose_a: bool, n: usize, k: usize) -> bool {
+    transpose_a && (k < 1024 || n < 32 * crate::team::width())
 }
 
 /// `0..len` in at most `parts` pieces of a multiple of 16 (the last may be shorter): how many,
