@@ -40,6 +40,13 @@ impl Default for Conv2dAttrs {
 }
 
 impl Conv2dAttrs {
+    /// Whether a convolution with a `window` (KH, KW) is pointwise: a 1×1 window at unit
+    /// strides without padding, so each output position reads its own input position (a
+    /// product over the channels).
+    pub fn is_pointwise(&self, window: [usize; 2]) -> bool {
+        window == [1, 1] && self.strides == [1, 1] && self.padding == [(0, 0), (0, 0)]
+    }
+
     /// The output size along spatial axis `axis` for an input of `size` and a kernel of
     /// `kernel` taps; `None` if the dilated kernel is larger than the padded input.
     pub fn output_size(&self, axis: usize, size: usize, kernel: usize) -> Option<usize> {

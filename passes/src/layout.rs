@@ -376,11 +376,10 @@ fn lays_out_nchw(func: &Function, inst: Inst) -> bool {
         ConvKind::FilterGrad { .. } => data.results[0],
         _ => data.args[1],
     };
-    let window = &func.value_type(weights).shape.dims()[2..];
-    let pointwise = window.iter().all(|d| d.is_one())
-        && attrs.strides == [1, 1]
-        && attrs.padding == [(0, 0), (0, 0)];
-    !pointwise
+    // A symbolic window size is no 1.
+    let dims = func.value_type(weights).shape.dims();
+    let window = [2, 3].map(|axis| dims[axis].as_fixed().unwrap_or(0));
+    !attrs.is_pointwise(window)
 }
 
 /// The element moves of the transposes converting `region` adds at its edges (reshapes move

@@ -261,10 +261,7 @@ fn positions_per_run(kind: ConvKind, d: &ConvDims, budget: usize) -> Option<usiz
 /// as they are (`[C/g, H·W]`), with no layout passes and no patch matrix. Most of a ResNet's
 /// convolutions are.
 fn is_pointwise(d: &ConvDims, attrs: &Conv2dAttrs) -> bool {
-    (d.kh, d.kw) == (1, 1)
-        && attrs.strides == [1, 1]
-        && attrs.padding == [(0, 0), (0, 0)]
-        && (d.oh, d.ow) == (d.h, d.w)
+    attrs.is_pointwise([d.kh, d.kw]) && (d.oh, d.ow) == (d.h, d.w)
 }
 
 /// A pointwise convolution (or a transpose): one gemm per sample and group, samples in

@@ -49,9 +49,10 @@ impl Pass for Fuse {
             let mut pending = vec![func.body()];
             while let Some(region) = pending.pop() {
                 let mut notes = self.explain.then_some(&mut self.explanations);
-                recomputed +=
+                let (count, grouped) =
                     recompute::recompute_across_kernels(func, region, notes.as_deref_mut());
-                let (g, n) = fuse_region(func, region, &mut replace, notes);
+                recomputed += count;
+                let (g, n) = fuse_region(func, region, grouped, &mut replace, notes);
                 groups += g;
                 fused_insts += n;
                 for &inst in &func.region(region).insts {
@@ -133,17 +134,22 @@ impl Groups {
     }
 }
 
-/// Groups and emits the fused kernels of one region; returns (kernels, instructions fused).
+/// Groups (unless `grouped` gives the groups, when no reason is asked for) and emits the
+/// fused kernels of one region; returns (kernels, instructions fused).
 fn fuse_region(
     func: &mut Function,
     region: Region,
+    grouped: Option<Vec<Vec<usize>>>,
     replace: &mut HashMap<Value, Value>,
     notes: Option<&mut Vec<String>>,
 ) -> (usize, usize) {
     let uses = RegionUses::new(func, region);
     let mut why = notes.is_some().then(|| Why::new(func));
-    let plans: Vec<(Vec<usize>, Vec<Value>)> = uses
-        .groups(why.as_mut())
+    let groups = match (grouped, why.as_mut()) {
+        (Some(groups), None) => groups,
+        (_, why) => uses.groups(why),
+    };
+    let plans: Vec<(Vec<usize>, Vec<Value>)> = groups
         .into_iter()
         .map(|members| {
             let outputs = uses.outputs(&members);
@@ -359,32 +365,28 @@ fn reorder(
     topological(func, items, replace)
 }
 
-/// Builds the `fused` instruction of a group and records its outputs in `replace`.
-fn emit_group(
-    func: &mut Function,
+/// A group's kernel as [`emit_group`] makes it: the positions of its body (its members and,
+/// recursively, the duplicable producers they read — broadcasts of operands, splats, iotas —
+/// which are copied in) and the values it reads from outside, in order of first use.
+pub(super) fn kernel_body(
+    func: &Function,
     insts: &[Inst],
     members: &[usize],
-    outputs: &[Value],
     producer: &HashMap<Value, usize>,
-    replace: &mut HashMap<Value, Value>,
-) -> Inst {
-    let member_set: BTreeSet<usize> = members.iter().copied().collect();
-    // Duplicable producers (broadcasts of operands, splats, iotas) are copied in, recursively.
-    let mut copied: BTreeSet<usize> = BTreeSet::new();
+) -> (Vec<usize>, Vec<Value>) {
+    let mut body: BTreeSet<usize> = members.iter().copied().collect();
     let mut stack: Vec<usize> = members.to_vec();
     while let Some(i) = stack.pop() {
         for &a in &func.inst(insts[i]).args {
             if let Some(&p) = producer.get(&a)
                 && duplicable(&func.inst(insts[p]).op)
-                && copied.insert(p)
+                && body.insert(p)
             {
                 stack.push(p);
             }
         }
     }
-    let body: Vec<usize> = member_set.union(&copied).copied().collect();
-    let inside: HashSet<Value> = body
-        .iter()
+    let inside: HashSet<Value> = (body.iter())
         .flat_map(|&i| func.inst(insts[i]).results.clone())
         .collect();
     let mut operands: Vec<Value> = Vec::new();
@@ -395,6 +397,20 @@ fn emit_group(
             }
         }
     }
+    (body.into_iter().collect(), operands)
+}
+
+/// Builds the `fused` instruction of a group and records its outputs in `replace`.
+fn emit_group(
+    func: &mut Function,
+    insts: &[Inst],
+    members: &[usize],
+    outputs: &[Value],
+    producer: &HashMap<Value, usize>,
+    replace: &mut HashMap<Value, Value>,
+) -> Inst {
+    let member_set: BTreeSet<usize> = members.iter().copied().collect();
+    let (body, operands) = kernel_body(func, insts, members, producer);
     let region = func.create_region();
     let mut remap: HashMap<Value, Value> = HashMap::new();
     for &v in &operands {

@@ -15,7 +15,7 @@
 //! a softmax's gradient does) computes the chain in each pass, so it recomputes cheap ops
 //! only.
 
-use super::{RegionUses, duplicable};
+use super::{RegionUses, duplicable, kernel_body};
 use crate::simplify::extract::bytes;
 use kiln_ir::print::ValueNames;
 use kiln_ir::{Cost, Function, Inst, Op, Region, Value};
@@ -46,22 +46,8 @@ impl Kernels {
         }
         let reads = (groups.iter())
             .map(|members| {
-                let mut reads = HashSet::new();
-                let mut stack: Vec<Value> = (members.iter())
-                    .flat_map(|&m| uses.func.inst(uses.insts[m]).args.clone())
-                    .collect();
-                while let Some(v) = stack.pop() {
-                    match producer.get(&v) {
-                        Some(&p) if members.contains(&p) => {}
-                        Some(&p) if duplicable(&uses.func.inst(uses.insts[p]).op) => {
-                            stack.extend(uses.func.inst(uses.insts[p]).args.iter().copied());
-                        }
-                        _ => {
-                            reads.insert(v);
-                        }
-                    }
-                }
-                reads
+                let (_, operands) = kernel_body(uses.func, &uses.insts, members, producer);
+                operands.into_iter().collect()
             })
             .collect();
         let yields = (groups.iter())
@@ -95,12 +81,13 @@ struct Chain {
 }
 
 /// Plans and applies recomputation in one region (before it is grouped for good); returns how
-/// many values are recomputed and, with `notes`, why.
+/// many values are recomputed (with `notes`, why) and, when none is, the region's grouping,
+/// which still holds.
 pub(super) fn recompute_across_kernels(
     func: &mut Function,
     region: Region,
     notes: Option<&mut Vec<String>>,
-) -> usize {
+) -> (usize, Option<Vec<Vec<usize>>>) {
     let uses = RegionUses::new(func, region);
     let groups = uses.groups(None);
     let producer: HashMap<Value, usize> = (uses.insts.iter().enumerate())
@@ -165,13 +152,14 @@ pub(super) fn recompute_across_kernels(
     if let Some(notes) = notes {
         notes.extend(explained.iter().flatten().cloned());
     }
-    if !planned.is_empty() {
-        let insts = uses.insts.clone();
-        apply(func, region, &insts, &groups, &producer, &planned);
-        // What every reader now recomputes is read by nothing: no kernel computes it.
-        crate::dce::dce_region(func, region);
+    if planned.is_empty() {
+        return (0, Some(groups));
     }
-    explained.len()
+    let insts = uses.insts.clone();
+    apply(func, region, &insts, &groups, &producer, &planned);
+    // What every reader now recomputes is read by nothing: no kernel computes it.
+    crate::dce::dce_region(func, region);
+    (explained.len(), None)
 }
 
 /// The group of position `u` (`None` outside kernels, and for the region's results).
