@@ -464,15 +464,16 @@ fn scheduled(module: &kiln::ir::Module) -> (String, usize, usize) {
 
 /// Products large enough to split across threads (by rows when the left operand is
 /// transposed over a short sum, by columns otherwise — `%u` and the update of `@v` sum over
-/// 1100), with sizes that are no multiple of the split's granularity, each transpose, and
-/// SGD-style updates folded into products. Each agrees with the interpreter.
+/// 1,100 and have 270 columns, 32 a thread for up to 8 threads), with sizes that are no
+/// multiple of the split's granularity, each transpose, and SGD-style updates folded into
+/// products. Each agrees with the interpreter.
 #[test]
 fn large_products_split_across_threads_agree() {
     let module = kiln::ir::parse_module(
         "module {
   state @w : f32[200,70] = constant(value=0.25)
-  state @v : f32[40,70] = constant(value=0.5)
-  func @f(%a: f32[200,300], %at: f32[300,200], %b: f32[300,70], %bt: f32[70,300], %long: f32[1100,40], %lb: f32[1100,70]) -> (f32[200,70], f32[200,70], f32[200,70], f32[200,70], f32[40,70]) {
+  state @v : f32[40,270] = constant(value=0.5)
+  func @f(%a: f32[200,300], %at: f32[300,200], %b: f32[300,70], %bt: f32[70,300], %long: f32[1100,40], %lb: f32[1100,270]) -> (f32[200,70], f32[200,70], f32[200,70], f32[200,70], f32[40,270]) {
     %p = matmul %a, %b : f32[200,70]
     %q = matmul %at, %b {transpose_a=true} : f32[200,70]
     %r = matmul %a, %bt {transpose_b=true} : f32[200,70]
@@ -483,13 +484,13 @@ fn large_products_split_across_threads_agree() {
     %step = mul %g, %lr : f32[200,70]
     %next = sub %w, %step : f32[200,70]
     store @w, %next
-    %u = matmul %long, %lb {transpose_a=true} : f32[40,70]
-    %v = load @v : f32[40,70]
-    %lbn = neg %lb : f32[1100,70]
-    %h = matmul %long, %lbn {transpose_a=true} : f32[40,70]
-    %lr2 = const 0.01 : f32[40,70]
-    %vstep = mul %h, %lr2 : f32[40,70]
-    %vnext = sub %v, %vstep : f32[40,70]
+    %u = matmul %long, %lb {transpose_a=true} : f32[40,270]
+    %v = load @v : f32[40,270]
+    %lbn = neg %lb : f32[1100,270]
+    %h = matmul %long, %lbn {transpose_a=true} : f32[40,270]
+    %lr2 = const 0.01 : f32[40,270]
+    %vstep = mul %h, %lr2 : f32[40,270]
+    %vnext = sub %v, %vstep : f32[40,270]
     store @v, %vnext
     return %p, %q, %r, %s, %u
   }

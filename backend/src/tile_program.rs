@@ -153,6 +153,7 @@ impl Operand {
         }
     }
 
+    #[inline(always)]
     fn decode(word: u64) -> Operand {
         let x = word as u16;
         if x & SCALAR_BIT != 0 {
@@ -241,6 +242,7 @@ impl Instr {
     }
 
     /// The instruction at the start of `words`, and how many words it takes.
+    #[inline(always)]
     pub(crate) fn decode(words: &[u64]) -> (Instr, usize) {
         let word = words[0];
         let op = (word >> 4 & 0xff) as usize;

@@ -247,6 +247,7 @@ unsafe fn batched<T: Copy + 'static + num_traits::Zero + num_traits::One>(
     let ld = out_view.strides[ro - 2];
     // Product `i` of the batch (its index split over the batch axes, last fastest), and where
     // its output matrix starts.
+    let split_rows = splits_rows(transpose_a, n, k);
     let products: Vec<(Product<T>, usize)> = (0..count)
         .map(|i| {
             let (mut at, mut rest) = ([0; 3], i);
@@ -267,7 +268,7 @@ unsafe fn batched<T: Copy + 'static + num_traits::Zero + num_traits::One>(
                 b: unsafe { b.ptr.add(at[1]) },
                 b_strides,
                 scale,
-                split_rows: splits_rows(transpose_a, n, k),
+                split_rows,
             };
             (product, at[2])
         })
@@ -302,17 +303,17 @@ pub(crate) struct Product<T> {
     pub b_strides: (isize, isize),
     /// Whether `dst` is overwritten or added to.
     pub scale: Scale<T>,
-    /// Split across threads by rows, not columns: better where `a` is transposed (each
-    /// thread then packs only its rows of it): W5's `xᵀ·g` 670 → 604 µs and `hᵀ·g` 431 → 388
-    /// µs in the step; with `b` transposed columns were better (421 against 506 µs alone).
+    /// Split across threads by rows, not columns ([`splits_rows`] decides; with `b`
+    /// transposed columns were better, 421 against 506 µs alone).
     pub split_rows: bool,
 }
 
 /// Whether a product split across threads gives each its rows rather than its columns: for
-/// `aᵀ·b` over a short sum (W5's `xᵀ·g`, k = 256: 670 → 604 µs in the step) or too few
-/// columns to split; columns otherwise — with a long sum rows were slower on Zen 4 (gemm
-/// alone, 2 threads: 1024×256×2048 6.19 → 4.91 ms by columns, 256×256×2048 1.34 → 1.22,
-/// 256×256×4096 2.80 → 2.60; 512×512×256 0.64 by rows against 0.68).
+/// `aᵀ·b` over a short sum (each thread then packs only its rows of `a`; W5's `xᵀ·g`,
+/// k = 256: 670 → 604 µs in the step, `hᵀ·g` 431 → 388) or with fewer than 32 columns a
+/// thread; columns otherwise — with a long sum rows were slower on Zen 4 (gemm alone, 2
+/// threads: 1024×256×2048 6.19 → 4.91 ms by columns, 256×256×2048 1.34 → 1.22, 256×256×4096
+/// 2.80 → 2.60; 512×512×256 0.64 by rows against 0.68). Measured on 2 threads only.
 fn splits_rows(transpose_a: bool, n: usize, k: usize) -> bool {
     transpose_a && (k < 1024 || n < 32 * crate::team::width())
 }
