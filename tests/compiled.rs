@@ -439,6 +439,30 @@ fn products_read_transposed_operands_through_strides() {
     assert_eq!(steps, insts - (reshapes + transposes - 3), "{text}");
 }
 
+/// Attention's heads joined by their product (written through the transpose), then reshaped
+/// twice: for the next layer (a result) and as rows for a weight gradient's product, which
+/// reads the first reshape's result while that reshape moves the heads' buffer. Agrees with
+/// the interpreter.
+#[test]
+fn joined_heads_reshaped_for_a_layer_and_a_weight_gradient_agree() {
+    let module = kiln::ir::parse_module(
+        "module {
+  func @f(%s: f32[2,3,5,5], %v: f32[2,3,5,4], %g: f32[2,5,7]) -> (f32[2,5,12], f32[12,7]) {
+    %c = matmul %s, %v : f32[2,3,5,4]
+    %back = transpose %c {perm=[0, 2, 1, 3]} : f32[2,5,3,4]
+    %joined = reshape %back : f32[2,5,12]
+    %rows = reshape %back : f32[10,12]
+    %grows = reshape %g : f32[10,7]
+    %w = matmul %rows, %grows {transpose_a=true} : f32[12,7]
+    return %joined, %w
+  }
+}",
+    )
+    .unwrap();
+    let tally = check_module(&module, 23).unwrap();
+    assert_eq!(tally.compared, 1);
+}
+
 /// `module` through the default pipeline.
 fn optimised(module: &Module) -> Module {
     let mut optimised = module.clone();
