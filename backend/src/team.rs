@@ -107,6 +107,19 @@ fn wait_until(done: impl Fn() -> bool) {
     }
 }
 
+/// `0..len` in at most `parts` pieces, each a multiple of `multiple` long but the last: how
+/// many, and the `i`th.
+pub(crate) fn pieces(
+    len: usize,
+    parts: usize,
+    multiple: usize,
+) -> (usize, impl Fn(usize) -> std::ops::Range<usize>) {
+    let size = len.div_ceil(parts.max(1)).next_multiple_of(multiple).max(1);
+    (len.div_ceil(size), move |i| {
+        i * size..((i + 1) * size).min(len)
+    })
+}
+
 /// The threads a region opened here may use: the caller's rayon pool's width.
 pub fn width() -> usize {
     rayon::current_num_threads()

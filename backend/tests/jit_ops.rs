@@ -405,6 +405,57 @@ fn reductions() {
     }
 }
 
+/// Reductions over leading axes that keep the last, large enough to split across threads by
+/// columns (1,000 and 500 columns, no multiple of a thread's 16; a kept middle axis; an
+/// expression recomputed per element): the same bits on one, two and three threads, and the
+/// interpreter's sums.
+#[test]
+fn column_reductions_split_across_threads_keep_their_bits() {
+    let mut g = Gen(11);
+    let cases: [(&[usize], &[usize]); 3] = [
+        (&[700, 1000], &[0]),
+        (&[40, 30, 500], &[1]),
+        (&[40, 30, 500], &[0, 1]),
+    ];
+    for (shape, axes) in cases {
+        for op in [ReduceOp::Sum, ReduceOp::Mean, ReduceOp::Max] {
+            let what = format!("{} of x·x over {axes:?} of {shape:?}", op.name());
+            let mut b = FunctionBuilder::new("k");
+            let x = b.arg("x", Type::new(DType::F32, fixed(shape)));
+            let square = b.mul(x, x).unwrap();
+            let r = b.reduce(op, square, axes.to_vec(), false).unwrap();
+            let func = b.finish(&[r]).unwrap();
+            let kernel = jit::kernel(&func).unwrap();
+            assert!(
+                kernel.plan.stages.iter().any(|s| s.by_columns),
+                "{what}: a stage by columns"
+            );
+            let input = g.array(DType::F32, shape, false, false);
+            let on = |threads: usize| {
+                let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build();
+                let got = pool.unwrap().install(|| kernel.call(&[&input])).unwrap();
+                let bits: Vec<u64> = got[0].to_f64_vec().iter().map(|f| f.to_bits()).collect();
+                (got, bits)
+            };
+            let (one, bits) = on(1);
+            for threads in [2, 3] {
+                assert!(
+                    on(threads).1 == bits,
+                    "{what}: {threads} threads differ from one"
+                );
+            }
+            let mut module = Module::new();
+            module.add_function(func.clone());
+            let want = Interpreter::new(&module)
+                .run_function(&func, vec![input], &mut StateStore::default())
+                .unwrap();
+            for (a, e) in one[0].to_f64_vec().iter().zip(want[0].to_f64_vec()) {
+                assert!(close(*a, e, SUMS), "{what}: {a}, the interpreter {e}");
+            }
+        }
+    }
+}
+
 #[test]
 fn iota_constants_and_broadcasts() {
     for &dtype in &[DType::F32, DType::F64, DType::I32, DType::I64] {

@@ -14,8 +14,8 @@ pub struct KernelInfo {
     /// The instruction it runs (the `fused` line, regions elided).
     pub inst: String,
     /// For each stage (a pass over the data): its domain and the values it writes; whether it
-    /// accumulates (one thread) or splits rows across threads; and what its tile programs
-    /// compute, if it has them.
+    /// accumulates (on one thread, or split by columns) or splits rows across threads; and
+    /// what its tile programs compute, if it has them.
     pub stages: Vec<String>,
     /// Machine-code bytes of all stages.
     pub code_size: usize,
@@ -91,10 +91,10 @@ impl Executable {
             let stages = (kernel.plan.stages.iter().zip(&kernel.stages))
                 .map(|(stage, code)| {
                     let values: Vec<String> = stage.values.iter().map(|&v| names.get(v)).collect();
-                    let how = if stage.accumulate {
-                        "accumulates on one thread"
-                    } else {
-                        "rows split across threads"
+                    let how = match (stage.accumulate, stage.by_columns) {
+                        (false, _) => "rows split across threads",
+                        (true, true) => "accumulates, columns split across threads",
+                        (true, false) => "accumulates on one thread",
                     };
                     let code = match code.programs {
                         Some(_) => format!(

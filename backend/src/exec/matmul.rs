@@ -318,15 +318,6 @@ fn splits_rows(transpose_a: bool, n: usize, k: usize) -> bool {
     transpose_a && (k < 1024 || n < 32 * crate::team::width())
 }
 
-/// `0..len` in at most `parts` pieces of a multiple of 16 (the last may be shorter): how many,
-/// and the `i`th.
-fn pieces(len: usize, parts: usize) -> (usize, impl Fn(usize) -> std::ops::Range<usize>) {
-    let size = len.div_ceil(parts).next_multiple_of(16);
-    (len.div_ceil(size), move |i| {
-        i * size..((i + 1) * size).min(len)
-    })
-}
-
 // SAFETY: the operands are only read, by threads writing disjoint columns of the output.
 unsafe impl<T> Sync for Product<T> {}
 
@@ -359,7 +350,7 @@ impl<T: Copy + 'static + num_traits::Zero + num_traits::One> Product<T> {
         }
         let dst = SendPtr(dst);
         if self.split_rows {
-            let (count, rows_of) = pieces(self.m, parts);
+            let (count, rows_of) = crate::team::pieces(self.m, parts, 16);
             crate::team::for_each(count, |r| {
                 let rows = rows_of(r);
                 let part = Product {
@@ -373,7 +364,7 @@ impl<T: Copy + 'static + num_traits::Zero + num_traits::One> Product<T> {
             });
             return;
         }
-        let (count, columns_of) = pieces(n, parts);
+        let (count, columns_of) = crate::team::pieces(n, parts, 16);
         crate::team::for_each(count, |c| {
             // SAFETY: each task writes its own columns; the operands are only read.
             unsafe { self.columns(columns_of(c), dst.get(), ld) }

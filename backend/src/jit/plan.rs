@@ -11,7 +11,11 @@
 //!   Softmax, layer norm and cross-entropy are one rows stage: each row is read once from
 //!   memory and stays in cache. Rows are independent, so a rows stage runs split across threads.
 //! - An **accumulate** stage computes one reduction over other axes: it walks its input's
-//!   domain and combines each element into the output buffer. It runs on one thread.
+//!   domain and combines each element into the output buffer. When the reduction keeps the
+//!   last axis (a bias's gradient, layer norm's γ and β) its code takes *columns*: each
+//!   thread may walk every row over its own run of that axis, every result combined in the
+//!   same order as on one thread (the executor splits it when it computes its operand as it
+//!   goes). Otherwise it runs on one thread.
 //!
 //! A value is read under a [`Mapping`]: for each of its axes, the domain axis that indexes it,
 //! or none (the axis has size 1, or was broadcast). Addresses follow from the mapping, so
@@ -37,14 +41,28 @@ pub struct Stage {
     pub domain: Shape,
     /// The materialised values computed, in order.
     pub values: Vec<Value>,
-    /// One reduction accumulated into its buffer: runs on one thread, over all rows at once.
+    /// One reduction accumulated into its buffer, over all rows at once.
     pub accumulate: bool,
+    /// An accumulate stage whose reduction keeps the domain's last axis: its code takes a
+    /// range of that axis's positions (columns), not of rows, and walks every row over them.
+    pub by_columns: bool,
 }
 
 impl Stage {
     /// Whether the executor may split the rows across threads.
     pub fn parallel(&self) -> bool {
         !self.accumulate
+    }
+
+    /// How the executor may split the stage across threads, and the length of the range its
+    /// code takes: rows, columns (an accumulate stage by columns), or neither (the whole
+    /// domain on one thread, as rows `0..rows`).
+    pub fn split(&self, plan: &KernelPlan, sizes: &[i64]) -> (Split, i64) {
+        match (self.accumulate, self.by_columns) {
+            (false, _) => (Split::Rows, self.rows(plan, sizes)),
+            (true, true) => (Split::Columns, self.row_len(plan, sizes)),
+            (true, false) => (Split::None, self.rows(plan, sizes)),
+        }
     }
 
     /// The number of rows (the product of every domain axis but the last).
@@ -60,6 +78,14 @@ impl Stage {
     pub fn row_len(&self, plan: &KernelPlan, sizes: &[i64]) -> i64 {
         self.domain.0.last().map_or(1, |d| plan.extent(d, sizes))
     }
+}
+
+/// How a stage's work may be divided across threads ([`Stage::split`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Split {
+    Rows,
+    Columns,
+    None,
 }
 
 #[derive(Clone, Debug)]
@@ -151,13 +177,15 @@ impl KernelPlan {
     /// Adds materialised value `v` to the current rows stage when it fits, else to a new stage.
     fn place(&mut self, v: Value) {
         let reduce = self.reduction(v);
-        let (domain, accumulate) = match &reduce {
+        let (domain, accumulate, by_columns) = match &reduce {
             Some((input, axes)) => {
                 let input_shape = self.ty(*input).shape.clone();
-                let last_only = input_shape.rank() >= 1 && *axes == [input_shape.rank() - 1];
-                (input_shape, !last_only)
+                let rank = input_shape.rank();
+                let last_only = rank >= 1 && *axes == [rank - 1];
+                let keeps_last = rank >= 2 && !axes.contains(&(rank - 1));
+                (input_shape, !last_only, keeps_last)
             }
-            None => (self.ty(v).shape.clone(), false),
+            None => (self.ty(v).shape.clone(), false, false),
         };
         if !accumulate && let Some(index) = self.stages.len().checked_sub(1) {
             let stage = &self.stages[index];
@@ -177,6 +205,7 @@ impl KernelPlan {
             domain,
             values: vec![v],
             accumulate,
+            by_columns,
         });
     }
 

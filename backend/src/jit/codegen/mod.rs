@@ -1,6 +1,7 @@
 //! Cranelift code for one stage of a [`KernelPlan`].
 //!
-//! A stage function loops over rows `begin..end` of its domain; inside a row it runs *inner
+//! A stage function loops over rows `begin..end` of its domain (an accumulate stage by columns:
+//! over every row, for positions `begin..end` of the last axis); inside a row it runs *inner
 //! loops* along the last axis, each computing a group of the stage's values:
 //!
 //! ```text
@@ -146,6 +147,7 @@ pub(crate) fn build_stage(
         status,
         row_index: Vec::new(),
         inner: None,
+        columns: None,
         scopes: vec![HashMap::new()],
         levels: HashMap::new(),
         imports: HashMap::new(),
@@ -193,6 +195,8 @@ struct Gen<'a, 'f> {
     row_index: Vec<CValue>,
     /// The current position along the last axis.
     inner: Option<CValue>,
+    /// An accumulate stage by columns: the range of the last axis this call walks.
+    columns: Option<(CValue, CValue)>,
     scopes: Vec<HashMap<Memo, CValue>>,
     levels: HashMap<(Value, Mapping), Level>,
     imports: HashMap<String, FuncRef>,

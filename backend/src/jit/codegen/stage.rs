@@ -289,6 +289,8 @@ impl Gen<'_, '_> {
         })
     }
 
+    /// An accumulate stage over rows `begin..end`, or — by columns — over every row, for the
+    /// columns `begin..end` of the last axis (and only those columns' results).
     pub(super) fn accumulate(&mut self, begin: CValue, end: CValue) {
         let plan = self.plan;
         let v = plan.stages[self.stage].values[0];
@@ -297,15 +299,26 @@ impl Gen<'_, '_> {
         let dtype = self.dtype(v);
         let primary = plan.slot(plan.source[&v]);
         let size = dtype.size_bytes() as i64;
-        let out_len = self.value_len(v);
         let root = self.root(Work::Combine(v));
         self.hoist(std::slice::from_ref(&root), Level::Entry, false);
+        let (begin, end) = if plan.stages[self.stage].by_columns {
+            self.columns = Some((begin, end));
+            let zero = self.b.ins().iconst(types::I64, 0);
+            let last = self.dims.len() - 1;
+            let rows = (self.extents[..last].iter())
+                .fold(self.b.ins().iconst(types::I64, 1), |n, &e| {
+                    self.b.ins().imul(n, e)
+                });
+            (zero, rows)
+        } else {
+            (begin, end)
+        };
         // Start from the identity.
         let identity = self.identity(op, dtype, false);
-        let l = self.begin_loop_from_zero(out_len);
-        let addr = self.element_address(primary, l.index, size);
+        let (loops, index) = self.begin_results(v);
+        let addr = self.element_address(primary, index, size);
         self.b.ins().store(flags(), identity, addr, 0);
-        self.end_loop(l, 1);
+        self.end_loops(loops);
 
         let rank = plan.ty(input).rank();
         let inner_reduced = rank >= 1 && axes.contains(&(rank - 1));
@@ -330,17 +343,48 @@ impl Gen<'_, '_> {
         if op == ReduceOp::Mean || !others.is_empty() {
             let count = self.reduced_count(&axes);
             let count = self.b.ins().fcvt_from_sint(clif_type(dtype), count);
-            let l = self.begin_loop_from_zero(out_len);
-            let addr = self.element_address(primary, l.index, size);
+            let (loops, index) = self.begin_results(v);
+            let addr = self.element_address(primary, index, size);
             let mut x = self.b.ins().load(clif_type(dtype), flags(), addr, 0);
             if op == ReduceOp::Mean {
                 x = self.b.ins().fdiv(x, count);
                 self.b.ins().store(flags(), x, addr, 0);
             }
             for &slot in &others {
-                let addr = self.element_address(slot, l.index, size);
+                let addr = self.element_address(slot, index, size);
                 self.b.ins().store(flags(), x, addr, 0);
             }
+            self.end_loops(loops);
+        }
+    }
+
+    /// Opens the loops over the elements of accumulated result `v` this call owns — all of
+    /// them, or by columns those in its columns (the result's last axis is the domain's) —
+    /// and returns them with the element's index.
+    fn begin_results(&mut self, v: Value) -> (Vec<Loop>, CValue) {
+        let Some((first, end)) = self.columns else {
+            let len = self.value_len(v);
+            let l = self.begin_loop_from_zero(len);
+            let index = l.index;
+            return (vec![l], index);
+        };
+        let dims = self.plan.ty(v).shape.0.clone();
+        let (last, outer) = dims.split_last().expect("a result keeping the last axis");
+        let mut count = self.b.ins().iconst(types::I64, 1);
+        for d in outer {
+            let e = self.extent(d);
+            count = self.b.ins().imul(count, e);
+        }
+        let columns = self.extent(last);
+        let row = self.begin_loop_from_zero(count);
+        let start = self.b.ins().imul(row.index, columns);
+        let column = self.begin_loop(first, end);
+        let index = self.b.ins().iadd(start, column.index);
+        (vec![row, column], index)
+    }
+
+    fn end_loops(&mut self, loops: Vec<Loop>) {
+        for l in loops.into_iter().rev() {
             self.end_loop(l, 1);
         }
     }
@@ -387,7 +431,11 @@ impl Gen<'_, '_> {
         if works.is_empty() {
             return;
         }
-        let n = self.extents[self.dims.len() - 1];
+        // The row's positions: all, or an accumulate stage's columns.
+        let (first, n) = match self.columns {
+            Some((first, end)) => (Some(first), end),
+            None => (None, self.extents[self.dims.len() - 1]),
+        };
         let roots = self.roots(works);
         let vector = self.vectorizable(works);
         self.hoist(&roots, Level::Row, vector);
@@ -397,10 +445,10 @@ impl Gen<'_, '_> {
             }
         }
         let (start, scalar_accs) = if vector {
-            self.vector_part(works, program, n)
+            self.vector_part(works, program, first, n)
         } else {
-            let zero = self.b.ins().iconst(types::I64, 0);
-            (zero, self.scalar_accumulators(works))
+            let start = first.unwrap_or_else(|| self.b.ins().iconst(types::I64, 0));
+            (start, self.scalar_accumulators(works))
         };
         let l = self.begin_loop(start, n);
         self.scopes.push(HashMap::new());
@@ -416,12 +464,14 @@ impl Gen<'_, '_> {
     }
 
     /// The vectorised part of the row: by the tile `program` (all of `0..n` unless the group
-    /// reduces), or Cranelift's unrolled loop (`0..n` rounded down to whole trips). Returns
-    /// where the scalar tail starts and each reduction's accumulator, folded to a scalar.
+    /// reduces), or Cranelift's unrolled loop (`0..n`, or `first..n` for an accumulate
+    /// stage's columns, rounded down to whole trips). Returns where the scalar tail starts
+    /// and each reduction's accumulator, folded to a scalar.
     fn vector_part(
         &mut self,
         works: &[Work],
         program: Option<programs::Frame>,
+        first: Option<CValue>,
         n: CValue,
     ) -> (CValue, Vec<Option<Variable>>) {
         let plan = self.plan;
@@ -432,9 +482,14 @@ impl Gen<'_, '_> {
         let step = LANES * unroll;
         // A program that does not reduce takes the whole row, its tail included; a reduction's
         // tail stays in Cranelift's scalar code, added after the 16 partials as on its path.
-        let vec_end = match program {
-            Some(_) if !reduces => n,
-            _ => self.b.ins().band_imm_s(n, !(step - 1)),
+        let vec_end = match (&program, first) {
+            (Some(_), _) if !reduces => n,
+            (_, None) => self.b.ins().band_imm_s(n, !(step - 1)),
+            (_, Some(first)) => {
+                let len = self.b.ins().isub(n, first);
+                let whole = self.b.ins().band_imm_s(len, !(step - 1));
+                self.b.ins().iadd(first, whole)
+            }
         };
         let mut vector_accs: Vec<Vec<Variable>> = Vec::new();
         for &w in works {
@@ -457,7 +512,7 @@ impl Gen<'_, '_> {
         if let Some(program) = program {
             self.run_program(&program, vec_end, &vector_accs);
         } else {
-            let l = self.begin_loop(zero, vec_end);
+            let l = self.begin_loop(first.unwrap_or(zero), vec_end);
             // One vector step of the group per unrolled copy `u`.
             for u in 0..unroll {
                 self.inner = Some(self.b.ins().iadd_imm_s(l.index, u * LANES));
