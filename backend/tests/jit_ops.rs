@@ -3,7 +3,7 @@
 //! float approximations. Shapes include size-0 dimensions, size-1 (broadcast) dimensions,
 //! lengths with and without a vector tail, and non-contiguous inputs.
 
-use kiln_backend::jit::{self, KernelError, Path, Status};
+use kiln_backend::jit::{self, KernelError, Path, Split, Status};
 use kiln_backend::tile_program::{self, Isa};
 use kiln_backend::{Array, Interpreter, StateStore};
 use kiln_ir::{
@@ -405,30 +405,32 @@ fn reductions() {
     }
 }
 
-/// Reductions over leading axes that keep the last, large enough to split across threads by
-/// columns (1,000 and 500 columns, no multiple of a thread's 16; a kept middle axis; an
-/// expression recomputed per element): the same bits on one, two and three threads, and the
+/// Reductions that keep the last axis, computing their operand as they go and large enough
+/// to split across threads by columns (1,000 and 500 columns, no multiple of a thread's 16; a
+/// kept middle axis; kept dimensions): the same bits on one, two and three threads, and the
 /// interpreter's sums.
 #[test]
 fn column_reductions_split_across_threads_keep_their_bits() {
     let mut g = Gen(11);
-    let cases: [(&[usize], &[usize]); 3] = [
-        (&[700, 1000], &[0]),
-        (&[40, 30, 500], &[1]),
-        (&[40, 30, 500], &[0, 1]),
+    let cases: [(&[usize], &[usize], bool); 4] = [
+        (&[700, 1000], &[0], false),
+        (&[40, 30, 500], &[1], false),
+        (&[40, 30, 500], &[1], true),
+        (&[40, 30, 500], &[0, 1], true),
     ];
-    for (shape, axes) in cases {
+    for (shape, axes, keep_dims) in cases {
         for op in [ReduceOp::Sum, ReduceOp::Mean, ReduceOp::Max] {
             let what = format!("{} of x·x over {axes:?} of {shape:?}", op.name());
             let mut b = FunctionBuilder::new("k");
             let x = b.arg("x", Type::new(DType::F32, fixed(shape)));
             let square = b.mul(x, x).unwrap();
-            let r = b.reduce(op, square, axes.to_vec(), false).unwrap();
+            let r = b.reduce(op, square, axes.to_vec(), keep_dims).unwrap();
             let func = b.finish(&[r]).unwrap();
             let kernel = jit::kernel(&func).unwrap();
+            let stages = 0..kernel.plan.stages.len();
             assert!(
-                kernel.plan.stages.iter().any(|s| s.by_columns),
-                "{what}: a stage by columns"
+                stages.map(|i| kernel.split(i)).any(|s| s == Split::Columns),
+                "{what}: a stage split by columns"
             );
             let input = g.array(DType::F32, shape, false, false);
             let on = |threads: usize| {

@@ -3,6 +3,7 @@
 
 use super::Executable;
 use super::schedule::{Output, StepKind};
+use crate::jit::Split;
 use kiln_ir::PoolKind;
 use kiln_ir::print::{ValueNames, inst_line};
 use std::sync::{Mutex, PoisonError};
@@ -88,13 +89,13 @@ impl Executable {
                 continue;
             };
             let names = ValueNames::new(&kernel.plan.func);
-            let stages = (kernel.plan.stages.iter().zip(&kernel.stages))
-                .map(|(stage, code)| {
+            let stages = (kernel.plan.stages.iter().zip(&kernel.stages).enumerate())
+                .map(|(index, (stage, code))| {
                     let values: Vec<String> = stage.values.iter().map(|&v| names.get(v)).collect();
-                    let how = match (stage.accumulate, stage.by_columns) {
-                        (false, _) => "rows split across threads",
-                        (true, true) => "accumulates, columns split across threads",
-                        (true, false) => "accumulates on one thread",
+                    let how = match kernel.split(index) {
+                        Split::Rows => "rows split across threads",
+                        Split::Columns => "accumulates, columns split across threads",
+                        Split::Whole => "accumulates on one thread",
                     };
                     let code = match code.programs {
                         Some(_) => format!(

@@ -1054,7 +1054,21 @@ fn read_products_through_reshapes(
             continue;
         }
         let (v, reshaped) = (steps[r].inputs[0], steps[r].outputs[0]);
-        // Every other reader of `v` a later product reading it as an operand.
+        // Only a buffer the plan gives a slot can move; any other the reshape copies anyway,
+        // and the products had better read it as it is (a plain matrix takes gemm's short path).
+        let in_a_slot =
+            (steps[..r].iter().rev().find(|s| s.outputs.contains(&v))).is_some_and(|s| {
+                matches!(
+                    s.kind,
+                    StepKind::Kernel { .. }
+                        | StepKind::MatMul { .. }
+                        | StepKind::Conv2d { .. }
+                        | StepKind::Pool2d { .. }
+                        | StepKind::Reshape
+                        | StepKind::Native
+                )
+            });
+        // Every other reader of `v` must be a later product reading it as an operand.
         let readers: Vec<usize> = (0..steps.len())
             .filter(|&i| i != r && steps[i].inputs.contains(&v))
             .collect();
@@ -1063,7 +1077,11 @@ fn read_products_through_reshapes(
                 && matches!(steps[i].kind, StepKind::MatMul { .. })
                 && steps[i].inputs[2..].iter().all(|&x| x != v)
         };
-        if readers.is_empty() || results.contains(&v) || !readers.iter().all(|&i| redirectable(i)) {
+        if !in_a_slot
+            || readers.is_empty()
+            || results.contains(&v)
+            || !readers.iter().all(|&i| redirectable(i))
+        {
             continue;
         }
         for i in readers {

@@ -31,7 +31,7 @@ use cranelift_frontend::FunctionBuilderContext;
 use cranelift_jit::{JITBuilder, JITModule};
 use cranelift_module::{FuncId, Linkage, Module, default_libcall_names};
 use kiln_ir::{Function, SymbolBindings, Value};
-use plan::{KernelPlan, Split};
+use plan::KernelPlan;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
@@ -156,7 +156,40 @@ unsafe impl Sync for SharedBuffers<'_> {}
 /// training steps measured 3–10 % faster in alternating runs.)
 const PARALLEL_WORK: i64 = 1 << 19;
 
+/// How a stage's work may be divided across threads ([`Kernel::split`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Split {
+    /// Runs of rows, a thread each.
+    Rows,
+    /// Runs of columns (of [`COLUMN_RUN`]s), a thread each, every one walking every row.
+    Columns,
+    /// On one thread.
+    Whole,
+}
+
+/// An accumulate stage by columns splits into runs of a multiple of this many columns: a
+/// multiple of its code's vector step, so that every column falls in the same vector or scalar
+/// part of the loop, with the same bits, however the columns are split (and a cache line of
+/// f32s, so that where a row's length is a multiple of 16 no two threads share a line).
+pub(crate) const COLUMN_RUN: usize = 16;
+
 impl Kernel {
+    /// How stage `index` may be divided across threads (when it has work enough): by rows; by
+    /// columns, an accumulate stage by columns that computes its operand as it goes (each
+    /// element costs more than its load and combine); or not at all. A column sum of a buffer
+    /// as it is measured no faster split (`[2048, 1024]`: 177–250 µs against 217 on one
+    /// thread) and slower over the buffer the kernel's previous stage wrote (1.08 against
+    /// 0.97–1.05 ms), while one computing `exp(x)·g` as it went halved (2.72 → 1.56 ms); two
+    /// threads, Zen 4.
+    pub fn split(&self, index: usize) -> Split {
+        let stage = &self.plan.stages[index];
+        match (stage.accumulate, stage.by_columns) {
+            (false, _) => Split::Rows,
+            (true, true) if self.cost[index] > 2 => Split::Columns,
+            _ => Split::Whole,
+        }
+    }
+
     /// Runs the kernel on host arrays, allocating its outputs.
     pub fn call(&self, inputs: &[&Array]) -> Result<Vec<Array>, KernelError> {
         self.call_on(inputs, None)
@@ -275,22 +308,13 @@ impl Kernel {
                 (Path::Programs, Some(f)) => f,
                 _ => compiled.cranelift,
             };
-            // The range the stage's code takes, and what its pieces are a multiple of: whole
-            // rows, or runs of 16 columns (a cache line of f32s, so that no two threads write
-            // one line of the accumulated result).
-            let (split, len) = stage.split(&self.plan, sizes);
-            let multiple = if split == Split::Columns { 16 } else { 1 };
-            // By columns only when each element costs more than its load and combine: a
-            // column sum of a buffer measured no faster split ([2048, 1024]: 177–250 µs
-            // against 217 on one thread), and slower over the buffer the kernel's previous
-            // stage wrote (1.08 against 0.97–1.05 ms), while one recomputing `exp(x)·g`
-            // per element halved (2.72 → 1.56 ms); two threads, Zen 4.
-            let splits = match split {
-                Split::Rows => true,
-                Split::Columns => self.cost[index] > 2,
-                Split::None => false,
+            // The range the stage's code takes (rows, or an accumulate stage's columns), and
+            // what its pieces are a multiple of.
+            let (len, multiple) = match stage.by_columns {
+                true => (row_len, COLUMN_RUN),
+                false => (rows, 1),
             };
-            let parts = if threads && splits && work >= PARALLEL_WORK {
+            let parts = if threads && self.split(index) != Split::Whole && work >= PARALLEL_WORK {
                 crate::team::width()
             } else {
                 1

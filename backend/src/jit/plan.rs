@@ -54,17 +54,6 @@ impl Stage {
         !self.accumulate
     }
 
-    /// How the executor may split the stage across threads, and the length of the range its
-    /// code takes: rows, columns (an accumulate stage by columns), or neither (the whole
-    /// domain on one thread, as rows `0..rows`).
-    pub fn split(&self, plan: &KernelPlan, sizes: &[i64]) -> (Split, i64) {
-        match (self.accumulate, self.by_columns) {
-            (false, _) => (Split::Rows, self.rows(plan, sizes)),
-            (true, true) => (Split::Columns, self.row_len(plan, sizes)),
-            (true, false) => (Split::None, self.rows(plan, sizes)),
-        }
-    }
-
     /// The number of rows (the product of every domain axis but the last).
     pub fn rows(&self, plan: &KernelPlan, sizes: &[i64]) -> i64 {
         let rank = self.domain.rank();
@@ -78,14 +67,6 @@ impl Stage {
     pub fn row_len(&self, plan: &KernelPlan, sizes: &[i64]) -> i64 {
         self.domain.0.last().map_or(1, |d| plan.extent(d, sizes))
     }
-}
-
-/// How a stage's work may be divided across threads ([`Stage::split`]).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Split {
-    Rows,
-    Columns,
-    None,
 }
 
 #[derive(Clone, Debug)]

@@ -49,6 +49,11 @@ const UNROLL: i64 = 2;
 /// `i mod 16`, so four independent chains hide the adds' latency.
 const REDUCE_UNROLL: i64 = 4;
 
+// An accumulate stage's columns split in runs of `COLUMN_RUN` keep their bits only if every
+// run is whole vector steps.
+const _: () = assert!(super::COLUMN_RUN as i64 % (LANES * UNROLL) == 0);
+const _: () = assert!(super::COLUMN_RUN as i64 % (LANES * REDUCE_UNROLL) == 0);
+
 /// Where an expression can be computed: once per call, once per row, or per element.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 enum Level {

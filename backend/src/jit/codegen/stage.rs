@@ -290,7 +290,8 @@ impl Gen<'_, '_> {
     }
 
     /// An accumulate stage over rows `begin..end`, or — by columns — over every row, for the
-    /// columns `begin..end` of the last axis (and only those columns' results).
+    /// columns `begin..end` of the last axis (and only those columns' results: the inner
+    /// loops and [`Gen::begin_results`] read the range from `self.columns`).
     pub(super) fn accumulate(&mut self, begin: CValue, end: CValue) {
         let plan = self.plan;
         let v = plan.stages[self.stage].values[0];
@@ -301,15 +302,15 @@ impl Gen<'_, '_> {
         let size = dtype.size_bytes() as i64;
         let root = self.root(Work::Combine(v));
         self.hoist(std::slice::from_ref(&root), Level::Entry, false);
-        let (begin, end) = if plan.stages[self.stage].by_columns {
+        let rows = if plan.stages[self.stage].by_columns {
             self.columns = Some((begin, end));
-            let zero = self.b.ins().iconst(types::I64, 0);
+            let first = self.b.ins().iconst(types::I64, 0);
             let last = self.dims.len() - 1;
-            let rows = (self.extents[..last].iter())
-                .fold(self.b.ins().iconst(types::I64, 1), |n, &e| {
-                    self.b.ins().imul(n, e)
-                });
-            (zero, rows)
+            let mut count = self.b.ins().iconst(types::I64, 1);
+            for &extent in &self.extents[..last] {
+                count = self.b.ins().imul(count, extent);
+            }
+            (first, count)
         } else {
             (begin, end)
         };
@@ -327,7 +328,7 @@ impl Gen<'_, '_> {
         } else {
             Work::Combine(v)
         };
-        let l = self.begin_loop(begin, end);
+        let l = self.begin_loop(rows.0, rows.1);
         self.scopes.push(HashMap::new());
         self.decompose_row(l.index);
         self.inner_loop(&[work], None);
