@@ -94,6 +94,22 @@ pub(crate) enum StepKind {
     Interpret,
 }
 
+impl StepKind {
+    /// Whether the step writes its outputs into buffers the memory plan gives it (a slot, an
+    /// input's or a state's), rather than making them itself.
+    fn writes_planned_buffers(&self) -> bool {
+        matches!(
+            self,
+            StepKind::Kernel { .. }
+                | StepKind::MatMul { .. }
+                | StepKind::Conv2d { .. }
+                | StepKind::Pool2d { .. }
+                | StepKind::Reshape
+                | StepKind::Native
+        )
+    }
+}
+
 /// Where a step's output buffer comes from.
 #[derive(Clone, Debug, PartialEq)]
 pub(crate) enum Output {
@@ -310,15 +326,7 @@ impl Schedule {
         live: &Liveness,
         slots: &mut Slots,
     ) {
-        let makes_buffers = matches!(
-            step.kind,
-            StepKind::Kernel { .. }
-                | StepKind::MatMul { .. }
-                | StepKind::Conv2d { .. }
-                | StepKind::Pool2d { .. }
-                | StepKind::Reshape
-                | StepKind::Native
-        );
+        let makes_buffers = step.kind.writes_planned_buffers();
         let mut taken_inputs: HashSet<usize> = HashSet::new();
         for k in 0..step.outputs.len() {
             let output = if makes_buffers {
@@ -623,7 +631,7 @@ fn pair_epilogues(func: &Function, steps: &mut [Step]) {
             && matches!(conv.out[0], Output::Slot(_))
             && kernel.inputs.contains(&y)
             && !results.contains(&y)
-            && (k.plan.stages.len() == 1 && k.plan.stages[0].parallel())
+            && (k.plan.stages.len() == 1 && k.split(0) == jit::Split::Rows)
             && !kernel.fallible
             && kernel.awaits.is_empty()
             && k.plan.buffer_count() <= MAX_EPILOGUE_BUFFERS
@@ -1056,18 +1064,8 @@ fn read_products_through_reshapes(
         let (v, reshaped) = (steps[r].inputs[0], steps[r].outputs[0]);
         // Only a buffer the plan gives a slot can move; any other the reshape copies anyway,
         // and the products had better read it as it is (a plain matrix takes gemm's short path).
-        let in_a_slot =
-            (steps[..r].iter().rev().find(|s| s.outputs.contains(&v))).is_some_and(|s| {
-                matches!(
-                    s.kind,
-                    StepKind::Kernel { .. }
-                        | StepKind::MatMul { .. }
-                        | StepKind::Conv2d { .. }
-                        | StepKind::Pool2d { .. }
-                        | StepKind::Reshape
-                        | StepKind::Native
-                )
-            });
+        let in_a_slot = (steps[..r].iter().rev().find(|s| s.outputs.contains(&v)))
+            .is_some_and(|s| s.kind.writes_planned_buffers());
         // Every other reader of `v` must be a later product reading it as an operand.
         let readers: Vec<usize> = (0..steps.len())
             .filter(|&i| i != r && steps[i].inputs.contains(&v))

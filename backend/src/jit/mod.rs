@@ -173,19 +173,23 @@ pub enum Split {
 /// f32s, so that where a row's length is a multiple of 16 no two threads share a line).
 pub(crate) const COLUMN_RUN: usize = 16;
 
+/// The cost per element from which an accumulate stage by columns splits across threads (two
+/// threads, Zen 4): a sum computing `exp(x)·g` as it went (cost 19) halved (`[2048, 1024]`
+/// 2.72–2.90 → 1.56–1.92 ms, `[2048, 256]` 0.67–0.70 → 0.36–0.47), while W11's layer-norm
+/// gradient sums over `[2048, 256]` (costs 3, 5 and 7) took twice as long split (e.g. 0.23–0.24
+/// → 0.40–0.58 ms), a sum of a buffer as it is (cost 2) gained nothing, and one over the buffer
+/// the kernel's previous stage wrote lost (0.97–1.05 → 1.08–1.11 ms).
+const COLUMN_SPLIT_COST: i64 = 16;
+
 impl Kernel {
     /// How stage `index` may be divided across threads (when it has work enough): by rows; by
-    /// columns, an accumulate stage by columns that computes its operand as it goes (each
-    /// element costs more than its load and combine); or not at all. A column sum of a buffer
-    /// as it is measured no faster split (`[2048, 1024]`: 177–250 µs against 217 on one
-    /// thread) and slower over the buffer the kernel's previous stage wrote (1.08 against
-    /// 0.97–1.05 ms), while one computing `exp(x)·g` as it went halved (2.72 → 1.56 ms); two
-    /// threads, Zen 4.
+    /// columns, an accumulate stage by columns whose operand costs a transcendental function
+    /// an element to compute ([`COLUMN_SPLIT_COST`]); or not at all.
     pub fn split(&self, index: usize) -> Split {
         let stage = &self.plan.stages[index];
         match (stage.accumulate, stage.by_columns) {
             (false, _) => Split::Rows,
-            (true, true) if self.cost[index] > 2 => Split::Columns,
+            (true, true) if self.cost[index] >= COLUMN_SPLIT_COST => Split::Columns,
             _ => Split::Whole,
         }
     }
@@ -363,7 +367,7 @@ impl Kernel {
         sizes: &[i64],
         rows: std::ops::Range<i64>,
     ) -> Result<(), Status> {
-        debug_assert!(self.plan.stages.len() == 1 && self.plan.stages[0].parallel());
+        debug_assert!(self.plan.stages.len() == 1 && self.split(0) == Split::Rows);
         let row_len = self.plan.stages[0].row_len(&self.plan, sizes);
         let compiled = &self.stages[0];
         let f = match (compiled.path_for(row_len), compiled.programs) {

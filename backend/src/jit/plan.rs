@@ -14,8 +14,9 @@
 //!   domain and combines each element into the output buffer. When the reduction keeps the
 //!   last axis (a bias's gradient, layer norm's γ and β) its code takes *columns*: each
 //!   thread may walk every row over its own run of that axis, every result combined in the
-//!   same order as on one thread (the executor splits it when it computes its operand as it
-//!   goes). Otherwise it runs on one thread.
+//!   same order as on one thread (the executor splits it when its operand costs a
+//!   transcendental function an element to compute: `Kernel::split`). Otherwise it runs on
+//!   one thread.
 //!
 //! A value is read under a [`Mapping`]: for each of its axes, the domain axis that indexes it,
 //! or none (the axis has size 1, or was broadcast). Addresses follow from the mapping, so
@@ -49,11 +50,6 @@ pub struct Stage {
 }
 
 impl Stage {
-    /// Whether the executor may split the rows across threads.
-    pub fn parallel(&self) -> bool {
-        !self.accumulate
-    }
-
     /// The number of rows (the product of every domain axis but the last).
     pub fn rows(&self, plan: &KernelPlan, sizes: &[i64]) -> i64 {
         let rank = self.domain.rank();

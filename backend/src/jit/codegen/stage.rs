@@ -61,7 +61,8 @@ impl Gen<'_, '_> {
         }
     }
 
-    /// The number of elements reduced into each result (over the domain's `axes`).
+    /// The number of elements reduced into each result (over the domain's `axes`); over every
+    /// axis but the last, the number of rows.
     pub(super) fn reduced_count(&mut self, axes: &[usize]) -> CValue {
         let mut count = self.b.ins().iconst(types::I64, 1);
         for &a in axes {
@@ -305,12 +306,8 @@ impl Gen<'_, '_> {
         let rows = if plan.stages[self.stage].by_columns {
             self.columns = Some((begin, end));
             let first = self.b.ins().iconst(types::I64, 0);
-            let last = self.dims.len() - 1;
-            let mut count = self.b.ins().iconst(types::I64, 1);
-            for &extent in &self.extents[..last] {
-                count = self.b.ins().imul(count, extent);
-            }
-            (first, count)
+            let row_axes: Vec<usize> = (0..self.dims.len() - 1).collect();
+            (first, self.reduced_count(&row_axes))
         } else {
             (begin, end)
         };
