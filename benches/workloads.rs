@@ -170,6 +170,29 @@ fn xa_plus_b(c: &mut Criterion) {
     group.finish();
 }
 
+/// One kernel (`sqrt`, `div`, `exp`; [`workloads::sqrt_div_exp`]) over 2²² normal and
+/// subnormal floats, with subnormals flushed (the default) and kept (IEEE): what a
+/// microcode assist per subnormal costs on this CPU, and what flushing saves.
+fn subnormals(c: &mut Criterion) {
+    use kiln::backend::subnormals::{Subnormals, set_subnormals};
+    let mut group = c.benchmark_group("subnormals");
+    group
+        .sample_size(10)
+        .measurement_time(Duration::from_secs(2))
+        .throughput(Throughput::Elements(1 << 22));
+    for (inputs, scale) in [("normal", 1.0), ("subnormal", 1e-40)] {
+        let mut forward = workloads::sqrt_div_exp(1 << 22, scale).unwrap();
+        for (mode, policy) in [("flush", Subnormals::Flush), ("keep", Subnormals::Keep)] {
+            set_subnormals(Some(policy));
+            group.bench_function(BenchmarkId::new(mode, inputs), |b| {
+                b.iter(|| forward.call_reused().unwrap())
+            });
+        }
+    }
+    set_subnormals(None);
+    group.finish();
+}
+
 fn eager(c: &mut Criterion) {
     let x = workloads::eager_add_input();
     c.bench_function("w6_eager_add_f32x4", |b| b.iter(|| black_box(&x + &x)));
@@ -182,6 +205,7 @@ criterion_group!(
     training,
     eager,
     paths,
-    xa_plus_b
+    xa_plus_b,
+    subnormals
 );
 criterion_main!(benches);

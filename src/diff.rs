@@ -16,7 +16,11 @@
 //! inputs is the one named.
 //!
 //! Making values observable changes what the compiled code writes (a fused group writes every
-//! value it computes), not what it computes.
+//! value it computes) and so its plan: a product no longer reads an observed reshape or
+//! transpose through a view, a buffer is no longer reused. So the function's own results and
+//! states are first compared as the user runs it — the same plan `kiln run` makes — and a
+//! difference there that the observed runs do not show is reported as what it is: a fault of
+//! the compiled plan of the program as run ([`Stage::Plan`]).
 
 use kiln_backend::exec::Executable;
 use kiln_backend::{Array, Env, Interpreter, StateStore, unshare};
@@ -47,6 +51,9 @@ pub enum Stage {
     },
     /// Every pass's output agrees under the interpreter; the compiled kernels do not.
     Kernels,
+    /// Every value agrees when observed, but the results of the program as run do not: the
+    /// compiled plan of the unobserved program (its views, its memory reuse) is wrong.
+    Plan,
 }
 
 impl std::fmt::Display for Stage {
@@ -57,6 +64,10 @@ impl std::fmt::Display for Stage {
             }
             Stage::Kernels => f.write_str(
                 "the compiled kernels (every pass's output agrees under the interpreter)",
+            ),
+            Stage::Plan => f.write_str(
+                "the compiled plan of the program as run (with every value observed the runs \
+                 agree; observing changes the plan: products read through views, buffers reused)",
             ),
         }
     }
@@ -97,6 +108,10 @@ pub struct Report {
     pub compared: usize,
     /// Every value that differs, in program order, then states; wrong and amplified alike.
     pub differences: Vec<Difference>,
+    /// The function's own results, then states, that differ when it runs as the user runs it
+    /// (no value observed: the plan `kiln run` makes); amplified where the observed runs show
+    /// the same value differing by amplified rounding, wrong otherwise.
+    pub as_run: Vec<Difference>,
     /// Where the first difference appears, when there is one.
     pub stage: Option<Stage>,
     /// The passes run, in order.
@@ -107,14 +122,20 @@ pub struct Report {
 }
 
 impl Report {
-    /// Whether the two runs agree: every difference is amplified rounding.
+    /// Whether the two runs agree: every difference, as run and observed, is amplified
+    /// rounding.
     pub fn agrees(&self) -> bool {
-        self.first_wrong().is_none()
+        self.first_wrong().is_none() && self.first_wrong_as_run().is_none()
     }
 
     /// The first value whose instruction is wrong on its own operands.
     pub fn first_wrong(&self) -> Option<&Difference> {
         self.differences.iter().find(|d| !d.amplified)
+    }
+
+    /// The first result (or state) that is wrong when the program runs as the user runs it.
+    pub fn first_wrong_as_run(&self) -> Option<&Difference> {
+        self.as_run.iter().find(|d| !d.amplified)
     }
 }
 
@@ -148,6 +169,7 @@ pub fn diff(
     pipeline: &mut PassManager,
     tolerance: Tolerance,
 ) -> Result<Report, DiffError> {
+    let as_run = AsRun::compare(module, func, args, state, pipeline, tolerance)?;
     let observed = Observed::new(module, func, args, state, tolerance)?;
     let reference = interpret(&observed.module, args, state).map_err(|message| DiffError::Run {
         which: "interpreted",
@@ -166,8 +188,12 @@ pub fn diff(
             .result
             .map(|k| compiled_as(final_func, final_func.results()[k]));
     }
-    let stage = (differences.iter().any(|d| !d.amplified))
-        .then(|| observed.first_stage(&snapshots, &reference));
+    let as_run = as_run.judged_by(&differences, observed.func());
+    let stage = if differences.iter().any(|d| !d.amplified) {
+        Some(observed.first_stage(&snapshots, &reference))
+    } else {
+        as_run.iter().any(|d| !d.amplified).then_some(Stage::Plan)
+    };
     let non_finite = [("interpreted", &reference), ("compiled", &compiled)]
         .into_iter()
         .filter_map(|(run, values)| {
@@ -186,10 +212,87 @@ pub fn diff(
         function: func.to_owned(),
         compared: reference.values.len() + reference.state.len(),
         differences: differences.into_iter().map(|d| d.difference).collect(),
+        as_run,
         stage,
         passes: snapshots.into_iter().map(|(name, _)| name).collect(),
         non_finite,
     })
+}
+
+/// The function's own results and states, interpreted as written and compiled as the user
+/// runs it, and where they differ.
+struct AsRun {
+    /// Each differing result's value (`None` for a state) and how it differs.
+    differences: Vec<(Option<Value>, Difference)>,
+}
+
+impl AsRun {
+    fn compare(
+        module: &Module,
+        func: &str,
+        args: &[Array],
+        state: &StateStore,
+        pipeline: &mut PassManager,
+        tolerance: Tolerance,
+    ) -> Result<AsRun, DiffError> {
+        let f = (module.function(func))
+            .ok_or_else(|| DiffError::UnknownFunction(func.to_owned()))?
+            .clone();
+        let written = Module {
+            states: module.states.clone(),
+            functions: vec![f],
+        };
+        let reference = interpret(&written, args, state).map_err(|message| DiffError::Run {
+            which: "interpreted",
+            message,
+        })?;
+        let mut compiled_module = written.clone();
+        pipeline.run(&mut compiled_module)?;
+        let compiled = compile_and_run(&compiled_module, args, state)?;
+        let f = &written.functions[0];
+        let names = ValueNames::new(f);
+        let mut differences = Vec::new();
+        for (&v, (a, b)) in f
+            .results()
+            .iter()
+            .zip(reference.values.iter().zip(&compiled.values))
+        {
+            let Some(mut d) = compare(a, b, tolerance) else {
+                continue;
+            };
+            d.value = names.get(v);
+            if let ValueDef::Result(inst, _) = f.value(v).def {
+                d.inst = inst_line(f, inst);
+                d.loc = f.inst(inst).loc;
+            }
+            differences.push((Some(v), d));
+        }
+        let states = state_differences(&reference.state, &compiled.state, tolerance);
+        differences.extend(states.into_iter().map(|d| (None, d)));
+        Ok(AsRun { differences })
+    }
+
+    /// The differences, each amplified when the observed runs (`observed`, of `func`) show the
+    /// same result or state differing by amplified rounding; wrong when they show it agreeing
+    /// or wrong.
+    fn judged_by(self, observed: &[Found], func: &Function) -> Vec<Difference> {
+        let amplified = |v: Option<Value>, d: &Difference| {
+            observed.iter().any(|f| {
+                let same = match (v, f.result) {
+                    (Some(v), Some(k)) => func.results()[k] == v,
+                    (None, None) => f.value == d.value,
+                    _ => false,
+                };
+                same && f.amplified
+            })
+        };
+        (self.differences.into_iter())
+            .map(|(v, d)| Difference {
+                amplified: amplified(v, &d),
+                ..d
+            })
+            .collect()
+    }
 }
 
 /// The function compared, with every top-level value a result.
@@ -481,6 +584,9 @@ fn compiled_as(func: &Function, v: Value) -> String {
 /// every difference, with `all`) and the stage where it appears.
 pub fn render(report: &Report, all: bool) -> String {
     let (f, n, compared) = (&report.function, report.differences.len(), report.compared);
+    if report.first_wrong().is_none() && report.first_wrong_as_run().is_some() {
+        return render_plan_fault(report);
+    }
     let mut out = match (report.first_wrong(), report.differences.first()) {
         (_, None) => format!(
             "agree: @{f}: all {compared} values and states within tolerance (interpreted as \
@@ -522,6 +628,26 @@ pub fn render(report: &Report, all: bool) -> String {
     out
 }
 
+/// The report of a fault only the program as run has: its wrong results and states, and why
+/// the observed values cannot name an instruction.
+fn render_plan_fault(report: &Report) -> String {
+    let wrong: Vec<&Difference> = report.as_run.iter().filter(|d| !d.amplified).collect();
+    let mut out = format!(
+        "differ: @{}: {} of its results and states are wrong as the program runs (the plan \
+         `kiln run` makes), though all {} values and states agree when every value is observed\n",
+        report.function,
+        wrong.len(),
+        report.compared
+    );
+    for d in wrong {
+        out += &describe(d);
+    }
+    if let Some(stage) = &report.stage {
+        out += &format!("\nfirst wrong after: {stage}\n");
+    }
+    out
+}
+
 /// One difference: the value and its line, both runs' values, the errors, the kernel.
 fn describe(d: &Difference) -> String {
     let what = if d.amplified {
@@ -552,35 +678,21 @@ fn describe(d: &Difference) -> String {
     out
 }
 
-/// The report as JSON: `{"function", "agree", "compared", "stage", "passes", "differences"}`,
-/// the differences only the first wrong one unless `all`.
+/// The report as JSON: `{"function", "agree", "compared", "stage", "passes", "differences",
+/// "as_run"}`, the differences only the first wrong one unless `all`, `as_run` the results and
+/// states that differ as the program runs.
 pub fn to_json(report: &Report, all: bool) -> String {
     let shown: Vec<&Difference> = if all {
         report.differences.iter().collect()
     } else {
         report.first_wrong().into_iter().collect()
     };
-    let differences: Vec<serde_json::Value> = (shown.into_iter())
-        .map(|d| {
-            serde_json::json!({
-                "value": d.value,
-                "inst": d.inst,
-                "loc": d.loc.is_known().then(|| d.loc.to_string()),
-                "interpreted": d.interpreted,
-                "compiled": d.compiled,
-                "max_abs_error": finite_or_null(d.max_abs),
-                "max_rel_error": finite_or_null(d.max_rel),
-                "worst": d.worst.as_ref().map(|(i, a, b)| serde_json::json!({
-                    "index": i, "interpreted": finite_or_null(*a), "compiled": finite_or_null(*b)
-                })),
-                "kernel": d.kernel,
-                "amplified": d.amplified,
-            })
-        })
-        .collect();
+    let differences: Vec<serde_json::Value> = shown.into_iter().map(difference_json).collect();
+    let as_run: Vec<serde_json::Value> = report.as_run.iter().map(difference_json).collect();
     let stage = report.stage.as_ref().map(|s| match s {
         Stage::Pass { index, name } => serde_json::json!({"pass": name, "index": index}),
         Stage::Kernels => serde_json::json!({"kernels": true}),
+        Stage::Plan => serde_json::json!({"plan": true}),
     });
     serde_json::json!({
         "function": report.function,
@@ -589,11 +701,29 @@ pub fn to_json(report: &Report, all: bool) -> String {
         "passes": report.passes,
         "stage": stage,
         "differences": differences,
+        "as_run": as_run,
         "non_finite": report.non_finite.iter().map(|(run, value, loc)| serde_json::json!({
             "run": run, "value": value, "loc": loc.is_known().then(|| loc.to_string()),
         })).collect::<Vec<_>>(),
     })
     .to_string()
+}
+
+fn difference_json(d: &Difference) -> serde_json::Value {
+    serde_json::json!({
+        "value": d.value,
+        "inst": d.inst,
+        "loc": d.loc.is_known().then(|| d.loc.to_string()),
+        "interpreted": d.interpreted,
+        "compiled": d.compiled,
+        "max_abs_error": finite_or_null(d.max_abs),
+        "max_rel_error": finite_or_null(d.max_rel),
+        "worst": d.worst.as_ref().map(|(i, a, b)| serde_json::json!({
+            "index": i, "interpreted": finite_or_null(*a), "compiled": finite_or_null(*b)
+        })),
+        "kernel": d.kernel,
+        "amplified": d.amplified,
+    })
 }
 
 fn finite_or_null(x: f64) -> serde_json::Value {

@@ -914,7 +914,7 @@ fn nudge(args: &[Array], seed: u64) -> Vec<Array> {
 }
 
 /// Equal types, and elements equal (integers, bools) or within a relative 2e-4 (floats; NaN
-/// matching NaN) — plus four times how far `nudged` (the interpreter's result on nudged
+/// matching NaN, an interpreted subnormal a compiled zero: `flushed_subnormal`) — plus four times how far `nudged` (the interpreter's result on nudged
 /// inputs) moved from `a`, where given.
 fn agree(a: &Array, b: &Array, nudged: Option<&Array>) -> bool {
     let tol = if a.dtype().is_float() { 2e-4 } else { 0.0 };
@@ -935,6 +935,7 @@ fn agree(a: &Array, b: &Array, nudged: Option<&Array>) -> bool {
             || x == y
             || (x - y).abs() <= tol * (1.0 + x.abs().max(y.abs())) + slack
             || slack == f64::INFINITY
+            || kiln_runtime::compare::flushed_subnormal(a.dtype(), x, y)
     };
     a.ty() == b.ty()
         && (a.to_f64_vec().iter())

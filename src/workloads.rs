@@ -141,6 +141,21 @@ pub fn gelu_reference(x: &Array, a: &Array, b: &Array, rows: usize) -> Vec<f64> 
         .collect()
 }
 
+/// One fused kernel of `sqrt`, `div` and `exp` over `len` floats — `x · exp(√x / (x + 1))` —
+/// fed uniform values in `[1, 2)` scaled by `scale`: with a scale of 1e-40 every input and
+/// output is subnormal (the speed of subnormals: `benches/workloads.rs`, `subnormals`).
+pub fn sqrt_div_exp(len: usize, scale: f64) -> RuntimeResult<Forward> {
+    let mut p = Program::new();
+    let x = p.placeholder("x", DType::F32, Shape::fixed(&[len]))?;
+    let root = p.sqrt(x)?;
+    let one = p.scalar(DType::F32, 1.0)?;
+    let shifted = p.add(x, one)?;
+    let ratio = p.div(root, shifted)?;
+    let e = p.exp(ratio)?;
+    let y = p.mul(x, e)?;
+    Forward::new(p, y, vec![("x", uniform(&[len], scale, 2.0 * scale, 5))])
+}
+
 /// W3: the numerically stable row softmax `exp(x − max) / Σ exp(x − max)` of f32[rows, cols].
 pub fn softmax(rows: usize, cols: usize) -> RuntimeResult<Forward> {
     let mut p = Program::new();

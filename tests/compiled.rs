@@ -13,6 +13,7 @@ use kiln::backend::exec::Executable;
 use kiln::backend::{Array, CustomOpError, CustomOps, Interpreter, StateStore};
 use kiln::ir::{DType, Module};
 use kiln::passes::manager::PassManager;
+use kiln::runtime::compare::flushed_subnormal;
 use std::sync::Arc;
 
 struct Identity;
@@ -53,7 +54,8 @@ fn close(x: f64, y: f64, tol: f64) -> bool {
 
 /// Equal types and elements within `tol` (relative) for f32, within 1e-9 for f64 (f64 is
 /// not held to f32's tolerance) unless both elements are f32 values (an f32 result cast to
-/// f64: computed in f32, held to f32's), exactly for integers and bools.
+/// f64: computed in f32, held to f32's), exactly for integers and bools; an interpreted
+/// subnormal matches a compiled zero (compiled runs flush them: `flushed_subnormal`).
 fn agree(a: &Array, b: &Array, tol: f64) -> bool {
     let is_f32 = |x: f64| x as f32 as f64 == x;
     let tol_of = |x: f64, y: f64| match a.dtype() {
@@ -66,7 +68,7 @@ fn agree(a: &Array, b: &Array, tol: f64) -> bool {
         && a.to_f64_vec()
             .iter()
             .zip(b.to_f64_vec())
-            .all(|(x, y)| close(*x, y, tol_of(*x, y)))
+            .all(|(x, y)| close(*x, y, tol_of(*x, y)) || flushed_subnormal(a.dtype(), *x, y))
 }
 
 /// What the runs of one program exercised.
@@ -1095,5 +1097,52 @@ fn recomputed_values_agree() {
     );
     for seed in [41, 42] {
         assert_eq!(check_module(&module, seed).unwrap().compared, 1);
+    }
+}
+
+/// Products reading and writing through views where axes have size 1 — a batch of one, one
+/// head, one token — which a view may give any stride: the batch-1 encoder's `[1, T, K]`
+/// seen as `[T, 1, K]` made a product of its `T` rows step by `T·K` (NaN, or a crash, where
+/// the interpreter was right). Each shape of each pattern agrees with the interpreter.
+#[test]
+fn products_through_views_of_size_one_axes_agree() {
+    let program = |b: usize, t: usize, h: usize| {
+        let (d, k, m) = (3, h * 3, 5);
+        format!(
+            "module {{
+  func @f(%x: f32[{b},{t},{k}], %w: f32[{k},{m}], %g: f32[{t},{b},{m}]) -> (f32[{t},{b},{m}], f32[{b},{t},{k}], f32[{k},{m}], f32[{b},{t},{m}], f32[{b},{h},{t},{t}]) {{
+    %tx = transpose %x {{perm=[1, 0, 2]}} : f32[{t},{b},{k}]
+    %y = matmul %tx, %w : f32[{t},{b},{m}]
+    %x4 = reshape %x : f32[{b},{t},{h},{d}]
+    %q = transpose %x4 {{perm=[0, 2, 1, 3]}} : f32[{b},{h},{t},{d}]
+    %kt = transpose %x4 {{perm=[0, 2, 3, 1]}} : f32[{b},{h},{d},{t}]
+    %s = matmul %q, %kt : f32[{b},{h},{t},{t}]
+    %c = matmul %s, %q : f32[{b},{h},{t},{d}]
+    %back = transpose %c {{perm=[0, 2, 1, 3]}} : f32[{b},{t},{h},{d}]
+    %joined = reshape %back : f32[{b},{t},{k}]
+    %rows = reshape %tx : f32[{bt},{k}]
+    %grows = reshape %g : f32[{bt},{m}]
+    %dw = matmul %rows, %grows {{transpose_a=true}} : f32[{k},{m}]
+    %flat = reshape %x : f32[{bt},{k}]
+    %z = matmul %flat, %w : f32[{bt},{m}]
+    %z3 = reshape %z : f32[{b},{t},{m}]
+    %s2 = matmul %q, %q {{transpose_b=true}} : f32[{b},{h},{t},{t}]
+    return %y, %joined, %dw, %z3, %s2
+  }}
+}}",
+            bt = b * t,
+        )
+    };
+    for b in [1, 2, 5] {
+        for t in [1, 4] {
+            for h in [1, 2] {
+                let text = program(b, t, h);
+                let module = kiln::ir::parse_and_verify(&text)
+                    .unwrap_or_else(|e| panic!("batch {b}, {t} tokens, {h} heads: {e}\n{text}"));
+                let tally = check_module(&module, 31)
+                    .unwrap_or_else(|e| panic!("batch {b}, {t} tokens, {h} heads: {e}"));
+                assert_eq!(tally.compared, 1);
+            }
+        }
     }
 }

@@ -171,3 +171,51 @@ fn the_first_non_finite_value_of_each_run_is_named() {
     );
     assert!(text.contains("non-finite: the first value of the compiled run holding NaN or infinity: %l at line 4, column 10"), "{text}");
 }
+
+/// A product reading a transpose through a view is a plan only the program as run has: with
+/// the transpose observed it is a result, and the product reads its buffer.
+#[test]
+fn a_fault_only_the_program_as_run_has_is_reported_with_its_results() {
+    let module = parse_and_verify(
+        "module {
+  func @f(%x: f32[1,6,4], %w: f32[4,3]) -> f32[6,1,3] {
+    %t = transpose %x {perm=[1, 0, 2]} : f32[6,1,4]
+    %y = matmul %t, %w : f32[6,1,3]
+    return %y
+  }
+}
+",
+    )
+    .unwrap();
+    let array = |shape: Vec<usize>| {
+        let n = shape.iter().product::<usize>();
+        let values = (0..n).map(|i| (i as f32 - 5.0) / 7.0).collect();
+        kiln::backend::Array::F32(ndarray::ArrayD::from_shape_vec(shape, values).unwrap())
+    };
+    let args = [array(vec![1, 6, 4]), array(vec![4, 3])];
+    let mut pipeline = PassManager::pipeline("default").unwrap();
+    assert!(compare(&module, &args, &mut pipeline).unwrap().agrees());
+
+    fault::plant_in_views(true);
+    let report = compare(&module, &args, &mut pipeline);
+    fault::plant_in_views(false);
+    let report = report.unwrap();
+    let text = kiln::diff::render(&report, false);
+    assert!(!report.agrees(), "{text}");
+    assert!(
+        report.first_wrong().is_none(),
+        "observed, every value agrees: {text}"
+    );
+    let wrong = report.first_wrong_as_run().expect("a wrong result as run");
+    assert_eq!(wrong.value, "%y", "{text}");
+    assert_eq!(wrong.inst, "%y = matmul %t, %w : f32[6,1,3]");
+    assert_eq!(report.stage, Some(Stage::Plan), "{text}");
+    assert!(
+        text.starts_with("differ: @f: 1 of its results and states are wrong as the program runs"),
+        "{text}"
+    );
+    assert!(
+        text.contains("first wrong after: the compiled plan of the program as run"),
+        "{text}"
+    );
+}

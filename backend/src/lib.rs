@@ -13,7 +13,9 @@
 //!   collective and point-to-point ops run on.
 //! - [`team`]: the threads kernels split their work over (helpers that spin between regions).
 //! - [`limits`]: the memory a run may ask for and the trips a loop may make.
-//! - [`debug`]: `KILN_DEBUG` levels.
+//! - [`subnormals`]: what compiled runs do with subnormal floats (flushed by default).
+//! - [`settings`]: Kiln's environment variables (`KILN_DEBUG`, `KILN_PROFILE`, …), read in one
+//!   place.
 //!
 //! Architecture invariant: the interpreter defines the semantics. A faster backend is correct
 //! when it agrees with the interpreter (exactly for integers and layout ops, within stated
@@ -21,14 +23,15 @@
 
 pub mod array;
 pub mod comm;
-pub mod debug;
 pub mod exec;
 pub mod interp;
 pub mod jit;
 pub(crate) mod lanes;
 pub mod limits;
 pub mod random;
+pub mod settings;
 pub mod state;
+pub mod subnormals;
 pub mod team;
 pub mod tile_program;
 

@@ -13,6 +13,11 @@
 //! alone by more than the claims: a helper that is late (parked, or preempted) finds the
 //! tasks taken. A region is opened by one thread at a time; a second thread that asks while
 //! one is open (ranks of a local group, a nested region) runs its tasks on rayon's pool.
+//!
+//! Every task computes in the floating-point mode of the region's caller (whether subnormals
+//! are flushed, [`crate::subnormals`]), on whichever thread it runs, so a result's bits do not
+//! depend on the thread count.
+use crate::subnormals::{Mode, ModeScope};
 use rayon::prelude::*;
 use std::any::Any;
 use std::panic::{AssertUnwindSafe, catch_unwind, resume_unwind};
@@ -35,13 +40,18 @@ pub fn for_each(count: usize, task: impl Fn(usize) + Sync) {
         (0..count).for_each(task);
         return;
     }
+    let mode = Mode::current();
     if SHARED.open.swap(true, SeqCst) {
-        (0..count).into_par_iter().for_each(&task);
+        (0..count).into_par_iter().for_each(|i| {
+            let _mode = ModeScope::adopt(mode);
+            task(i);
+        });
         return;
     }
     let helpers = helpers();
     let job = Job {
         task: &task,
+        mode,
         count,
         helpers: (width - 1).min(helpers.len()),
         next: AtomicUsize::new(0),
@@ -120,6 +130,14 @@ pub(crate) fn pieces(
     })
 }
 
+/// Starts the helpers and rayon's global pool if they are not running yet. A thread starts
+/// with its parent's floating-point mode, so compiled runs call this before they change the
+/// mode: no thread is born flushing subnormals for good.
+pub(crate) fn start() {
+    helpers();
+    rayon::current_num_threads();
+}
+
 /// The threads a region opened here may use: the caller's rayon pool's width.
 pub fn width() -> usize {
     rayon::current_num_threads()
@@ -128,6 +146,8 @@ pub fn width() -> usize {
 /// One parallel region: `count` tasks, claimed one at a time.
 struct Job<'t> {
     task: &'t (dyn Fn(usize) + Sync),
+    /// The caller's floating-point mode, which the helpers take on.
+    mode: Mode,
     count: usize,
     /// How many helpers may join (the first ones).
     helpers: usize,
@@ -218,6 +238,7 @@ fn help(index: usize, parked: &AtomicBool) {
             if let Some(job) = unsafe { job.as_ref() }
                 && index < job.helpers
             {
+                job.mode.set();
                 job.work();
             }
             SHARED.inside.fetch_sub(1, SeqCst);

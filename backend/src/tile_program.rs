@@ -347,9 +347,9 @@ impl Isa {
 pub fn isa() -> Isa {
     static ISA: OnceLock<Isa> = OnceLock::new();
     *ISA.get_or_init(|| {
-        let cap = match std::env::var("KILN_VECTOR_MATH").as_deref() {
-            Ok("off") => Isa::Off,
-            Ok("avx2") => Isa::Avx2,
+        let cap = match crate::settings::vector_math_cap() {
+            Some("off") => Isa::Off,
+            Some("avx2") => Isa::Avx2,
             _ => Isa::Avx512,
         };
         (Isa::ALL.into_iter())

@@ -28,8 +28,22 @@ pub struct Mismatch {
     pub worst: Option<(Vec<usize>, f64, f64)>,
 }
 
+/// Whether `compiled` is `reference` flushed: zero where the reference is a subnormal of
+/// `dtype` (below its smallest normal). Compiled runs flush subnormals by default
+/// ([`kiln_backend::subnormals`]) and the interpreter never does, so every comparison of the
+/// two takes this as agreement, whichever the policy — exactly, without a tolerance.
+pub fn flushed_subnormal(dtype: DType, reference: f64, compiled: f64) -> bool {
+    let smallest_normal = match dtype {
+        DType::F32 => f32::MIN_POSITIVE as f64,
+        DType::F64 => f64::MIN_POSITIVE,
+        _ => return false,
+    };
+    compiled == 0.0 && reference.abs() < smallest_normal
+}
+
 /// `None` when `b` agrees with `a` (the reference) elementwise within
-/// `|a − b| ≤ tol · (1 + |a|)` (`tol` by dtype when `None`), NaN matching NaN; else how far.
+/// `|a − b| ≤ tol · (1 + |a|)` (`tol` by dtype when `None`), NaN matching NaN and a subnormal
+/// matching its flushed zero ([`flushed_subnormal`]); else how far.
 pub fn mismatch(a: &Array, b: &Array, tol: Option<f64>) -> Option<Mismatch> {
     if a.ty() != b.ty() {
         return Some(Mismatch {
@@ -42,7 +56,7 @@ pub fn mismatch(a: &Array, b: &Array, tol: Option<f64>) -> Option<Mismatch> {
     let (xs, ys) = (a.to_f64_vec(), b.to_f64_vec());
     let (mut max_abs, mut max_rel, mut worst, mut differs) = (0.0f64, 0.0f64, None, false);
     for (i, (&x, &y)) in xs.iter().zip(&ys).enumerate() {
-        if x == y || (x.is_nan() && y.is_nan()) {
+        if x == y || (x.is_nan() && y.is_nan()) || flushed_subnormal(a.dtype(), x, y) {
             continue;
         }
         // Unequal and not both finite (a NaN or infinity on one side): differ outright.

@@ -538,11 +538,7 @@ impl Drop for Installed {
 }
 
 fn timeout_from_env() -> Duration {
-    std::env::var("KILN_COMM_TIMEOUT")
-        .ok()
-        .and_then(|s| s.parse::<f64>().ok())
-        .filter(|s| s.is_finite() && *s > 0.0)
-        .map_or(DEFAULT_TIMEOUT, Duration::from_secs_f64)
+    crate::settings::comm_timeout().unwrap_or(DEFAULT_TIMEOUT)
 }
 
 /// The worker: opens the transport, then runs jobs in order until the queue closes. After a

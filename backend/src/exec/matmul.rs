@@ -208,9 +208,10 @@ unsafe fn batched<T: Copy + 'static + num_traits::Zero + num_traits::One>(
             (columns, rows)
         }
     };
-    let (a_strides, b_strides) = (matrix(a, ra, transpose_a), matrix(b, rb, transpose_b));
+    let (mut a_strides, b_strides) = (matrix(a, ra, transpose_a), matrix(b, rb, transpose_b));
     let batch = &out_shape[..ro - 2];
     let count: usize = batch.iter().product();
+    let mut ld = out_view.strides[ro - 2];
     // `[..., M, K] @ [K, N]` with the left operand not broadcast: its matrices are one
     // `[count·M, K]` matrix, and one product of that height runs at the machine's speed where
     // `count` products of `M` rows (a transformer's 128 tokens) do not.
@@ -218,6 +219,13 @@ unsafe fn batched<T: Copy + 'static + num_traits::Zero + num_traits::One>(
     let right_shared = b.shape[..rb - 2].iter().all(|&d| d == 1);
     let whole = left_whole && right_shared && out_view.contiguous() && count > 1;
     let (m, count) = if whole { (count * m, 1) } else { (m, count) };
+    if whole {
+        // Stacked row after row, the joined matrices' rows are `k` and `n` elements apart.
+        // (Not the strides of the row axes: an axis of size 1 may have any stride — a
+        // transpose's view of `[1, T, K]` as `[T, 1, K]` gives its one row a stride of T·K.)
+        a_strides = (1, k as isize);
+        ld = n;
+    }
     if count == 0 || m == 0 || n == 0 {
         return;
     }
@@ -244,7 +252,6 @@ unsafe fn batched<T: Copy + 'static + num_traits::Zero + num_traits::One>(
         strides
     };
     let offsets = [batch_strides(a), batch_strides(b), batch_strides(out_view)];
-    let ld = out_view.strides[ro - 2];
     // Product `i` of the batch (its index split over the batch axes, last fastest), and where
     // its output matrix starts.
     let split_rows = splits_rows(transpose_a, n, k);

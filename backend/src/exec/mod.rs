@@ -24,7 +24,7 @@ pub use inspect::{KernelInfo, Placement, StepTime};
 mod spare;
 
 use crate::interp::{Env, InterpError, Interpreter, kernels};
-use crate::{Array, StateStore, debug};
+use crate::{Array, StateStore, settings};
 use cranelift_entity::EntityRef;
 use kiln_ir::print::{ValueNames, inst_line};
 use kiln_ir::{
@@ -226,17 +226,13 @@ impl Executable {
     /// regions). Kernels the JIT cannot compile run in the interpreter.
     pub fn new(func: &Function) -> Executable {
         let schedule = Schedule::new(func);
-        if debug::level() >= 1 {
+        if settings::debug_level() >= 1 {
             for reason in &schedule.fallbacks {
                 eprintln!("kiln: interpreted instead of compiled: {reason}");
             }
         }
         let steps = schedule.steps.len();
-        let print_profile = match std::env::var("KILN_PROFILE").as_deref() {
-            Ok("1") => 25,
-            Ok("all") => usize::MAX,
-            _ => 0,
-        };
+        let print_profile = settings::profile_rows();
         let mut result_slots = Vec::new();
         for step in &schedule.steps {
             for (out, &value) in step.out.iter().zip(&step.outputs) {
@@ -335,6 +331,7 @@ impl Executable {
         retain_results: bool,
     ) -> Result<Vec<Arc<Array>>, InterpError> {
         let _run = crate::limits::RunScope::enter();
+        let _mode = crate::subnormals::ModeScope::for_run();
         let taken = self
             .runtime
             .lock()
@@ -583,7 +580,7 @@ impl Executable {
             return Arc::new(array);
         }
         add(&self.counters.allocations, 1);
-        if debug::level() >= 3 {
+        if settings::debug_level() >= 3 {
             eprintln!(
                 "kiln: @{} allocates slot {slot}: {dtype}{:?}",
                 self.func.name(),
@@ -635,9 +632,15 @@ impl Executable {
                         perm: view.perm.as_deref(),
                     }),
                 };
+                #[cfg(feature = "fault-injection")]
+                let through_view = (views.iter()).any(|v| v.shape.is_some() || v.perm.is_some());
                 match onto {
                     None => self.two_operands_into_slot(rt, step, |a, b, out, threads| {
-                        matmul::matmul(a, b, out, operands, None, threads)
+                        matmul::matmul(a, b, out, operands, None, threads);
+                        #[cfg(feature = "fault-injection")]
+                        if through_view {
+                            fault::apply_to_view_product(out);
+                        }
                     }),
                     Some(scale) => self.run_matmul_onto(rt, step, state, operands, *scale),
                 }

@@ -273,11 +273,22 @@ impl Schedule {
                 }
             })
             .collect();
-        hoist_before_convolutions(&mut steps);
-        fold_updates_into_products(func, &mut steps);
-        read_products_through_views(func, &mut steps, &recipe);
-        write_products_through_transposes(func, &mut steps);
-        read_products_through_reshapes(func, &mut steps, &recipe);
+        let off = std::env::var("KILN_TMP_OFF").unwrap_or_default();
+        if !off.contains("hoist") {
+            hoist_before_convolutions(&mut steps);
+        }
+        if !off.contains("fold") {
+            fold_updates_into_products(func, &mut steps);
+        }
+        if !off.contains("views") {
+            read_products_through_views(func, &mut steps, &recipe);
+        }
+        if !off.contains("transposes") {
+            write_products_through_transposes(func, &mut steps);
+        }
+        if !off.contains("reshapes") {
+            read_products_through_reshapes(func, &mut steps, &recipe);
+        }
         place_waits(&mut steps);
         let infallible_from = steps.iter().rposition(|s| s.fallible).map_or(0, |i| i + 1);
         let kept_argmax = pair_pooling_argmax(&mut steps);

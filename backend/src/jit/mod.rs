@@ -23,7 +23,7 @@ mod shape;
 mod symbols;
 
 use crate::Array;
-use crate::debug;
+
 use cranelift_codegen::Context;
 use cranelift_codegen::ir::{AbiParam, UserFuncName, types};
 use cranelift_codegen::settings::{self, Configurable};
@@ -488,7 +488,7 @@ pub fn kernel(func: &Function) -> Result<Arc<Kernel>, JitError> {
     }
     let (stages, code_size) = jit.compile(&plan, func)?;
     drop(jit);
-    if debug::level() >= 1 {
+    if crate::settings::debug_level() >= 1 {
         let programs: Vec<String> = (stages.iter().enumerate())
             .filter(|(_, s)| s.programs.is_some())
             .map(|(i, s)| format!("stage {i}: {}", s.program_ops.join(", ")))
@@ -604,13 +604,13 @@ impl Jit {
         } else {
             format!(" ({})", ops.join(", "))
         };
-        if debug::level() >= 2 {
+        if crate::settings::debug_level() >= 2 {
             eprintln!(
                 "// kernel stage {index}{which} of:\n{func}{}",
                 self.ctx.func.display()
             );
         }
-        self.ctx.set_disasm(debug::level() >= 3);
+        self.ctx.set_disasm(crate::settings::debug_level() >= 3);
         let defined = self.module.define_function(id, &mut self.ctx);
         *code_size += self
             .ctx

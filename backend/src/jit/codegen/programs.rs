@@ -499,7 +499,7 @@ impl Gen<'_, '_> {
             g.b.ins().stack_addr(ptr, s, 0)
         };
         let p = &program;
-        if crate::debug::level() >= 2 {
+        if crate::settings::debug_level() >= 2 {
             eprintln!("// tile program of a group of stage {}:", self.stage);
             for (r, register) in p.registers.iter().enumerate() {
                 eprintln!("//   register {r}: {register:?}");
