@@ -15,7 +15,9 @@
 //! - bools are masks (all bits set for true), as in Cranelift's vector code: comparisons
 //!   write them, selects pick bit by bit, `not`/`and`/`or`/`xor` work on their bits, and a
 //!   cast to f32 keeps the bits of `1.0`;
-//! - a sum keeps Cranelift's 16 partial sums (element `i` into partial `i mod 16`, in order);
+//! - a sum keeps Cranelift's 16 partial sums (element `i` of a tile into partial `i mod 16`,
+//!   in order, from zero), each tile's added into 16 f64 totals — Cranelift's loop adds its
+//!   partials into f64 totals after each block of a tile's length;
 //! - a max or min may combine in any order: it is exact, and its NaN is made canonical when
 //!   the row's reduction finishes (on both paths).
 //!
@@ -33,7 +35,8 @@ use kiln_ir::{BinaryOp, CompareOp, DTypeClass, ReduceOp, UnaryOp};
 use std::sync::OnceLock;
 
 /// Partial accumulators per reduction: Cranelift's 4 unrolled f32x4 accumulators of a loop
-/// that reduces.
+/// that reduces. Each takes 8 bytes of the frame's accumulators: a sum's are f64 totals, a
+/// max's or min's f32s (the first half).
 pub(crate) const PARTIALS: usize = 16;
 
 /// Words of a frame before the registers.
@@ -506,7 +509,7 @@ unsafe fn map2(d: *mut f32, a: Src, b: Src, n: usize, f: impl Fn(f32, f32) -> f3
 ///
 /// # Safety
 /// `frame` is a frame as the module documents it, whose registers hold `len` elements each
-/// and whose accumulators hold [`PARTIALS`] f32s per reduction; `len` is a multiple of 16
+/// and whose accumulators hold [`PARTIALS`] f64s per reduction; `len` is a multiple of 16
 /// where the program reduces.
 #[inline(always)]
 unsafe fn run(frame: *const u64, len: i64) {
@@ -516,7 +519,7 @@ unsafe fn run(frame: *const u64, len: i64) {
             *frame as *const u64,
             *frame.add(1) as usize,
             *frame.add(2) as *const f32,
-            *frame.add(3) as *mut f32,
+            *frame.add(3) as *mut f64,
         )
     };
     let registers = frame.wrapping_add(FRAME_HEADER) as *const *mut f32;
@@ -726,43 +729,53 @@ macro_rules! unary_bodies {
 }
 kiln_ir::with_unary_ops!(unary_bodies);
 
-/// Combines `n` elements of `a` into the [`PARTIALS`] partial accumulators at `p`.
+/// Combines the tile's `n` elements of `a` into the [`PARTIALS`] accumulators at `p`: a sum's
+/// 16 f32 partials of the tile into its f64 totals, a max's or min's into its f32 partials.
 #[inline(always)]
-unsafe fn reduce(op: ReduceOp, p: *mut f32, a: Src, n: usize) {
+unsafe fn reduce(op: ReduceOp, p: *mut f64, a: Src, n: usize) {
     debug_assert_eq!(n % PARTIALS, 0, "a reducing loop's tiles are whole trips");
-    // SAFETY: `p` holds `PARTIALS` f32s and `a` `n` elements, and neither overlaps the other.
-    let (partials, a) = unsafe {
-        let partials = &mut *(p as *mut [f32; PARTIALS]);
-        let a = match a {
+    // SAFETY: `p` holds `PARTIALS` f64s and `a` `n` elements, and neither overlaps the other.
+    let a = unsafe {
+        match a {
             Src::Tile(x) => Ok(std::slice::from_raw_parts(x, n)),
             Src::Scalar(s) => Err(s),
-        };
-        (partials, a)
+        }
     };
-    let x = match a {
-        Ok(x) => x,
-        Err(s) => {
+    if let ReduceOp::Sum | ReduceOp::Mean = op {
+        // In order from zero, element `i` into partial `i mod 16`: the bits of Cranelift's
+        // loop over a block.
+        let mut s = [0.0f32; PARTIALS];
+        match a {
+            Ok(x) => {
+                for row in x.chunks_exact(PARTIALS) {
+                    for (s, x) in s.iter_mut().zip(row) {
+                        *s += *x;
+                    }
+                }
+            }
             // A row-level value reduced along the row: rare, and in order is simplest.
+            Err(x) => (0..n).for_each(|i| s[i % PARTIALS] += x),
+        }
+        // SAFETY: as above; the partials are f64 totals.
+        let totals = unsafe { &mut *(p as *mut [f64; PARTIALS]) };
+        for (total, s) in totals.iter_mut().zip(s) {
+            *total += f64::from(s);
+        }
+        return;
+    }
+    // SAFETY: as above; a max's or min's partials are f32s, in the first half.
+    let partials = unsafe { &mut *(p as *mut [f32; PARTIALS]) };
+    match a {
+        Ok(x) => match op {
+            ReduceOp::Min => any_order(partials, x, |x, y| binary_f32(BinaryOp::Min, x, y)),
+            _ => any_order(partials, x, |x, y| binary_f32(BinaryOp::Max, x, y)),
+        },
+        Err(s) => {
             for i in 0..n {
                 let j = i % PARTIALS;
                 partials[j] = combine(op, partials[j], s);
             }
-            return;
         }
-    };
-    match op {
-        // In order, element `i` into partial `i mod 16`: the bits of Cranelift's loop.
-        ReduceOp::Sum | ReduceOp::Mean => {
-            let mut s = *partials;
-            for row in x.chunks_exact(PARTIALS) {
-                for (s, x) in s.iter_mut().zip(row) {
-                    *s += *x;
-                }
-            }
-            *partials = s;
-        }
-        ReduceOp::Max => any_order(partials, x, |x, y| binary_f32(BinaryOp::Max, x, y)),
-        ReduceOp::Min => any_order(partials, x, |x, y| binary_f32(BinaryOp::Min, x, y)),
     }
 }
 

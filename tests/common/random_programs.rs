@@ -5,7 +5,8 @@
 //! go wrong: predicates computed from data (either branch runs), loop bodies that change what
 //! they carry, products of two different values, gathers and scatters with repeated indices,
 //! convolutions (strides, padding, dilation, groups) and pooling (overlapping, strided,
-//! asymmetrically padded windows), and `update_slice`.
+//! asymmetrically padded windows), `update_slice`, and products read and written through
+//! reshapes and transposes that add axes of size 1 (a batch of one, one head, one token).
 
 use kiln::backend::random::Stream;
 use kiln::ir::{
@@ -379,6 +380,7 @@ fn random_op(
             }
             b.scatter_add(x, idx, 0, shape)?
         }
+        24 => view_product(g, b, x)?,
         25 => {
             // A convolution of a small NCHW draw: strides, padding, dilation and groups.
             let dtype = g.pick(&[DType::F32, DType::F64]);
@@ -450,4 +452,51 @@ fn random_op(
         )?,
     };
     Ok(Some(v))
+}
+
+/// A product reading `x` through views on purpose: `x` reshaped with axes of size 1 put in
+/// (`[p, k]` as `[1, p, k]`, `[p, 1, k]`, `[1, p, 1, k]`, …), permuted, multiplied by a drawn
+/// right operand, and the result sometimes transposed back (keeping its last axis last, so
+/// the product may write through it). Size-1 axes may have any stride in a view: the
+/// executor's view, reshape and transpose rewrites must not read them.
+fn view_product(g: &mut Gen, b: &mut FunctionBuilder, x: Value) -> BuildResult<Value> {
+    let tx = b.value_type(x).clone();
+    let x = match tx.dtype {
+        DType::F32 | DType::F64 => x,
+        _ => b.cast(x, DType::F32)?,
+    };
+    let dtype = b.value_type(x).dtype;
+    let Some(dims) = tx
+        .shape
+        .as_fixed()
+        .filter(|d| d.iter().product::<usize>() > 0)
+    else {
+        return b.matmul_t(x, x, false, true);
+    };
+    let n: usize = dims.iter().product();
+    let k = dims.last().copied().unwrap_or(1);
+    let mut view = vec![n / k, k];
+    for _ in 0..1 + g.below(2) {
+        let at = g.below(view.len() + 1);
+        view.insert(at, 1);
+    }
+    let x = b.reshape(x, Shape::fixed(&view))?;
+    let mut perm: Vec<usize> = (0..view.len()).collect();
+    for i in (1..perm.len()).rev() {
+        perm.swap(i, g.below(i + 1));
+    }
+    let x = b.transpose(x, perm)?;
+    let rank = b.value_type(x).rank();
+    let contracted = b.value_type(x).shape.dims()[rank - 1]
+        .as_fixed()
+        .unwrap_or(1);
+    let w_ty = Type::new(dtype, Shape::fixed(&[contracted, 1 + g.below(3)]));
+    let w = b.random_normal(w_ty, 0.0, 1.0, g.bits())?;
+    let y = b.matmul(x, w)?;
+    if g.chance(50) {
+        let mut back: Vec<usize> = (0..rank).collect();
+        back[..rank - 1].reverse();
+        return b.transpose(y, back);
+    }
+    Ok(y)
 }

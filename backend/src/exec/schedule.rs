@@ -489,16 +489,18 @@ fn plan_scratch(step: &mut Step, slots: &mut Slots, recipe: &dyn Fn(&Shape) -> S
     let StepKind::Kernel { kernel, .. } = &step.kind else {
         return;
     };
-    let taken: Vec<usize> = (kernel.plan.scratch.iter())
-        .map(|&v| {
-            let ty = kernel.plan.ty(v);
+    let types: Vec<kiln_ir::Type> = (0..kernel.plan.scratch.len())
+        .map(|i| kernel.plan.scratch_type(i))
+        .collect();
+    let taken: Vec<usize> = (types.iter())
+        .map(|ty| {
             let s = slots.take(ty.dtype, &ty.shape, None);
             step.scratch.push((s, recipe(&ty.shape)));
             s
         })
         .collect();
-    for (&v, s) in kernel.plan.scratch.iter().zip(taken) {
-        slots.give_back(s, kernel.plan.ty(v).dtype, &kernel.plan.ty(v).shape);
+    for (ty, s) in types.iter().zip(taken) {
+        slots.give_back(s, ty.dtype, &ty.shape);
     }
 }
 

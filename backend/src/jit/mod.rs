@@ -247,11 +247,13 @@ impl Kernel {
             .iter()
             .map(|&v| allocate(func, v))
             .collect::<Result<Vec<_>, _>>()?;
-        let mut scratch = self
-            .plan
-            .scratch
-            .iter()
-            .map(|&v| allocate(&self.plan.func, v))
+        let mut scratch = (0..self.plan.scratch.len())
+            .map(|i| {
+                let ty = self.plan.scratch_type(i);
+                let shape = (ty.shape.resolve(&bindings))
+                    .map_err(|s| KernelError::Shape(format!("unbound size {s}")))?;
+                Ok(Array::zeros(ty.dtype, &shape))
+            })
             .collect::<Result<Vec<_>, _>>()?;
         let mut buffers: Vec<*mut u8> = standard.iter().map(|a| a.data_ptr().cast_mut()).collect();
         buffers.extend(outputs.iter_mut().map(Array::data_mut_ptr));

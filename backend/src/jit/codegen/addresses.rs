@@ -34,21 +34,8 @@ impl Gen<'_, '_> {
         }
     }
 
-    /// The value held in buffer slot `slot`.
-    pub(super) fn slot_value(&self, slot: usize) -> Value {
-        let plan = self.plan;
-        let inputs = plan.func.args().len();
-        if slot < inputs {
-            plan.func.args()[slot]
-        } else if slot < inputs + plan.outputs.len() {
-            plan.outputs[slot - inputs]
-        } else {
-            plan.scratch[slot - inputs - plan.outputs.len()]
-        }
-    }
-
     pub(super) fn compute_strides(&mut self, slot: usize, map: &Mapping) -> Vec<Stride> {
-        let shape = self.plan.ty(self.slot_value(slot)).shape.clone();
+        let shape = self.plan.slot_type(slot).shape;
         let mut out = vec![Stride::Zero; self.dims.len()];
         // Row-major strides, from the last axis.
         let mut stride = Stride::Const(1);
@@ -101,7 +88,7 @@ impl Gen<'_, '_> {
         if let Some(x) = self.lookup(&key) {
             return x;
         }
-        let size = self.plan.ty(self.slot_value(slot)).dtype.size_bytes() as i64;
+        let size = self.plan.slot_type(slot).dtype.size_bytes() as i64;
         let strides = self.strides(slot, map);
         let mut offset: Option<CValue> = None;
         for (k, &stride) in strides.iter().enumerate().take(self.dims.len() - 1) {

@@ -22,14 +22,15 @@ use super::plan::{self, KernelPlan, Mapping, RowRole};
 use crate::lanes::Lanes;
 use cranelift_codegen::ir::condcodes::{FloatCC, IntCC};
 use cranelift_codegen::ir::{
-    AbiParam, Block, FuncRef, InstBuilder, MemFlagsData, StackSlotData, StackSlotKind,
-    Type as ClType, Value as CValue, types,
+    AbiParam, Block, ConstantData, FuncRef, InstBuilder, MemFlagsData, StackSlotData,
+    StackSlotKind, Type as ClType, Value as CValue, types,
 };
 use cranelift_frontend::{FunctionBuilder, FunctionBuilderContext, Variable};
 use cranelift_jit::JITModule;
 use cranelift_module::{Linkage, Module};
 use kiln_ir::{BinaryOp, CompareOp, DType, Dim, Literal, Op, ReduceOp, UnaryOp, Value, VectorForm};
 use lanes::Clif;
+use reductions::VectorAccs;
 use std::collections::{HashMap, HashSet};
 
 mod addresses;

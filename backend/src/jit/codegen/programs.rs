@@ -6,8 +6,9 @@
 //! per row:   scalars[k] = row-level operand k;  partials = identities
 //! per tile:  registers[b] = buffer b at the tile's start
 //!            kiln_tile_program(frame, len)      (one call: every instruction, full width)
-//! after:     the f32x4 accumulators loaded from the partials; a reduction's scalar tail
-//!            (a program that does not reduce takes the whole row)
+//! after:     the accumulators loaded from the partials (an f32 sum's: its 16 f64 totals,
+//!            to which the runner adds each tile's 16 f32 partials); a reduction's scalar
+//!            tail (a program that does not reduce takes the whole row)
 //! ```
 //!
 //! Stores to the group's destinations (and stashes) are the program's last instructions, so
@@ -20,6 +21,8 @@ use crate::tile_program::{self, FRAME_HEADER, Instr, Operand, PARTIALS};
 pub(super) const TILE: i64 = 512;
 
 const _: () = assert!(PARTIALS == (LANES * REDUCE_UNROLL) as usize);
+// A sum adds its tiles' partials into its f64 totals as Cranelift's loop adds its blocks'.
+const _: () = assert!(plan::SUM_BLOCK == TILE);
 
 /// What a program register points at.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -515,7 +518,7 @@ impl Gen<'_, '_> {
         let program_at = (FRAME_HEADER + p.registers.len()) * 8;
         let frame = slot(self, program_at + words.len() * 8);
         let scalars = slot(self, p.scalars.len() * 4);
-        let partials = slot(self, p.reductions.len() * PARTIALS * 4);
+        let partials = slot(self, p.reductions.len() * PARTIALS * 8);
         let scratch = slot(self, p.scratch_tiles * TILE as usize * 4);
         for (k, &w) in words.iter().enumerate() {
             let word = self.b.ins().iconst(types::I64, w as i64);
@@ -569,8 +572,8 @@ impl Gen<'_, '_> {
     }
 
     /// The vectorised part of the row, `0..vec_end`, by the prepared program `f`; leaves each
-    /// reduction's f32x4 accumulators (`accs`, by work) as Cranelift's own loop would.
-    pub(super) fn run_program(&mut self, f: &Frame, vec_end: CValue, accs: &[Vec<Variable>]) {
+    /// reduction's accumulators (`accs`, by work) as Cranelift's own loop would.
+    pub(super) fn run_program(&mut self, f: &Frame, vec_end: CValue, accs: &[Option<VectorAccs>]) {
         let (p, frame, partials) = (&f.program, f.frame, f.partials);
         for (k, (v, map)) in p.scalars.iter().enumerate() {
             let mut x = self.emit(*v, map, false);
@@ -581,10 +584,13 @@ impl Gen<'_, '_> {
             }
             self.b.ins().store(flags(), x, f.scalars, 4 * k as i32);
         }
+        // Each reduction's 16 partials, 8 bytes each: an f32 sum's f64 totals start at zero
+        // (whose bits are f32 zeros), a max's or min's f32 partials (the first 64 bytes) at
+        // its identity.
         for (k, &(_, op)) in p.reductions.iter().enumerate() {
             let identity = self.identity(op, DType::F32, true);
-            for u in 0..REDUCE_UNROLL as usize {
-                let at = (k * PARTIALS + u * LANES as usize) * 4;
+            for u in 0..2 * REDUCE_UNROLL as usize {
+                let at = (k * PARTIALS + u * LANES as usize / 2) * 8;
                 self.b.ins().store(flags(), identity, partials, at as i32);
             }
         }
@@ -603,9 +609,14 @@ impl Gen<'_, '_> {
         self.call_runner(frame, len);
         self.end_loop(tiles, TILE);
         for (k, &(work, _)) in p.reductions.iter().enumerate() {
-            for (u, &var) in accs[work].iter().enumerate() {
-                let at = ((k * PARTIALS + u * LANES as usize) * 4) as i32;
-                let x = self.b.ins().load(types::F32X4, flags(), partials, at);
+            let accs = accs[work].as_ref().expect("a reduction's accumulators");
+            let (vars, ty) = match accs.wide.is_empty() {
+                true => (&accs.partials, types::F32X4),
+                false => (&accs.wide, types::F64X2),
+            };
+            for (u, &var) in vars.iter().enumerate() {
+                let at = (k * PARTIALS * 8 + u * 16) as i32;
+                let x = self.b.ins().load(ty, flags(), partials, at);
                 self.b.def_var(var, x);
             }
         }

@@ -298,9 +298,12 @@ impl Gen<'_, '_> {
         let v = plan.stages[self.stage].values[0];
         let (input, axes) = plan.reduction(v).expect("an accumulate stage reduces");
         let (op, _) = plan.reduce_op(v).expect("a reduction");
-        let dtype = self.dtype(v);
-        let primary = plan.slot(plan.source[&v]);
-        let size = dtype.size_bytes() as i64;
+        let wide = plan.sums_wide(v);
+        // Accumulated in `acc_dtype` in the accumulator, then (wide, or a mean) finished into
+        // every destination.
+        let acc_dtype = if wide { DType::F64 } else { self.dtype(v) };
+        let primary = plan.slot(plan.accumulator(v));
+        let size = acc_dtype.size_bytes() as i64;
         let root = self.root(Work::Combine(v));
         self.hoist(std::slice::from_ref(&root), Level::Entry, false);
         let rows = if plan.stages[self.stage].by_columns {
@@ -312,7 +315,7 @@ impl Gen<'_, '_> {
             (begin, end)
         };
         // Start from the identity.
-        let identity = self.identity(op, dtype, false);
+        let identity = self.identity(op, acc_dtype, false);
         let (loops, index) = self.begin_results(v);
         let addr = self.element_address(primary, index, size);
         self.b.ins().store(flags(), identity, addr, 0);
@@ -333,23 +336,30 @@ impl Gen<'_, '_> {
         self.row_index.clear();
         self.end_loop(l, 1);
 
-        // Finish: the mean's division, and copies to further destinations.
+        // Finish: the mean's division, rounding a wide sum to f32, and copies to the
+        // destinations.
         let others: Vec<usize> = (plan.destinations(v).into_iter())
             .map(|d| plan.slot(d))
             .filter(|&s| s != primary)
             .collect();
         if op == ReduceOp::Mean || !others.is_empty() {
             let count = self.reduced_count(&axes);
-            let count = self.b.ins().fcvt_from_sint(clif_type(dtype), count);
+            let count = self.b.ins().fcvt_from_sint(clif_type(acc_dtype), count);
             let (loops, index) = self.begin_results(v);
             let addr = self.element_address(primary, index, size);
-            let mut x = self.b.ins().load(clif_type(dtype), flags(), addr, 0);
+            let mut x = self.b.ins().load(clif_type(acc_dtype), flags(), addr, 0);
             if op == ReduceOp::Mean {
                 x = self.b.ins().fdiv(x, count);
-                self.b.ins().store(flags(), x, addr, 0);
+                if !wide {
+                    self.b.ins().store(flags(), x, addr, 0);
+                }
             }
+            if wide {
+                x = self.b.ins().fdemote(types::F32, x);
+            }
+            let out_size = self.dtype(v).size_bytes() as i64;
             for &slot in &others {
-                let addr = self.element_address(slot, index, size);
+                let addr = self.element_address(slot, index, out_size);
                 self.b.ins().store(flags(), x, addr, 0);
             }
             self.end_loops(loops);
@@ -489,58 +499,75 @@ impl Gen<'_, '_> {
                 self.b.ins().iadd(first, whole)
             }
         };
-        let mut vector_accs: Vec<Vec<Variable>> = Vec::new();
-        for &w in works {
-            let accs = match w {
-                Work::Reduce(v) | Work::ReduceInto(v) => {
-                    let (op, _) = plan.reduce_op(v).expect("a reduction");
-                    let init = self.identity(op, DType::F32, true);
-                    (0..unroll)
-                        .map(|_| {
-                            let var = self.b.declare_var(types::F32X4);
-                            self.b.def_var(var, init);
-                            var
-                        })
-                        .collect()
-                }
-                _ => Vec::new(),
-            };
-            vector_accs.push(accs);
-        }
+        let vector_accs: Vec<Option<VectorAccs>> = (works.iter())
+            .map(|&w| {
+                matches!(w, Work::Reduce(_) | Work::ReduceInto(_)).then(|| self.vector_accs(w))
+            })
+            .collect();
+        let start = first.unwrap_or(zero);
         if let Some(program) = program {
             self.run_program(&program, vec_end, &vector_accs);
-        } else {
-            let l = self.begin_loop(first.unwrap_or(zero), vec_end);
-            // One vector step of the group per unrolled copy `u`.
-            for u in 0..unroll {
-                self.inner = Some(self.b.ins().iadd_imm_s(l.index, u * LANES));
-                self.scopes.push(HashMap::new());
-                for (i, &w) in works.iter().enumerate() {
-                    let acc = vector_accs[i].get(u as usize).copied();
-                    self.element(w, acc, true);
-                }
-                self.store_stashes(true);
-                self.scopes.pop();
+        } else if works.iter().any(|&w| self.sums_wide(w)) {
+            // Blocks of `SUM_BLOCK` elements (a program's tiles), each sum's partials added
+            // into its f64 totals after each.
+            let blocks = self.begin_loop(start, vec_end);
+            let full = self.b.ins().iadd_imm_s(blocks.index, plan::SUM_BLOCK);
+            let short = self.b.ins().icmp(IntCC::SignedLessThan, vec_end, full);
+            let block_end = self.b.ins().select(short, vec_end, full);
+            self.vector_loop(works, &vector_accs, blocks.index, block_end, unroll);
+            for accs in vector_accs.iter().flatten().filter(|a| !a.wide.is_empty()) {
+                self.fold_block(accs);
             }
-            self.end_loop(l, step);
+            self.end_loop(blocks, plan::SUM_BLOCK);
+        } else {
+            self.vector_loop(works, &vector_accs, start, vec_end, unroll);
         }
-        for (i, &w) in works.iter().enumerate() {
-            if let Work::Reduce(v) | Work::ReduceInto(v) = w {
-                let (op, _) = plan.reduce_op(v).expect("a reduction");
-                let mut acc = self.b.use_var(vector_accs[i][0]);
-                for &other in &vector_accs[i][1..] {
+        for (&w, accs) in works.iter().zip(&vector_accs) {
+            let Some(accs) = accs else {
+                scalar_accs.push(None);
+                continue;
+            };
+            let total = if accs.wide.is_empty() {
+                let (op, _) = plan.reduce_op(w.value()).expect("a reduction");
+                let mut acc = self.b.use_var(accs.partials[0]);
+                for &other in &accs.partials[1..] {
                     let x = self.b.use_var(other);
                     acc = self.combine(op, DType::F32, acc, x);
                 }
-                let total = self.horizontal(op, acc);
-                let var = self.b.declare_var(types::F32);
-                self.b.def_var(var, total);
-                scalar_accs.push(Some(var));
+                self.horizontal(op, acc)
             } else {
-                scalar_accs.push(None);
-            }
+                self.wide_total(&accs.wide)
+            };
+            let ty = self.b.func.dfg.value_type(total);
+            let var = self.b.declare_var(ty);
+            self.b.def_var(var, total);
+            scalar_accs.push(Some(var));
         }
         (vec_end, scalar_accs)
+    }
+
+    /// Cranelift's unrolled vector loop over `start..end`: one vector step of `works` per
+    /// unrolled copy, each reduction into its partials.
+    fn vector_loop(
+        &mut self,
+        works: &[Work],
+        accs: &[Option<VectorAccs>],
+        start: CValue,
+        end: CValue,
+        unroll: i64,
+    ) {
+        let l = self.begin_loop(start, end);
+        for u in 0..unroll {
+            self.inner = Some(self.b.ins().iadd_imm_s(l.index, u * LANES));
+            self.scopes.push(HashMap::new());
+            for (&w, accs) in works.iter().zip(accs) {
+                let acc = accs.as_ref().map(|a| a.partials[u as usize]);
+                self.element(w, acc, true);
+            }
+            self.store_stashes(true);
+            self.scopes.pop();
+        }
+        self.end_loop(l, LANES * unroll);
     }
 
     /// A scalar accumulator per reduction of `works`, at its identity (`None` for the rest).
@@ -551,7 +578,11 @@ impl Gen<'_, '_> {
             scalar_accs.push(match w {
                 Work::Reduce(v) | Work::ReduceInto(v) => {
                     let (op, _) = plan.reduce_op(v).expect("a reduction");
-                    let dtype = self.dtype(v);
+                    let dtype = if self.sums_wide(w) {
+                        DType::F64
+                    } else {
+                        self.dtype(v)
+                    };
                     let init = self.identity(op, dtype, false);
                     let var = self.b.declare_var(clif_type(dtype));
                     self.b.def_var(var, init);
@@ -581,10 +612,14 @@ impl Gen<'_, '_> {
                 }
                 Work::ReduceInto(v) => {
                     let (op, _) = plan.reduce_op(v).expect("a reduction");
-                    let dtype = self.dtype(v);
+                    let dtype = if self.sums_wide(w) {
+                        DType::F64
+                    } else {
+                        self.dtype(v)
+                    };
                     let total = self.b.use_var(scalar_accs[i].expect("an accumulator"));
                     let map = self.output_mapping(v);
-                    let slot = plan.slot(plan.source[&v]);
+                    let slot = plan.slot(plan.accumulator(v));
                     let addr = self.base(slot, &map);
                     let old = self.b.ins().load(clif_type(dtype), flags(), addr, 0);
                     let new = self.combine(op, dtype, old, total);
@@ -616,7 +651,7 @@ impl Gen<'_, '_> {
                     .collect()
             }
             Work::Combine(v) | Work::ReduceInto(v) => {
-                vec![(plan.slot(plan.source[&v]), self.output_mapping(v))]
+                vec![(plan.slot(plan.accumulator(v)), self.output_mapping(v))]
             }
             Work::Reduce(_) => Vec::new(),
         }
@@ -632,8 +667,20 @@ impl Gen<'_, '_> {
                 let (op, _) = self.plan.reduce_op(v).expect("a reduction");
                 let var = acc.expect("an accumulator");
                 let old = self.b.use_var(var);
-                let new = self.combine(op, self.dtype(v), old, x);
+                let new = match self.sums_wide(w) && !vector {
+                    true => {
+                        let x = self.b.ins().fpromote(types::F64, x);
+                        self.b.ins().fadd(old, x)
+                    }
+                    false => self.combine(op, self.dtype(v), old, x),
+                };
                 self.b.def_var(var, new);
+            }
+            Work::Combine(v) if self.sums_wide(w) => {
+                let slot = self.plan.slot(self.plan.accumulator(v));
+                let out_map = self.output_mapping(v);
+                let addr = self.address(slot, &out_map, DType::F64);
+                self.add_wide(addr, x, vector);
             }
             Work::Combine(v) => {
                 let (op, _) = self.plan.reduce_op(v).expect("a reduction");
@@ -671,6 +718,17 @@ impl Gen<'_, '_> {
     pub(super) fn finish_reduction(&mut self, v: Value, acc: Variable, n: CValue) -> CValue {
         let total = self.b.use_var(acc);
         let dtype = self.dtype(v);
+        if self.plan.sums_wide(v) {
+            // An f64 total, divided in f64 for a mean, rounded to f32 once.
+            let total = match self.plan.reduce_op(v) {
+                Some((ReduceOp::Mean, _)) => {
+                    let count = self.b.ins().fcvt_from_sint(types::F64, n);
+                    self.b.ins().fdiv(total, count)
+                }
+                _ => total,
+            };
+            return self.b.ins().fdemote(types::F32, total);
+        }
         match self.plan.reduce_op(v) {
             Some((ReduceOp::Mean, _)) => {
                 let ty = clif_type(dtype);
