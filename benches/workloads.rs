@@ -170,6 +170,28 @@ fn xa_plus_b(c: &mut Criterion) {
     group.finish();
 }
 
+/// f32 sums over 2²¹ elements in each form a kernel has — a row per 1024 elements, columns of
+/// `[2048, 1024]` (an accumulate stage), the whole array, and columns of a product `x·y` (a
+/// bias gradient's shape) — which accumulate in f64 (blocked partials, an f64 accumulator).
+fn reductions(c: &mut Criterion) {
+    let mut group = c.benchmark_group("reductions");
+    group
+        .sample_size(20)
+        .measurement_time(Duration::from_secs(2))
+        .throughput(Throughput::Elements(1 << 21));
+    let forms: [(&str, Vec<usize>, bool); 4] = [
+        ("rows", vec![1], false),
+        ("columns", vec![0], false),
+        ("whole", vec![0, 1], false),
+        ("columns of x·y", vec![0], true),
+    ];
+    for (name, axes, product) in forms {
+        let mut forward = workloads::sum(2048, 1024, axes, product).unwrap();
+        group.bench_function(name, |b| b.iter(|| forward.call_reused().unwrap()));
+    }
+    group.finish();
+}
+
 /// One kernel (`sqrt`, `div`, `exp`; [`workloads::sqrt_div_exp`]) over 2²² normal and
 /// subnormal floats, with subnormals flushed (the default) and kept (IEEE): what a
 /// microcode assist per subnormal costs on this CPU, and what flushing saves.
@@ -206,6 +228,7 @@ criterion_group!(
     eager,
     paths,
     xa_plus_b,
+    reductions,
     subnormals
 );
 criterion_main!(benches);

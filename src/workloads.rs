@@ -156,6 +156,21 @@ pub fn sqrt_div_exp(len: usize, scale: f64) -> RuntimeResult<Forward> {
     Forward::new(p, y, vec![("x", uniform(&[len], scale, 2.0 * scale, 5))])
 }
 
+/// An f32 sum of `x` (or of `x·y` with `product`) of shape `[rows, cols]` over `axes`: the
+/// reduction forms of `benches/workloads.rs`, `reductions`.
+pub fn sum(rows: usize, cols: usize, axes: Vec<usize>, product: bool) -> RuntimeResult<Forward> {
+    let mut p = Program::new();
+    let x = p.placeholder("x", DType::F32, Shape::fixed(&[rows, cols]))?;
+    let y = p.placeholder("y", DType::F32, Shape::fixed(&[rows, cols]))?;
+    let operand = if product { p.mul(x, y)? } else { x };
+    let s = p.reduce(kiln_ir::ReduceOp::Sum, operand, axes, false)?;
+    let feeds = vec![
+        ("x", normal(&[rows, cols], 1.0, 6)),
+        ("y", normal(&[rows, cols], 1.0, 7)),
+    ];
+    Forward::new(p, s, feeds)
+}
+
 /// W3: the numerically stable row softmax `exp(x − max) / Σ exp(x − max)` of f32[rows, cols].
 pub fn softmax(rows: usize, cols: usize) -> RuntimeResult<Forward> {
     let mut p = Program::new();

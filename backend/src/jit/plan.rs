@@ -21,7 +21,8 @@
 //! An f32 sum (or mean) accumulates in f64 wherever it runs long ([`KernelPlan::sums_wide`]):
 //! along a row in 16 f32 partials for at most [`SUM_BLOCK`] elements at a time, each block's
 //! partials then added into 16 f64 ones; over rows, into an f64 accumulator buffer of the
-//! result's shape (a scratch buffer of the kernel), rounded to f32 once at the end. So its
+//! result's shape (a scratch buffer of the kernel) — by columns, in f32 for [`ROW_BLOCK`]
+//! rows at a time first — rounded to f32 once at the end. So its
 //! error grows like a blocked sum's, not like a running f32 sum's (a running f32 sum of 2²²
 //! values near 1000 was 2 % off).
 //!
@@ -44,6 +45,10 @@ pub enum Buffer {
 /// The elements an f32 sum adds in its 16 f32 partials before it adds them into its f64
 /// ones: a tile program's tile, so that both compiled forms add in the same order.
 pub(crate) const SUM_BLOCK: i64 = 512;
+
+/// The rows a sum by columns adds in f32 before it adds them into its f64 accumulator: as
+/// many as each of a row sum's 16 partials takes in a block ([`SUM_BLOCK`] / 16).
+pub(crate) const ROW_BLOCK: i64 = 32;
 
 /// A buffer only the kernel uses: a materialised value a later stage reads, or an
 /// accumulated reduction's accumulator (in f64 for an f32 sum).
@@ -231,7 +236,7 @@ impl KernelPlan {
                     .iter()
                     .flat_map(|stage| &stage.values)
                     .any(|&m| self.reads(m).iter().any(|(x, _)| *x == v));
-                if read_later || (accumulate && !self.accumulators.contains_key(&v)) {
+                if read_later || accumulate {
                     self.source.insert(v, Buffer::Scratch(self.scratch.len()));
                     self.add_scratch(v, self.ty(v).dtype);
                 }
@@ -250,11 +255,31 @@ impl KernelPlan {
             && matches!(self.reduce_op(v), Some((ReduceOp::Sum | ReduceOp::Mean, _)))
     }
 
-    /// The buffer accumulated reduction `v` is combined into: its f64 accumulator, or its own.
+    /// The buffer accumulated reduction `v` ends in before it is finished into its own: its
+    /// f64 accumulator, or its own.
     pub fn accumulator(&self, v: Value) -> Buffer {
         match self.accumulators.get(&v) {
             Some(&i) => Buffer::Scratch(i),
             None => self.source[&v],
+        }
+    }
+
+    /// Whether accumulated f32 sum `v` adds each element into its own (f32) buffer for a
+    /// block of [`ROW_BLOCK`] rows, then the block's sums into its f64 accumulator: a sum by
+    /// columns whose results are its columns alone (a bias's gradient), where adding every
+    /// element into f64 cost a sum of `x·y` over `[2048, 1024]` half again its time.
+    pub fn combines_in_blocks(&self, v: Value, stage: usize) -> bool {
+        let dims = &self.ty(v).shape.0;
+        self.accumulators.contains_key(&v)
+            && self.stages[stage].by_columns
+            && dims[..dims.len().saturating_sub(1)].iter().all(Dim::is_one)
+    }
+
+    /// The buffer each element of accumulated reduction `v` is combined into.
+    pub fn combined_into(&self, v: Value, stage: usize) -> Buffer {
+        match self.combines_in_blocks(v, stage) {
+            true => self.source[&v],
+            false => self.accumulator(v),
         }
     }
 

@@ -328,13 +328,11 @@ impl Gen<'_, '_> {
         } else {
             Work::Combine(v)
         };
-        let l = self.begin_loop(rows.0, rows.1);
-        self.scopes.push(HashMap::new());
-        self.decompose_row(l.index);
-        self.inner_loop(&[work], None);
-        self.scopes.pop();
-        self.row_index.clear();
-        self.end_loop(l, 1);
+        if plan.combines_in_blocks(v, self.stage) {
+            self.accumulate_in_blocks(v, rows, primary);
+        } else {
+            self.accumulate_rows(work, rows.0, rows.1);
+        }
 
         // Finish: the mean's division, rounding a wide sum to f32, and copies to the
         // destinations.
@@ -363,6 +361,57 @@ impl Gen<'_, '_> {
                 self.b.ins().store(flags(), x, addr, 0);
             }
             self.end_loops(loops);
+        }
+    }
+
+    /// Combines rows `begin..end` of the stage's domain by `work`.
+    fn accumulate_rows(&mut self, work: Work, begin: CValue, end: CValue) {
+        let l = self.begin_loop(begin, end);
+        self.scopes.push(HashMap::new());
+        self.decompose_row(l.index);
+        self.inner_loop(&[work], None);
+        self.scopes.pop();
+        self.row_index.clear();
+        self.end_loop(l, 1);
+    }
+
+    /// Sums `rows` into `v`'s own buffer [`plan::ROW_BLOCK`] rows at a time, adding each
+    /// block's sums into the f64 accumulator at `wide` (and starting the next at zero).
+    fn accumulate_in_blocks(&mut self, v: Value, rows: (CValue, CValue), wide: usize) {
+        let own = self.plan.slot(self.plan.source[&v]);
+        let zero = self.identity(ReduceOp::Sum, DType::F32, false);
+        let (loops, index) = self.begin_results(v);
+        let addr = self.element_address(own, index, 4);
+        self.b.ins().store(flags(), zero, addr, 0);
+        self.end_loops(loops);
+        let blocks = self.begin_loop(rows.0, rows.1);
+        let full = self.b.ins().iadd_imm_s(blocks.index, plan::ROW_BLOCK);
+        let short = self.b.ins().icmp(IntCC::SignedLessThan, rows.1, full);
+        let block_end = self.b.ins().select(short, rows.1, full);
+        self.accumulate_rows(Work::Combine(v), blocks.index, block_end);
+        self.fold_columns(own, wide);
+        self.end_loop(blocks, plan::ROW_BLOCK);
+    }
+
+    /// Adds the f32 sums of this call's columns in buffer slot `own` into the f64 ones in
+    /// slot `wide` and sets them to zero: four at a time, then one at a time.
+    fn fold_columns(&mut self, own: usize, wide: usize) {
+        let (first, end) = self.columns.expect("a sum by columns");
+        let len = self.b.ins().isub(end, first);
+        let whole = self.b.ins().band_imm_s(len, !(LANES - 1));
+        let vec_end = self.b.ins().iadd(first, whole);
+        for (start, stop, vector) in [(first, vec_end, true), (vec_end, end, false)] {
+            let l = self.begin_loop(start, stop);
+            let (at_own, at_wide) = (
+                self.element_address(own, l.index, 4),
+                self.element_address(wide, l.index, 8),
+            );
+            let ty = if vector { types::F32X4 } else { types::F32 };
+            let block = self.b.ins().load(ty, flags(), at_own, 0);
+            self.add_wide(at_wide, block, vector);
+            let zero = self.identity(ReduceOp::Sum, DType::F32, vector);
+            self.b.ins().store(flags(), zero, at_own, 0);
+            self.end_loop(l, if vector { LANES } else { 1 });
         }
     }
 
@@ -507,7 +556,7 @@ impl Gen<'_, '_> {
         let start = first.unwrap_or(zero);
         if let Some(program) = program {
             self.run_program(&program, vec_end, &vector_accs);
-        } else if works.iter().any(|&w| self.sums_wide(w)) {
+        } else if (works.iter()).any(|&w| self.sums_wide(w) && !matches!(w, Work::Combine(_))) {
             // Blocks of `SUM_BLOCK` elements (a program's tiles), each sum's partials added
             // into its f64 totals after each.
             let blocks = self.begin_loop(start, vec_end);
@@ -650,7 +699,13 @@ impl Gen<'_, '_> {
                     .map(|d| (plan.slot(d), map.clone()))
                     .collect()
             }
-            Work::Combine(v) | Work::ReduceInto(v) => {
+            Work::Combine(v) => {
+                vec![(
+                    plan.slot(plan.combined_into(v, self.stage)),
+                    self.output_mapping(v),
+                )]
+            }
+            Work::ReduceInto(v) => {
                 vec![(plan.slot(plan.accumulator(v)), self.output_mapping(v))]
             }
             Work::Reduce(_) => Vec::new(),
@@ -676,7 +731,9 @@ impl Gen<'_, '_> {
                 };
                 self.b.def_var(var, new);
             }
-            Work::Combine(v) if self.sums_wide(w) => {
+            Work::Combine(v)
+                if self.sums_wide(w) && !self.plan.combines_in_blocks(v, self.stage) =>
+            {
                 let slot = self.plan.slot(self.plan.accumulator(v));
                 let out_map = self.output_mapping(v);
                 let addr = self.address(slot, &out_map, DType::F64);
