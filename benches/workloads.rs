@@ -171,22 +171,24 @@ fn xa_plus_b(c: &mut Criterion) {
 }
 
 /// f32 sums over 2²¹ elements in each form a kernel has — a row per 1024 elements, columns of
-/// `[2048, 1024]` (an accumulate stage), the whole array, and columns of a product `x·y` (a
-/// bias gradient's shape) — which accumulate in f64 (blocked partials, an f64 accumulator).
+/// `[2048, 1024]` (an accumulate stage), the whole array, columns of a product `x·y` (a
+/// bias gradient's shape) and of `exp(x)·y` (split across threads by columns) — which
+/// accumulate in f64 (blocked partials, an f64 accumulator).
 fn reductions(c: &mut Criterion) {
     let mut group = c.benchmark_group("reductions");
     group
         .sample_size(20)
         .measurement_time(Duration::from_secs(2))
         .throughput(Throughput::Elements(1 << 21));
-    let forms: [(&str, Vec<usize>, bool); 4] = [
-        ("rows", vec![1], false),
-        ("columns", vec![0], false),
-        ("whole", vec![0, 1], false),
-        ("columns of x·y", vec![0], true),
+    let forms: [(&str, Vec<usize>, usize); 5] = [
+        ("rows", vec![1], 0),
+        ("columns", vec![0], 0),
+        ("whole", vec![0, 1], 0),
+        ("columns of x·y", vec![0], 1),
+        ("columns of exp(x)·y, split", vec![0], 2),
     ];
-    for (name, axes, product) in forms {
-        let mut forward = workloads::sum(2048, 1024, axes, product).unwrap();
+    for (name, axes, terms) in forms {
+        let mut forward = workloads::sum(2048, 1024, axes, terms).unwrap();
         group.bench_function(name, |b| b.iter(|| forward.call_reused().unwrap()));
     }
     group.finish();

@@ -156,13 +156,20 @@ pub fn sqrt_div_exp(len: usize, scale: f64) -> RuntimeResult<Forward> {
     Forward::new(p, y, vec![("x", uniform(&[len], scale, 2.0 * scale, 5))])
 }
 
-/// An f32 sum of `x` (or of `x·y` with `product`) of shape `[rows, cols]` over `axes`: the
-/// reduction forms of `benches/workloads.rs`, `reductions`.
-pub fn sum(rows: usize, cols: usize, axes: Vec<usize>, product: bool) -> RuntimeResult<Forward> {
+/// An f32 sum over `axes` of `x` (`terms` 0), `x·y` (1) or `exp(x)·y` (2), of shape
+/// `[rows, cols]`: the reduction forms of `benches/workloads.rs`, `reductions`.
+pub fn sum(rows: usize, cols: usize, axes: Vec<usize>, terms: usize) -> RuntimeResult<Forward> {
     let mut p = Program::new();
     let x = p.placeholder("x", DType::F32, Shape::fixed(&[rows, cols]))?;
     let y = p.placeholder("y", DType::F32, Shape::fixed(&[rows, cols]))?;
-    let operand = if product { p.mul(x, y)? } else { x };
+    let operand = match terms {
+        0 => x,
+        1 => p.mul(x, y)?,
+        _ => {
+            let e = p.exp(x)?;
+            p.mul(e, y)?
+        }
+    };
     let s = p.reduce(kiln_ir::ReduceOp::Sum, operand, axes, false)?;
     let feeds = vec![
         ("x", normal(&[rows, cols], 1.0, 6)),
