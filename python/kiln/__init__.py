@@ -29,6 +29,7 @@ from ._kiln import (
     load_predictor,
     manual_seed,
     no_grad,
+    set_flush_denormal,
     save_parameters,
     load_parameters,
 )
@@ -73,6 +74,7 @@ __all__ = [
     "optim",
     "reset",
     "save_parameters",
+    "set_flush_denormal",
     "static",
     "tensor",
     "to_static",

@@ -37,6 +37,7 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(cat, m)?)?;
     m.add_function(wrap_pyfunction!(stack, m)?)?;
     m.add_function(wrap_pyfunction!(manual_seed, m)?)?;
+    m.add_function(wrap_pyfunction!(set_flush_denormal, m)?)?;
     m.add_function(wrap_pyfunction!(reset, m)?)?;
     m.add_function(wrap_pyfunction!(save_parameters, m)?)?;
     m.add_function(wrap_pyfunction!(load_parameters, m)?)?;
@@ -1332,6 +1333,16 @@ fn loss(name: &str, a: TensorArg, b: TensorArg) -> PyResult<PyTensor> {
 #[pyfunction]
 fn manual_seed(seed: u64) {
     eager::manual_seed(seed)
+}
+
+/// Whether compiled runs flush subnormal floats to zero (`True`, the default) or keep IEEE
+/// subnormals (`False`), process-wide, as `torch.set_flush_denormal`; returns whether this
+/// machine can flush them (x86-64 can). `KILN_SUBNORMALS=keep` sets the default.
+#[pyfunction]
+fn set_flush_denormal(mode: bool) -> bool {
+    use kiln::backend::subnormals::{Subnormals, can_flush, set_subnormals};
+    set_subnormals(Some(if mode { Subnormals::Flush } else { Subnormals::Keep }));
+    can_flush()
 }
 
 /// Forgets this thread's parameters, gradients and tape.
