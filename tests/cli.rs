@@ -369,12 +369,12 @@ fn runs_past_the_limits_are_refused_with_a_message() {
         (
             "tests/runtime_limits/state_past_memory.kir",
             &[][..],
-            "state @w: f32[1000000,1000000] needs 4000000000000 bytes, more than the memory limit",
+            "state @w: f32[1000000,1000000], 4000000000000 bytes, more than the memory limit",
         ),
         (
             "tests/runtime_limits/constant_past_memory.kir",
             &[][..],
-            "%c in @f: f32[1000000,1000000] needs 4000000000000 bytes",
+            "%c in @f: f32[1000000,1000000], 4000000000000 bytes",
         ),
         (
             "tests/runtime_limits/endless_while.kir",

@@ -7,7 +7,7 @@
 //! process with an allocation failure.
 
 use crate::interp::InterpError;
-use kiln_ir::{Dim, Function, Symbol, Type};
+use kiln_ir::{Dim, Function, Inst, Op, Region, Symbol, Type};
 use std::cell::Cell;
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -15,15 +15,16 @@ use std::sync::atomic::{AtomicU64, Ordering};
 /// A value or the state needs more memory than the limit allows.
 #[derive(Debug, thiserror::Error)]
 #[error(
-    "{what}: {ty} needs {bytes} bytes, more than the memory limit of {limit} bytes; the run was \
-     refused before it started (raise the limit with `kiln run --memory-limit` or \
+    "{what}: {held}, {bytes} bytes, more than the memory limit of {limit} bytes; the run \
+     was refused before it started (raise the limit with `kiln run --memory-limit` or \
      `kiln_backend::limits::set_memory_limit`)"
 )]
 pub struct MemoryLimitExceeded {
-    /// What asked for the memory: `state @w`, or a value and its function.
+    /// What asked for the memory: `state @w`, a value and its function, or the values a run
+    /// holds at once at an instruction.
     pub what: String,
-    /// Its type.
-    pub ty: Type,
+    /// What is held: a type, or how many values together.
+    pub held: String,
     /// The bytes it needs.
     pub bytes: u128,
     /// The limit in force.
@@ -140,7 +141,7 @@ pub fn check_bytes(what: &str, ty: &Type, bytes: u128) -> Result<(), InterpError
     }
     Err(InterpError::MemoryLimit(Box::new(MemoryLimitExceeded {
         what: what.to_owned(),
-        ty: ty.clone(),
+        held: ty.to_string(),
         bytes,
         limit,
     })))
@@ -163,4 +164,124 @@ pub fn check_function(
         }
     }
     Ok(())
+}
+
+/// Refuses a run of `func` that would hold more than the memory limit at once, with the
+/// symbols sized by `size`: the arguments, then every value from its instruction to its last
+/// use (a loop's or a branch's values while it runs), and an f32 reduction's f64 accumulator
+/// — the interpreter's live set, which the compiled path's buffers do not pass. Twelve values
+/// of 800 MB, each under the limit, are refused here before anything is allocated.
+pub fn check_live(
+    func: &Function,
+    size: impl Fn(&Symbol) -> Option<usize>,
+) -> Result<(), InterpError> {
+    let peak = peak_in(func, func.body(), &size);
+    let limit = memory_limit();
+    if peak.bytes <= u128::from(limit) {
+        return Ok(());
+    }
+    let what = match peak.at {
+        Some(inst) => format!(
+            "@{}: the values live at once at `{}`",
+            func.name(),
+            kiln_ir::print::inst_line(func, inst)
+        ),
+        None => format!("@{}: its arguments", func.name()),
+    };
+    Err(InterpError::MemoryLimit(Box::new(MemoryLimitExceeded {
+        what,
+        held: format!("{} values together", peak.values),
+        bytes: peak.bytes,
+        limit,
+    })))
+}
+
+/// Refuses instruction `inst` of `func` (of static shapes) when its operands, its results
+/// and what it holds while it runs (a region's values, an f64 accumulator) together pass the
+/// memory limit: the check of an eager op, which runs alone.
+pub fn check_inst(func: &Function, inst: Inst) -> Result<(), InterpError> {
+    let size = |_: &Symbol| None;
+    let d = func.inst(inst);
+    let bytes = |v| bytes_of(func.value_type(v), &size);
+    let inner = (d.regions.iter())
+        .map(|&r| peak_in(func, r, &size).bytes)
+        .max()
+        .unwrap_or(0);
+    let total = (d.args.iter().chain(&d.results))
+        .map(|&v| bytes(v))
+        .fold(inner, u128::saturating_add)
+        .saturating_add(accumulator_bytes(func, inst, &size));
+    let limit = memory_limit();
+    if total <= u128::from(limit) {
+        return Ok(());
+    }
+    Err(InterpError::MemoryLimit(Box::new(MemoryLimitExceeded {
+        what: format!("`{}`", kiln_ir::print::inst_line(func, inst)),
+        held: format!(
+            "{} operands and results together",
+            d.args.len() + d.results.len()
+        ),
+        bytes: total,
+        limit,
+    })))
+}
+
+/// The most a region holds at once: bytes, how many values, and where.
+#[derive(Clone, Copy, Default)]
+struct Peak {
+    bytes: u128,
+    values: usize,
+    at: Option<Inst>,
+}
+
+/// The most region `region` of `func` holds at once beyond the values that enter it from
+/// outside — its arguments, then each value from its instruction to its last read
+/// ([`Function::last_reads`], what the interpreter drops) — and where. Regions nest at most
+/// [`kiln_ir::MAX_REGION_DEPTH`] deep, so the recursion is bounded.
+fn peak_in(func: &Function, region: Region, size: &dyn Fn(&Symbol) -> Option<usize>) -> Peak {
+    let data = func.region(region);
+    let bytes = |v| bytes_of(func.value_type(v), size);
+    let frees = func.last_reads(region);
+    let mut live: u128 = data.args.iter().map(|&a| bytes(a)).sum();
+    let mut count = data.args.len();
+    let mut peak = Peak {
+        bytes: live,
+        values: count,
+        at: None,
+    };
+    for (i, &inst) in data.insts.iter().enumerate() {
+        let d = func.inst(inst);
+        let outputs: u128 = d.results.iter().map(|&r| bytes(r)).sum();
+        let inner = (d.regions.iter())
+            .map(|&r| peak_in(func, r, size))
+            .max_by_key(|p| p.bytes)
+            .unwrap_or_default();
+        let during = (live.saturating_add(outputs))
+            .saturating_add(inner.bytes)
+            .saturating_add(accumulator_bytes(func, inst, size));
+        if during > peak.bytes {
+            peak = Peak {
+                bytes: during,
+                values: count + d.results.len() + inner.values,
+                at: Some(inst),
+            };
+        }
+        live = live.saturating_add(outputs);
+        count += d.results.len();
+        let freed: u128 = frees[i].iter().map(|&v| bytes(v)).sum();
+        live = live.saturating_sub(freed);
+        count = count.saturating_sub(frees[i].len());
+    }
+    peak
+}
+
+/// The f64 accumulator the interpreter sums an f32 reduction's result in.
+fn accumulator_bytes(func: &Function, inst: Inst, size: &dyn Fn(&Symbol) -> Option<usize>) -> u128 {
+    let data = func.inst(inst);
+    match data.op {
+        Op::Reduce { .. } if func.value_type(data.results[0]).dtype == kiln_ir::DType::F32 => {
+            bytes_of(func.value_type(data.results[0]), size).saturating_mul(2)
+        }
+        _ => 0,
+    }
 }

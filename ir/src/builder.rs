@@ -840,8 +840,18 @@ impl FunctionBuilder {
             ));
         }
         let visible = self.check_visible("yield", yields, loc);
+        // The body is `open[0]`: a region's depth is its place below it.
+        let depth = self.open.len() - 1;
         self.open.pop();
         visible?;
+        if depth > crate::function::MAX_REGION_DEPTH {
+            let limit = crate::function::MAX_REGION_DEPTH;
+            return Err(self.error(
+                "region",
+                format!("regions are nested {depth} deep, more than {limit}"),
+                loc,
+            ));
+        }
         self.func.set_region_results(region, yields.to_vec());
         Ok(())
     }
@@ -1020,6 +1030,7 @@ crate::with_compare_ops!(compare_shorthands);
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::function::MAX_REGION_DEPTH;
     use crate::types::ty;
 
     #[test]
@@ -1085,5 +1096,41 @@ mod tests {
         assert_eq!(f.value_name(x), Some("x"));
         assert_eq!(f.value_name(x2), Some("x_1"));
         assert_eq!(f.value_name(odd), Some("_3_bad_name"));
+    }
+
+    /// `depth` regions nested, alternately `cond` branches and `while` bodies.
+    fn nested(b: &mut FunctionBuilder, x: Value, p: Value, depth: usize) -> BuildResult<Value> {
+        if depth == 0 {
+            return Ok(x);
+        }
+        let out = match depth % 2 {
+            0 => b.cond(
+                p,
+                |b| Ok(vec![nested(b, x, p, depth - 1)?]),
+                |_| Ok(vec![x]),
+            )?,
+            _ => b.while_loop(
+                &[x],
+                |b, _| b.scalar(DType::Bool, 0.0),
+                |b, c| Ok(vec![nested(b, c[0], p, depth - 1)?]),
+            )?,
+        };
+        Ok(out[0])
+    }
+
+    #[test]
+    fn regions_nest_as_deep_as_the_limit_and_no_deeper() {
+        for (depth, ok) in [(MAX_REGION_DEPTH, true), (MAX_REGION_DEPTH + 1, false)] {
+            let mut b = FunctionBuilder::new("f");
+            let x = b.arg("x", ty(DType::F32, []));
+            let p = b.arg("p", ty(DType::Bool, []));
+            match nested(&mut b, x, p, depth) {
+                Ok(_) => assert!(ok, "{depth} regions built"),
+                Err(e) => {
+                    assert!(!ok, "{depth}: {e}");
+                    assert!(e.to_string().contains("more than 64"), "{e}");
+                }
+            }
+        }
     }
 }

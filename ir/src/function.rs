@@ -66,6 +66,12 @@ pub struct RegionData {
     pub parent: Option<Inst>,
 }
 
+/// How deeply regions may nest in a function (a `cond`'s branches, a `while`'s condition and
+/// body, a `fused` group), below its body: the one limit every source of programs holds them
+/// to — the parser, the builder (static programs, eager tracing, ONNX `If` and `Loop`) — so
+/// that the passes, which walk regions by recursion, stay within any thread's stack.
+pub const MAX_REGION_DEPTH: usize = 64;
+
 /// A function: arenas of values, instructions and regions, with the layout (which
 /// instructions each region holds, in order) kept apart from the definitions.
 #[derive(Clone, Debug)]
@@ -337,6 +343,39 @@ impl Function {
                 }
             }
         }
+    }
+
+    /// For each instruction of `region`, the values defined in the region (its arguments and
+    /// its instructions' results) that the instruction reads last — directly or from inside
+    /// its own regions — or, when nothing reads them, defines; never the region's results.
+    /// What a run may drop after each instruction.
+    pub fn last_reads(&self, region: Region) -> Vec<Vec<Value>> {
+        let data = self.region(region);
+        let mut last: HashMap<Value, usize> = HashMap::new();
+        for (i, &inst) in data.insts.iter().enumerate() {
+            for &r in &self.inst(inst).results {
+                last.insert(r, i);
+            }
+        }
+        let mut local: HashSet<Value> = last.keys().copied().collect();
+        local.extend(data.args.iter().copied());
+        for (i, &inst) in data.insts.iter().enumerate() {
+            let d = self.inst(inst);
+            let inner = d.regions.iter().flat_map(|&r| self.free_values(r));
+            for v in d.args.iter().copied().chain(inner) {
+                if local.contains(&v) {
+                    last.insert(v, i);
+                }
+            }
+        }
+        let results: HashSet<Value> = data.results.iter().copied().collect();
+        let mut out = vec![Vec::new(); data.insts.len()];
+        for (v, i) in last {
+            if !results.contains(&v) {
+                out[i].push(v);
+            }
+        }
+        out
     }
 
     /// Values used in `region` (or regions nested in it) but defined outside it, in order of

@@ -33,7 +33,7 @@ pub mod window;
 pub use builder::{BuildError, BuildResult, FunctionBuilder, identifier};
 pub use diagnostic::{SourceError, parse_and_verify};
 pub use entities::{Inst, Region, Value};
-pub use function::{Function, InstData, RegionData, ValueData, ValueDef};
+pub use function::{Function, InstData, MAX_REGION_DEPTH, RegionData, ValueData, ValueDef};
 pub use infer::TypeError;
 pub use literal::Literal;
 pub use loc::Loc;

@@ -451,6 +451,7 @@ impl Executable {
             usize::try_from(sizes[i]).ok()
         };
         crate::limits::check_function(&self.func, size)?;
+        crate::limits::check_live(&self.func, size)?;
         for step in &self.schedule.steps {
             if let StepKind::Conv2d { kind, attrs, .. } = &step.kind {
                 self.check_conv_scratch(step, *kind, attrs, size)?;

@@ -127,6 +127,10 @@ struct Frame<'f> {
     /// Per `update_slice`: whether its array operand dies there, so that the array (a loop's
     /// stack of states) is updated in place rather than copied on every trip.
     donates: HashMap<Inst, bool>,
+    /// Per region: the values defined in it that each instruction reads last (or, unread,
+    /// defines), dropped once it has run, so that a run holds what `limits::check_live`
+    /// counts and no more.
+    frees: HashMap<Region, Arc<Vec<Vec<Value>>>>,
 }
 
 impl<'a> Interpreter<'a> {
@@ -213,6 +217,7 @@ impl<'a> Interpreter<'a> {
             bindings: SymbolBindings::new(),
             stores: Vec::new(),
             donates: HashMap::new(),
+            frees: HashMap::new(),
         };
         for (&v, array) in func.args().iter().zip(args) {
             let expected = func.value_type(v);
@@ -229,6 +234,7 @@ impl<'a> Interpreter<'a> {
             frame.values.insert(v, array);
         }
         crate::limits::check_function(func, |s| frame.bindings.get(s).copied())?;
+        crate::limits::check_live(func, |s| frame.bindings.get(s).copied())?;
         let results = self.region(&mut frame, func.body(), state)?;
         for (name, value) in frame.stores {
             state.insert_shared(name, value);
@@ -253,10 +259,12 @@ impl<'a> Interpreter<'a> {
             bindings: SymbolBindings::new(),
             stores: Vec::new(),
             donates: HashMap::new(),
+            frees: HashMap::new(),
         };
-        let result = insts
-            .iter()
-            .try_for_each(|&inst| self.inst(&mut frame, inst, state));
+        let result = insts.iter().try_for_each(|&inst| {
+            crate::limits::check_inst(func, inst)?;
+            self.inst(&mut frame, inst, state)
+        });
         *env = frame.values;
         result
     }
@@ -280,6 +288,7 @@ impl<'a> Interpreter<'a> {
             bindings: bindings.clone(),
             stores: Vec::new(),
             donates: HashMap::new(),
+            frees: HashMap::new(),
         };
         self.inst(&mut frame, inst, state)?;
         let results = (func.inst(inst).results.iter())
@@ -295,6 +304,9 @@ impl<'a> Interpreter<'a> {
         state: &StateStore,
     ) -> Result<Vec<Arc<Array>>, InterpError> {
         let func = frame.func;
+        let frees = (frame.frees.entry(region))
+            .or_insert_with(|| Arc::new(func.last_reads(region)))
+            .clone();
         for (i, &inst) in func.region(region).insts.iter().enumerate() {
             if let Op::UpdateSlice { axis } = func.inst(inst).op
                 && *(frame.donates)
@@ -302,9 +314,12 @@ impl<'a> Interpreter<'a> {
                     .or_insert_with(|| dies_at(func, region, i))
             {
                 self.update_slice_in_place(frame, inst, axis)?;
-                continue;
+            } else {
+                self.inst(frame, inst, state)?;
             }
-            self.inst(frame, inst, state)?;
+            for v in &frees[i] {
+                frame.values.remove(v);
+            }
         }
         func.region(region)
             .results

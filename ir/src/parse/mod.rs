@@ -18,8 +18,9 @@ use lexer::{Token, TokenKind, tokenize};
 use std::collections::HashMap;
 use std::fmt;
 
-/// The deepest nesting of regions or literal brackets the parser accepts.
-const MAX_DEPTH: usize = 64;
+/// The deepest nesting of regions ([`crate::MAX_REGION_DEPTH`]) or literal brackets the parser
+/// accepts.
+const MAX_DEPTH: usize = crate::function::MAX_REGION_DEPTH;
 
 /// A parse error at a line and column of the text.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -441,7 +442,10 @@ impl Parser {
         let mut regions = Vec::new();
         for &label in op.region_labels() {
             if depth >= MAX_DEPTH {
-                return Err(self.error_at(&op_token, "regions are nested too deeply".into()));
+                return Err(self.error_at(
+                    &op_token,
+                    format!("regions are nested more than {MAX_DEPTH} deep"),
+                ));
             }
             regions.push(self.region(func, scope, label, depth + 1)?);
         }

@@ -117,6 +117,13 @@ fn direct(
         if second == Some(None) {
             return Ok(None);
         }
+        // Operands and a result of the first's size past the memory limit go the general way,
+        // which refuses them with the op's line.
+        let bytes = |a: &Array| (a.len() * a.dtype().size_bytes()) as u128;
+        let held = 2 * bytes(first) + second.flatten().map_or(0, bytes);
+        if held > u128::from(kiln_backend::limits::memory_limit()) {
+            return Ok(None);
+        }
         Ok(kernel(first, second.flatten()).ok())
     });
     result
