@@ -60,6 +60,25 @@ class Attention(nn.Module):
         return x + self.ff(self.norm2(x))
 
 
+class Encoder(nn.Module):
+    """A BERT-style classifier: token and position embeddings, two post-norm
+    nn.TransformerEncoderLayer blocks (GELU), a 2-class head on the first token. At batch 1
+    its tokens `[1, T, d]` were read as `[T, 1, d]` through a transpose, which the compiled
+    product mis-strode (NaN; issue 48)."""
+
+    def __init__(self, vocab=1000, d=128, heads=4, ff=512, t=64):
+        super().__init__()
+        self.tok, self.pos = nn.Embedding(vocab, d), nn.Embedding(t, d)
+        layer = nn.TransformerEncoderLayer(d, heads, ff, dropout=0.0, activation="gelu",
+                                           batch_first=True)
+        self.enc = nn.TransformerEncoder(layer, 2, enable_nested_tensor=False)
+        self.head = nn.Linear(d, 2)
+
+    def forward(self, ids):
+        h = self.tok(ids) + self.pos(torch.arange(ids.shape[1]).unsqueeze(0))
+        return self.head(self.enc(h)[:, 0])
+
+
 def cases():
     torch.manual_seed(0)
     cnn = Cnn()
@@ -73,6 +92,9 @@ def cases():
     yield "torch_lstm_dynamic_batch", Recurrent("lstm"), torch.randn(3, 5, 6), {"x": {0: "batch"}}
     yield "torch_attention", Attention(), torch.randn(2, 7, 16), None
     yield "torch_attention_dynamic_batch", Attention(), torch.randn(2, 7, 16), {"x": {0: "batch"}}
+    encoder = Encoder()
+    for batch in (1, 8):
+        yield f"torch_encoder_batch{batch}", encoder, torch.randint(0, 1000, (batch, 64)), "dynamo"
 
 
 def main(out):
@@ -81,9 +103,13 @@ def main(out):
         model.eval()
         folder = os.path.join(out, name)
         os.makedirs(os.path.join(folder, "test_data_set_0"), exist_ok=True)
-        torch.onnx.export(model, (x,), os.path.join(folder, "model.onnx"), dynamo=False,
-                          input_names=["x"], output_names=["y"], dynamic_axes=dynamic,
-                          opset_version=17)
+        path = os.path.join(folder, "model.onnx")
+        if dynamic == "dynamo":  # as a user exports today (torch.export, then ONNX)
+            torch.onnx.export(model, (x,), path, dynamo=True, input_names=["x"],
+                              output_names=["y"])
+        else:
+            torch.onnx.export(model, (x,), path, dynamo=False, input_names=["x"],
+                              output_names=["y"], dynamic_axes=dynamic, opset_version=17)
         with torch.no_grad():
             y = model(x)
         for kind, value in (("input", x), ("output", y)):
