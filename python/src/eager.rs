@@ -1341,7 +1341,11 @@ fn manual_seed(seed: u64) {
 #[pyfunction]
 fn set_flush_denormal(mode: bool) -> bool {
     use kiln::backend::subnormals::{Subnormals, can_flush, set_subnormals};
-    set_subnormals(Some(if mode { Subnormals::Flush } else { Subnormals::Keep }));
+    set_subnormals(Some(if mode {
+        Subnormals::Flush
+    } else {
+        Subnormals::Keep
+    }));
     can_flush()
 }
 
