@@ -1146,3 +1146,27 @@ fn products_through_views_of_size_one_axes_agree() {
         }
     }
 }
+
+#[test]
+fn a_kernel_with_more_outputs_than_a_word_has_bits_agrees() {
+    // A chain of 70 ops, each a result, fuses into one kernel of 70 outputs: the executor
+    // once kept which outputs were written in place in a u64 and overflowed its shift.
+    let n = 70;
+    let mut body = String::new();
+    let mut prev = "%x".to_string();
+    for i in 0..n {
+        let op = ["neg", "abs", "exp", "tanh"][i % 4];
+        body += &format!("    %r{i} = {op} {prev} : f32[4,5]\n");
+        prev = format!("%r{i}");
+    }
+    let results: Vec<String> = (0..n).map(|i| format!("%r{i}")).collect();
+    let types = vec!["f32[4,5]"; n].join(", ");
+    let text = format!(
+        "module {{\n  func @f(%x: f32[4,5]) -> ({types}) {{\n{body}    return {}\n  }}\n}}",
+        results.join(", ")
+    );
+    let module = kiln::ir::parse_and_verify(&text).unwrap_or_else(|e| panic!("{e}\n{text}"));
+    let tally = check_module(&module, 7).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(tally.compared, 1);
+    assert_eq!(tally.kernel_steps, 1, "the chain is one kernel");
+}

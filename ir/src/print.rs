@@ -114,6 +114,7 @@ fn write_attr_list(f: &mut dyn Write, attrs: &[(&str, Attr)]) -> fmt::Result {
 }
 
 /// The printed name of every value of one function.
+#[derive(Clone)]
 pub struct ValueNames {
     names: HashMap<Value, String>,
 }
@@ -167,7 +168,7 @@ impl ValueNames {
 
 struct FunctionPrinter<'a> {
     func: &'a Function,
-    names: ValueNames,
+    names: std::borrow::Cow<'a, ValueNames>,
     notes: &'a Annotations,
     out: &'a mut String,
 }
@@ -175,7 +176,7 @@ struct FunctionPrinter<'a> {
 impl<'a> FunctionPrinter<'a> {
     fn new(func: &'a Function, notes: &'a Annotations, out: &'a mut String) -> Self {
         FunctionPrinter {
-            names: ValueNames::new(func),
+            names: std::borrow::Cow::Owned(ValueNames::new(func)),
             func,
             notes,
             out,
@@ -324,11 +325,42 @@ impl<'a> FunctionPrinter<'a> {
     }
 }
 
-/// One instruction as a single line (regions elided), for error messages.
+/// One instruction as a single line (regions elided), for error messages. It names every
+/// value of `func` first: for many lines of one function, [`InstLines`].
 pub fn inst_line(func: &Function, inst: Inst) -> String {
+    line_with(func, std::borrow::Cow::Owned(ValueNames::new(func)), inst)
+}
+
+/// Instructions of one function as single lines, its values named once.
+pub struct InstLines<'f> {
+    func: &'f Function,
+    names: ValueNames,
+}
+
+impl<'f> InstLines<'f> {
+    /// The lines of `func`'s instructions.
+    pub fn new(func: &'f Function) -> InstLines<'f> {
+        InstLines {
+            func,
+            names: ValueNames::new(func),
+        }
+    }
+
+    /// Instruction `inst` as [`inst_line`] prints it.
+    pub fn line(&self, inst: Inst) -> String {
+        line_with(self.func, std::borrow::Cow::Borrowed(&self.names), inst)
+    }
+}
+
+fn line_with(func: &Function, names: std::borrow::Cow<'_, ValueNames>, inst: Inst) -> String {
     let mut out = String::new();
     let notes = Annotations::default();
-    let mut printer = FunctionPrinter::new(func, &notes, &mut out);
+    let mut printer = FunctionPrinter {
+        func,
+        names,
+        notes: &notes,
+        out: &mut out,
+    };
     printer
         .inst(inst, 0)
         .expect("writing to a String cannot fail");

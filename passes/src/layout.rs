@@ -224,14 +224,18 @@ struct Region {
 fn regions(func: &Function) -> Vec<Region> {
     let body = func.region(func.body());
     let mut parent: HashMap<Value, Value> = HashMap::new();
+    // Iterative, with path halving: a chain of 100,000 linked activations is one set.
     fn find(parent: &mut HashMap<Value, Value>, v: Value) -> Value {
-        let p = *parent.entry(v).or_insert(v);
-        if p == v {
-            return v;
+        let mut v = v;
+        loop {
+            let p = *parent.entry(v).or_insert(v);
+            if p == v {
+                return v;
+            }
+            let grand = *parent.entry(p).or_insert(p);
+            parent.insert(v, grand);
+            v = grand;
         }
-        let root = find(parent, p);
-        parent.insert(v, root);
-        root
     }
     let union = |parent: &mut HashMap<Value, Value>, a: Value, b: Value| {
         let (a, b) = (find(parent, a), find(parent, b));

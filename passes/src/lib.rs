@@ -35,7 +35,7 @@ pub use canonicalize::Canonicalize;
 pub use cse::Cse;
 pub use dce::Dce;
 pub use fold::ConstantFold;
-pub use fusion::Fuse;
+pub use fusion::{Fuse, MAX_KERNEL_DEPTH};
 pub use layout::ChannelsLast;
 pub use loops::Loops;
 pub use manager::{Pass, PassError, PassManager, PassReport, Stats};

@@ -5,7 +5,7 @@ use super::Executable;
 use super::schedule::{Output, StepKind};
 use crate::jit::Split;
 use kiln_ir::PoolKind;
-use kiln_ir::print::{ValueNames, inst_line};
+use kiln_ir::print::{InstLines, ValueNames};
 use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
@@ -84,6 +84,7 @@ impl Executable {
     /// The compiled kernels, in schedule order (those of control-flow regions after).
     pub fn kernels(&self) -> Vec<KernelInfo> {
         let mut out: Vec<KernelInfo> = Vec::new();
+        let lines = InstLines::new(&self.func);
         for step in &self.schedule.steps {
             let StepKind::Kernel { kernel, .. } = &step.kind else {
                 continue;
@@ -115,7 +116,7 @@ impl Executable {
                 })
                 .collect();
             out.push(KernelInfo {
-                inst: inst_line(&self.func, step.inst),
+                inst: lines.line(step.inst),
                 stages,
                 code_size: kernel.code_size,
             });
@@ -127,9 +128,10 @@ impl Executable {
     /// Where each step's outputs live: the memory plan.
     pub fn memory_plan(&self) -> Vec<Placement> {
         let names = ValueNames::new(&self.func);
+        let lines = InstLines::new(&self.func);
         (self.schedule.steps.iter())
             .map(|step| Placement {
-                inst: inst_line(&self.func, step.inst),
+                inst: lines.line(step.inst),
                 outputs: (step.outputs.iter().zip(&step.out))
                     .map(|(&v, out)| {
                         let place = match out {
@@ -166,9 +168,10 @@ impl Executable {
             return Vec::new();
         };
         let profile = profile.lock().unwrap_or_else(PoisonError::into_inner);
+        let lines = InstLines::new(&self.func);
         let mut rows: Vec<StepTime> = (profile.iter().zip(&self.schedule.steps))
             .map(|(&(total, calls), step)| StepTime {
-                inst: inst_line(&self.func, step.inst),
+                inst: lines.line(step.inst),
                 total,
                 calls,
             })

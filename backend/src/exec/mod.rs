@@ -69,9 +69,10 @@ impl Drop for Executable {
             total * 1e3,
             rows.len()
         );
+        let lines = kiln_ir::print::InstLines::new(&self.func);
         for (i, secs, n) in rows.into_iter().take(self.print_profile) {
             let step = &self.schedule.steps[i];
-            let mut line = inst_line(&self.func, step.inst);
+            let mut line = lines.line(step.inst);
             line.truncate(100);
             let per_call = if n > 0 { secs * 1e6 / n as f64 } else { 0.0 };
             eprintln!(
@@ -99,6 +100,8 @@ struct Runtime {
     /// The sizes the memory limit was last checked for (checked again when they change).
     checked_sizes: Option<Vec<i64>>,
     kernel_sizes: Vec<i64>,
+    /// Whether each output of the kernel being called is written over an input's buffer.
+    over_input: Vec<bool>,
     shape: Vec<usize>,
     pointers: Vec<*mut u8>,
     outputs: Vec<Arc<Array>>,
@@ -809,18 +812,17 @@ impl Executable {
         for &v in &step.inputs {
             rt.pointers.push(Self::value(rt, v).data_ptr().cast_mut());
         }
-        // Outputs written over an input's buffer (bit k: output k).
-        let mut over_input: u64 = 0;
+        rt.over_input.clear();
         for k in 0..step.out.len() {
             let (array, in_place) = self.kernel_output(rt, step, state, k);
-            over_input |= u64::from(in_place) << k;
+            rt.over_input.push(in_place);
             rt.outputs.push(array);
         }
         for (k, array) in rt.outputs.iter_mut().enumerate() {
             let ptr = Arc::get_mut(array)
                 .expect("a kernel's output buffer is its own")
                 .data_mut_ptr();
-            if over_input & (1 << k) != 0
+            if rt.over_input[k]
                 && let Output::InPlace { input, .. } | Output::State { input, .. } = step.out[k]
             {
                 // The input is read through the same pointer the output is written by.

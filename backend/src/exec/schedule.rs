@@ -979,23 +979,25 @@ fn bypassable_views(func: &Function, steps: &[Step]) -> HashSet<Value> {
     for &v in &func.region(func.body()).results {
         readers.entry(v).or_default().push(None);
     }
-    fn only_products(
-        v: Value,
-        steps: &[Step],
-        readers: &HashMap<Value, Vec<Option<usize>>>,
-        is_view: &dyn Fn(Value) -> bool,
-    ) -> bool {
-        (readers.get(&v).into_iter().flatten()).all(|r| match *r {
-            Some(i) => match steps[i].kind {
-                StepKind::MatMul { .. } => true,
-                _ => (steps[i].outputs.iter())
-                    .all(|&o| is_view(o) && only_products(o, steps, readers, is_view)),
-            },
-            None => false,
-        })
+    // Whether only products read each step's outputs, through views: readers come later, so
+    // one pass from the last step back decides each from its readers' answers (no recursion
+    // along a chain of views).
+    let mut only_products: HashMap<Value, bool> = HashMap::new();
+    for step in steps.iter().rev() {
+        for &v in &step.outputs {
+            let only = (readers.get(&v).into_iter().flatten()).all(|r| match *r {
+                Some(i) => match steps[i].kind {
+                    StepKind::MatMul { .. } => true,
+                    _ => (steps[i].outputs.iter())
+                        .all(|o| is_view(*o) && only_products.get(o) == Some(&true)),
+                },
+                None => false,
+            });
+            only_products.insert(v, only);
+        }
     }
     (steps.iter().flat_map(|s| s.outputs.iter().copied()))
-        .filter(|&v| is_view(v) && only_products(v, steps, &readers, &is_view))
+        .filter(|&v| is_view(v) && only_products[&v])
         .collect()
 }
 

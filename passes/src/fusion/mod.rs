@@ -20,6 +20,12 @@ use kiln_ir::print::ValueNames;
 use kiln_ir::{Function, Inst, Module, Op, Region, Value};
 use std::collections::{BTreeSet, HashMap, HashSet};
 
+/// The longest chain of ops one kernel computes: a longer chain (a 100,000-op `relu` chain
+/// imported from ONNX) is cut into kernels of at most this depth, so that the code generator,
+/// which walks a kernel's expressions by recursion, stays within any thread's stack — and a
+/// kernel's compile time within bounds.
+pub const MAX_KERNEL_DEPTH: usize = 128;
+
 /// Fusion of elementwise, broadcast and reduction ops into `fused` kernel regions.
 #[derive(Default)]
 pub struct Fuse {
@@ -275,6 +281,8 @@ impl<'f> RegionUses<'f> {
             parent: (0..n).collect(),
             last: (0..n).collect(),
         };
+        // By position: the longest chain from the op up to its kernel's outputs.
+        let mut depth = vec![1usize; n];
         for p in (0..n).rev().filter(|&p| self.computes(p)) {
             let results = &self.func.inst(self.insts[p]).results;
             let uses: Vec<usize> = results
@@ -308,15 +316,24 @@ impl<'f> RegionUses<'f> {
             let last = groups.last[group];
             let blocking = (uses.iter())
                 .find(|&&u| !((self.computes(u) && groups.find(u) == group) || u > last));
+            let chain = 1
+                + (uses.iter())
+                    .filter(|&&u| self.computes(u) && groups.find(u) == group)
+                    .map(|&u| depth[u])
+                    .max()
+                    .unwrap_or(0);
+            let too_deep = chain > MAX_KERNEL_DEPTH;
             if let Some(why) = why.as_deref_mut() {
                 let decision = match blocking {
+                    None if too_deep => Decision::TooDeep(self.at(first)),
                     None => Decision::Joined(self.at(first)),
                     Some(&u) => Decision::ReadInside(self.at(first), self.at(u)),
                 };
                 why.note(self.func, p, self.insts[p], decision);
             }
-            if blocking.is_none() {
+            if blocking.is_none() && !too_deep {
                 groups.union(p, group);
+                depth[p] = chain;
             }
         }
         let mut by_group: HashMap<usize, Vec<usize>> = HashMap::new();
@@ -542,6 +559,9 @@ enum Decision {
     /// Its first fused reader's kernel spans another reader outside that kernel, which needs
     /// it before the kernel ends.
     ReadInside(Option<Inst>, Option<Inst>),
+    /// Joining its first fused reader's kernel would make a chain longer than
+    /// [`MAX_KERNEL_DEPTH`] ops.
+    TooDeep(Option<Inst>),
 }
 
 /// The decisions of one region, in the order of its instructions.
@@ -586,6 +606,11 @@ impl Why {
                  {c} broadcasts it to more elements (that kernel would compute it again for \
                  every copy)",
                 c = self.name(func, c)
+            ),
+            Decision::TooDeep(c) => format!(
+                "{me} starts a kernel of its own: in the kernel of {} it would make a chain of \
+                 more than {MAX_KERNEL_DEPTH} ops",
+                self.name(func, c)
             ),
             Decision::ReadInside(c, u) => format!(
                 "{me} not fused into the kernel of {}: {} reads it too, before that kernel \

@@ -137,6 +137,9 @@ fn regions_of(func: &Function) -> Vec<Region> {
     out
 }
 
+/// The most instructions of a region `--explain` explains.
+const MAX_EXPLAINED: usize = 2000;
+
 /// Whether the e-graph may rewrite `inst`: a pure op with one result and no regions.
 fn rewritable(func: &Function, inst: Inst) -> bool {
     let data = func.inst(inst);
@@ -157,15 +160,25 @@ impl Simplify {
         if !insts.iter().any(|&i| rewritable(func, i)) {
             return;
         }
+        // egg's explanations, and walking their terms, grow with a term's depth and a region's
+        // size squared: a region past the limit is simplified unexplained, and says so.
+        let explain = self.explain && insts.len() <= MAX_EXPLAINED;
+        if self.explain && !explain {
+            self.explanations.push(format!(
+                "a region of {} instructions is simplified without explanations (at most \
+                 {MAX_EXPLAINED} are explained)\n",
+                insts.len()
+            ));
+        }
         let RegionGraph {
             graph,
             class_of,
             leaf_values,
             originals,
-        } = RegionGraph::build(func, region, &insts, self.explain);
+        } = RegionGraph::build(func, region, &insts, explain);
         let mut runner = self.saturate(graph, insts.len(), totals);
         let extraction = self.extract(func, &runner.egraph, &originals, &class_of);
-        if self.explain {
+        if explain {
             let explain = explain::Region {
                 func,
                 originals: &originals,
