@@ -260,15 +260,17 @@ enum Command {
         /// Stop after this many seconds (default: 60 when no --cases is given).
         #[arg(long)]
         seconds: Option<f64>,
-        /// Programs to mutate: .kir files or folders of them (default: the repository's
-        /// tests/programs, tests/diagnostics, tests/runtime_limits, tests/fuzz_regressions).
+        /// Programs and models to mutate: .kir files or folders of them, .onnx files or
+        /// folders holding them at any depth (default: the repository's tests/programs,
+        /// tests/diagnostics, tests/runtime_limits, tests/fuzz_regressions, tests/onnx, and
+        /// target/onnx-node and target/onnx-models when scripts/onnx_node_tests.py wrote them).
         #[arg(long, value_name = "PATH")]
         corpus: Vec<PathBuf>,
         /// Where the input being tried and the findings are written.
         #[arg(long, value_name = "DIR", default_value = "target/fuzz")]
         out: PathBuf,
-        /// Instead of fuzzing, try these programs (files or folders) as they are: every
-        /// command, and both runs compared — to check a finding again.
+        /// Instead of fuzzing, try these programs and models (files or folders) as they are:
+        /// every command, and both runs compared — to check a finding again.
         #[arg(long, value_name = "PATH", num_args = 1..)]
         replay: Vec<PathBuf>,
     },

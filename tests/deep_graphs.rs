@@ -10,7 +10,8 @@ use std::path::PathBuf;
 use std::process::Output;
 
 /// Ops in each graph: deep enough that one stack frame per op overflowed the main thread's
-/// 8 MiB in a debug build (20,000 overflowed `kiln opt`, `kiln report` and compiled runs).
+/// 8 MiB in a debug build: 20,000 overflowed compiled runs and `kiln report`, and `kiln diff`
+/// ran for more than ten minutes.
 const OPS: usize = 20_000;
 
 fn text(o: &Output) -> String {

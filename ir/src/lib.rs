@@ -36,7 +36,7 @@ pub use entities::{Inst, Region, Value};
 pub use function::{Function, InstData, MAX_REGION_DEPTH, RegionData, ValueData, ValueDef};
 pub use infer::TypeError;
 pub use literal::Literal;
-pub use loc::Loc;
+pub use loc::{Loc, SourceNode};
 pub use module::{Initializer, Module, StateConflict, StateDecl};
 pub use op::{
     AllReduceOp, ArgOp, AxisSlice, BinaryOp, CompareOp, Cost, DTypeClass, Distribution, Helper, Op,

@@ -303,6 +303,9 @@ impl<'a> FunctionPrinter<'a> {
                 write!(self.out, "{}", self.func.value_type(v))?;
             }
         }
+        if let Some(node) = data.loc.source_node() {
+            write!(self.out, " loc({:?}, {:?})", &*node.name, &*node.op)?;
+        }
         let labels = data.op.region_labels();
         let regions = data.regions.clone();
         for (i, &region) in regions.iter().enumerate() {

@@ -98,12 +98,13 @@ impl VerifyErrors {
                     .as_ref()
                     .map(|f| format!("in @{f}: "))
                     .unwrap_or_default();
-                let message = format!("{prefix}{}", e.message);
-                match e.loc {
-                    Loc::Text { line, col } => {
-                        crate::diagnostic::render(source, line, col, &message)
-                    }
-                    _ => format!("error: {message}"),
+                let mut message = format!("{prefix}{}", e.message);
+                if let Some(node) = e.loc.source_node() {
+                    message += &format!(" (converted from {node})");
+                }
+                match e.loc.text_position() {
+                    Some((line, col)) => crate::diagnostic::render(source, line, col, &message),
+                    None => format!("error: {message}"),
                 }
             })
             .collect();

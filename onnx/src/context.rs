@@ -4,7 +4,9 @@
 use crate::node::Node;
 use crate::symbolic::SymShape;
 use kiln_backend::Array;
-use kiln_ir::{BuildError, DType, FunctionBuilder, Initializer, Literal, StateDecl, Type, Value};
+use kiln_ir::{
+    BuildError, DType, FunctionBuilder, Initializer, Literal, Shape, StateDecl, Type, Value,
+};
 use std::collections::{HashMap, HashSet};
 use std::rc::Rc;
 
@@ -279,6 +281,15 @@ impl Ctx<'_> {
         let negative = self.b.lt(idx, zero)?;
         let wrapped = self.b.add(idx, n)?;
         Ok(self.b.select(negative, wrapped, idx)?)
+    }
+
+    /// `idx` (integers), checked at run time to lie in `[0, size)`: a gather from `0..size`
+    /// returns each index itself, and refuses one out of range — so a lowering that turns
+    /// per-axis indices into one flat index keeps the op's own check, on both paths.
+    pub fn in_range(&mut self, idx: Value, size: usize) -> Result<Value, Fail> {
+        let dtype = self.dtype(idx);
+        let positions = self.b.iota(Type::new(dtype, Shape::fixed(&[size])), 0)?;
+        Ok(self.b.gather(positions, idx, 0)?)
     }
 
     /// `values` combined left to right by `op` (a sum, a product, a conjunction); `None` for

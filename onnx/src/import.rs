@@ -8,14 +8,22 @@ use crate::proto::{GraphProto, ModelProto, NodeProto, ValueInfoProto, type_proto
 use crate::{Model, ops, symbolic, tensor};
 use kiln_backend::{Array, Interpreter, StateStore};
 use kiln_ir::{
-    Dim, FunctionBuilder, Module, Op, Shape, Type, Value, ValueDef, identifier, verify_module,
+    Dim, FunctionBuilder, Loc, Module, Op, Shape, Type, Value, ValueDef, identifier, verify_module,
 };
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::Path;
 use std::rc::Rc;
 
 /// The opset versions a model imports, by domain (`""` for the default `ai.onnx`).
 struct Opsets(HashMap<String, i64>);
+
+/// The newest opset of the default domain Kiln implements: that of the pinned `onnx` wheel
+/// (1.23.2), whose node tests it passes. A newer opset may change an op's meaning.
+pub const NEWEST_OPSET: i64 = 28;
+
+/// The IR versions Kiln reads: from 3, the first with opset imports, to 14, the pinned `onnx`
+/// wheel's.
+pub const IR_VERSIONS: std::ops::RangeInclusive<i64> = 3..=14;
 
 impl Opsets {
     fn of(model: &ModelProto) -> OnnxResult<Opsets> {
@@ -27,7 +35,18 @@ impl Opsets {
             } else {
                 domain
             };
-            map.insert(domain, o.version.unwrap_or(0));
+            let version = o.version.unwrap_or(0);
+            if domain.is_empty() && version > NEWEST_OPSET {
+                return Err(OnnxError::Invalid(format!(
+                    "the model imports opset {version} of the default domain; the newest Kiln \
+                     implements is {NEWEST_OPSET}"
+                )));
+            }
+            if map.insert(domain.clone(), version).is_some() {
+                return Err(OnnxError::Invalid(format!(
+                    "the model imports the domain {domain:?} twice"
+                )));
+            }
         }
         Ok(Opsets(map))
     }
@@ -44,6 +63,17 @@ pub(crate) fn import_model(
     base: Option<&Path>,
     fixed: &BTreeMap<String, Array>,
 ) -> OnnxResult<Model> {
+    match model.ir_version {
+        Some(v) if IR_VERSIONS.contains(&v) => {}
+        v => {
+            return Err(OnnxError::Invalid(format!(
+                "the model's IR version is {}; Kiln reads versions {} to {}",
+                v.map_or("not given".into(), |v| v.to_string()),
+                IR_VERSIONS.start(),
+                IR_VERSIONS.end()
+            )));
+        }
+    }
     let opsets = Opsets::of(model)?;
     let graph = (model.graph.as_ref())
         .ok_or_else(|| OnnxError::Invalid("the model has no graph".into()))?;
@@ -52,6 +82,11 @@ pub(crate) fn import_model(
     let mut env = Env::default();
     for t in &graph.initializer {
         let name = t.name.clone().unwrap_or_default();
+        if env.slots.contains_key(&name) {
+            return Err(OnnxError::Invalid(format!(
+                "two initializers are named {name:?}"
+            )));
+        }
         let array = tensor::to_array(t, base)
             .map_err(|e| OnnxError::Invalid(format!("initializer {name:?}: {e}")))?;
         let slot = Slot::Known {
@@ -62,8 +97,14 @@ pub(crate) fn import_model(
         env.slots.insert(name, slot);
     }
     let mut inputs = Vec::new();
+    let mut listed = HashSet::new();
     for input in &graph.input {
         let name = input.name.clone().unwrap_or_default();
+        if !listed.insert(name.clone()) {
+            return Err(OnnxError::Invalid(format!(
+                "two graph inputs are named {name:?}"
+            )));
+        }
         if env.slots.contains_key(&name) {
             continue; // an initializer listed as an input (IR version < 4): a parameter
         }
@@ -191,6 +232,21 @@ fn convert_nodes(
         let label = node_label(proto, index);
         let opset = opsets.version(domain).unwrap_or(0);
         let node = Node { proto, opset };
+        let outputs = &proto.output;
+        let defined =
+            |i: usize| env.slots.contains_key(&outputs[i]) || outputs[..i].contains(&outputs[i]);
+        if let Some(name) = (0..outputs.len())
+            .find(|&i| !outputs[i].is_empty() && defined(i))
+            .map(|i| &outputs[i])
+        {
+            return Err(OnnxError::Node {
+                node: format!("{label} ({}, opset {opset})", node.op_type()),
+                message: format!(
+                    "it writes {name:?}, which is already defined (by a graph input, an \
+                     initializer or an earlier node): the graph is not in SSA form"
+                ),
+            });
+        }
         let skip = |env: &mut Env| {
             for out in &proto.output {
                 env.slots.insert(out.clone(), Slot::Missing);
@@ -214,18 +270,19 @@ fn convert_nodes(
         };
         let result = match reason {
             Some(reason) => Err(Fail::Unsupported(reason)),
-            None => convert_node(&node, b, env),
+            None => {
+                let start = b.current_len();
+                let converted = convert_node(&node, b, env);
+                b.relocate_since(start, source_loc(proto, index));
+                converted
+            }
         };
         match result {
             Ok(()) => {}
             Err(Fail::Unsupported(reason)) => {
-                let op_type = match domain {
-                    "" | "ai.onnx" => node.op_type().to_owned(),
-                    d => format!("{d}.{}", node.op_type()),
-                };
                 unsupported.push(Unsupported {
                     name: label,
-                    op_type,
+                    op_type: qualified_op(proto),
                     opset,
                     reason,
                 });
@@ -242,6 +299,25 @@ fn convert_nodes(
     match unsupported.is_empty() {
         true => Ok(()),
         false => Err(OnnxError::Unsupported(unsupported)),
+    }
+}
+
+/// The location of the instructions node `index` becomes: its name (`#index` when it has
+/// none) and op type.
+fn source_loc(proto: &NodeProto, index: usize) -> Loc {
+    let op = qualified_op(proto);
+    match proto.name.as_deref() {
+        Some(name) if !name.is_empty() => Loc::node(name, &op),
+        _ => Loc::node(&format!("#{index}"), &op),
+    }
+}
+
+/// The node's op type, with its domain when that is not the default one.
+fn qualified_op(proto: &NodeProto) -> String {
+    let op = proto.op_type.as_deref().unwrap_or("");
+    match proto.domain.as_deref().unwrap_or("") {
+        "" | "ai.onnx" => op.to_owned(),
+        domain => format!("{domain}.{op}"),
     }
 }
 

@@ -26,6 +26,7 @@ pub mod tensor;
 
 pub use context::{Ctx, Fail};
 pub use error::{OnnxError, OnnxResult, Unsupported};
+pub use import::{IR_VERSIONS, NEWEST_OPSET};
 pub use node::Node;
 
 use kiln_backend::Array;
@@ -82,6 +83,11 @@ pub fn import_fixing(
 /// Decodes a serialized `ModelProto`.
 pub fn decode_model(bytes: &[u8]) -> OnnxResult<proto::ModelProto> {
     proto::ModelProto::decode(bytes).map_err(|e| OnnxError::Decode(e.to_string()))
+}
+
+/// Serializes a `ModelProto` (for tools that edit models: `kiln fuzz`).
+pub fn encode_model(model: &proto::ModelProto) -> Vec<u8> {
+    model.encode_to_vec()
 }
 
 /// Decodes a serialized `TensorProto` (the `.pb` files of ONNX's test data) into an array.

@@ -16,6 +16,7 @@ fn an_initializer_over_the_memory_limit_is_refused_with_its_size() {
         ..Default::default()
     };
     let m = ModelProto {
+        ir_version: Some(8),
         opset_import: vec![OperatorSetIdProto {
             domain: None,
             version: Some(17),

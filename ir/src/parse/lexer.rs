@@ -12,6 +12,8 @@ pub(super) enum TokenKind {
     Symbol(String),
     /// A number as written: `-12`, `0.5`, `1e-7`, `-inf`.
     Number(String),
+    /// `"any text"`: the text, unescaped (an imported node's name in `loc(...)`).
+    Str(String),
     LBrace,
     RBrace,
     LParen,
@@ -211,7 +213,8 @@ impl Lexer {
         if c == '@' {
             self.bump();
             if self.peek(0) == Some('"') {
-                return self.quoted_symbol(line, col);
+                let name = self.quoted(line, col, "@")?;
+                return Ok(token(TokenKind::Symbol(name.clone()), format!("@{name:?}")));
             }
             let name = self.take_while(is_symbol_char);
             if name.is_empty() {
@@ -219,15 +222,21 @@ impl Lexer {
             }
             return Ok(token(TokenKind::Symbol(name.clone()), format!("@{name}")));
         }
+        if c == '"' {
+            let text = self.quoted(line, col, "")?;
+            return Ok(token(TokenKind::Str(text.clone()), format!("{text:?}")));
+        }
         self.bump();
         Err(error("unexpected character", c.to_string()))
     }
 
-    fn quoted_symbol(&mut self, line: u32, col: u32) -> Result<Token, LexError> {
+    /// The text between double quotes, unescaped; `prefix` is what came before the quote.
+    fn quoted(&mut self, line: u32, col: u32, prefix: &str) -> Result<String, LexError> {
+        let what = if prefix == "@" { "name" } else { "text" };
         let error = |message: &str, text: String| LexError {
             line,
             col,
-            message: message.to_owned(),
+            message: message.replace("{what}", what),
             text,
         };
         self.bump(); // opening quote
@@ -235,7 +244,10 @@ impl Lexer {
         loop {
             match self.bump() {
                 None | Some('\n') => {
-                    return Err(error("unterminated quoted name", format!("@\"{name}")));
+                    return Err(error(
+                        "unterminated quoted {what}",
+                        format!("{prefix}\"{name}"),
+                    ));
                 }
                 Some('"') => break,
                 Some('\\') => {
@@ -256,7 +268,7 @@ impl Lexer {
                         }
                         other => {
                             return Err(error(
-                                "invalid escape in quoted name",
+                                "invalid escape in quoted {what}",
                                 format!("\\{}", other.map(String::from).unwrap_or_default()),
                             ));
                         }
@@ -266,11 +278,6 @@ impl Lexer {
                 Some(c) => name.push(c),
             }
         }
-        Ok(Token {
-            text: format!("@{name:?}"),
-            kind: TokenKind::Symbol(name),
-            line,
-            col,
-        })
+        Ok(name)
     }
 }

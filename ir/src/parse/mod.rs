@@ -157,6 +157,30 @@ impl Parser {
         }
     }
 
+    fn string(&mut self, what: &str) -> Result<String, ParseError> {
+        match self.peek_kind().clone() {
+            TokenKind::Str(text) => {
+                self.advance();
+                Ok(text)
+            }
+            _ => Err(self.expected(what)),
+        }
+    }
+
+    /// `loc("name", "Op")` after an instruction's types: the imported node it came from.
+    fn source_node(&mut self) -> Result<Option<Loc>, ParseError> {
+        if !self.is_keyword("loc") {
+            return Ok(None);
+        }
+        self.advance();
+        self.expect_kind(TokenKind::LParen, "`(` after `loc`")?;
+        let name = self.string("the node's name in quotes")?;
+        self.expect_kind(TokenKind::Comma, "`,` after the node's name")?;
+        let op = self.string("the node's op type in quotes")?;
+        self.expect_kind(TokenKind::RParen, "`)` to close `loc(`")?;
+        Ok(Some(Loc::node(&name, &op)))
+    }
+
     fn symbol(&mut self, what: &str) -> Result<(String, Token), ParseError> {
         match self.peek_kind().clone() {
             TokenKind::Symbol(name) => Ok((name, self.advance())),
@@ -402,6 +426,10 @@ impl Parser {
             self.type_list_until_region()?
         } else {
             Vec::new()
+        };
+        let loc = match self.source_node()? {
+            Some(node) => node.at_text(op_token.line, op_token.col),
+            None => loc,
         };
         if result_types.len() != result_names.len() {
             return Err(self.error_at(

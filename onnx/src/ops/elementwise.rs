@@ -122,7 +122,7 @@ pub(super) fn clip(c: &mut Ctx) -> Converted {
                 Some(c.scalar(dtype, high as f64)?),
             )
         }
-        false => (c.optional(1)?, c.optional(2)?),
+        false => (clip_bound(c, 1, "min")?, clip_bound(c, 2, "max")?),
     };
     if let Some(low) = low {
         x = c.b.maximum(x, low)?;
@@ -131,6 +131,22 @@ pub(super) fn clip(c: &mut Ctx) -> Converted {
         x = c.b.minimum(x, high)?;
     }
     Ok(vec![x])
+}
+
+/// Clip's optional bound `i`: a scalar (a one-element tensor is taken as one). A larger tensor
+/// would clip elementwise and could broadcast `x` to a larger shape.
+fn clip_bound(c: &mut Ctx, i: usize, what: &str) -> Result<Option<Value>, Fail> {
+    let Some(v) = c.optional(i)? else {
+        return Ok(None);
+    };
+    let shape = c.shape(v, what)?;
+    match shape.iter().product::<usize>() {
+        1 if shape.is_empty() => Ok(Some(v)),
+        1 => Ok(Some(c.b.reshape(v, kiln_ir::Shape::scalar())?)),
+        _ => Err(Fail::Invalid(format!(
+            "{what} {shape:?} should be a scalar"
+        ))),
+    }
 }
 
 /// `x < 0 ? negative : x`.

@@ -27,6 +27,13 @@ fn through_f64(
 pub(super) fn modulo(c: &mut Ctx) -> Converted {
     let (a, b) = (c.input(0)?, c.input(1)?);
     let fmod = c.node.int("fmod", 0)? != 0;
+    // Before opset 28, the divisor-signed remainder (fmod=0) is defined for integers only.
+    if !fmod && c.dtype(a).is_float() && c.node.opset < 28 {
+        return Err(Fail::Invalid(format!(
+            "fmod=0 on {} inputs: before opset 28 floating-point Mod needs fmod=1",
+            c.dtype(a)
+        )));
+    }
     let r = through_f64(c, a, b, |c, a, b| {
         let q = c.b.div(a, b)?;
         let q = match fmod {
@@ -221,19 +228,25 @@ pub(super) fn eye_like(c: &mut Ctx) -> Converted {
 /// is the index (negative ones count from `depth`), else `values[0]`.
 pub(super) fn one_hot(c: &mut Ctx) -> Converted {
     let idx = c.input(0)?;
-    let depth = c
-        .known_scalar(1, "depth")?
-        .ok_or("input depth is required")? as i64;
+    let depth = one_hot_depth(c)?;
     let values = c.input(2)?;
+    // [off, on]: a longer vector's tail would otherwise be ignored.
+    let vt = c.ty(values);
+    if !matches!(vt.shape.dims(), [d] if d.as_fixed().is_none_or(|n| n == 2)) {
+        return Err(Fail::Invalid(format!(
+            "the values {} should be exactly two elements, [off, on]",
+            vt.shape
+        )));
+    }
     let idx = c.b.cast(idx, DType::I64)?;
     let t = c.ty(idx);
     let rank = t.rank() + 1;
     let a = axis(c.node.int("axis", -1)?, rank)?;
-    let idx = c.wrap_negative(idx, depth.max(0) as usize)?;
+    let idx = c.wrap_negative(idx, depth)?;
     let mut dims = t.shape.dims().to_vec();
     dims.insert(a, Dim::Fixed(1));
     let idx = c.b.reshape(idx, Shape(dims.clone()))?;
-    dims[a] = Dim::Fixed(depth.max(0) as usize);
+    dims[a] = Dim::Fixed(depth);
     let positions = c.b.iota(Type::new(DType::I64, Shape(dims)), a)?;
     let hit = c.b.eq(positions, idx)?;
     let pick = |c: &mut Ctx, i: usize| -> Result<Value, Fail> {
@@ -249,17 +262,50 @@ pub(super) fn one_hot(c: &mut Ctx) -> Converted {
     Ok(vec![c.b.select(hit, on, off)?])
 }
 
+/// `OneHot`'s depth: one number (a scalar or a 1-element vector), cast to an integer, not
+/// negative (it is the size of the new axis).
+fn one_hot_depth(c: &Ctx) -> Result<usize, Fail> {
+    let depth = c
+        .known_scalar(1, "depth")?
+        .ok_or("input depth is required")?;
+    let rank = c.known(1).map_or(0, |a| a.shape().len());
+    if rank > 1 {
+        return Err(Fail::Invalid(format!(
+            "depth should be a scalar or a 1-element vector, not of rank {rank}"
+        )));
+    }
+    usize::try_from(depth as i64)
+        .map_err(|_| Fail::Invalid(format!("depth {depth} should not be negative")))
+}
+
 /// `GatherElements(axis)`: `out[..., i, ...] = data[..., index[..., i, ...], ...]`, as one gather
 /// from the flattened data at computed linear positions.
 pub(super) fn gather_elements(c: &mut Ctx) -> Converted {
     let data = c.input(0)?;
     let dshape = c.shape(data, "the data")?;
     let index = c.input(1)?;
-    let it = c.ty(index);
+    let ishape = c.shape(index, "the indices")?;
     let a = axis(c.node.int("axis", 0)?, dshape.len())?;
+    if !matches!(c.dtype(index), DType::I32 | DType::I64) {
+        return Err(format!(
+            "the indices should be int32 or int64, not {}",
+            c.dtype(index)
+        )
+        .into());
+    }
+    let fits =
+        ishape.len() == dshape.len() && (0..dshape.len()).all(|d| d == a || ishape[d] <= dshape[d]);
+    if !fits {
+        return Err(format!(
+            "the indices {ishape:?} should have the data's rank and no axis but {a} longer \
+             than the data's {dshape:?}"
+        )
+        .into());
+    }
     let index = c.b.cast(index, DType::I64)?;
     let index = c.wrap_negative(index, dshape[a])?;
-    let positions = it.with_dtype(DType::I64);
+    let index = c.in_range(index, dshape[a])?;
+    let positions = Type::new(DType::I64, Shape::fixed(&ishape));
     let mut terms = Vec::with_capacity(dshape.len());
     let mut stride = 1usize;
     for d in (0..dshape.len()).rev() {
@@ -365,6 +411,35 @@ pub(super) fn lp_norm(c: &mut Ctx) -> Converted {
     Ok(vec![c.b.select(empty, zero, q)?])
 }
 
+/// Scores `[N, C, d…]`, integer targets `[N, d…]` and weights `[C]`, as the loss ops require.
+fn check_loss_shapes(
+    c: &Ctx,
+    scores: Value,
+    target: Value,
+    weight: Option<Value>,
+) -> Result<(), Fail> {
+    let (st, tt) = (c.ty(scores), c.ty(target));
+    let mut expected = st.shape.dims().to_vec();
+    let classes = (expected.len() >= 2).then(|| expected.remove(1));
+    let Some(classes) = classes.filter(|_| tt.shape.dims() == expected) else {
+        return Err(format!(
+            "the scores {st} should be [N, C, d…] and the target {tt} [N, d…] without the \
+             classes"
+        )
+        .into());
+    };
+    if !tt.dtype.is_int() {
+        return Err(format!("the target {tt} should hold integers").into());
+    }
+    if let Some(w) = weight
+        .map(|w| c.ty(w))
+        .filter(|w| w.shape.dims() != [classes.clone()])
+    {
+        return Err(format!("the weights {w} should be one per class ({classes})").into());
+    }
+    Ok(())
+}
+
 /// Each example's score of its target class, `[N, d…]` from scores `[N, C, d…]` (zero where the
 /// target is `ignore_index`), and the per-example weights (0 where ignored).
 fn picked(
@@ -375,6 +450,7 @@ fn picked(
 ) -> Result<(Value, Value), Fail> {
     let st = c.ty(scores);
     let dtype = st.dtype;
+    check_loss_shapes(c, scores, target, weight)?;
     let target = c.b.cast(target, DType::I64)?;
     let ignore = c.node.int_opt("ignore_index")?;
     let valid = match ignore {
@@ -391,6 +467,11 @@ fn picked(
         }
         None => target,
     };
+    let Some(classes) = st.shape.dims().get(1).and_then(|d| d.as_fixed()) else {
+        return unsupported("scores with a symbolic number of classes");
+    };
+    // A class out of range picks no score: the row would count as if it were ignored.
+    let safe = c.in_range(safe, classes)?;
     let mut dims = c.ty(safe).shape.dims().to_vec();
     dims.insert(1, Dim::Fixed(1));
     let t1 = c.b.reshape(safe, Shape(dims))?;

@@ -130,15 +130,44 @@ fn from_2d(c: &mut Ctx, y: Value, spatial: usize) -> Result<Value, Fail> {
 fn add_channel_bias(c: &mut Ctx, y: Value, bias: Option<Value>) -> Result<Value, Fail> {
     let Some(bias) = bias else { return Ok(y) };
     let m = c.shape(bias, "the bias")?;
-    let bias =
-        c.b.reshape(bias, Shape::fixed(&[1, m.iter().product(), 1, 1]))?;
+    // One value per output channel: a single value would otherwise broadcast over them all.
+    let channels = c.ty(y).shape.dims()[1].clone();
+    if !matches!(m.as_slice(), [n] if Dim::Fixed(*n) == channels) {
+        return Err(Fail::Invalid(format!(
+            "the bias {m:?} should be 1-D with one value per output channel ({channels})"
+        )));
+    }
+    let bias = c.b.reshape(bias, Shape::fixed(&[1, m[0], 1, 1]))?;
     Ok(c.b.add(y, bias)?)
+}
+
+/// Refuses weights whose rank is not the input's (a 1-D kernel would run over a 2-D input as
+/// one of height 1), and a `kernel_shape` other than the weights' spatial sizes.
+fn check_kernel(c: &Ctx, x: Value, w: Value) -> Result<(), Fail> {
+    let (xs, ws) = (c.ty(x).shape, c.ty(w).shape);
+    if xs.rank() != ws.rank() {
+        return Err(Fail::Invalid(format!(
+            "the weights {ws} should have the rank of the input {xs}"
+        )));
+    }
+    let Some(kernel) = c.node.ints("kernel_shape") else {
+        return Ok(());
+    };
+    let spatial = &ws.dims()[ws.rank().min(2)..];
+    let fits = |(&k, d): (&i64, &Dim)| d.as_fixed().is_none_or(|n| n as i64 == k);
+    if kernel.len() != spatial.len() || !kernel.iter().zip(spatial).all(fits) {
+        return Err(Fail::Invalid(format!(
+            "kernel_shape {kernel:?} is not the spatial sizes of the weights {ws}"
+        )));
+    }
+    Ok(())
 }
 
 /// `Conv(X, W, B)`.
 pub(super) fn conv(c: &mut Ctx) -> Converted {
     let (x, w) = (c.input(0)?, c.input(1)?);
     let bias = c.optional(2)?;
+    check_kernel(c, x, w)?;
     let (x, spatial, [_, h, wd]) = as_2d(c, x, "the input")?;
     let (w, _, [_, kh, kw]) = as_2d(c, w, "the weights")?;
     let win = window(c, spatial, [h, wd], [kh, kw])?;
@@ -359,11 +388,23 @@ pub(super) fn global_pool(c: &mut Ctx, op: ReduceOp) -> Converted {
     Ok(vec![c.b.reduce(op, x, axes, true)?])
 }
 
-/// A per-channel vector `[C]` shaped to broadcast over `[N, C, ...]` of rank `rank`.
-fn per_channel(c: &mut Ctx, v: Value, rank: usize) -> Result<Value, Fail> {
-    let n: usize = c.shape(v, "a per-channel input")?.iter().product();
-    let mut dims = vec![1; rank.max(2)];
-    dims[1] = n;
+/// A per-channel vector `[C]` (named `what`) shaped to broadcast over `x`, `[N, C, ...]`.
+fn per_channel(c: &mut Ctx, v: Value, x: Value, what: &str) -> Result<Value, Fail> {
+    let xs = c.ty(x).shape;
+    let Some(channels) = xs.dims().get(1).cloned() else {
+        return Err(Fail::Invalid(format!(
+            "the input {xs} should be [N, C, ...]"
+        )));
+    };
+    let shape = c.shape(v, what)?;
+    // One value per channel: a single value would otherwise broadcast over them all.
+    if !matches!(shape.as_slice(), [n] if channels.as_fixed().is_none_or(|ch| ch == *n)) {
+        return Err(Fail::Invalid(format!(
+            "the {what} {shape:?} should have one value per channel ({channels})"
+        )));
+    }
+    let mut dims = vec![1; xs.rank()];
+    dims[1] = shape[0];
     Ok(c.b.reshape(v, Shape::fixed(&dims))?)
 }
 
@@ -374,12 +415,15 @@ pub(super) fn batch_norm(c: &mut Ctx) -> Converted {
     {
         return unsupported("training-mode BatchNormalization");
     }
+    // Before opset 9, spatial=0 gives the statistics one value per activation, not per channel.
+    if c.node.opset < 9 && c.node.int("spatial", 1)? == 0 {
+        return unsupported("BatchNormalization with spatial=0");
+    }
     let x = c.input(0)?;
-    let rank = c.rank(x);
     let mut v = [x; 4];
     for (i, slot) in v.iter_mut().enumerate() {
         let input = c.input(i + 1)?;
-        *slot = per_channel(c, input, rank)?;
+        *slot = per_channel(c, input, x, ["scale", "bias", "mean", "variance"][i])?;
     }
     let [scale, bias, mean, var] = v;
     let eps = c.scalar(c.dtype(x), c.node.float("epsilon", 1e-5)? as f64)?;
@@ -408,7 +452,8 @@ pub(super) fn instance_norm(c: &mut Ctx) -> Converted {
     let x = c.input(0)?;
     let rank = c.rank(x);
     let (scale, bias) = (c.input(1)?, c.input(2)?);
-    let (scale, bias) = (per_channel(c, scale, rank)?, per_channel(c, bias, rank)?);
+    let scale = per_channel(c, scale, x, "scale")?;
+    let bias = per_channel(c, bias, x, "bias")?;
     let [xhat, _, _] = normalize(
         c,
         x,
@@ -427,6 +472,11 @@ pub(super) fn layer_norm(c: &mut Ctx) -> Converted {
     let first = axis(c.node.int("axis", -1)?, rank)?;
     let scale = c.input(1)?;
     let bias = c.optional(2)?;
+    let xs = c.ty(x).shape;
+    unidirectional(c, scale, &xs, "the scale", "the input")?;
+    if let Some(bias) = bias {
+        unidirectional(c, bias, &xs, "the bias", "the input")?;
+    }
     let [xhat, mu, inv] = normalize(
         c,
         x,
@@ -492,6 +542,15 @@ pub(super) fn lrn(c: &mut Ctx) -> Converted {
 pub(super) fn gemm(c: &mut Ctx) -> Converted {
     let (a, b) = (c.input(0)?, c.input(1)?);
     let bias = c.optional(2)?;
+    // Matrices only: the builder's matmul would batch over leading axes.
+    for (v, name) in [(a, "A"), (b, "B")] {
+        if c.rank(v) != 2 {
+            return Err(Fail::Invalid(format!(
+                "{name} {} should be a matrix (2-D)",
+                c.ty(v).shape
+            )));
+        }
+    }
     let (ta, tb) = (c.node.int("transA", 0)? != 0, c.node.int("transB", 0)? != 0);
     let dtype = c.dtype(a);
     let mut y = c.b.matmul_t(a, b, ta, tb)?;
@@ -501,6 +560,8 @@ pub(super) fn gemm(c: &mut Ctx) -> Converted {
         y = c.b.mul(y, s)?;
     }
     if let Some(bias) = bias {
+        let ys = c.ty(y).shape;
+        unidirectional(c, bias, &ys, "C", "the product A'·B'")?;
         let beta = c.node.float("beta", 1.0)? as f64;
         let bias = match beta {
             1.0 => bias,
@@ -512,6 +573,18 @@ pub(super) fn gemm(c: &mut Ctx) -> Converted {
         y = c.b.add(y, bias)?;
     }
     Ok(vec![y])
+}
+
+/// Refuses `v` (named `what`) unless it broadcasts to `target` (named `onto`) without widening
+/// it: ONNX's unidirectional broadcasting, where the builder's would also stretch `target`.
+fn unidirectional(c: &Ctx, v: Value, target: &Shape, what: &str, onto: &str) -> Result<(), Fail> {
+    let shape = c.ty(v).shape;
+    match shape.broadcasts_to(target) {
+        true => Ok(()),
+        false => Err(Fail::Invalid(format!(
+            "{what} {shape} does not broadcast to {onto} {target}"
+        ))),
+    }
 }
 
 /// `MatMul` with NumPy's rules: a 1-D operand gains an axis that the result then loses.

@@ -1,7 +1,7 @@
 //! Reductions and arg-reductions.
 
 use crate::context::{Converted, Ctx, Fail, axis, unsupported};
-use kiln_ir::{ArgOp, AxisSlice, BinaryOp, DType, Dim, ReduceOp, Shape, Value};
+use kiln_ir::{ArgOp, AxisSlice, BinaryOp, DType, Dim, ReduceOp, Shape, Type, Value};
 
 /// How a `Reduce*` op combines: a Kiln reduction, with work before and after.
 #[derive(Clone, Copy)]
@@ -212,8 +212,10 @@ pub(super) fn arg(c: &mut Ctx, op: ArgOp) -> Converted {
     }
     // The last extreme is the first one of the reversed axis.
     let n = c.shape(x, "the input")?[a];
-    let reversed: Vec<i64> = (0..n as i64).rev().collect();
-    let idx = c.i64s(&reversed)?;
+    // `n − 1 − iota`, not a constant: its size is the input's, which may be past any memory.
+    let positions = c.b.iota(Type::new(DType::I64, Shape::fixed(&[n])), 0)?;
+    let end = c.scalar(DType::I64, (n as f64) - 1.0)?;
+    let idx = c.b.sub(end, positions)?;
     let flipped = c.b.gather(x, idx, a)?;
     let i = c.b.arg_reduce(op, flipped, a, keep)?;
     let last = c.scalar(c.dtype(i), (n as f64) - 1.0)?;

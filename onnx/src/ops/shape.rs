@@ -165,16 +165,29 @@ fn axes_operand(c: &Ctx) -> Result<Option<Vec<i64>>, Fail> {
     }
 }
 
+/// The first axis `axes` names more than once.
+fn repeated(axes: &[usize]) -> Option<usize> {
+    (axes.iter().enumerate())
+        .find(|&(i, a)| axes[..i].contains(a))
+        .map(|(_, &a)| a)
+}
+
 /// `Unsqueeze(axes)`: axes of size 1 inserted (axes index the result).
 pub(super) fn unsqueeze(c: &mut Ctx) -> Converted {
     let x = c.input(0)?;
     let mut d = dims(c, x);
-    let axes = axes_operand(c)?.ok_or("axes are required")?;
-    let rank = d.len() + axes.len();
-    let mut axes = axes
+    let given = axes_operand(c)?.ok_or("axes are required")?;
+    let rank = d.len() + given.len();
+    let mut axes = given
         .iter()
         .map(|&a| axis(a, rank))
         .collect::<Result<Vec<_>, _>>()?;
+    // Each axis is one new size-1 axis of the result: a repeat would leave it an axis short.
+    if let Some(a) = repeated(&axes) {
+        return Err(Fail::Invalid(format!(
+            "the axes {given:?} name axis {a} of the rank-{rank} result twice"
+        )));
+    }
     axes.sort_unstable();
     for a in axes {
         d.insert(a, Dim::Fixed(1));
@@ -194,7 +207,12 @@ pub(super) fn squeeze(c: &mut Ctx) -> Converted {
         None => (0..d.len()).filter(|&a| d[a].is_one()).collect(),
     };
     if let Some(&a) = axes.iter().find(|&&a| !d[a].is_one()) {
-        return Err(Fail::Invalid(format!("axis {a} has size {}, not 1", d[a])));
+        // A symbolic size may be 1 when run (ONNX leaves that check to run time); Kiln cannot
+        // drop an axis it does not know to be 1.
+        return match d[a] {
+            Dim::Fixed(n) => Err(Fail::Invalid(format!("axis {a} has size {n}, not 1"))),
+            Dim::Sym(_) => unsupported(format!("squeezing axis {a} of symbolic size {}", d[a])),
+        };
     }
     let kept = (0..d.len())
         .filter(|a| !axes.contains(a))
@@ -210,6 +228,7 @@ pub(super) fn gather(c: &mut Ctx) -> Converted {
     let a = axis(c.node.int("axis", 0)?, d.len())?;
     let indices = match (c.known(1), d[a].as_fixed()) {
         (Some(known), Some(size)) => {
+            index_dtype(known.dtype())?;
             let shape = known.shape().to_vec();
             let mut fixed = Vec::with_capacity(known.len());
             for i in known.to_f64_vec() {
@@ -227,6 +246,7 @@ pub(super) fn gather(c: &mut Ctx) -> Converted {
         }
         _ => {
             let idx = c.input(1)?;
+            index_dtype(c.dtype(idx))?;
             match d[a].as_fixed() {
                 Some(size) => c.wrap_negative(idx, size)?,
                 None => idx, // a symbolic size: negative indices are refused when run
@@ -234,6 +254,17 @@ pub(super) fn gather(c: &mut Ctx) -> Converted {
         }
     };
     Ok(vec![c.b.gather(table, indices, a)?])
+}
+
+/// Refuses indices that are not int32 or int64, as ONNX's `Gather` does (float indices known
+/// when importing would otherwise be truncated to integers).
+fn index_dtype(dtype: DType) -> Result<(), Fail> {
+    match dtype {
+        DType::I32 | DType::I64 => Ok(()),
+        other => Err(Fail::Invalid(format!(
+            "the indices should be int32 or int64, not {other}"
+        ))),
+    }
 }
 
 /// `Shape(start, end)`: the input's dimensions, when static.
@@ -294,10 +325,19 @@ pub(super) fn slice(c: &mut Ctx) -> Converted {
     if ends.len() != starts.len() || axes.len() != starts.len() || steps.len() != starts.len() {
         return Err("starts, ends, axes and steps differ in length".into());
     }
+    let wrapped = (axes.iter())
+        .map(|&a| axis(a, d.len()))
+        .collect::<Result<Vec<_>, _>>()?;
+    // A repeated axis would be sliced twice, the second range applied to the first's result.
+    if let Some(a) = repeated(&wrapped) {
+        return Err(Fail::Invalid(format!(
+            "the axes {axes:?} name axis {a} of the rank-{} input twice",
+            d.len()
+        )));
+    }
     let mut ranges = vec![AxisSlice::Full; d.len()];
     let mut reversed = Vec::new();
-    for i in 0..starts.len() {
-        let a = axis(axes[i], d.len())?;
+    for (i, &a) in wrapped.iter().enumerate() {
         let size = d[a]
             .as_fixed()
             .ok_or_else(|| Fail::Unsupported(format!("slicing symbolic axis {a}")))?
@@ -345,6 +385,15 @@ pub(super) fn split(c: &mut Ctx) -> Converted {
         .as_fixed()
         .ok_or_else(|| Fail::Unsupported(format!("splitting symbolic axis {a}")))?;
     let parts = c.node.proto.output.len();
+    // From opset 18 `num_outputs` counts the parts; the node's outputs must be those parts.
+    if c.node.opset >= 18
+        && let Some(n) = c.node.int_opt("num_outputs")?
+        && n != parts as i64
+    {
+        return Err(Fail::Invalid(format!(
+            "num_outputs={n}, but the node has {parts} outputs"
+        )));
+    }
     let sizes = match c.node.opset < 13 {
         true => c.node.ints("split").map(<[i64]>::to_vec),
         false => c.known_ints(1, "split")?,
@@ -354,12 +403,7 @@ pub(super) fn split(c: &mut Ctx) -> Converted {
             .iter()
             .map(|&n| usize::try_from(n).map_err(|_| "a negative split"))
             .collect::<Result<_, _>>()?,
-        None => {
-            let chunk = size.div_ceil(parts.max(1));
-            (0..parts)
-                .map(|i| chunk.min(size.saturating_sub(i * chunk)))
-                .collect()
-        }
+        None => equal_parts(c, a, size, parts)?,
     };
     let total = sizes.iter().try_fold(0usize, |t, &n| t.checked_add(n));
     if total != Some(size) || sizes.len() != parts {
@@ -380,6 +424,21 @@ pub(super) fn split(c: &mut Ctx) -> Converted {
         start += n;
     }
     Ok(outs)
+}
+
+/// The sizes of `parts` equal parts of axis `a` of `size`. Before opset 18 the parts must be
+/// equal; from 18 the last may be smaller.
+fn equal_parts(c: &Ctx, a: usize, size: usize, parts: usize) -> Result<Vec<usize>, Fail> {
+    if c.node.opset < 18 && size % parts.max(1) != 0 {
+        return Err(Fail::Invalid(format!(
+            "axis {a} of size {size} does not split into {parts} equal parts, and no split \
+             sizes are given"
+        )));
+    }
+    let chunk = size.div_ceil(parts.max(1));
+    Ok((0..parts)
+        .map(|i| chunk.min(size.saturating_sub(i * chunk)))
+        .collect())
 }
 
 /// `Expand(x, shape)`: broadcasting in both directions.
@@ -459,6 +518,7 @@ pub(super) fn pad(c: &mut Ctx) -> Converted {
     let (mut low, mut high) = (vec![0i64; rank], vec![0i64; rank]);
     for (k, &a) in axes.iter().enumerate() {
         (low[a], high[a]) = (pads[k], pads[k + axes.len()]);
+        check_crop(a, d[a], low[a], high[a])?;
     }
     // Negative pads crop first.
     let crops: Vec<AxisSlice> = (0..rank)
@@ -500,6 +560,25 @@ pub(super) fn pad(c: &mut Ctx) -> Converted {
             Ok(vec![x])
         }
         other => Err(Fail::Invalid(format!("pad mode {other:?}"))),
+    }
+}
+
+/// Refuses negative pads that crop more than axis `a` of `size` holds: a negative result size
+/// is invalid, and a crop past the axis refilled by padding on its other side is not
+/// implemented (the crop below stops at the axis, keeping too much).
+fn check_crop(a: usize, size: usize, low: i64, high: i64) -> Result<(), Fail> {
+    let crop = |p: i64| p.min(0).saturating_neg();
+    if crop(low).saturating_add(crop(high)) <= size as i64 {
+        return Ok(());
+    }
+    let result = (size as i64).saturating_add(low).saturating_add(high);
+    match result < 0 {
+        true => Err(Fail::Invalid(format!(
+            "pads {low} and {high} on axis {a} of size {size} leave {result} elements"
+        ))),
+        false => unsupported(format!(
+            "pads {low} and {high} that crop more than axis {a} of size {size} holds"
+        )),
     }
 }
 

@@ -1,5 +1,5 @@
-//! `kiln fuzz`: a mutation fuzzer over what users hand Kiln — programs in the text form,
-//! `.npy` feeds and safetensors checkpoints — that drives each `kiln` command's code on every
+//! `kiln fuzz`: a mutation fuzzer over what users hand Kiln — programs in the text form, ONNX
+//! models, `.npy` feeds and safetensors checkpoints — that drives each `kiln` command's code on every
 //! mutant, in process, and checks two things:
 //!
 //! - **No crash**: every command ends in a result or an error, never a panic. (An abort ends
@@ -10,13 +10,16 @@
 //!   fail, or both succeed with the same results and state.
 //!
 //! Programs are mutated as tokens: deleted, duplicated, swapped, numbers set to extremes, op
-//! names, dtypes and sizes replaced, lines spliced from other programs. The run is a function
+//! names, dtypes and sizes replaced, lines spliced from other programs; ONNX models on the
+//! wire and as messages ([`onnx`]). The run is a function
 //! of its seed (and of the budget in cases; a budget in seconds stops wherever time runs out).
 //! Each finding is written to `OUT/` as a file to reproduce it; kept as a regression case, it
 //! belongs in `tests/diagnostics/` (malformed) or `tests/fuzz_regressions/` (valid).
 
+mod onnx;
+
 use crate::npy;
-use kiln_backend::{Array, Interpreter, StateStore, limits};
+use kiln_backend::{Array, Interpreter, StateStore, limits, subnormals};
 use kiln_ir::{DType, Dim, Function, Module, Op, Shape, Symbol, SymbolBindings, Type};
 use kiln_passes::{PassManager, Wrt};
 use kiln_runtime::Scope;
@@ -34,7 +37,8 @@ pub struct Config {
     pub cases: Option<u64>,
     /// Stop after this many seconds.
     pub seconds: Option<f64>,
-    /// The programs mutants start from (`.kir` files, or folders of them).
+    /// What mutants start from: `.kir` files and folders of them, `.onnx` files and folders
+    /// holding them at any depth (missing folders are skipped).
     pub corpus: Vec<PathBuf>,
     /// Where the input being tried and the findings are written.
     pub out: PathBuf,
@@ -55,6 +59,10 @@ impl Default for Config {
                 PathBuf::from("tests/diagnostics"),
                 PathBuf::from("tests/runtime_limits"),
                 PathBuf::from("tests/fuzz_regressions"),
+                PathBuf::from("tests/onnx"),
+                // Written by scripts/onnx_node_tests.py, when it has run.
+                PathBuf::from("target/onnx-node"),
+                PathBuf::from("target/onnx-models"),
             ],
             out: PathBuf::from("target/fuzz"),
             memory_limit: 16 << 20,
@@ -88,8 +96,15 @@ pub struct Summary {
     /// Of those compared, the ones that differed only as much as the program amplifies a few
     /// roundings of its inputs.
     pub ill_conditioned: u64,
+    /// Of those compared, the ones that differed only because the compiled run flushed
+    /// subnormals (the same with them kept).
+    pub flushed: u64,
     /// Functions not run: more work than a fuzzing run should wait for.
     pub too_costly: u64,
+    /// ONNX model mutants tried.
+    pub models: u64,
+    /// Of those, the ones that imported.
+    pub imported: u64,
     /// `.npy` mutants read.
     pub npy_files: u64,
     /// Checkpoint mutants loaded.
@@ -102,12 +117,16 @@ impl std::fmt::Display for Summary {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "{} programs ({} valid; {} runs compared, {} of them ill-conditioned, {} refused both \
-             ways, {} too costly to run), {} .npy files, {} checkpoints: {} findings",
+            "{} programs ({} valid), {} ONNX models ({} imported); {} runs compared ({} \
+             ill-conditioned, {} different only for flushed subnormals), {} refused both ways, \
+             {} too costly to run; {} .npy files, {} checkpoints: {} findings",
             self.programs,
             self.valid,
+            self.models,
+            self.imported,
             self.compared,
             self.ill_conditioned,
+            self.flushed,
             self.both_failed,
             self.too_costly,
             self.npy_files,
@@ -174,12 +193,14 @@ const DTYPES: &[&str] = &["f32", "f64", "i32", "i64", "bool"];
 pub fn run(config: &Config, mut progress: impl FnMut(&str)) -> std::io::Result<Summary> {
     std::fs::create_dir_all(&config.out)?;
     let seeds = corpus(&config.corpus)?;
-    if seeds.is_empty() {
+    let models = onnx::corpus(&config.corpus)?;
+    if seeds.is_empty() && models.is_empty() {
         return Err(std::io::Error::other(
-            "the corpus has no .kir files (run from the project's root, or pass --corpus)",
+            "the corpus has no .kir or .onnx files (run from the project's root, or pass \
+             --corpus)",
         ));
     }
-    let mut fuzzer = Fuzzer::new(config, seeds);
+    let mut fuzzer = Fuzzer::new(config, seeds, models);
     let started = Instant::now();
     let mut last_report = Instant::now();
     fuzzer.guarded_run(config, |f| {
@@ -190,6 +211,9 @@ pub fn run(config: &Config, mut progress: impl FnMut(&str)) -> std::io::Result<S
             match case % 10 {
                 0 => f.npy_case(case)?,
                 5 => f.checkpoint_case(case)?,
+                // One in twenty: an imported model costs a program's ten (its kernels compile).
+                3 if case % 20 == 3 && !f.models.is_empty() => f.onnx_case(case)?,
+                _ if f.seeds.is_empty() => f.onnx_case(case)?,
                 _ => f.program_case(case)?,
             }
             case += 1;
@@ -204,15 +228,20 @@ pub fn run(config: &Config, mut progress: impl FnMut(&str)) -> std::io::Result<S
     Ok(fuzzer.summary)
 }
 
-/// Tries each program of `paths` (files, or folders of `.kir` files) as it is, unmutated:
-/// every command, and its functions run both ways — how a kept finding is checked again.
+/// Tries each program and model of `paths` (files, or folders of `.kir` and `.onnx` files)
+/// as it is, unmutated: every command, and its functions run both ways — how a kept finding
+/// is checked again.
 pub fn replay(paths: &[PathBuf], config: &Config) -> std::io::Result<Summary> {
     std::fs::create_dir_all(&config.out)?;
     let programs = corpus(paths)?;
-    let mut fuzzer = Fuzzer::new(config, programs.clone());
+    let models = onnx::corpus(paths)?;
+    let mut fuzzer = Fuzzer::new(config, programs.clone(), models.clone());
     fuzzer.guarded_run(config, |f| {
         for (i, text) in programs.iter().enumerate() {
             f.try_program(text, &format!("replay-{i}"));
+        }
+        for (i, bytes) in models.iter().enumerate() {
+            f.try_model(bytes, &format!("replay-{i}"));
         }
         Ok(())
     })?;
@@ -230,7 +259,7 @@ fn corpus(paths: &[PathBuf]) -> std::io::Result<Vec<String>> {
                     files.push(p);
                 }
             }
-        } else if path.is_file() {
+        } else if path.is_file() && path.extension().is_none_or(|e| e != "onnx") {
             files.push(path.clone());
         }
     }
@@ -241,6 +270,8 @@ fn corpus(paths: &[PathBuf]) -> std::io::Result<Vec<String>> {
 struct Fuzzer {
     rng: Rng,
     seeds: Vec<String>,
+    /// Seed ONNX models, serialized.
+    models: Vec<Vec<u8>>,
     ops: Vec<&'static str>,
     out: PathBuf,
     max_trips: u64,
@@ -259,10 +290,11 @@ fn guarded<T>(f: impl FnOnce() -> T) -> Result<T, String> {
 }
 
 impl Fuzzer {
-    fn new(config: &Config, seeds: Vec<String>) -> Fuzzer {
+    fn new(config: &Config, seeds: Vec<String>, models: Vec<Vec<u8>>) -> Fuzzer {
         Fuzzer {
             rng: Rng(config.seed ^ 0x6b69_6c6e),
             seeds,
+            models,
             ops: Op::all_names(),
             out: config.out.clone(),
             max_trips: config.max_trips,
@@ -338,6 +370,22 @@ impl Fuzzer {
             return;
         };
         self.summary.valid += 1;
+        let Ok(scope) = Scope::from_module(&module) else {
+            return;
+        };
+        self.run_both_ways(&module, &scope, case, "kir", text.as_bytes());
+    }
+
+    /// Runs (up to three of) `module`'s functions both ways from the state in `scope`, on
+    /// generated feeds, and records any disagreement or panic with `input` as `*-case.ext`.
+    fn run_both_ways(
+        &mut self,
+        module: &Module,
+        scope: &Scope,
+        case: &str,
+        ext: &str,
+        input: &[u8],
+    ) {
         for func in module.functions.iter().take(3) {
             let Some((feeds, sizes)) = feeds(func, &mut self.rng) else {
                 continue;
@@ -346,25 +394,28 @@ impl Fuzzer {
                 self.summary.too_costly += 1;
                 continue;
             }
-            match guarded(|| differential(&module, func, feeds)) {
+            match guarded(|| differential(module, func, feeds, scope)) {
                 Ok(Outcome::Compared) => self.summary.compared += 1,
                 Ok(Outcome::IllConditioned) => {
                     self.summary.compared += 1;
                     self.summary.ill_conditioned += 1;
                 }
+                Ok(Outcome::Flushed) => {
+                    self.summary.compared += 1;
+                    self.summary.flushed += 1;
+                }
                 Ok(Outcome::BothFailed) => self.summary.both_failed += 1,
-                Ok(Outcome::Skipped) => {}
                 Ok(Outcome::Differ(detail)) => self.found(
                     format!("compiled and interpreted runs of @{} differ", func.name()),
                     detail,
-                    format!("mismatch-{case}.kir"),
-                    text.as_bytes(),
+                    format!("mismatch-{case}.{ext}"),
+                    input,
                 ),
                 Err(panic) => self.found(
                     format!("panic in run of @{}", func.name()),
                     panic,
-                    format!("crash-{case}.kir"),
-                    text.as_bytes(),
+                    format!("crash-{case}.{ext}"),
+                    input,
                 ),
             }
         }
@@ -703,8 +754,9 @@ enum Outcome {
     /// Different beyond the tolerance, but no more than the interpreter's own results move
     /// when the inputs move by a few roundings.
     IllConditioned,
+    /// Different, but the same when the compiled run keeps subnormals instead of flushing.
+    Flushed,
     BothFailed,
-    Skipped,
     Differ(String),
 }
 
@@ -813,10 +865,7 @@ fn work(func: &Function, sizes: &SymbolBindings, trips: u64) -> u128 {
 
 /// `func` run as `kiln run --interpret` and as `kiln run` on `args`, compared: results, then
 /// state by name.
-fn differential(module: &Module, func: &Function, args: Vec<Array>) -> Outcome {
-    let Ok(scope) = Scope::from_module(module) else {
-        return Outcome::Skipped;
-    };
+fn differential(module: &Module, func: &Function, args: Vec<Array>, scope: &Scope) -> Outcome {
     let with_state = |results: Vec<Array>, state: &StateStore| -> Vec<Array> {
         let mut named: Vec<_> = state.iter().collect();
         named.sort_by(|a, b| a.0.cmp(b.0));
@@ -832,14 +881,31 @@ fn differential(module: &Module, func: &Function, args: Vec<Array>) -> Outcome {
             .map_err(|e| e.to_string())?;
         Ok(with_state(results, &state))
     };
+    let compile = |args: Vec<Array>| -> Result<Vec<Array>, String> {
+        let mut p =
+            crate::serve::Predictor::compile(module.clone(), func.name(), scope.store().clone())
+                .map_err(|e| e.to_string())?;
+        let results = p.predict(args).map_err(|e| e.to_string())?;
+        Ok(with_state(results, p.state()))
+    };
     let interpreted = interpret(args.clone());
-    let compiled =
-        crate::serve::Predictor::compile(module.clone(), func.name(), scope.store().clone())
-            .map_err(|e| e.to_string())
-            .and_then(|mut p| {
-                let results = p.predict(args.clone()).map_err(|e| e.to_string())?;
-                Ok(with_state(results, p.state()))
-            });
+    let compiled = compile(args.clone());
+    // Compiled runs flush subnormals (the book's Limits page): a program that makes them can
+    // go another way from there — a quotient of a flushed zero is infinite — which is the
+    // mode, not a wrong answer, when a compiled run that keeps them agrees.
+    let flushing_only = |interpreted: &Result<Vec<Array>, String>| {
+        let policy = subnormals::subnormals();
+        subnormals::set_subnormals(Some(subnormals::Subnormals::Keep));
+        let kept = compile(args.clone());
+        subnormals::set_subnormals(Some(policy));
+        match (interpreted, kept) {
+            (Ok(i), Ok(k)) => {
+                i.len() == k.len() && i.iter().zip(&k).all(|(a, b)| agree(a, b, None))
+            }
+            (Err(_), Err(_)) => true,
+            _ => false,
+        }
+    };
     match (interpreted, compiled) {
         (Ok(i), Ok(c)) => {
             if i.len() == c.len() && i.iter().zip(&c).all(|(a, b)| agree(a, b, None)) {
@@ -860,6 +926,9 @@ fn differential(module: &Module, func: &Function, args: Vec<Array>) -> Outcome {
             if within || rounding_only(module, func, &args, scope.store()) {
                 return Outcome::IllConditioned;
             }
+            if flushing_only(&Ok(i.clone())) {
+                return Outcome::Flushed;
+            }
             let k = (i.iter().zip(&c))
                 .position(|(a, b)| !agree(a, b, None))
                 .unwrap_or(0);
@@ -872,6 +941,7 @@ fn differential(module: &Module, func: &Function, args: Vec<Array>) -> Outcome {
         // The compiled path may refuse what the interpreter runs for scratch space of its own
         // (a convolution's patch matrix): a refusal, not a wrong answer.
         (Ok(_), Err(e)) if e.contains("memory limit") => Outcome::BothFailed,
+        (i, _) if flushing_only(&i) => Outcome::Flushed,
         (i, c) => Outcome::Differ(format!(
             "one run failed: interpreted {}, compiled {}",
             i.err().unwrap_or_else(|| "ok".to_owned()),

@@ -1,0 +1,471 @@
+//! Checks an ONNX op makes that its lowering must keep: each model here breaks one rule of the
+//! op's specification and was imported without complaint (and computed a wrong answer) before;
+//! it is now refused when importing, naming the node and the values involved. Next to each, the
+//! nearest valid model still imports.
+
+use kiln_backend::{Array, Interpreter, StateStore};
+use kiln_onnx::proto::tensor_proto::DataType;
+use kiln_onnx::proto::{
+    AttributeProto, GraphProto, ModelProto, NodeProto, OperatorSetIdProto, TensorProto,
+    TensorShapeProto, TypeProto, ValueInfoProto, tensor_shape_proto, type_proto,
+};
+use kiln_onnx::{Model, import_bytes};
+use prost::Message;
+
+/// A graph input of `dims`; a negative size is the symbolic size `batch`.
+fn info(name: &str, dtype: DataType, dims: &[i64]) -> ValueInfoProto {
+    let dim = (dims.iter())
+        .map(|&d| tensor_shape_proto::Dimension {
+            value: Some(match d {
+                d if d < 0 => tensor_shape_proto::dimension::Value::DimParam("batch".into()),
+                d => tensor_shape_proto::dimension::Value::DimValue(d),
+            }),
+            ..Default::default()
+        })
+        .collect();
+    ValueInfoProto {
+        name: Some(name.into()),
+        r#type: Some(TypeProto {
+            value: Some(type_proto::Value::TensorType(type_proto::Tensor {
+                elem_type: Some(dtype as i32),
+                shape: Some(TensorShapeProto { dim }),
+            })),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+fn floats_info(name: &str, dims: &[i64]) -> ValueInfoProto {
+    info(name, DataType::Float, dims)
+}
+
+fn node(op: &str, name: &str, inputs: &[&str], outputs: &[&str]) -> NodeProto {
+    NodeProto {
+        op_type: Some(op.into()),
+        name: Some(name.into()),
+        input: inputs.iter().map(|s| s.to_string()).collect(),
+        output: outputs.iter().map(|s| s.to_string()).collect(),
+        ..Default::default()
+    }
+}
+
+fn with_int(mut n: NodeProto, name: &str, value: i64) -> NodeProto {
+    n.attribute.push(AttributeProto {
+        name: Some(name.into()),
+        i: Some(value),
+        r#type: Some(2),
+        ..Default::default()
+    });
+    n
+}
+
+fn with_ints(mut n: NodeProto, name: &str, values: &[i64]) -> NodeProto {
+    n.attribute.push(AttributeProto {
+        name: Some(name.into()),
+        ints: values.to_vec(),
+        r#type: Some(7),
+        ..Default::default()
+    });
+    n
+}
+
+/// An int64 initializer of `dims` (`[]` for a scalar).
+fn ints(name: &str, dims: &[i64], values: &[i64]) -> TensorProto {
+    TensorProto {
+        name: Some(name.into()),
+        dims: dims.to_vec(),
+        data_type: Some(DataType::Int64 as i32),
+        int64_data: values.to_vec(),
+        ..Default::default()
+    }
+}
+
+/// A float initializer of `dims`.
+fn floats(name: &str, dims: &[i64], values: &[f32]) -> TensorProto {
+    TensorProto {
+        name: Some(name.into()),
+        dims: dims.to_vec(),
+        data_type: Some(DataType::Float as i32),
+        float_data: values.to_vec(),
+        ..Default::default()
+    }
+}
+
+/// One node over graph inputs and initializers, at `opset`.
+struct Net {
+    node: NodeProto,
+    inputs: Vec<ValueInfoProto>,
+    initializers: Vec<TensorProto>,
+    opset: i64,
+}
+
+impl Net {
+    fn new(node: NodeProto, inputs: Vec<ValueInfoProto>) -> Net {
+        Net {
+            node,
+            inputs,
+            initializers: Vec::new(),
+            opset: 17,
+        }
+    }
+
+    fn init(mut self, t: TensorProto) -> Net {
+        self.initializers.push(t);
+        self
+    }
+
+    fn opset(mut self, opset: i64) -> Net {
+        self.opset = opset;
+        self
+    }
+
+    fn model(&self) -> ModelProto {
+        ModelProto {
+            ir_version: Some(10),
+            opset_import: vec![OperatorSetIdProto {
+                domain: Some(String::new()),
+                version: Some(self.opset),
+            }],
+            graph: Some(GraphProto {
+                name: Some("net".into()),
+                node: vec![self.node.clone()],
+                input: self.inputs.clone(),
+                initializer: self.initializers.clone(),
+                output: (self.node.output.iter())
+                    .map(|o| ValueInfoProto {
+                        name: Some(o.clone()),
+                        ..Default::default()
+                    })
+                    .collect(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
+    fn import(&self) -> Result<Model, String> {
+        import_bytes(&self.model().encode_to_vec(), None).map_err(|e| e.to_string())
+    }
+
+    /// The import error, which must name the node and say `said`.
+    fn refused(&self, said: &str) {
+        let e = match self.import() {
+            Ok(_) => panic!("{:?} was imported; expected {said:?}", self.node.name),
+            Err(e) => e,
+        };
+        let name = self.node.name.as_deref().unwrap();
+        assert!(e.contains(&format!("{name:?}")), "{e}");
+        assert!(e.contains(said), "{e}");
+    }
+
+    /// Like [`Net::refused`], as an unsupported node (not an invalid one).
+    fn unsupported(&self, said: &str) {
+        self.refused(said);
+        let e = self.import().err().unwrap();
+        assert!(e.contains("1 unsupported node"), "{e}");
+    }
+}
+
+/// Runs an imported model on `args` with the reference interpreter.
+fn run(m: &Model, args: Vec<Array>) -> Vec<Array> {
+    let mut state = StateStore::new();
+    for (n, v) in &m.parameters {
+        state.insert(n.clone(), v.clone());
+    }
+    let interp = Interpreter::new(&m.module);
+    interp.run(m.function_name(), args, &mut state).unwrap()
+}
+
+fn f32s(shape: &[usize], values: &[f32]) -> Array {
+    Array::F32(ndarray::ArrayD::from_shape_vec(ndarray::IxDyn(shape), values.to_vec()).unwrap())
+}
+
+// F3: OneHot.
+
+fn one_hot(depth: TensorProto, values: &[i64]) -> Net {
+    let n = node("OneHot", "hot", &["i", "depth", "values"], &["y"]);
+    Net::new(n, vec![info("i", DataType::Int64, &[2])])
+        .init(depth)
+        .init(ints("values", &[values.len() as i64], values))
+}
+
+#[test]
+fn one_hot_refuses_values_that_are_not_two_elements() {
+    one_hot(ints("depth", &[], &[3]), &[0, 1]).import().unwrap();
+    one_hot(ints("depth", &[], &[3]), &[0, 1, 2]).refused("the values [3] should be exactly two");
+    one_hot(ints("depth", &[], &[3]), &[1]).refused("the values [1] should be exactly two");
+}
+
+#[test]
+fn one_hot_refuses_a_negative_depth_or_one_of_rank_2() {
+    one_hot(ints("depth", &[1], &[0]), &[0, 1])
+        .import()
+        .unwrap();
+    one_hot(ints("depth", &[], &[-2]), &[0, 1]).refused("depth -2 should not be negative");
+    one_hot(ints("depth", &[1, 1], &[3]), &[0, 1]).refused("not of rank 2");
+}
+
+// F4: Slice.
+
+#[test]
+fn slice_refuses_an_axis_named_twice() {
+    let slice = |axes: &[i64]| {
+        let n = node("Slice", "cut", &["x", "starts", "ends", "axes"], &["y"]);
+        Net::new(n, vec![floats_info("x", &[4, 4])])
+            .init(ints("starts", &[2], &[0, 1]))
+            .init(ints("ends", &[2], &[2, 3]))
+            .init(ints("axes", &[2], axes))
+    };
+    slice(&[0, -1]).import().unwrap();
+    slice(&[0, -2]).refused("the axes [0, -2] name axis 0 of the rank-2 input twice");
+}
+
+// F5: Unsqueeze and Squeeze.
+
+#[test]
+fn unsqueeze_refuses_an_axis_named_twice() {
+    let unsqueeze = |axes: &[i64]| {
+        let n = node("Unsqueeze", "grow", &["x", "axes"], &["y"]);
+        Net::new(n, vec![floats_info("x", &[3])]).init(ints("axes", &[2], axes))
+    };
+    unsqueeze(&[0, -1]).import().unwrap();
+    unsqueeze(&[2, -1]).refused("the axes [2, -1] name axis 2 of the rank-3 result twice");
+}
+
+#[test]
+fn squeezing_a_symbolic_axis_is_unsupported_not_invalid() {
+    // ONNX leaves a symbolic size to be checked when run: the model is valid.
+    let n = node("Squeeze", "thin", &["x", "axes"], &["y"]);
+    let net = Net::new(n, vec![floats_info("x", &[-1, 3])]).init(ints("axes", &[1], &[0]));
+    net.unsupported("squeezing axis 0 of symbolic size batch");
+}
+
+// F6: Split.
+
+fn split(size: i64, outputs: &[&str]) -> Net {
+    Net::new(
+        node("Split", "parts", &["x"], outputs),
+        vec![floats_info("x", &[size])],
+    )
+}
+
+#[test]
+fn split_before_opset_18_refuses_an_axis_that_does_not_divide_evenly() {
+    split(6, &["a", "b"]).opset(13).import().unwrap();
+    split(5, &["a", "b"])
+        .opset(13)
+        .refused("axis 0 of size 5 does not split into 2 equal parts");
+    // From opset 18 the last part may be smaller.
+    let mut uneven = split(5, &["a", "b"]).opset(18);
+    uneven.node = with_int(uneven.node, "num_outputs", 2);
+    uneven.import().unwrap();
+}
+
+#[test]
+fn split_refuses_num_outputs_other_than_the_outputs() {
+    let mut net = split(6, &["a", "b"]).opset(18);
+    net.node = with_int(net.node, "num_outputs", 3);
+    net.refused("num_outputs=3, but the node has 2 outputs");
+}
+
+// F7: Pad.
+
+fn pad(size: i64, pads: &[i64]) -> Net {
+    let n = node("Pad", "edge", &["x", "pads"], &["y"]);
+    Net::new(n, vec![floats_info("x", &[size])]).init(ints("pads", &[2], pads))
+}
+
+#[test]
+fn pad_refuses_negative_pads_that_leave_a_negative_size() {
+    pad(3, &[-1, -2]).import().unwrap();
+    pad(3, &[-2, -2]).refused("pads -2 and -2 on axis 0 of size 3 leave -1 elements");
+}
+
+#[test]
+fn pad_cropping_past_the_axis_and_padding_back_is_unsupported() {
+    // 3 - 4 + 2 = 1 element, all padding: the crop used to stop at the axis and keep 2.
+    pad(3, &[-4, 2]).unsupported("pads -4 and 2 that crop more than axis 0 of size 3 holds");
+}
+
+// F8: Mod.
+
+#[test]
+fn mod_refuses_fmod_0_on_floats_before_opset_28() {
+    let modulo = |fmod: i64, opset: i64| {
+        let n = with_int(node("Mod", "rem", &["a", "b"], &["y"]), "fmod", fmod);
+        Net::new(n, vec![floats_info("a", &[3]), floats_info("b", &[3])]).opset(opset)
+    };
+    modulo(1, 17).import().unwrap();
+    modulo(0, 28).import().unwrap();
+    modulo(0, 17).refused("fmod=0 on f32 inputs: before opset 28 floating-point Mod needs fmod=1");
+}
+
+// F9: Clip.
+
+#[test]
+fn clip_refuses_bounds_that_are_not_scalars() {
+    let clip = |x: &[i64], min: &[i64]| {
+        let n = node("Clip", "clamp", &["x", "min"], &["y"]);
+        Net::new(n, vec![floats_info("x", x), floats_info("min", min)]).opset(13)
+    };
+    clip(&[3], &[]).import().unwrap();
+    clip(&[3], &[3]).refused("min [3] should be a scalar");
+    // A one-element bound is taken as a scalar: it does not give a scalar `x` an axis.
+    let m = clip(&[], &[1]).import().unwrap();
+    let y = run(&m, vec![f32s(&[], &[-5.0]), f32s(&[1], &[-1.0])]);
+    assert_eq!(y[0].shape(), &[] as &[usize]);
+    assert_eq!(y[0].to_f64_vec(), [-1.0]);
+}
+
+// F10: Gemm.
+
+fn gemm(a: &[i64], b: &[i64], c: Option<&[i64]>) -> Net {
+    let mut inputs = vec![floats_info("a", a), floats_info("b", b)];
+    let mut names = vec!["a", "b"];
+    if let Some(c) = c {
+        inputs.push(floats_info("c", c));
+        names.push("c");
+    }
+    Net::new(node("Gemm", "fc", &names, &["y"]), inputs)
+}
+
+#[test]
+fn gemm_refuses_operands_that_are_not_matrices() {
+    gemm(&[2, 3], &[3, 4], None).import().unwrap();
+    gemm(&[2, 2, 3], &[3, 4], None).refused("A [2,2,3] should be a matrix (2-D)");
+    gemm(&[2, 3], &[3], None).refused("B [3] should be a matrix (2-D)");
+}
+
+#[test]
+fn gemm_refuses_a_c_that_would_widen_the_product() {
+    gemm(&[-1, 3], &[3, 4], Some(&[1, 4])).import().unwrap();
+    gemm(&[1, 3], &[3, 4], Some(&[2, 4]))
+        .refused("C [2,4] does not broadcast to the product A'·B' [1,4]");
+    gemm(&[2, 3], &[3, 4], Some(&[1, 2, 4])).refused("C [1,2,4] does not broadcast");
+}
+
+// F11: Conv.
+
+fn conv(w: &[i64], bias: Option<&[i64]>) -> Net {
+    let mut inputs = vec![floats_info("x", &[1, 2, 5, 5]), floats_info("w", w)];
+    let mut names = vec!["x", "w"];
+    if let Some(b) = bias {
+        inputs.push(floats_info("b", b));
+        names.push("b");
+    }
+    Net::new(node("Conv", "filter", &names, &["y"]), inputs)
+}
+
+#[test]
+fn conv_refuses_weights_of_another_rank() {
+    conv(&[3, 2, 1, 3], None).import().unwrap();
+    conv(&[3, 2, 3], None)
+        .refused("the weights [3,2,3] should have the rank of the input [1,2,5,5]");
+}
+
+#[test]
+fn conv_refuses_a_kernel_shape_unlike_the_weights() {
+    let mut net = conv(&[3, 2, 3, 3], None);
+    net.node = with_ints(net.node, "kernel_shape", &[3, 3]);
+    net.import().unwrap();
+    net.node.attribute.clear();
+    net.node = with_ints(net.node, "kernel_shape", &[2, 2]);
+    net.refused("kernel_shape [2, 2] is not the spatial sizes of the weights [3,2,3,3]");
+}
+
+#[test]
+fn conv_refuses_a_bias_not_one_per_output_channel() {
+    conv(&[4, 2, 3, 3], Some(&[4])).import().unwrap();
+    conv(&[4, 2, 3, 3], Some(&[1])).refused("the bias [1] should be 1-D with one value per");
+    conv(&[4, 2, 3, 3], Some(&[2, 2])).refused("the bias [2, 2] should be 1-D");
+}
+
+// F12: BatchNormalization and InstanceNormalization.
+
+#[test]
+fn batch_norm_refuses_statistics_not_one_per_channel() {
+    let batch_norm = |mean: &[i64]| {
+        let n = node(
+            "BatchNormalization",
+            "bn",
+            &["x", "s", "b", "m", "v"],
+            &["y"],
+        );
+        let inputs = vec![
+            floats_info("x", &[2, 3, 4]),
+            floats_info("s", &[3]),
+            floats_info("b", &[3]),
+            floats_info("m", mean),
+            floats_info("v", &[3]),
+        ];
+        Net::new(n, inputs)
+    };
+    batch_norm(&[3]).import().unwrap();
+    batch_norm(&[1]).refused("the mean [1] should have one value per channel (3)");
+}
+
+#[test]
+fn batch_norm_with_spatial_0_is_unsupported() {
+    // Before opset 9, spatial=0 keeps statistics per activation, [C, D]: valid, not per channel.
+    let n = node(
+        "BatchNormalization",
+        "bn",
+        &["x", "s", "b", "m", "v"],
+        &["y"],
+    );
+    let mut inputs = vec![floats_info("x", &[2, 3, 4])];
+    inputs.extend(["s", "b", "m", "v"].map(|name| floats_info(name, &[3, 4])));
+    let net = Net::new(with_int(n, "spatial", 0), inputs).opset(7);
+    net.unsupported("BatchNormalization with spatial=0");
+}
+
+#[test]
+fn instance_norm_refuses_a_scale_not_one_per_channel() {
+    let instance_norm = |scale: &[i64]| {
+        let n = node("InstanceNormalization", "inorm", &["x", "s", "b"], &["y"]);
+        let x = floats_info("x", &[2, 3, 4]);
+        Net::new(n, vec![x, floats_info("s", scale), floats_info("b", &[3])])
+    };
+    instance_norm(&[3]).import().unwrap();
+    instance_norm(&[1]).refused("the scale [1] should have one value per channel (3)");
+    instance_norm(&[1, 3]).refused("the scale [1, 3] should have one value per channel (3)");
+}
+
+// F13: LayerNormalization.
+
+#[test]
+fn layer_norm_refuses_a_scale_or_bias_that_would_widen_the_input() {
+    let layer_norm = |x: &[i64], scale: &[i64], bias: &[i64]| {
+        let n = node("LayerNormalization", "ln", &["x", "s", "b"], &["y"]);
+        let inputs = vec![
+            floats_info("x", x),
+            floats_info("s", scale),
+            floats_info("b", bias),
+        ];
+        Net::new(n, inputs)
+    };
+    layer_norm(&[3, 4], &[4], &[4]).import().unwrap();
+    // ONNX asks only that they broadcast to X: one scale per row is valid.
+    layer_norm(&[3, 4], &[3, 1], &[1]).import().unwrap();
+    layer_norm(&[1, 4], &[2, 4], &[4])
+        .refused("the scale [2,4] does not broadcast to the input [1,4]");
+    layer_norm(&[1, 4], &[4], &[5, 1, 4])
+        .refused("the bias [5,1,4] does not broadcast to the input [1,4]");
+}
+
+// F19: Gather.
+
+#[test]
+fn gather_refuses_indices_that_are_not_integers() {
+    let gather = |indices: TensorProto| {
+        let n = node("Gather", "pick", &["x", "i"], &["y"]);
+        Net::new(n, vec![floats_info("x", &[3])]).init(indices)
+    };
+    gather(ints("i", &[1], &[2])).import().unwrap();
+    gather(floats("i", &[1], &[1.7])).refused("the indices should be int32 or int64, not f32");
+    // Computed at run time.
+    let n = node("Gather", "pick", &["x", "i"], &["y"]);
+    let inputs = vec![floats_info("x", &[3]), floats_info("i", &[1])];
+    Net::new(n, inputs).refused("the indices should be int32 or int64, not f32");
+}
