@@ -6,7 +6,7 @@
 mod common;
 
 use common::kiln;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Output;
 
 /// Ops in each graph: deep enough that one stack frame per op overflowed the main thread's
@@ -31,7 +31,7 @@ fn chain(ops: usize) -> String {
     let mut s = String::from("module {\n  func @f(%x: f32[2,3]) -> f32[] {\n");
     let mut prev = "%x".to_string();
     for i in 0..ops {
-        let op = if i % 2 == 0 { "abs" } else { "neg" };
+        let op = if i.is_multiple_of(2) { "abs" } else { "neg" };
         s += &format!("    %t{i} = {op} {prev} : f32[2,3]\n");
         prev = format!("%t{i}");
     }
@@ -61,7 +61,7 @@ fn wide(ops: usize) -> String {
 const FEED: &str = "x=[[1,-2,3],[-4,5,-6]]";
 
 /// Every command that reads a program, on `path`; the runs must print `expected`.
-fn every_command(path: &PathBuf, expected: &str) {
+fn every_command(path: &Path, expected: &str) {
     let p = path.to_str().unwrap();
     let report = path.with_extension("html");
     let commands: Vec<Vec<&str>> = vec![

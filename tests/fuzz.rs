@@ -36,6 +36,8 @@ fn a_fixed_budget_of_mutants_finds_nothing() {
         summary.npy_files >= 100 && summary.checkpoints >= 100,
         "{summary}"
     );
+    // ONNX mutants of the seed models (tests/onnx/fuzz_seeds), some of which import.
+    assert!(summary.models >= 500 && summary.imported >= 50, "{summary}");
 }
 
 /// Both in one test: a fuzzing run sets the process's run limits and panic hook while it

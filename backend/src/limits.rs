@@ -202,7 +202,7 @@ pub fn check_live(
 pub fn check_inst(func: &Function, inst: Inst) -> Result<(), InterpError> {
     let size = |_: &Symbol| None;
     let d = func.inst(inst);
-    let bytes = |v| bytes_of(func.value_type(v), &size);
+    let bytes = |v| bytes_of(func.value_type(v), size);
     let inner = (d.regions.iter())
         .map(|&r| peak_in(func, r, &size).bytes)
         .max()

@@ -339,7 +339,11 @@ fn a_last_index_arg_reduction_over_a_huge_axis_imports_without_building_its_indi
     // allocated (and the process aborted) before any memory limit could refuse the run.
     let mut arg = node("ArgMin", "last", &["x"], &["y"]);
     arg = with_int(with_int(arg, "axis", 1), "select_last_index", 1);
-    let m = model(vec![arg], vec![info("x", DataType::Float, &[2, 1 << 31, 4])], &["y"]);
+    let m = model(
+        vec![arg],
+        vec![info("x", DataType::Float, &[2, 1 << 31, 4])],
+        &["y"],
+    );
     let imported = import(&m).unwrap();
     let small = model(
         vec![with_int(

@@ -8,6 +8,7 @@ never a Rust source path in a message."""
 
 import inspect
 import math
+import pathlib
 import random
 import re
 
@@ -28,6 +29,27 @@ RUST_PATH = re.compile(r"[\w/]+\.rs:\d+")
 
 # Calls that run for long on valid arguments (whole epochs), not misuse.
 SLOW = {"fit"}
+
+# Seed ONNX models (node tests of the pinned onnx wheel): `kiln.onnx.load` is called on them,
+# on mutants of them, and on files that are no model at all.
+ONNX_SEEDS = sorted((pathlib.Path(__file__).parents[2] / "tests/onnx/fuzz_seeds").glob("*.onnx"))
+
+
+def onnx_files(rng, folder):
+    """Paths of models: seeds as they are, bit-flipped, cut short, and a text file."""
+    paths = [str(p) for p in ONNX_SEEDS]
+    for k in range(4):
+        data = bytearray(rng.choice(ONNX_SEEDS).read_bytes())
+        if k % 2 == 0:
+            for _ in range(1 + rng.randrange(4)):
+                data[rng.randrange(len(data))] ^= 1 << rng.randrange(8)
+        else:
+            data = data[: rng.randrange(len(data))]
+        path = folder / f"mutant{k}.onnx"
+        path.write_bytes(bytes(data))
+        paths.append(str(path))
+    (folder / "text.onnx").write_text("not a model")
+    return paths + [str(folder / "text.onnx"), str(folder / "missing.onnx")]
 
 
 def numbers():
@@ -84,7 +106,7 @@ def functions():
         F.relu, F.softmax, F.log_softmax, F.cross_entropy, F.mse_loss, F.linear, F.conv2d,
         F.max_pool2d, F.avg_pool2d, F.layer_norm, F.dropout, F.embedding, F.flatten,
         layers.dense, layers.mse, layers.softmax_cross_entropy, layers.accuracy,
-        kiln.data.Dataset, kiln.data.DataLoader,
+        kiln.data.Dataset, kiln.data.DataLoader, kiln.onnx.load,
     ]
 
 
@@ -99,8 +121,10 @@ def methods(obj):
     return [n for n in names if callable(getattr(type(obj), n, None) or getattr(obj, n, None))]
 
 
-def argument(rng, pool):
-    kind = rng.randrange(6)
+def argument(rng, pool, models):
+    kind = rng.randrange(7)
+    if kind == 6:
+        return rng.choice(models)
     if kind == 0:
         return rng.choice(numbers())
     if kind == 1:
@@ -137,11 +161,12 @@ def fresh_context():
 def test_random_calls_raise_only_ordinary_exceptions(seed, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # a method that saves writes here
     rng = random.Random(seed)
-    pool = kiln_objects(seed)
+    models = onnx_files(rng, tmp_path)
+    pool = kiln_objects(seed) + loaded_models(models)
     raised, returned = {}, 0
     for call in range(2500):
         if call % 300 == 299:
-            pool = kiln_objects(seed + call)
+            pool = kiln_objects(seed + call) + loaded_models(models)
         if rng.random() < 0.2:
             target, name = None, None
             f = rng.choice(functions())
@@ -152,7 +177,7 @@ def test_random_calls_raise_only_ordinary_exceptions(seed, tmp_path, monkeypatch
                 continue
             name = rng.choice(candidates)
             f = getattr(target, name)
-        args = [argument(rng, pool) for _ in range(arity(rng, f))]
+        args = [argument(rng, pool, models) for _ in range(arity(rng, f))]
         what = f"{type(target).__name__}.{name}" if name else getattr(f, "__name__", f)
         try:
             result = f(*args)
@@ -171,6 +196,17 @@ def test_random_calls_raise_only_ordinary_exceptions(seed, tmp_path, monkeypatch
     # The calls reached Kiln: some returned, and Kiln itself refused others.
     assert returned > 100 and raised.get("KilnError", 0) + raised.get("ShapeError", 0) > 50, (
         returned, raised)
+
+
+def loaded_models(paths):
+    """The models of `paths` that load, into the pool (their methods get called too)."""
+    loaded = []
+    for path in paths:
+        try:
+            loaded.append(kiln.onnx.load(path))
+        except ALLOWED:
+            pass
+    return loaded
 
 
 def short(a):

@@ -14,7 +14,7 @@ const OPS: usize = 20_000;
 const X: [f32; 6] = [1.0, -2.0, 3.0, -4.0, 5.0, -6.0];
 
 fn op(i: usize) -> UnaryOp {
-    if i % 2 == 0 {
+    if i.is_multiple_of(2) {
         UnaryOp::Abs
     } else {
         UnaryOp::Neg

@@ -13,7 +13,7 @@ fn an_eager_op_whose_operands_and_result_pass_the_limit_is_refused() {
     set_memory_limit(Some(10_000_000));
     let sum = x.binary(BinaryOp::Add, &x);
     set_memory_limit(None);
-    let message = sum.err().expect("refused").to_string();
+    let message = sum.expect_err("refused").to_string();
     assert!(
         message.contains("3 operands and results together"),
         "{message}"

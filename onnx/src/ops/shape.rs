@@ -429,7 +429,7 @@ pub(super) fn split(c: &mut Ctx) -> Converted {
 /// The sizes of `parts` equal parts of axis `a` of `size`. Before opset 18 the parts must be
 /// equal; from 18 the last may be smaller.
 fn equal_parts(c: &Ctx, a: usize, size: usize, parts: usize) -> Result<Vec<usize>, Fail> {
-    if c.node.opset < 18 && size % parts.max(1) != 0 {
+    if c.node.opset < 18 && !size.is_multiple_of(parts.max(1)) {
         return Err(Fail::Invalid(format!(
             "axis {a} of size {size} does not split into {parts} equal parts, and no split \
              sizes are given"
