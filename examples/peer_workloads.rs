@@ -441,6 +441,8 @@ fn w12(e: &Emitter) -> Result<(), Error> {
         "mean_loss_last_epoch": run.mean_loss_last_epoch,
         "test_accuracy": run.test_accuracy,
         "epochs": run.epoch_seconds.len(),
+        // In order: a later epoch slower than the first is what subnormals did (issue 58).
+        "epoch_seconds": run.epoch_seconds,
     });
     let case = "tour CNN (digits_cnn::network) + Adam.minimize, Trainer over DataLoader(shuffle, batch 64, prefetch 2)";
     e.emit(
