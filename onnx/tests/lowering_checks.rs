@@ -469,3 +469,250 @@ fn gather_refuses_indices_that_are_not_integers() {
     let inputs = vec![floats_info("x", &[3]), floats_info("i", &[1])];
     Net::new(n, inputs).refused("the indices should be int32 or int64, not f32");
 }
+
+// F14: RNN, GRU and LSTM.
+
+/// `op` over X [2, 1, 3] (T, N, D) with W and R of the given shapes and further inputs
+/// `(index, dims)` in increasing order (4, sequence_lens, is an initializer of `dims` 2s).
+fn recurrent(op: &str, w: &[i64], r: &[i64], extra: &[(usize, &[i64])]) -> Net {
+    let names = ["x", "w", "r", "b", "lens", "h0", "c0", "p"];
+    let mut inputs = vec![
+        floats_info("x", &[2, 1, 3]),
+        floats_info("w", w),
+        floats_info("r", r),
+    ];
+    let (mut used, mut lens) = (vec!["x", "w", "r"], None);
+    for &(i, dims) in extra {
+        used.resize(i, "");
+        used.push(names[i]);
+        match i {
+            4 => {
+                lens = Some(ints(
+                    "lens",
+                    dims,
+                    &vec![2; dims.iter().product::<i64>() as usize],
+                ))
+            }
+            _ => inputs.push(floats_info(names[i], dims)),
+        }
+    }
+    let net = Net::new(node(op, "cell", &used, &["y"]), inputs);
+    match lens {
+        Some(lens) => net.init(lens),
+        None => net,
+    }
+}
+
+fn lstm(w: &[i64], r: &[i64], extra: &[(usize, &[i64])]) -> Net {
+    let mut net = recurrent("LSTM", w, r, extra);
+    net.node = with_int(net.node, "hidden_size", 4);
+    net
+}
+
+#[test]
+fn lstm_refuses_weights_not_of_the_gates_hidden_size_and_input() {
+    lstm(&[1, 16, 3], &[1, 16, 4], &[]).import().unwrap();
+    lstm(&[1, 12, 3], &[1, 16, 4], &[])
+        .refused("W [1,12,3] should be [1,16,3] (for 1 direction(s), 4 gate(s) and hidden_size 4)");
+    lstm(&[1, 16, 2], &[1, 16, 4], &[]).refused("W [1,16,2] should be [1,16,3]");
+    lstm(&[1, 16, 3], &[1, 16, 3], &[]).refused("R [1,16,3] should be [1,16,4]");
+    let mut wide = lstm(&[1, 16, 3], &[1, 16, 4], &[]);
+    wide.node.attribute.clear();
+    wide.node = with_int(wide.node, "hidden_size", 5);
+    wide.refused("W [1,16,3] should be [1,20,3]");
+}
+
+#[test]
+fn lstm_refuses_weights_for_another_number_of_directions() {
+    lstm(&[2, 16, 3], &[2, 16, 4], &[]).refused("W [2,16,3] should be [1,16,3]");
+    let bidirectional = |w: &[i64], r: &[i64]| {
+        let mut net = lstm(w, r, &[]);
+        net.node.attribute.push(AttributeProto {
+            name: Some("direction".into()),
+            s: Some(b"bidirectional".to_vec()),
+            r#type: Some(3),
+            ..Default::default()
+        });
+        net
+    };
+    bidirectional(&[2, 16, 3], &[2, 16, 4]).import().unwrap();
+    bidirectional(&[1, 16, 3], &[1, 16, 4]).refused("W [1,16,3] should be [2,16,3] (for 2");
+}
+
+#[test]
+fn lstm_refuses_biases_states_and_lengths_of_other_shapes() {
+    let (w, r) = (&[1, 16, 3][..], &[1, 16, 4][..]);
+    let all: [(usize, &[i64]); 5] = [
+        (3, &[1, 32]),
+        (4, &[1]),
+        (5, &[1, 1, 4]),
+        (6, &[1, 1, 4]),
+        (7, &[1, 12]),
+    ];
+    lstm(w, r, &all).import().unwrap();
+    lstm(w, r, &[(3, &[1, 16])]).refused("B [1,16] should be [1,32]");
+    lstm(w, r, &[(4, &[2])]).refused("sequence_lens [2] should be [1]");
+    lstm(w, r, &[(5, &[1, 2, 4])]).refused("initial_h [1,2,4] should be [1,1,4]");
+    lstm(w, r, &[(6, &[1, 1, 3])]).refused("initial_c [1,1,3] should be [1,1,4]");
+    lstm(w, r, &[(7, &[1, 16])]).refused("P [1,16] should be [1,12]");
+}
+
+#[test]
+fn gru_and_rnn_refuse_weights_for_another_gate_count() {
+    let with_hidden = |net: Net| Net {
+        node: with_int(net.node.clone(), "hidden_size", 4),
+        ..net
+    };
+    with_hidden(recurrent("GRU", &[1, 12, 3], &[1, 12, 4], &[]))
+        .import()
+        .unwrap();
+    with_hidden(recurrent("GRU", &[1, 16, 3], &[1, 16, 4], &[]))
+        .refused("W [1,16,3] should be [1,12,3] (for 1 direction(s), 3 gate(s)");
+    with_hidden(recurrent("RNN", &[1, 4, 3], &[1, 4, 4], &[(3, &[1, 8])]))
+        .import()
+        .unwrap();
+    with_hidden(recurrent("RNN", &[1, 4, 3], &[1, 4, 4], &[(3, &[1, 4])]))
+        .refused("B [1,4] should be [1,8]");
+}
+
+#[test]
+fn rnn_without_hidden_size_takes_it_from_r() {
+    // ONNX's hidden_size is optional: R [D, G·H, H] gives it.
+    recurrent("RNN", &[1, 4, 3], &[1, 4, 4], &[])
+        .import()
+        .unwrap();
+}
+
+#[test]
+fn rnn_in_layout_1_reads_the_initial_state_batch_first() {
+    // X [N=2, T=1, D=1] and initial_h [N=2, 1, H=1]; W = 0 and R = 1, so Y_h = tanh(initial_h).
+    let n = with_int(
+        node("RNN", "cell", &["x", "w", "r", "", "", "h0"], &["y", "yh"]),
+        "layout",
+        1,
+    );
+    let inputs = vec![floats_info("x", &[2, 1, 1]), floats_info("h0", &[2, 1, 1])];
+    let net = Net::new(with_int(n, "hidden_size", 1), inputs)
+        .init(floats("w", &[1, 1, 1], &[0.0]))
+        .init(floats("r", &[1, 1, 1], &[1.0]));
+    let m = net.import().unwrap();
+    let x = f32s(&[2, 1, 1], &[0.0, 0.0]);
+    let y = run(&m, vec![x, f32s(&[2, 1, 1], &[0.5, -0.5])]);
+    assert_eq!(y[1].shape(), &[2, 1, 1]);
+    let want = [0.5f64.tanh(), (-0.5f64).tanh()];
+    for (got, want) in y[1].to_f64_vec().iter().zip(want) {
+        assert!((got - want).abs() < 1e-6, "{:?}", y[1].to_f64_vec());
+    }
+}
+
+// F15: Resize and Upsample.
+
+fn resize(scales: Option<&[f32]>, sizes: Option<&[i64]>) -> Net {
+    let n = node("Resize", "scale", &["x", "", "scales", "sizes"], &["y"]);
+    let mut net = Net::new(n, vec![floats_info("x", &[1, 1, 2, 2])]).opset(19);
+    match scales {
+        Some(s) => net = net.init(floats("scales", &[s.len() as i64], s)),
+        None => net.node.input[2].clear(),
+    }
+    match sizes {
+        Some(s) => net = net.init(ints("sizes", &[s.len() as i64], s)),
+        None => net.node.input[3].clear(),
+    }
+    net
+}
+
+#[test]
+fn resize_refuses_both_scales_and_sizes() {
+    resize(None, Some(&[1, 1, 4, 4])).import().unwrap();
+    resize(Some(&[]), Some(&[1, 1, 4, 4])).import().unwrap();
+    resize(Some(&[1.0, 1.0, 2.0, 2.0]), Some(&[1, 1, 4, 4]))
+        .refused("scales [4] and sizes [1, 1, 4, 4] are both given");
+}
+
+#[test]
+fn resize_refuses_sizes_not_one_per_axis() {
+    resize(None, Some(&[1, 1, 4, 4, 4])).refused(
+        "sizes [1, 1, 4, 4, 4] should have one entry per axis of the rank-4 input [1, 1, 2, 2]",
+    );
+    let mut net = resize(None, Some(&[1, 1, 4, 4]));
+    net.node = with_ints(net.node, "axes", &[2, 3]);
+    net.refused("sizes [1, 1, 4, 4] should have one entry per axis of the axes [2, 3]");
+    let mut net = resize(None, Some(&[4, 4]));
+    net.node = with_ints(net.node, "axes", &[2, 3]);
+    net.import().unwrap();
+}
+
+#[test]
+fn upsample_refuses_a_scale_below_1() {
+    let upsample = |scales: &[f32]| {
+        let n = node("Upsample", "grow", &["x", "scales"], &["y"]);
+        Net::new(n, vec![floats_info("x", &[1, 1, 2, 2])])
+            .init(floats("scales", &[4], scales))
+            .opset(9)
+    };
+    upsample(&[1.0, 1.0, 2.0, 2.0]).import().unwrap();
+    upsample(&[1.0, 1.0, 0.5, 2.0]).refused(
+        "the scales [1.0, 1.0, 0.5, 2.0] of the input [1, 1, 2, 2] include 0.5: Upsample's \
+         scales should be at least 1",
+    );
+}
+
+// F16: Attention.
+
+fn attention(k: &[i64], v: &[i64], past: [Option<&[i64]>; 2]) -> Net {
+    let mut inputs = vec![
+        floats_info("q", &[1, 4, 3, 8]),
+        floats_info("k", k),
+        floats_info("v", v),
+    ];
+    let mut names = vec!["q", "k", "v", ""];
+    for (name, dims) in ["pk", "pv"].into_iter().zip(past) {
+        match dims {
+            Some(d) => {
+                inputs.push(floats_info(name, d));
+                names.push(name);
+            }
+            None => names.push(""),
+        }
+    }
+    let n = node(
+        "Attention",
+        "attend",
+        &names,
+        &["y", "present_k", "present_v"],
+    );
+    Net::new(n, inputs).opset(23)
+}
+
+#[test]
+fn attention_refuses_one_cache_without_the_other() {
+    let kv = &[1, 2, 3, 8][..];
+    attention(kv, kv, [Some(&[1, 2, 2, 8]), Some(&[1, 2, 2, 8])])
+        .import()
+        .unwrap();
+    attention(kv, kv, [Some(&[1, 2, 2, 8]), None])
+        .refused("past_key [1,2,2,8] is given without past_value");
+    attention(kv, kv, [None, Some(&[1, 2, 2, 8])])
+        .refused("past_value [1,2,2,8] is given without past_key");
+}
+
+#[test]
+fn attention_refuses_head_counts_that_disagree() {
+    let kv = &[1, 2, 3, 8][..];
+    attention(kv, &[1, 1, 3, 8], [None, None])
+        .refused("K [1,2,3,8] has 2 heads but V [1,1,3,8] has 1");
+    attention(&[1, 3, 3, 8], &[1, 3, 3, 8], [None, None]).refused(
+        "the 4 query heads of Q [1,4,3,8] do not group over the 3 key heads of K [1,3,3,8]",
+    );
+    let with_heads = |q: i64, kv_heads: i64| {
+        let net = attention(kv, kv, [None, None]);
+        let n = with_int(net.node.clone(), "q_num_heads", q);
+        Net {
+            node: with_int(n, "kv_num_heads", kv_heads),
+            ..net
+        }
+    };
+    with_heads(4, 2).import().unwrap();
+    with_heads(3, 2).refused("Q [1,4,3,8] has 4 heads, but q_num_heads=3");
+    with_heads(4, 1).refused("K [1,2,3,8] has 2 heads, but kv_num_heads=1");
+}

@@ -169,6 +169,86 @@ fn guarded_softmax(c: &mut Ctx, s: Value) -> Result<Value, Fail> {
     Ok(c.b.cast(p, t.dtype)?)
 }
 
+/// The heads of a `[B, H, S, D]` value.
+fn heads(c: &Ctx, x: Value) -> Result<usize, Fail> {
+    Ok(c.ty(x).shape.dims()[1]
+        .as_fixed()
+        .ok_or("head counts must be static")?)
+}
+
+/// On 4-D inputs the heads are the shapes' second axis: a `q_num_heads` or `kv_num_heads`
+/// given that says otherwise contradicts it (ONNX means them for 3-D inputs).
+fn check_head_attributes(
+    c: &Ctx,
+    [q, k, v]: [Value; 3],
+    [q_heads, kv_heads]: [Option<usize>; 2],
+) -> Result<(), Fail> {
+    let checks = [
+        ("Q", q, "q_num_heads", q_heads),
+        ("K", k, "kv_num_heads", kv_heads),
+        ("V", v, "kv_num_heads", kv_heads),
+    ];
+    for (what, x, attr, want) in checks {
+        let shape = c.ty(x).shape;
+        let (Some(want), 4) = (want, shape.rank()) else {
+            continue;
+        };
+        if shape.dims()[1].as_fixed().is_some_and(|h| h != want) {
+            return Err(Fail::Invalid(format!(
+                "{what} {shape} has {} heads, but {attr}={want}",
+                shape.dims()[1]
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// The query and key/value heads of the split `[B, H, S, D]` inputs: K and V share
+/// kv_num_heads, which must divide the query heads (each key head serves a group of them) —
+/// else keys and values would be repeated over the wrong heads.
+fn head_counts(c: &Ctx, given: [Value; 3], [q, k, v]: [Value; 3]) -> Result<(usize, usize), Fail> {
+    let [gq, gk, gv] = given.map(|x| c.ty(x).shape);
+    let (hq, hk, hv) = (heads(c, q)?, heads(c, k)?, heads(c, v)?);
+    if hk != hv {
+        return Err(Fail::Invalid(format!(
+            "K {gk} has {hk} heads but V {gv} has {hv}: they should share kv_num_heads"
+        )));
+    }
+    if hk == 0 || hq % hk != 0 {
+        return Err(Fail::Invalid(format!(
+            "the {hq} query heads of Q {gq} do not group over the {hk} key heads of K {gk}"
+        )));
+    }
+    Ok((hq, hk))
+}
+
+/// K and V after their caches, and the cache length. ONNX takes past_key and past_value
+/// together: one alone would leave keys and values of different lengths.
+fn with_past(c: &mut Ctx, k: Value, v: Value) -> Result<(Value, Value, usize), Fail> {
+    let (pk, pv) = match (c.optional(4)?, c.optional(5)?) {
+        (None, None) => return Ok((k, v, 0)),
+        (Some(pk), Some(pv)) => (pk, pv),
+        (Some(x), None) | (None, Some(x)) => {
+            let (what, missing) = match c.has(4) {
+                true => ("past_key", "past_value"),
+                false => ("past_value", "past_key"),
+            };
+            return Err(Fail::Invalid(format!(
+                "{what} {} is given without {missing}: the two caches go together",
+                c.ty(x).shape
+            )));
+        }
+    };
+    let dims = c.ty(pk).shape.dims().to_vec();
+    if dims.len() != 4 {
+        return Err("past_key should be [B, H, P, D]".into());
+    }
+    let past = dims[2]
+        .as_fixed()
+        .ok_or("the cache length must be static")?;
+    Ok((c.b.concat(&[pk, k], 2)?, c.b.concat(&[pv, v], 2)?, past))
+}
+
 /// `Attention(Q, K, V, attn_mask, past_key, past_value)`.
 pub(super) fn attention(c: &mut Ctx) -> Converted {
     if c.has(6) {
@@ -176,34 +256,15 @@ pub(super) fn attention(c: &mut Ctx) -> Converted {
     }
     let q_heads = c.node.int_opt("q_num_heads")?.map(|h| h.max(0) as usize);
     let kv_heads = c.node.int_opt("kv_num_heads")?.map(|h| h.max(0) as usize);
-    let (q, k, v) = (c.input(0)?, c.input(1)?, c.input(2)?);
+    let given = [c.input(0)?, c.input(1)?, c.input(2)?];
+    check_head_attributes(c, given, [q_heads, kv_heads])?;
+    let [q, k, v] = given;
     let three_d = c.rank(q) == 3;
     let q = split_heads(c, q, q_heads)?;
-    let mut k = split_heads(c, k, kv_heads)?;
-    let mut v = split_heads(c, v, kv_heads)?;
-    let mut past = 0;
-    if let (Some(pk), Some(pv)) = (c.optional(4)?, c.optional(5)?) {
-        let dims = c.ty(pk).shape.dims().to_vec();
-        if dims.len() != 4 {
-            return Err("past_key should be [B, H, P, D]".into());
-        }
-        past = dims[2]
-            .as_fixed()
-            .ok_or("the cache length must be static")?;
-        k = c.b.concat(&[pk, k], 2)?;
-        v = c.b.concat(&[pv, v], 2)?;
-    }
-    let heads = |c: &Ctx, x: Value| {
-        c.ty(x).shape.dims()[1]
-            .as_fixed()
-            .ok_or("head counts must be static")
-    };
-    let (hq, hkv) = (heads(c, q)?, heads(c, k)?);
-    if hkv == 0 || hq % hkv != 0 {
-        return Err(Fail::Invalid(format!(
-            "{hq} query heads do not group over {hkv} key heads"
-        )));
-    }
+    let k = split_heads(c, k, kv_heads)?;
+    let v = split_heads(c, v, kv_heads)?;
+    let (hq, hkv) = head_counts(c, given, [q, k, v])?;
+    let (k, v, past) = with_past(c, k, v)?;
     let (kr, vr) = (repeat_heads(c, k, hq / hkv)?, repeat_heads(c, v, hq / hkv)?);
     let [raw, capped, biased] = scores(c, q, kr, past)?;
     let p = guarded_softmax(c, biased)?;

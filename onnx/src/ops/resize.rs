@@ -170,6 +170,9 @@ pub(super) fn resize(c: &mut Ctx) -> Converted {
         (2, 3)
     };
     let sizes = c.known_ints(sizes_at, "sizes")?;
+    if let Some(sizes) = &sizes {
+        check_sizes(c, scales_at, sizes, &dims, &axes)?;
+    }
     let scales: Vec<f64> = match (&sizes, c.known(scales_at)) {
         (Some(sizes), _) => axes
             .iter()
@@ -188,6 +191,40 @@ pub(super) fn resize(c: &mut Ctx) -> Converted {
         )));
     }
     resize_axes(c, &s, x, &dims, &axes, &scales, sizes.as_deref())
+}
+
+/// ONNX takes `sizes` only with `scales` left out or empty — which one to follow would be a
+/// guess — and one size per axis resized: extra sizes were dropped and missing ones reported as
+/// missing scales.
+fn check_sizes(
+    c: &mut Ctx,
+    scales_at: usize,
+    sizes: &[i64],
+    dims: &[usize],
+    axes: &[usize],
+) -> Result<(), Fail> {
+    let scales = match c.known(scales_at) {
+        Some(sc) => Some(sc.shape().to_vec()),
+        None => match c.optional(scales_at)? {
+            Some(v) => c.ty(v).shape.as_fixed(),
+            None => None,
+        },
+    };
+    if let Some(sc) = scales.filter(|sc| sc.iter().product::<usize>() != 0) {
+        return Err(Fail::Invalid(format!(
+            "scales {sc:?} and sizes {sizes:?} are both given: ONNX takes one or the other"
+        )));
+    }
+    if sizes.len() != axes.len() {
+        let of = match c.node.ints("axes") {
+            Some(a) => format!("the axes {a:?}"),
+            None => format!("the rank-{} input {dims:?}", dims.len()),
+        };
+        return Err(Fail::Invalid(format!(
+            "sizes {sizes:?} should have one entry per axis of {of}"
+        )));
+    }
+    Ok(())
 }
 
 fn resize_axes(
@@ -260,5 +297,16 @@ pub(super) fn upsample(c: &mut Ctx) -> Converted {
     let x = c.input(0)?;
     let dims = c.shape(x, "the input")?;
     let mode = c.node.string("mode")?.unwrap_or_else(|| "nearest".into());
+    // Upsample only enlarges: ONNX asks for scales of at least 1.
+    let scales = match c.node.floats("scales") {
+        Some(f) => f.iter().map(|&v| v as f64).collect(),
+        None => c.known(1).map(|s| s.to_f64_vec()).unwrap_or_default(),
+    };
+    if let Some(s) = scales.iter().find(|&&s| s < 1.0 || s.is_nan()) {
+        return Err(Fail::Invalid(format!(
+            "the scales {scales:?} of the input {dims:?} include {s}: Upsample's scales should \
+             be at least 1"
+        )));
+    }
     resize_10(c, x, &dims, mode)
 }

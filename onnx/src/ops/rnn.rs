@@ -43,6 +43,8 @@ struct Setup {
     clip: Option<f64>,
     activations: Vec<String>,
     linear_before_reset: bool,
+    /// 1 when the states are `[N, D, H]` rather than `[D, N, H]`.
+    layout: i64,
 }
 
 /// Rows `[from, from + n)` of `x`'s axis `axis`.
@@ -203,7 +205,7 @@ pub(super) fn recurrent(c: &mut Ctx, cell: Cell) -> Converted {
     let steps = d[0]
         .as_fixed()
         .ok_or_else(|| Fail::Unsupported("a symbolic sequence length".into()))?;
-    let hidden = c.node.positive("hidden_size", None)?;
+    let hidden = hidden_size(c)?;
     if let Some(lens) = c.known(4) {
         if lens.to_f64_vec().iter().any(|&l| l as usize != steps) {
             return unsupported("sequence_lens shorter than the sequence");
@@ -218,6 +220,7 @@ pub(super) fn recurrent(c: &mut Ctx, cell: Cell) -> Converted {
         "bidirectional" => &[false, true],
         other => return Err(Fail::Invalid(format!("direction {other:?}"))),
     };
+    check_shapes(c, cell, hidden, directions.len(), &d, layout)?;
     let mut activations: Vec<String> = match c.node.attr("activations") {
         Some(a) => a
             .strings
@@ -253,6 +256,7 @@ pub(super) fn recurrent(c: &mut Ctx, cell: Cell) -> Converted {
             clip,
             activations: activations[k * per_direction..(k + 1) * per_direction].to_vec(),
             linear_before_reset,
+            layout,
         };
         let (y, h, cl) = run_direction(c, &setup, x, k, reverse, steps)?;
         ys.push(y);
@@ -260,6 +264,83 @@ pub(super) fn recurrent(c: &mut Ctx, cell: Cell) -> Converted {
         cs.push(cl);
     }
     finish(c, &ys, &hs, &cs, layout, cell, hidden, &d[1])
+}
+
+/// `hidden_size`, or (as ONNX allows it left out) the last size of R `[D, G·H, H]`.
+fn hidden_size(c: &mut Ctx) -> Result<usize, Fail> {
+    if c.node.attr("hidden_size").is_some() {
+        return Ok(c.node.positive("hidden_size", None)?);
+    }
+    match input_shape(c, 2)?.as_deref() {
+        Some([_, _, Dim::Fixed(h)]) if *h > 0 => Ok(*h),
+        _ => unsupported("hidden_size left out, with R not of static shape [D, G·H, H]"),
+    }
+}
+
+/// The shape of optional input `i`, read from a known array without making it a value.
+fn input_shape(c: &mut Ctx, i: usize) -> Result<Option<Vec<Dim>>, Fail> {
+    if let Some(a) = c.known(i) {
+        return Ok(Some(a.shape().iter().map(|&n| Dim::Fixed(n)).collect()));
+    }
+    Ok(match c.optional(i)? {
+        Some(v) => Some(c.ty(v).shape.dims().to_vec()),
+        None => None,
+    })
+}
+
+/// Refuses weights, biases and states not of ONNX's shapes: the lowering slices gates and
+/// directions out of them by position, so a wrong size would give wrong gates (or directions)
+/// rather than an error. `x` is X's `[T, N, D]` (in layout 0).
+fn check_shapes(
+    c: &mut Ctx,
+    cell: Cell,
+    hidden: usize,
+    dirs: usize,
+    x: &[Dim],
+    layout: i64,
+) -> Result<(), Fail> {
+    let (f, gh, n) = (Dim::Fixed, cell.gates() * hidden, x[1].clone());
+    // The states are [N, D, H] in layout 1.
+    let state = match layout {
+        1 => vec![n.clone(), f(dirs), f(hidden)],
+        _ => vec![f(dirs), n.clone(), f(hidden)],
+    };
+    let mut expected = vec![
+        (1, "W", vec![f(dirs), f(gh), x[2].clone()]),
+        (2, "R", vec![f(dirs), f(gh), f(hidden)]),
+        (3, "B", vec![f(dirs), f(2 * gh)]),
+        (4, "sequence_lens", vec![n]),
+        (5, "initial_h", state.clone()),
+    ];
+    if cell == Cell::Lstm {
+        expected.push((6, "initial_c", state));
+        expected.push((7, "P", vec![f(dirs), f(3 * hidden)]));
+    }
+    for (i, what, want) in expected {
+        let Some(got) = input_shape(c, i)? else {
+            continue;
+        };
+        if !same_shape(&got, &want) {
+            return Err(Fail::Invalid(format!(
+                "{what} {} should be {} (for {dirs} direction(s), {} gate(s) and \
+                 hidden_size {hidden})",
+                Shape(got),
+                Shape(want),
+                cell.gates()
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Whether `got` can be `want`: the same rank, and no two static sizes that differ (a symbolic
+/// size is checked when the model runs).
+fn same_shape(got: &[Dim], want: &[Dim]) -> bool {
+    got.len() == want.len()
+        && (got.iter().zip(want)).all(|(g, w)| match (g.as_fixed(), w.as_fixed()) {
+            (Some(g), Some(w)) => g == w,
+            _ => true,
+        })
 }
 
 /// Stacks the directions' outputs: `Y` `[T, D, N, H]`, `Y_h` and `Y_c` `[D, N, H]` (layout 0).
@@ -332,6 +413,10 @@ fn run_direction(
     let state_shape = Shape(vec![s.batch.clone(), Dim::Fixed(s.hidden)]);
     let initial = |c: &mut Ctx, i: usize| -> Result<Value, Fail> {
         match c.optional(i)? {
+            Some(v) if s.layout == 1 => {
+                let v = c.b.transpose(v, vec![1, 0, 2])?;
+                direction(c, v, k)
+            }
             Some(v) => direction(c, v, k),
             None => {
                 let zero = c.scalar(dtype, 0.0)?;
