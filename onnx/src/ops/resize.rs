@@ -205,10 +205,7 @@ fn check_sizes(
 ) -> Result<(), Fail> {
     let scales = match c.known(scales_at) {
         Some(sc) => Some(sc.shape().to_vec()),
-        None => match c.optional(scales_at)? {
-            Some(v) => c.ty(v).shape.as_fixed(),
-            None => None,
-        },
+        None => (c.optional(scales_at)?).and_then(|v| c.ty(v).shape.as_fixed()),
     };
     if let Some(sc) = scales.filter(|sc| sc.iter().product::<usize>() != 0) {
         return Err(Fail::Invalid(format!(

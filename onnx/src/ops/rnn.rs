@@ -282,10 +282,7 @@ fn input_shape(c: &mut Ctx, i: usize) -> Result<Option<Vec<Dim>>, Fail> {
     if let Some(a) = c.known(i) {
         return Ok(Some(a.shape().iter().map(|&n| Dim::Fixed(n)).collect()));
     }
-    Ok(match c.optional(i)? {
-        Some(v) => Some(c.ty(v).shape.dims().to_vec()),
-        None => None,
-    })
+    Ok(c.optional(i)?.map(|v| c.ty(v).shape.dims().to_vec()))
 }
 
 /// Refuses weights, biases and states not of ONNX's shapes: the lowering slices gates and
