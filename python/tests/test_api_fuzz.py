@@ -36,8 +36,12 @@ ONNX_SEEDS = sorted((pathlib.Path(__file__).parents[2] / "tests/onnx/fuzz_seeds"
 
 
 def onnx_files(rng, folder):
-    """Paths of models: seeds as they are, bit-flipped, cut short, and a text file."""
-    paths = [str(p) for p in ONNX_SEEDS]
+    """Paths of models in `folder`: seeds as they are, bit-flipped, cut short, and a text file.
+    Copies, never the repository's files: a random call may save over any path it is given."""
+    paths = []
+    for seed in ONNX_SEEDS:
+        (folder / seed.name).write_bytes(seed.read_bytes())
+        paths.append(str(folder / seed.name))
     for k in range(4):
         data = bytearray(rng.choice(ONNX_SEEDS).read_bytes())
         if k % 2 == 0:
