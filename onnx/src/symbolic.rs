@@ -142,26 +142,64 @@ pub(crate) fn eval(node: &Node, env: &Env, b: &FunctionBuilder) -> Result<Vec<Sy
             }])
         }
         "Unsqueeze" => match input(0)? {
-            s if s.scalar => Ok(vec![SymShape { scalar: false, ..s }]),
+            s if s.scalar => {
+                check_only_axis(node, env, true)?;
+                Ok(vec![SymShape { scalar: false, ..s }])
+            }
             _ => unsupported("Unsqueeze of a 1-D symbolic shape (a 2-D shape value)"),
         },
         "Squeeze" => {
             let s = input(0)?;
             match s.entries.len() {
-                1 => Ok(vec![SymShape { scalar: true, ..s }]),
+                1 => {
+                    check_only_axis(node, env, false)?;
+                    Ok(vec![SymShape { scalar: true, ..s }])
+                }
                 _ => unsupported("Squeeze of a symbolic shape of more than one entry"),
             }
         }
         "Concat" => {
+            let axis = node.int("axis", 0)?;
+            if axis != 0 && axis != -1 {
+                return Err(format!("axis {axis} is out of range for 1-D shape values").into());
+            }
             let mut all = Vec::new();
             for i in 0..node.proto.input.len() {
-                all.extend(input(i)?.entries);
+                let part = input(i)?;
+                if part.scalar {
+                    return Err("Concat of a scalar (its inputs need rank 1 or more)".into());
+                }
+                all.extend(part.entries);
             }
             one(all)
         }
         "Slice" => slice(node, input(0)?, env),
         "Mul" | "Div" | "Add" | "Sub" => arithmetic(node.op_type(), input(0)?, input(1)?),
         other => unsupported(format!("{other} of a symbolic shape")),
+    }
+}
+
+/// The axes of an Unsqueeze or Squeeze between a scalar and a 1-D shape value (by attribute,
+/// or by its second input): each must be that value's one axis, 0 or −1, or the lowering would
+/// put the entries on an axis it does not make. `one` asks for at most one (Unsqueeze: two
+/// would make a 2-D shape value, which is valid but not supported).
+fn check_only_axis(node: &Node, env: &Env, one: bool) -> Result<(), Fail> {
+    let given = node.proto.input.get(1).filter(|n| !n.is_empty());
+    let axes: Vec<Entry> = match given {
+        Some(name) => (entries(env, name).ok_or("the axes must be known at import")?).entries,
+        None => (node.ints("axes").unwrap_or_default().iter())
+            .map(|&i| Entry::Int(i))
+            .collect(),
+    };
+    if one && axes.len() > 1 {
+        return unsupported("Unsqueeze of a symbolic size to a shape value of rank 2 or more");
+    }
+    match axes.iter().all(|e| matches!(e, Entry::Int(0 | -1))) {
+        true => Ok(()),
+        false => Err(format!(
+            "the axes {axes:?} should name the one axis of a 1-D shape value (0 or -1)"
+        )
+        .into()),
     }
 }
 

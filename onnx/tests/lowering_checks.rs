@@ -716,3 +716,64 @@ fn attention_refuses_head_counts_that_disagree() {
     with_heads(3, 2).refused("Q [1,4,3,8] has 4 heads, but q_num_heads=3");
     with_heads(4, 1).refused("K [1,2,3,8] has 2 heads, but kv_num_heads=1");
 }
+
+// F17: axes of ops on shape values with symbolic sizes.
+
+/// `reshape(x, concat(unsqueeze(shape(x)[0], axes), [3]; axis))` on `x: [batch, 3]`: the shape
+/// arithmetic an exporter writes for a dynamic batch.
+fn dynamic_reshape(axes: &[i64], axis: i64) -> Result<Model, String> {
+    let nodes = vec![
+        node("Shape", "shape", &["x"], &["s"]),
+        node("Gather", "batch", &["s", "zero"], &["n"]),
+        node("Unsqueeze", "grow", &["n", "axes"], &["u"]),
+        with_int(
+            node("Concat", "join", &["u", "three"], &["target"]),
+            "axis",
+            axis,
+        ),
+        node("Reshape", "again", &["x", "target"], &["y"]),
+    ];
+    let m = ModelProto {
+        ir_version: Some(10),
+        opset_import: vec![OperatorSetIdProto {
+            domain: Some(String::new()),
+            version: Some(17),
+        }],
+        graph: Some(GraphProto {
+            name: Some("net".into()),
+            node: nodes,
+            input: vec![floats_info("x", &[-1, 3])],
+            initializer: vec![
+                ints("zero", &[], &[0]),
+                ints("axes", &[axes.len() as i64], axes),
+                ints("three", &[1], &[3]),
+            ],
+            output: vec![ValueInfoProto {
+                name: Some("y".into()),
+                ..Default::default()
+            }],
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    import_bytes(&m.encode_to_vec(), None).map_err(|e| e.to_string())
+}
+
+#[test]
+fn shape_arithmetic_on_symbolic_sizes_refuses_axes_a_shape_value_lacks() {
+    // Both were ignored: the entries went on axis 0 whatever the axes said.
+    dynamic_reshape(&[0], 0).unwrap();
+    dynamic_reshape(&[-1], -1).unwrap();
+    let e = dynamic_reshape(&[1], 0).unwrap_err();
+    assert!(e.contains(r#""grow" (Unsqueeze"#), "{e}");
+    assert!(
+        e.contains("should name the one axis of a 1-D shape value"),
+        "{e}"
+    );
+    let e = dynamic_reshape(&[0], 1).unwrap_err();
+    assert!(e.contains(r#""join" (Concat"#), "{e}");
+    assert!(
+        e.contains("axis 1 is out of range for 1-D shape values"),
+        "{e}"
+    );
+}
