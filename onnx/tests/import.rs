@@ -1,66 +1,24 @@
 //! Importing models built here message by message: results against hand-computed values, and
 //! hostile files (truncated, bit-flipped, crafted) refused with errors, never a panic.
 
+mod common;
+
+use common::*;
 use kiln_backend::{Array, Interpreter, StateStore};
 use kiln_onnx::proto::tensor_proto::DataType;
 use kiln_onnx::proto::{
     AttributeProto, GraphProto, ModelProto, NodeProto, OperatorSetIdProto, TensorProto,
-    TensorShapeProto, TypeProto, ValueInfoProto, tensor_shape_proto, type_proto,
 };
 use kiln_onnx::{OnnxError, import_bytes};
 use ndarray::{ArrayD, IxDyn};
 use prost::Message;
 
-fn ints(name: &str, values: &[i64]) -> TensorProto {
+fn int_vector(name: &str, values: &[i64]) -> TensorProto {
     TensorProto {
         name: Some(name.into()),
         dims: vec![values.len() as i64],
         data_type: Some(DataType::Int64 as i32),
         int64_data: values.to_vec(),
-        ..Default::default()
-    }
-}
-
-fn value_info(name: &str, dims: &[i64]) -> ValueInfoProto {
-    let dim = dims
-        .iter()
-        .map(|&d| tensor_shape_proto::Dimension {
-            value: Some(match d {
-                -1 => tensor_shape_proto::dimension::Value::DimParam("batch".into()),
-                d => tensor_shape_proto::dimension::Value::DimValue(d),
-            }),
-            ..Default::default()
-        })
-        .collect();
-    ValueInfoProto {
-        name: Some(name.into()),
-        r#type: Some(TypeProto {
-            value: Some(type_proto::Value::TensorType(type_proto::Tensor {
-                elem_type: Some(DataType::Float as i32),
-                shape: Some(TensorShapeProto { dim }),
-            })),
-            ..Default::default()
-        }),
-        ..Default::default()
-    }
-}
-
-fn floats(name: &str, dims: &[i64], values: &[f32]) -> TensorProto {
-    TensorProto {
-        name: Some(name.into()),
-        dims: dims.to_vec(),
-        data_type: Some(DataType::Float as i32),
-        float_data: values.to_vec(),
-        ..Default::default()
-    }
-}
-
-fn node(op: &str, name: &str, inputs: &[&str], outputs: &[&str]) -> NodeProto {
-    NodeProto {
-        op_type: Some(op.into()),
-        name: Some(name.into()),
-        input: inputs.iter().map(|s| s.to_string()).collect(),
-        output: outputs.iter().map(|s| s.to_string()).collect(),
         ..Default::default()
     }
 }
@@ -76,8 +34,8 @@ fn model(nodes: Vec<NodeProto>, initializer: Vec<TensorProto>, output: &str) -> 
             name: Some("net".into()),
             node: nodes,
             initializer,
-            input: vec![value_info("x", &[-1, 2])],
-            output: vec![value_info(output, &[-1, 3])],
+            input: vec![floats_info("x", &[-1, 2])],
+            output: vec![floats_info(output, &[-1, 3])],
             ..Default::default()
         }),
         ..Default::default()
@@ -275,11 +233,15 @@ fn a_reshape_computed_from_a_dynamic_batch_stays_symbolic() {
     ];
     let zero = TensorProto {
         dims: vec![],
-        ..ints("zero", &[0])
+        ..int_vector("zero", &[0])
     };
-    let inits = vec![zero, ints("axes", &[0]), ints("minus_one", &[-1])];
+    let inits = vec![
+        zero,
+        int_vector("axes", &[0]),
+        int_vector("minus_one", &[-1]),
+    ];
     let mut m = model(nodes, inits, "y");
-    m.graph.as_mut().unwrap().input = vec![value_info("x", &[-1, 2, 3])];
+    m.graph.as_mut().unwrap().input = vec![floats_info("x", &[-1, 2, 3])];
     let imported = import_bytes(&m.encode_to_vec(), None).unwrap();
     let f = &imported.module.functions[0];
     assert_eq!(f.result_types()[0].to_string(), "f32[batch,6]");
@@ -317,28 +279,8 @@ fn graph(
     let mut m = model(nodes, initializer, output);
     m.opset_import[0].version = Some(opset);
     let g = m.graph.as_mut().unwrap();
-    g.input = inputs.iter().map(|(n, d)| value_info(n, d)).collect();
+    g.input = inputs.iter().map(|(n, d)| floats_info(n, d)).collect();
     m
-}
-
-fn with_ints(mut n: NodeProto, name: &str, values: &[i64]) -> NodeProto {
-    n.attribute.push(AttributeProto {
-        name: Some(name.into()),
-        ints: values.to_vec(),
-        r#type: Some(7),
-        ..Default::default()
-    });
-    n
-}
-
-fn with_int(mut n: NodeProto, name: &str, value: i64) -> NodeProto {
-    n.attribute.push(AttributeProto {
-        name: Some(name.into()),
-        i: Some(value),
-        r#type: Some(2),
-        ..Default::default()
-    });
-    n
 }
 
 fn evaluate(m: &ModelProto, x: Vec<f32>, dims: &[usize]) -> Vec<f64> {
@@ -350,10 +292,10 @@ fn evaluate(m: &ModelProto, x: Vec<f32>, dims: &[usize]) -> Vec<f64> {
 fn slice_backwards_from_before_the_start_keeps_the_first_element() {
     // starts=-10 clamps to 0 (not -1) when stepping backwards: the result is [x0].
     let inits = vec![
-        ints("s", &[-10]),
-        ints("e", &[-20]),
-        ints("a", &[0]),
-        ints("st", &[-1]),
+        int_vector("s", &[-10]),
+        int_vector("e", &[-20]),
+        int_vector("a", &[0]),
+        int_vector("st", &[-1]),
     ];
     let node = node("Slice", "slice", &["x", "s", "e", "a", "st"], &["y"]);
     let m = graph(vec![node], inits, &[("x", &[3])], "y", 13);
@@ -478,21 +420,21 @@ fn hostile_nodes_are_errors_not_panics() {
                 "unused",
                 &[],
             )],
-            vec![ints("r", &[1 << 40, 1 << 40])],
+            vec![int_vector("r", &[1 << 40, 1 << 40])],
             &[("x", &[2, 2])],
             "y",
             13,
         ),
         graph(
             vec![node("Pad", "p", &["x", "pads"], &["y"])],
-            vec![ints("pads", &[i64::MIN, i64::MAX])],
+            vec![int_vector("pads", &[i64::MIN, i64::MAX])],
             &[("x", &[2])],
             "y",
             13,
         ),
         graph(
             vec![node("Reshape", "r", &["x", "s"], &["y"])],
-            vec![ints("s", &[1 << 33, 1 << 33, -1])],
+            vec![int_vector("s", &[1 << 33, 1 << 33, -1])],
             &[("x", &[2])],
             "y",
             13,

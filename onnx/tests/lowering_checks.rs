@@ -3,94 +3,17 @@
 //! it is now refused when importing, naming the node and the values involved. Next to each, the
 //! nearest valid model still imports.
 
+mod common;
+
+use common::*;
 use kiln_backend::{Array, Interpreter, StateStore};
 use kiln_onnx::proto::tensor_proto::DataType;
 use kiln_onnx::proto::{
     AttributeProto, GraphProto, ModelProto, NodeProto, OperatorSetIdProto, TensorProto,
-    TensorShapeProto, TypeProto, ValueInfoProto, tensor_shape_proto, type_proto,
+    ValueInfoProto,
 };
 use kiln_onnx::{Model, import_bytes};
 use prost::Message;
-
-/// A graph input of `dims`; a negative size is the symbolic size `batch`.
-fn info(name: &str, dtype: DataType, dims: &[i64]) -> ValueInfoProto {
-    let dim = (dims.iter())
-        .map(|&d| tensor_shape_proto::Dimension {
-            value: Some(match d {
-                d if d < 0 => tensor_shape_proto::dimension::Value::DimParam("batch".into()),
-                d => tensor_shape_proto::dimension::Value::DimValue(d),
-            }),
-            ..Default::default()
-        })
-        .collect();
-    ValueInfoProto {
-        name: Some(name.into()),
-        r#type: Some(TypeProto {
-            value: Some(type_proto::Value::TensorType(type_proto::Tensor {
-                elem_type: Some(dtype as i32),
-                shape: Some(TensorShapeProto { dim }),
-            })),
-            ..Default::default()
-        }),
-        ..Default::default()
-    }
-}
-
-fn floats_info(name: &str, dims: &[i64]) -> ValueInfoProto {
-    info(name, DataType::Float, dims)
-}
-
-fn node(op: &str, name: &str, inputs: &[&str], outputs: &[&str]) -> NodeProto {
-    NodeProto {
-        op_type: Some(op.into()),
-        name: Some(name.into()),
-        input: inputs.iter().map(|s| s.to_string()).collect(),
-        output: outputs.iter().map(|s| s.to_string()).collect(),
-        ..Default::default()
-    }
-}
-
-fn with_int(mut n: NodeProto, name: &str, value: i64) -> NodeProto {
-    n.attribute.push(AttributeProto {
-        name: Some(name.into()),
-        i: Some(value),
-        r#type: Some(2),
-        ..Default::default()
-    });
-    n
-}
-
-fn with_ints(mut n: NodeProto, name: &str, values: &[i64]) -> NodeProto {
-    n.attribute.push(AttributeProto {
-        name: Some(name.into()),
-        ints: values.to_vec(),
-        r#type: Some(7),
-        ..Default::default()
-    });
-    n
-}
-
-/// An int64 initializer of `dims` (`[]` for a scalar).
-fn ints(name: &str, dims: &[i64], values: &[i64]) -> TensorProto {
-    TensorProto {
-        name: Some(name.into()),
-        dims: dims.to_vec(),
-        data_type: Some(DataType::Int64 as i32),
-        int64_data: values.to_vec(),
-        ..Default::default()
-    }
-}
-
-/// A float initializer of `dims`.
-fn floats(name: &str, dims: &[i64], values: &[f32]) -> TensorProto {
-    TensorProto {
-        name: Some(name.into()),
-        dims: dims.to_vec(),
-        data_type: Some(DataType::Float as i32),
-        float_data: values.to_vec(),
-        ..Default::default()
-    }
-}
 
 /// One node over graph inputs and initializers, at `opset`.
 struct Net {
@@ -175,10 +98,6 @@ fn run(m: &Model, args: Vec<Array>) -> Vec<Array> {
     }
     let interp = Interpreter::new(&m.module);
     interp.run(m.function_name(), args, &mut state).unwrap()
-}
-
-fn f32s(shape: &[usize], values: &[f32]) -> Array {
-    Array::F32(ndarray::ArrayD::from_shape_vec(ndarray::IxDyn(shape), values.to_vec()).unwrap())
 }
 
 // F3: OneHot.

@@ -2,57 +2,19 @@
 //! both paths as the ONNX op does — and where imported instructions say they came from. Each
 //! case here was imported or run without complaint before.
 
+mod common;
+
+use common::*;
 use kiln_backend::exec::Executable;
 use kiln_backend::{Array, Interpreter, StateStore};
 use kiln_onnx::proto::tensor_proto::DataType;
 use kiln_onnx::proto::{
-    AttributeProto, GraphProto, ModelProto, NodeProto, OperatorSetIdProto, TensorProto,
-    TensorShapeProto, TypeProto, ValueInfoProto, tensor_shape_proto, type_proto,
+    GraphProto, ModelProto, NodeProto, OperatorSetIdProto, TensorProto, ValueInfoProto,
 };
 use kiln_onnx::{IR_VERSIONS, Model, NEWEST_OPSET, import_bytes};
 use ndarray::{ArrayD, IxDyn};
 use prost::Message;
 use std::sync::Arc;
-
-fn info(name: &str, dtype: DataType, dims: &[i64]) -> ValueInfoProto {
-    let dim = (dims.iter())
-        .map(|&d| tensor_shape_proto::Dimension {
-            value: Some(tensor_shape_proto::dimension::Value::DimValue(d)),
-            ..Default::default()
-        })
-        .collect();
-    ValueInfoProto {
-        name: Some(name.into()),
-        r#type: Some(TypeProto {
-            value: Some(type_proto::Value::TensorType(type_proto::Tensor {
-                elem_type: Some(dtype as i32),
-                shape: Some(TensorShapeProto { dim }),
-            })),
-            ..Default::default()
-        }),
-        ..Default::default()
-    }
-}
-
-fn node(op: &str, name: &str, inputs: &[&str], outputs: &[&str]) -> NodeProto {
-    NodeProto {
-        op_type: Some(op.into()),
-        name: Some(name.into()),
-        input: inputs.iter().map(|s| s.to_string()).collect(),
-        output: outputs.iter().map(|s| s.to_string()).collect(),
-        ..Default::default()
-    }
-}
-
-fn with_int(mut n: NodeProto, name: &str, value: i64) -> NodeProto {
-    n.attribute.push(AttributeProto {
-        name: Some(name.into()),
-        i: Some(value),
-        r#type: Some(2),
-        ..Default::default()
-    });
-    n
-}
 
 fn model(nodes: Vec<NodeProto>, inputs: Vec<ValueInfoProto>, outputs: &[&str]) -> ModelProto {
     ModelProto {
@@ -100,10 +62,6 @@ fn run_both(model: &Model, args: Vec<Array>) -> [Result<Vec<Array>, String>; 2] 
         interpreted.map_err(|e| e.to_string()),
         compiled.map_err(|e| e.to_string()),
     ]
-}
-
-fn f32s(shape: &[usize], values: &[f32]) -> Array {
-    Array::F32(ArrayD::from_shape_vec(IxDyn(shape), values.to_vec()).unwrap())
 }
 
 fn i64s(shape: &[usize], values: &[i64]) -> Array {
