@@ -40,12 +40,13 @@ fn a_fixed_budget_of_mutants_finds_nothing() {
     assert!(summary.models >= 500 && summary.imported >= 50, "{summary}");
 }
 
-/// Both in one test: a fuzzing run sets the process's run limits and panic hook while it
+/// All in one test: a fuzzing run sets the process's run limits and panic hook while it
 /// lasts, so two must not overlap.
 #[test]
 fn a_fixed_budget_of_mutants_and_the_kept_findings_find_nothing() {
     a_fixed_budget_of_mutants_finds_nothing();
     kept_findings_and_the_corpus_replay_clean();
+    a_difference_only_flushing_makes_is_counted_apart_not_found();
 }
 
 fn kept_findings_and_the_corpus_replay_clean() {
@@ -78,4 +79,18 @@ fn a_long_f32_sum_matches_the_interpreter() {
         (i - c).abs() <= 1e-6 * i.abs(),
         "interpreted {i}, compiled {c}"
     );
+}
+
+/// A fuzzer finding of the flush-to-zero mode (see the file's comment): the runs differ, and
+/// the fuzzer tells that from a wrong answer by running compiled again with subnormals kept.
+fn a_difference_only_flushing_makes_is_counted_apart_not_found() {
+    let root = common::root();
+    let path = root.join("tests/fuzz_regressions/subnormal_constant_in_a_loop.kir");
+    let config = Config {
+        out: root.join("target/fuzz-flushed"),
+        ..Config::default()
+    };
+    let summary = kiln::fuzz::replay(&[path], &config).unwrap();
+    assert!(summary.findings.is_empty(), "{:?}", summary.findings);
+    assert_eq!(summary.flushed, 1, "{summary}");
 }

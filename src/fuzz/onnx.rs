@@ -72,10 +72,10 @@ pub(super) fn corpus(paths: &[PathBuf]) -> std::io::Result<Vec<Vec<u8>>> {
 impl Fuzzer {
     /// One mutant of a seed model, imported and, when it imports, driven like a program.
     pub(super) fn onnx_case(&mut self, case: u64) -> std::io::Result<()> {
-        let Some(seed) = (!self.models.is_empty()).then(|| self.rng.pick(&self.models).clone())
-        else {
+        if self.models.is_empty() {
             return Ok(());
-        };
+        }
+        let seed = self.rng.pick(&self.models).clone();
         let bytes = match self.rng.chance(20) {
             true => self.mutated_bytes(seed),
             false => match kiln_onnx::decode_model(&seed) {
@@ -268,14 +268,14 @@ impl Fuzzer {
                 t.int64_data[k] = *self.rng.pick(EDGE_INTS);
             }
             _ => {
-                let cut = |len: usize, rng: &mut super::Rng| rng.below(len + 1);
+                // Each of the data fields cut to a random length (most are empty).
                 if let Some(raw) = t.raw_data.as_mut() {
-                    raw.truncate(cut(raw.len(), &mut self.rng));
+                    raw.truncate(self.rng.below(raw.len() + 1));
                 }
-                let keep = cut(t.float_data.len(), &mut self.rng);
-                t.float_data.truncate(keep);
-                let keep = cut(t.int64_data.len(), &mut self.rng);
-                t.int64_data.truncate(keep);
+                t.float_data
+                    .truncate(self.rng.below(t.float_data.len() + 1));
+                t.int64_data
+                    .truncate(self.rng.below(t.int64_data.len() + 1));
             }
         }
     }
