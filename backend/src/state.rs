@@ -107,6 +107,19 @@ pub fn initial_value(decl: &StateDecl) -> Result<Array, InterpError> {
         })?;
     let what = format!("state @{}", decl.name);
     crate::limits::check_bytes(&what, &decl.ty, decl.ty.fixed_bytes())?;
+    if let Initializer::Values(literal) = &decl.init {
+        return Array::from_literal(literal, &shape)
+            .filter(|a| a.dtype() == decl.ty.dtype)
+            .ok_or_else(|| InterpError::StateMismatch {
+                name: decl.name.clone(),
+                message: format!(
+                    "its {} {} values do not fill {}",
+                    literal.len(),
+                    literal.dtype(),
+                    decl.ty
+                ),
+            });
+    }
     let n: usize = shape.iter().product();
     let mut values: Vec<f64> = Vec::new();
     values
@@ -125,6 +138,7 @@ pub fn initial_value(decl: &StateDecl) -> Result<Array, InterpError> {
             let s = Stream::new(seed, 0);
             values.extend((0..n as u64).map(|i| s.normal(i, mean.0, std.0)));
         }
+        Initializer::Values(_) => unreachable!("returned above"),
     }
     let a = ndarray::ArrayD::from_shape_vec(ndarray::IxDyn(&shape), values)
         .expect("the element count matches the shape");

@@ -208,6 +208,11 @@ impl Function {
         self.values.len()
     }
 
+    /// Whether `v` is a value of this function (an id of another function may not be).
+    pub fn has_value(&self, v: Value) -> bool {
+        self.values.is_valid(v)
+    }
+
     /// A new, empty region not yet owned by an instruction.
     pub fn create_region(&mut self) -> Region {
         self.regions.push(RegionData::default())

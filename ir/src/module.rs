@@ -5,11 +5,12 @@
 //! `load` sits relative to a `store`, and a failed run changes no state.
 
 use crate::function::Function;
+use crate::literal::Literal;
 use crate::op::{Attr, F64Attr};
 use crate::types::Type;
 
 /// How a state variable gets its first value.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum Initializer {
     /// Every element `value` (converted to the state's dtype).
     Constant {
@@ -34,6 +35,9 @@ pub enum Initializer {
         /// The seed of the counter-based generator.
         seed: u64,
     },
+    /// Given elements, row-major, of the state's dtype (a parameter made from an array):
+    /// `values([[1.0, 2.0], [3.0, 4.0]])`. One element fills the whole state.
+    Values(Literal),
 }
 
 impl Initializer {
@@ -41,6 +45,23 @@ impl Initializer {
     pub fn constant(value: f64) -> Initializer {
         Initializer::Constant {
             value: F64Attr(value),
+        }
+    }
+
+    /// Why `literal` cannot be the initial value of a state of type `ty` (its dtype or its
+    /// element count differ), if it cannot.
+    pub fn check_values(literal: &Literal, ty: &Type) -> Result<(), String> {
+        let count = ty.shape.as_fixed().map(|d| d.iter().product::<usize>());
+        if literal.dtype() != ty.dtype {
+            return Err(format!("its values are {}, the state {ty}", literal.dtype()));
+        }
+        match count {
+            Some(n) if literal.len() == n || literal.len() == 1 => Ok(()),
+            Some(n) => Err(format!(
+                "it has {} values for the {n} elements of {ty}",
+                literal.len()
+            )),
+            None => Err(format!("a state needs a static shape, found {ty}")),
         }
     }
 
@@ -68,12 +89,15 @@ impl Initializer {
             Initializer::Constant { .. } => "constant",
             Initializer::Uniform { .. } => "uniform",
             Initializer::Normal { .. } => "normal",
+            Initializer::Values(_) => "values",
         }
     }
 
-    /// The attributes the text form prints: `(low=…, high=…, seed=…)`.
+    /// The attributes the text form prints: `(low=…, high=…, seed=…)`; none for `values`,
+    /// whose text is its literal.
     pub fn attributes(&self) -> Vec<(&'static str, Attr)> {
         match *self {
+            Initializer::Values(_) => Vec::new(),
             Initializer::Constant { value } => vec![("value", Attr::Float(value.0))],
             Initializer::Uniform { low, high, seed } => vec![
                 ("low", Attr::Float(low.0)),
@@ -96,7 +120,8 @@ impl Initializer {
             "normal" => &["mean", "std", "seed"],
             other => {
                 return Err(format!(
-                    "unknown initializer `{other}`; expected `constant`, `uniform` or `normal`"
+                    "unknown initializer `{other}`; expected `constant`, `uniform`, `normal` \
+                     or `values`"
                 ));
             }
         };
@@ -221,4 +246,37 @@ pub struct StateConflict {
     pub name: String,
     /// The declaration already in the module.
     pub existing: Box<StateDecl>,
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::{parse_module, verify_module};
+
+    #[test]
+    fn values_initializers_print_and_parse_back() {
+        let text = "module {\n  state @w : f32[2,2] = values([[1.0, -2.5], [3.0, 4.0]])\n  \
+                    state @k : i64[3] = values([1, 9007199254740993, -7])\n  \
+                    state @b : f32[4] = values(0.5)\n}\n";
+        let module = parse_module(text).expect("parses");
+        verify_module(&module).expect("verifies");
+        let printed = module.to_string();
+        assert!(printed.contains("values([[1.0, -2.5], [3.0, 4.0]])"), "{printed}");
+        assert!(printed.contains("values([1, 9007199254740993, -7])"), "{printed}");
+        assert_eq!(parse_module(&printed).expect("parses back"), module);
+    }
+
+    #[test]
+    fn values_that_do_not_fit_the_state_are_refused() {
+        let wrong_count = "module {\n  state @w : f32[2,2] = values([1.0, 2.0, 3.0])\n}\n";
+        let error = parse_module(wrong_count).expect_err("three values for a [2,2] state");
+        assert!(error.to_string().contains("a list of 2 elements"), "{error}");
+        let mut module = parse_module("module {\n  state @w : f32[3] = values([1.0, 2.0, 3.0])\n}\n")
+            .expect("parses");
+        module.states[0].ty = crate::Type::new(crate::DType::F32, crate::Shape::fixed(&[4]));
+        let errors = verify_module(&module).expect_err("3 values for 4 elements");
+        assert!(
+            errors.to_string().contains("it has 3 values for the 4 elements"),
+            "{errors}"
+        );
+    }
 }

@@ -18,7 +18,7 @@
 
 use crate::entities::{Inst, Region, Value};
 use crate::function::Function;
-use crate::module::{Module, StateDecl};
+use crate::module::{Initializer, Module, StateDecl};
 use crate::op::{Attr, Op};
 use std::collections::HashMap;
 use std::fmt::{self, Write};
@@ -80,7 +80,19 @@ impl fmt::Display for StateLine<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let s = self.0;
         write!(f, "state {} : {} = {}(", Sym(&s.name), s.ty, s.init.name())?;
-        write_attr_list(f, &s.init.attributes())?;
+        match (&s.init, s.ty.shape.as_fixed()) {
+            (Initializer::Values(values), Some(dims)) if values.len() > 1 => {
+                let mut text = String::new();
+                values.fmt_nested(&dims, &mut text)?;
+                f.write_str(&text)?;
+            }
+            (Initializer::Values(values), _) => {
+                let mut text = String::new();
+                values.fmt_element(0, &mut text)?;
+                f.write_str(&text)?;
+            }
+            (init, _) => write_attr_list(f, &init.attributes())?,
+        }
         f.write_str(")")
     }
 }

@@ -8,7 +8,7 @@ use crate::entities::{Inst, Region, Value};
 use crate::function::{Function, ValueDef};
 use crate::infer::{RegionTypes, infer};
 use crate::loc::Loc;
-use crate::module::Module;
+use crate::module::{Initializer, Module};
 use crate::op::Op;
 use crate::print::{Annotations, inst_line, print_module};
 use crate::types::{Symbol, Type};
@@ -137,6 +137,11 @@ pub fn verify_module(module: &Module) -> Result<(), VerifyErrors> {
             )));
         }
         if let Err(message) = s.ty.check_addressable() {
+            errors.push(module_error(format!("state @{}: {message}", s.name)));
+        }
+        if let Initializer::Values(values) = &s.init
+            && let Err(message) = Initializer::check_values(values, &s.ty)
+        {
             errors.push(module_error(format!("state @{}: {message}", s.name)));
         }
     }

@@ -12,20 +12,21 @@ use std::collections::{HashMap, HashSet};
 /// The slice of `graph` (top level) computing `outputs` and performing `stores`, as a new
 /// function `name` returning `outputs`. Arguments it does not need are removed.
 pub fn prune(graph: &Function, name: &str, outputs: &[Value], stores: &[Inst]) -> Function {
-    prune_fed(graph, name, outputs, stores, &[])
+    prune_fed(graph, name, outputs, stores, &[]).0
 }
 
 /// Like [`prune`], with `fed` values cut loose from what computes them: each fed value the
-/// slice needs becomes an argument of the function (named after its feed), and nothing upstream of it
+/// slice needs becomes an argument of the function (with the name given), and nothing upstream of it
 /// is kept unless something else needs it. An instruction is dropped only when every result
-/// the slice needs from it is fed.
+/// the slice needs from it is fed. Returns the function and, for each of its arguments, the
+/// value of `graph` it stands for (a placeholder kept, or a fed value).
 pub fn prune_fed(
     graph: &Function,
     name: &str,
     outputs: &[Value],
     stores: &[Inst],
-    fed: &[(Value, String)],
-) -> Function {
+    fed: &[(Value, Option<String>)],
+) -> (Function, Vec<Value>) {
     let is_fed = |v: &Value| fed.iter().any(|(f, _)| f == v);
     let mut needed: HashSet<Value> = outputs.iter().copied().collect();
     let keep_store: HashSet<Inst> = stores.iter().copied().collect();
@@ -55,10 +56,12 @@ pub fn prune_fed(
     f.region_mut(body).insts = kept;
     f.retain_region_args(body, |v| needed.contains(&v) && !is_fed(&v));
     let mut replace = HashMap::new();
+    let mut stands_for: Vec<Value> = f.args().to_vec();
     for (v, feed) in fed {
         if needed.contains(v) && !graph.args().contains(v) {
-            let arg = f.append_region_arg(body, graph.value_type(*v).clone(), Some(feed.clone()));
+            let arg = f.append_region_arg(body, graph.value_type(*v).clone(), feed.clone());
             replace.insert(*v, arg);
+            stands_for.push(*v);
         }
     }
     f.replace_uses_map(&replace);
@@ -68,7 +71,7 @@ pub fn prune_fed(
         .collect();
     f.set_region_results(body, outputs.clone());
     f.set_result_types(outputs.iter().map(|&v| f.value_type(v).clone()).collect());
-    f
+    (f, stands_for)
 }
 
 #[cfg(test)]

@@ -75,7 +75,10 @@ impl IntoPyErr for RuntimeError {
             RuntimeError::MissingFeed { .. }
             | RuntimeError::FeedMismatch { .. }
             | RuntimeError::UnknownFeed { .. }
-            | RuntimeError::FeedCutsUpdate { .. } => FeedError::new_err(message),
+            | RuntimeError::FeedCutsUpdate { .. }
+            | RuntimeError::FeedCutsGradient { .. }
+            | RuntimeError::FedTwice { .. }
+            | RuntimeError::Unfeedable { .. } => FeedError::new_err(message),
             RuntimeError::Build(e) => e.into_py_err(),
             RuntimeError::Interp(e) => e.into_py_err(),
             RuntimeError::Checkpoint(_) => CheckpointFileError::new_err(message),

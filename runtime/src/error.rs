@@ -17,9 +17,9 @@ pub enum RuntimeError {
         ty: Box<Type>,
     },
     /// A fed array does not fit the placeholder or value it feeds.
-    #[error("feed `{name}`: the {kind} is {expected}, but the fed array is {found} ({reason})")]
+    #[error("feed {name}: the {kind} is {expected}, but the fed array is {found} ({reason})")]
     FeedMismatch {
-        /// The placeholder or value.
+        /// The placeholder or value, as errors name it (`` `x` ``).
         name: String,
         /// `placeholder` or `value`.
         kind: &'static str,
@@ -43,7 +43,7 @@ pub enum RuntimeError {
     /// A fed value lies between a state that a fetched target updates and the target's loss,
     /// so feeding it would cut the gradient path of that update.
     #[error(
-        "feed `{name}`: the value is computed from @{state}, which target `{target}` updates; \
+        "feed {name}: the value is computed from @{state}, which target `{target}` updates; \
          feeding it would cut that update's gradient path (fetch the target without this feed)"
     )]
     FeedCutsUpdate {
@@ -53,6 +53,40 @@ pub enum RuntimeError {
         state: String,
         /// The target that updates the state.
         target: String,
+    },
+    /// A fed value lies between the value a fetched gradient is taken with respect to and its
+    /// loss, so feeding it would cut the path that gradient differentiates.
+    #[error(
+        "feed {name}: the value lies between {wrt} and {loss}, and the run needs the gradient \
+         of {loss} with respect to {wrt}; feeding it would cut the path that gradient \
+         differentiates (feed {wrt} or what it is computed from instead)"
+    )]
+    FeedCutsGradient {
+        /// The fed value.
+        name: String,
+        /// What the gradient is taken with respect to.
+        wrt: String,
+        /// The differentiated value.
+        loss: String,
+    },
+    /// Two feeds of one run give the same value.
+    #[error("{name} is fed twice in one run (by {first} and by {second})")]
+    FedTwice {
+        /// The value.
+        name: String,
+        /// The first feed's key.
+        first: String,
+        /// The second's.
+        second: String,
+    },
+    /// A feed is keyed by a value inside a `cond` or `while` body, or by no value of the
+    /// program.
+    #[error("feed {name}: {reason}")]
+    Unfeedable {
+        /// The value.
+        name: String,
+        /// Why it cannot be fed.
+        reason: &'static str,
     },
     /// A fetch names nothing in the program.
     #[error(

@@ -36,4 +36,4 @@ pub use init::Init;
 pub use optim::{Adam, LearningRate, Momentum, Optimizer, Sgd};
 pub use program::{Param, Program, Target};
 pub use scope::Scope;
-pub use session::{Backend, Fetch, KerasFunction, Runner, Session};
+pub use session::{Backend, Feed, Fetch, KerasFunction, Runner, Session};

@@ -186,12 +186,21 @@ pub(crate) fn finish_target<O: Optimizer + ?Sized>(
 }
 
 /// `(parameter, current value, gradient of loss)` for each named parameter that `loss`
-/// depends on: what [`Optimizer::minimize_params`] updates.
+/// depends on: what [`Optimizer::minimize_params`] updates. A name that is no parameter of
+/// the program is an error (a misspelt name would train nothing), and so is a list of which
+/// `loss` depends on none (TF's "no gradients provided for any variable").
 pub fn gradient_updates(
     p: &mut Program,
     loss: Value,
     names: &[String],
 ) -> RuntimeResult<Vec<(StateDecl, Value, Value)>> {
+    if let Some(unknown) = (names.iter()).find(|n| !p.params().iter().any(|q| &q.name == *n)) {
+        let known: Vec<&str> = p.params().iter().map(|q| q.name.as_str()).collect();
+        return Err(RuntimeError::Usage(format!(
+            "minimize: `{unknown}` is not a parameter of the program; its parameters are: {}",
+            known.join(", ")
+        )));
+    }
     let ancestors = p.ancestors(loss);
     let params: Vec<(StateDecl, Value)> = p
         .params()
@@ -207,6 +216,14 @@ pub fn gradient_updates(
             )
         })
         .collect();
+    if params.is_empty() && !names.is_empty() {
+        return Err(RuntimeError::Usage(format!(
+            "minimize: the loss {} depends on none of the parameters it should train ({}), so \
+             no gradient reaches them",
+            p.describe(loss),
+            names.join(", ")
+        )));
+    }
     let values: Vec<Value> = params.iter().map(|(_, v)| *v).collect();
     let grads = p.gradients(loss, &values)?;
     Ok(params

@@ -11,9 +11,10 @@
 
 use crate::error::{RuntimeError, RuntimeResult};
 use crate::init::Init;
+use kiln_backend::Array;
 use kiln_ir::{
     DType, Function, FunctionBuilder, Initializer, Inst, Module, Op, Shape, StateDecl, Type, Value,
-    verify_module,
+    ValueDef, verify_module,
 };
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::ops::{Deref, DerefMut};
@@ -50,6 +51,8 @@ pub struct Program {
     /// State each rank holds its own block of (ZeRO's optimizer state): never broadcast.
     sharded: Vec<String>,
     targets: Vec<TargetData>,
+    /// `(gradient, wrt, loss)` of each gradient [`Program::gradients`] made.
+    gradient_paths: Vec<(Value, Value, Value)>,
     seed: u64,
 }
 
@@ -97,6 +100,7 @@ impl Program {
             adopted: Vec::new(),
             sharded: Vec::new(),
             targets: Vec::new(),
+            gradient_paths: Vec::new(),
             seed,
         }
     }
@@ -130,6 +134,23 @@ impl Program {
             value: v,
         });
         Ok(v)
+    }
+
+    /// A trainable parameter whose first value is `value` (Keras's `variable(value)`): its
+    /// type is the array's, and the text IR declares it with `values(...)`.
+    pub fn parameter_from(&mut self, name: &str, value: &Array) -> RuntimeResult<Value> {
+        let (_, v) = self.state_from(name, value)?;
+        self.params.push(Param {
+            name: name.to_owned(),
+            value: v,
+        });
+        Ok(v)
+    }
+
+    /// State that is not trained, whose first value is `value` (a step counter, a buffer a
+    /// target assigns to): its declaration and the value of its `load`.
+    pub fn state_from(&mut self, name: &str, value: &Array) -> RuntimeResult<(StateDecl, Value)> {
+        self.state(name, value.ty(), Initializer::Values(value.to_literal()))
     }
 
     /// Marks state `name` as sharded: each rank holds its own block (ZeRO's optimizer
@@ -255,6 +276,77 @@ impl Program {
         Ok(Target(self.targets.len() - 1))
     }
 
+    /// A target named `assign<i>` (the first free one) that stores each pair's new value into
+    /// the state whose `load` the pair's first value is: a variable updated from a
+    /// placeholder's value (TF's `assign`), or Keras's `updates`. The new value must have the
+    /// state's type.
+    pub fn assign(&mut self, pairs: &[(Value, Value)]) -> RuntimeResult<Target> {
+        let mut stores = Vec::new();
+        for &(var, new) in pairs {
+            let decl = self.state_loaded_by(var).cloned().ok_or_else(|| {
+                RuntimeError::Usage(format!(
+                    "assign: {} is not a parameter or other state of the program (only state \
+                     can be assigned to)",
+                    self.describe(var)
+                ))
+            })?;
+            stores.push(self.graph.store(&decl, new)?);
+        }
+        let name = (0..)
+            .map(|i| format!("assign{i}"))
+            .find(|n| self.target(n).is_none())
+            .expect("a free name");
+        self.add_target(&name, stores)
+    }
+
+    /// The declaration of the state `v` loads, when `v` is a `load` of the graph.
+    pub fn state_loaded_by(&self, v: Value) -> Option<&StateDecl> {
+        let graph = self.graph();
+        if !graph.has_value(v) {
+            return None;
+        }
+        match graph.value(v).def {
+            ValueDef::Result(inst, _) => match &graph.inst(inst).op {
+                Op::Load { state, .. } => self.module.state(state),
+                _ => None,
+            },
+            ValueDef::Arg(..) => None,
+        }
+    }
+
+    /// The name of the parameter whose value `v` is, if it is one.
+    pub fn parameter_name(&self, v: Value) -> Option<&str> {
+        (self.params.iter().find(|q| q.value == v)).map(|q| q.name.as_str())
+    }
+
+    /// How errors name `v`: `` `name` `` when it has a name, else `%7 (a matmul)`.
+    pub fn describe(&self, v: Value) -> String {
+        let graph = self.graph();
+        if !graph.has_value(v) {
+            return format!("{v} (not a value of this program)");
+        }
+        if let Some(name) = graph.value_name(v) {
+            return format!("`{name}`");
+        }
+        match graph.value(v).def {
+            ValueDef::Result(inst, _) => format!("{v} (a {})", graph.inst(inst).op.name()),
+            ValueDef::Arg(..) => format!("{v} (an argument)"),
+        }
+    }
+
+    /// Whether `v` is a value of the graph's top level (an argument or a result of a
+    /// top-level instruction): only those can be fed, since a run cuts the graph there.
+    pub fn is_top_level(&self, v: Value) -> bool {
+        let graph = self.graph();
+        if !graph.has_value(v) {
+            return false;
+        }
+        match graph.value(v).def {
+            ValueDef::Result(inst, _) => graph.region(graph.body()).insts.contains(&inst),
+            ValueDef::Arg(region, _) => region == graph.body(),
+        }
+    }
+
     /// The name of `target`.
     pub fn target_name(&self, target: Target) -> &str {
         &self.targets[target.0].name
@@ -297,19 +389,43 @@ impl Program {
         names
     }
 
-    /// Appends the gradient of `loss` with respect to `wrt` to the graph.
+    /// Appends the gradient of `loss` with respect to each of `wrt` (any float values of the
+    /// graph's top level) to the graph and returns them, as values to fetch or build on:
+    /// TF's `gradients`. The gradient of a gradient is a second derivative. A value `loss` does
+    /// not depend on gets a gradient of zeros.
     pub fn gradients(&mut self, loss: Value, wrt: &[Value]) -> RuntimeResult<Vec<Value>> {
         let placeholder = FunctionBuilder::new("graph");
         let mut graph = std::mem::replace(&mut self.graph, placeholder).into_function();
         let result = kiln_passes::append_gradients(&mut graph, loss, wrt);
         self.graph = FunctionBuilder::resume(graph);
-        Ok(result?)
+        let grads = result?;
+        let paths = grads.iter().zip(wrt).map(|(&g, &w)| (g, w, loss));
+        self.gradient_paths.extend(paths);
+        Ok(grads)
+    }
+
+    /// `(gradient, wrt, loss)` of each gradient [`Program::gradients`] made: a run that needs
+    /// the gradient must not feed a value between `wrt` and `loss`.
+    pub(crate) fn gradient_paths(&self) -> &[(Value, Value, Value)] {
+        &self.gradient_paths
     }
 
     /// The values `of` depends on, itself included (top level of the graph).
     pub fn ancestors(&self, of: Value) -> HashSet<Value> {
+        self.ancestors_of(HashSet::from([of]))
+    }
+
+    /// The values a run fetching `values` and `targets` computes (top level of the graph).
+    pub fn needed_by(&self, values: &[Value], targets: &[Target]) -> HashSet<Value> {
         let graph = self.graph();
-        let mut needed = HashSet::from([of]);
+        let stored = (targets.iter())
+            .flat_map(|&t| self.target_stores(t))
+            .flat_map(|&i| graph.inst(i).args.iter().copied());
+        self.ancestors_of(values.iter().copied().chain(stored).collect())
+    }
+
+    fn ancestors_of(&self, mut needed: HashSet<Value>) -> HashSet<Value> {
+        let graph = self.graph();
         for &inst in graph.region(graph.body()).insts.iter().rev() {
             let data = graph.inst(inst);
             if data.results.iter().any(|r| needed.contains(r)) {
@@ -325,18 +441,19 @@ impl Program {
     /// The slice of the graph computing `outputs` and performing the stores of `targets`, as
     /// a function `name` whose arguments are the placeholders it needs.
     pub fn export(&self, name: &str, outputs: &[Value], targets: &[Target]) -> Function {
-        self.export_fed(name, outputs, targets, &[])
+        self.export_fed(name, outputs, targets, &[]).0
     }
 
-    /// Like [`Program::export`], with `fed` values (and their feed names) made arguments:
-    /// nothing upstream of a fed value is computed.
+    /// Like [`Program::export`], with `fed` values (and their arguments' names) made
+    /// arguments: nothing upstream of a fed value is computed. Returns the function and the
+    /// value of the program each argument stands for.
     pub fn export_fed(
         &self,
         name: &str,
         outputs: &[Value],
         targets: &[Target],
-        fed: &[(Value, String)],
-    ) -> Function {
+        fed: &[(Value, Option<String>)],
+    ) -> (Function, Vec<Value>) {
         let stores: Vec<Inst> = targets
             .iter()
             .flat_map(|&t| self.target_stores(t).iter().copied())

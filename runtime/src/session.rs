@@ -59,22 +59,60 @@ impl From<&str> for Fetch {
     }
 }
 
-/// What a prepared run is keyed by.
+/// What a feed gives a value to: a placeholder or named value by its name, or any value of
+/// the program's top level (TF's feed keyed by a tensor), named or not.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Feed {
+    /// A placeholder, or a value named with `set_name`.
+    Name(String),
+    /// A value of the program.
+    Value(Value),
+}
+
+impl From<&str> for Feed {
+    fn from(name: &str) -> Feed {
+        Feed::Name(name.to_owned())
+    }
+}
+
+impl From<String> for Feed {
+    fn from(name: String) -> Feed {
+        Feed::Name(name)
+    }
+}
+
+impl From<Value> for Feed {
+    fn from(v: Value) -> Feed {
+        Feed::Value(v)
+    }
+}
+
+/// What a prepared run is keyed by: the fetches, and the feeds' keys and dtypes in order.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 struct Signature {
     values: Vec<Value>,
     targets: Vec<Target>,
-    feeds: Vec<(String, DType)>,
+    feeds: Vec<(Feed, DType)>,
 }
 
 /// A pruned, verified slice of the program, ready to run.
 struct Prepared {
     /// The slice (optimised, for the compiled backend).
     module: Module,
-    /// The feed behind each argument of the function, and whether it feeds a placeholder or
-    /// another value.
-    arg_names: Vec<(String, &'static str)>,
+    /// What gives each argument of the function: the index of its feed in the signature's
+    /// (sorted) feeds, how errors name it, and whether it is a placeholder or another value.
+    args: Vec<ArgFeed>,
     executable: Option<Executable>,
+}
+
+/// Where an argument of a prepared slice comes from.
+struct ArgFeed {
+    /// Its feed in the signature, or `None` for a placeholder the run does not feed.
+    feed: Option<usize>,
+    /// How errors name it: `` `x` ``, or `v7 (a matmul)` for a value without a name.
+    label: String,
+    /// The placeholder's name, when it is one.
+    placeholder: Option<String>,
 }
 
 /// Runs slices of a program against a scope, caching each prepared slice by signature. A
@@ -155,9 +193,22 @@ impl Runner {
         fetches: &[Fetch],
         feeds: &[(&str, Array)],
     ) -> RuntimeResult<Vec<Array>> {
-        let shared: Vec<(&str, Arc<Array>)> = feeds
-            .iter()
-            .map(|(n, a)| (*n, Arc::new(a.clone())))
+        let feeds: Vec<(Feed, Array)> = (feeds.iter())
+            .map(|(n, a)| (Feed::from(*n), a.clone()))
+            .collect();
+        self.run_with_feeds(program, scope, fetches, &feeds)
+    }
+
+    /// [`Runner::run`] with feeds keyed by [`Feed`]: any value of the program, by name or not.
+    pub fn run_with_feeds(
+        &mut self,
+        program: &Program,
+        scope: &mut Scope,
+        fetches: &[Fetch],
+        feeds: &[(Feed, Array)],
+    ) -> RuntimeResult<Vec<Array>> {
+        let shared: Vec<(Feed, Arc<Array>)> = (feeds.iter())
+            .map(|(k, a)| (k.clone(), Arc::new(a.clone())))
             .collect();
         let results = self.run_inner(program, scope, fetches, &shared, false)?;
         Ok(results.into_iter().map(unshare).collect())
@@ -172,7 +223,10 @@ impl Runner {
         fetches: &[Fetch],
         feeds: &[(&str, Arc<Array>)],
     ) -> RuntimeResult<Vec<Arc<Array>>> {
-        self.run_inner(program, scope, fetches, feeds, true)
+        let feeds: Vec<(Feed, Arc<Array>)> = (feeds.iter())
+            .map(|(n, a)| (Feed::from(*n), a.clone()))
+            .collect();
+        self.run_inner(program, scope, fetches, &feeds, true)
     }
 
     fn run_inner(
@@ -180,19 +234,16 @@ impl Runner {
         program: &Program,
         scope: &mut Scope,
         fetches: &[Fetch],
-        feeds: &[(&str, Arc<Array>)],
+        feeds: &[(Feed, Arc<Array>)],
         retain_results: bool,
     ) -> RuntimeResult<Vec<Arc<Array>>> {
         let (values, targets) = resolve(program, fetches)?;
-        let mut feed_sig: Vec<(String, DType)> = feeds
-            .iter()
-            .map(|(n, a)| (n.to_string(), a.dtype()))
-            .collect();
-        feed_sig.sort();
+        let mut sorted: Vec<&(Feed, Arc<Array>)> = feeds.iter().collect();
+        sorted.sort_by(|a, b| (&a.0, a.1.dtype()).cmp(&(&b.0, b.1.dtype())));
         let signature = Signature {
             values,
             targets,
-            feeds: feed_sig,
+            feeds: (sorted.iter()).map(|(k, a)| (k.clone(), a.dtype())).collect(),
         };
         if !self.cache.contains_key(&signature) {
             let prepared = prepare(program, &signature, self.compilations, self.backend)?;
@@ -200,7 +251,8 @@ impl Runner {
             self.cache.insert(signature.clone(), prepared);
         }
         let prepared = &self.cache[&signature];
-        let args = arguments(prepared, feeds)?;
+        let sorted: Vec<&Arc<Array>> = sorted.iter().map(|(_, a)| a).collect();
+        let args = arguments(prepared, &sorted)?;
         let func = &prepared.module.functions[0];
         let counter = self.runs;
         self.runs += 1;
@@ -244,29 +296,26 @@ fn prepare(
     backend: Backend,
 ) -> RuntimeResult<Prepared> {
     let fed = fed_values(program, signature)?;
-    let func = program.export_fed(
+    check_cuts(program, signature, &fed)?;
+    // Placeholders stay arguments; every other fed value becomes one.
+    let named: Vec<(Value, Option<String>)> = (fed.iter())
+        .filter(|(v, _)| !program.graph().args().contains(v))
+        .map(|&(v, _)| (v, program.graph().value_name(v).map(str::to_owned)))
+        .collect();
+    let (func, stands_for) = program.export_fed(
         &format!("run{index}"),
         &signature.values,
         &signature.targets,
-        &fed,
+        &named,
     );
-    let is_placeholder = |name: &str| program.placeholders().iter().any(|(n, _)| n == name);
-    let arg_names = func
-        .args()
-        .iter()
-        .map(|&a| {
-            let placeholder = program.placeholders().iter().find(|(_, v)| *v == a);
-            match placeholder {
-                Some((name, _)) => (name.clone(), "placeholder"),
-                None => {
-                    let name = func.value_name(a).unwrap_or_default().to_owned();
-                    let kind = if is_placeholder(&name) {
-                        "placeholder"
-                    } else {
-                        "value"
-                    };
-                    (name, kind)
-                }
+    let args = (stands_for.iter())
+        .map(|&v| {
+            let placeholder = program.placeholders().iter().find(|(_, p)| *p == v);
+            let feed = fed.iter().find(|(f, _)| *f == v).map(|&(_, i)| i);
+            ArgFeed {
+                feed,
+                label: program.describe(v),
+                placeholder: placeholder.map(|(n, _)| n.clone()),
             }
         })
         .collect();
@@ -287,68 +336,136 @@ fn prepare(
     };
     Ok(Prepared {
         module,
-        arg_names,
+        args,
         executable,
     })
 }
 
-/// The values fed by name that are not placeholders: each a cut in the graph. Feeding a value
-/// computed from a state that a fetched target updates is an error (it would cut the
-/// gradient path of that update); so is a feed that names nothing.
-fn fed_values(program: &Program, signature: &Signature) -> RuntimeResult<Vec<(Value, String)>> {
-    let mut fed = Vec::new();
-    for (name, _) in &signature.feeds {
-        if program.placeholders().iter().any(|(n, _)| n == name) {
-            continue;
-        }
-        let Some(v) = program.value(name) else {
-            let names: Vec<&str> = (program.placeholders().iter())
-                .map(|(n, _)| n.as_str())
-                .collect();
-            return Err(RuntimeError::UnknownFeed {
-                name: name.clone(),
-                available: names.join(", "),
-            });
+/// How an error names a feed's key.
+fn key_text(program: &Program, key: &Feed) -> String {
+    match key {
+        Feed::Name(name) => format!("`{name}`"),
+        Feed::Value(v) => program.describe(*v),
+    }
+}
+
+/// The value each feed of the signature gives, with the feed's index: a feed that names
+/// nothing, a value inside a region, and two feeds of one value are errors.
+fn fed_values(program: &Program, signature: &Signature) -> RuntimeResult<Vec<(Value, usize)>> {
+    let mut fed: Vec<(Value, usize)> = Vec::new();
+    for (i, (key, _)) in signature.feeds.iter().enumerate() {
+        let v = match key {
+            Feed::Name(name) => {
+                let placeholder = program.placeholders().iter().find(|(n, _)| n == name);
+                let v = placeholder.map(|&(_, v)| v).or_else(|| program.value(name));
+                v.ok_or_else(|| RuntimeError::UnknownFeed {
+                    name: name.clone(),
+                    available: (program.placeholders().iter())
+                        .map(|(n, _)| n.as_str())
+                        .collect::<Vec<_>>()
+                        .join(", "),
+                })?
+            }
+            Feed::Value(v) => *v,
         };
+        if !program.is_top_level(v) {
+            let reason = if program.graph().has_value(v) {
+                "the value is computed inside a `cond` or `while` body, which a run cannot cut"
+            } else {
+                "the key is not a value of this program"
+            };
+            return Err(RuntimeError::Unfeedable {
+                name: key_text(program, key),
+                reason,
+            });
+        }
+        if let Some(&(_, first)) = fed.iter().find(|(f, _)| *f == v) {
+            return Err(RuntimeError::FedTwice {
+                name: program.describe(v),
+                first: key_text(program, &signature.feeds[first].0),
+                second: key_text(program, key),
+            });
+        }
+        fed.push((v, i));
+    }
+    Ok(fed)
+}
+
+/// Feeding a value computed from a state that a fetched target updates is an error (it would
+/// cut the gradient path of that update); so is feeding a value between a gradient's `wrt`
+/// and its loss when the run needs that gradient.
+fn check_cuts(
+    program: &Program,
+    signature: &Signature,
+    fed: &[(Value, usize)],
+) -> RuntimeResult<()> {
+    let is_placeholder = |v: Value| program.placeholders().iter().any(|(_, p)| *p == v);
+    let cuts: Vec<Value> = (fed.iter().map(|&(v, _)| v))
+        .filter(|&v| !is_placeholder(v))
+        .collect();
+    if cuts.is_empty() {
+        return Ok(());
+    }
+    for &v in &cuts {
         let upstream = program.states_upstream_of(v);
         for &target in &signature.targets {
             if let Some(state) =
                 (program.target_states(target).into_iter()).find(|s| upstream.contains(s))
             {
                 return Err(RuntimeError::FeedCutsUpdate {
-                    name: name.clone(),
+                    name: program.describe(v),
                     state,
                     target: program.target_name(target).to_owned(),
                 });
             }
         }
-        fed.push((v, name.clone()));
     }
-    Ok(fed)
+    let needed = program.needed_by(&signature.values, &signature.targets);
+    for &(grad, wrt, loss) in program.gradient_paths() {
+        if !needed.contains(&grad) {
+            continue;
+        }
+        let before_loss = program.ancestors(loss);
+        for &v in &cuts {
+            if v != wrt && before_loss.contains(&v) && program.ancestors(v).contains(&wrt) {
+                return Err(RuntimeError::FeedCutsGradient {
+                    name: program.describe(v),
+                    wrt: program.describe(wrt),
+                    loss: program.describe(loss),
+                });
+            }
+        }
+    }
+    Ok(())
 }
 
-/// The run's arguments from `feeds`, checked against the types of what they feed.
-fn arguments(prepared: &Prepared, feeds: &[(&str, Arc<Array>)]) -> RuntimeResult<Vec<Arc<Array>>> {
+/// The run's arguments from the signature's feeds (`sorted`, in its order), checked against
+/// the types of what they feed.
+fn arguments(prepared: &Prepared, sorted: &[&Arc<Array>]) -> RuntimeResult<Vec<Arc<Array>>> {
     let func = &prepared.module.functions[0];
     let mut bindings = SymbolBindings::new();
     let mut args = Vec::with_capacity(func.args().len());
-    for (&v, (name, kind)) in func.args().iter().zip(&prepared.arg_names) {
+    for (&v, arg) in func.args().iter().zip(&prepared.args) {
         let ty = func.value_type(v);
-        let Some((_, array)) = feeds.iter().find(|(n, _)| n == name) else {
+        let Some(array) = arg.feed.map(|i| sorted[i]) else {
             return Err(RuntimeError::MissingFeed {
-                name: name.clone(),
+                name: arg.placeholder.clone().unwrap_or_else(|| arg.label.clone()),
                 ty: Box::new(ty.clone()),
             });
         };
         let mismatch = |reason: String| RuntimeError::FeedMismatch {
-            name: name.clone(),
-            kind,
+            name: arg.label.clone(),
+            kind: if arg.placeholder.is_some() {
+                "placeholder"
+            } else {
+                "value"
+            },
             expected: Box::new(ty.clone()),
             found: Box::new(array.ty()),
             reason,
         };
         array.check_fits(ty, &mut bindings).map_err(mismatch)?;
-        args.push(array.clone());
+        args.push((*array).clone());
     }
     Ok(args)
 }
@@ -466,6 +583,18 @@ impl Session {
             .run(&self.program, &mut self.scope, fetches, feeds)
     }
 
+    /// [`Session::run`] with feeds keyed by [`Feed`]: a name, or any value of the program's
+    /// top level, named or not (`&[(Feed::Value(wx), array)]`): nothing upstream of a fed
+    /// value runs.
+    pub fn run_with_feeds(
+        &mut self,
+        fetches: &[Fetch],
+        feeds: &[(Feed, Array)],
+    ) -> RuntimeResult<Vec<Array>> {
+        self.runner
+            .run_with_feeds(&self.program, &mut self.scope, fetches, feeds)
+    }
+
     /// [`Session::run`] without copies: feeds and results are shared arrays, and a result's
     /// buffer is reused by a later run once the caller drops it.
     pub fn run_shared(
@@ -477,7 +606,8 @@ impl Session {
             .run_shared(&self.program, &mut self.scope, fetches, feeds)
     }
 
-    /// A Keras-style function: call it with arrays for `inputs` (in order) to get `outputs`
+    /// A Keras-style function: call it with arrays for `inputs` (in order; any values of the
+    /// program's top level — placeholders, or intermediates to evaluate from) to get `outputs`
     /// and apply the updates of `updates`.
     pub fn function(
         &self,
@@ -485,45 +615,43 @@ impl Session {
         outputs: &[Value],
         updates: &[Target],
     ) -> RuntimeResult<KerasFunction> {
-        let names = inputs
-            .iter()
-            .map(|&v| {
-                self.program
-                    .placeholders()
-                    .iter()
-                    .find(|(_, p)| *p == v)
-                    .map(|(n, _)| n.clone())
-                    .ok_or_else(|| RuntimeError::UnknownFeed {
-                        name: format!("{v}"),
-                        available: "the inputs of a function must be placeholders".into(),
-                    })
-            })
-            .collect::<RuntimeResult<Vec<_>>>()?;
+        for &v in inputs {
+            if !self.program.is_top_level(v) {
+                return Err(RuntimeError::Unfeedable {
+                    name: self.program.describe(v),
+                    reason: "a function's input must be a value of the program's top level",
+                });
+            }
+        }
         let mut fetches: Vec<Fetch> = outputs.iter().map(|&v| Fetch::Value(v)).collect();
         fetches.extend(updates.iter().map(|&t| Fetch::Target(t)));
         Ok(KerasFunction {
-            inputs: names,
+            inputs: inputs.iter().map(|&v| Feed::Value(v)).collect(),
             fetches,
         })
     }
 }
 
-/// `function(inputs, outputs, updates)`: a thin layer over [`Session::run`].
+/// `function(inputs, outputs, updates)`: a thin layer over [`Session::run_with_feeds`].
 #[derive(Clone, Debug)]
 pub struct KerasFunction {
-    inputs: Vec<String>,
+    inputs: Vec<Feed>,
     fetches: Vec<Fetch>,
 }
 
 impl KerasFunction {
-    /// Runs the function on `args`.
+    /// Runs the function on `args`, one per input.
     pub fn call(&self, session: &mut Session, args: &[Array]) -> RuntimeResult<Vec<Array>> {
-        let feeds: Vec<(&str, Array)> = self
-            .inputs
-            .iter()
-            .zip(args)
-            .map(|(n, a)| (n.as_str(), a.clone()))
+        if args.len() != self.inputs.len() {
+            return Err(RuntimeError::Usage(format!(
+                "the function takes {} inputs, and was called with {}",
+                self.inputs.len(),
+                args.len()
+            )));
+        }
+        let feeds: Vec<(Feed, Array)> = (self.inputs.iter().cloned())
+            .zip(args.iter().cloned())
             .collect();
-        session.run(&self.fetches, &feeds)
+        session.run_with_feeds(&self.fetches, &feeds)
     }
 }

@@ -229,18 +229,25 @@ impl Parser {
         self.expect_kind(TokenKind::Colon, "`:` and the state's type")?;
         let ty = self.ty()?;
         self.expect_kind(TokenKind::Equals, "`=` and an initializer")?;
-        let (init_name, init_token) =
-            self.ident("an initializer: `constant(...)`, `uniform(...)` or `normal(...)`")?;
+        let (init_name, init_token) = self.ident(
+            "an initializer: `constant(...)`, `uniform(...)`, `normal(...)` or `values(...)`",
+        )?;
         self.expect_kind(TokenKind::LParen, "`(` and the initializer's arguments")?;
-        let attrs = self.attr_list(TokenKind::RParen)?;
-        let init = Initializer::from_parts(&init_name, &attrs)
-            .map_err(|m| self.error_at(&init_token, m))?;
         if !ty.shape.is_static() {
             return Err(self.error_at(
                 &init_token,
                 format!("state @{name} needs a static shape, found {ty}"),
             ));
         }
+        let init = if init_name == "values" {
+            let raw = self.raw_literal(0)?;
+            self.expect_kind(TokenKind::RParen, "`)` after the values")?;
+            Initializer::Values(self.literal(&raw, &ty)?)
+        } else {
+            let attrs = self.attr_list(TokenKind::RParen)?;
+            Initializer::from_parts(&init_name, &attrs)
+                .map_err(|m| self.error_at(&init_token, m))?
+        };
         Ok(StateDecl { name, ty, init })
     }
 
