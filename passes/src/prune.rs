@@ -6,7 +6,7 @@
 //! use), drops every other instruction, store and argument, and keeps names and source
 //! locations as they were.
 
-use kiln_ir::{Function, Inst, Op, Value};
+use kiln_ir::{Function, Inst, Op, Symbol, Value};
 use std::collections::{HashMap, HashSet};
 
 /// The slice of `graph` (top level) computing `outputs` and performing `stores`, as a new
@@ -51,6 +51,7 @@ pub fn prune_fed(
         }
     }
     kept.reverse();
+    keep_arguments_binding_symbols(graph, &kept, fed, &mut needed);
     let mut f = graph.clone();
     f.set_name(name);
     f.region_mut(body).insts = kept;
@@ -72,6 +73,42 @@ pub fn prune_fed(
     f.set_region_results(body, outputs.clone());
     f.set_result_types(outputs.iter().map(|&v| f.value_type(v).clone()).collect());
     (f, stands_for)
+}
+
+/// Marks as needed the arguments whose symbolic sizes the slice's types use when no needed
+/// argument or fed value binds them: a gradient of a mean over `[N, 2]` reads no element of
+/// the placeholder that fixes `N`, but it needs `N`.
+fn keep_arguments_binding_symbols(
+    graph: &Function,
+    kept: &[Inst],
+    fed: &[(Value, Option<String>)],
+    needed: &mut HashSet<Value>,
+) {
+    let mut used: HashSet<Symbol> = HashSet::new();
+    let mut stack: Vec<Inst> = kept.to_vec();
+    while let Some(inst) = stack.pop() {
+        let data = graph.inst(inst);
+        for &r in &data.results {
+            used.extend(graph.value_type(r).shape.symbols().cloned());
+        }
+        for &region in &data.regions {
+            stack.extend(graph.region(region).insts.iter().copied());
+        }
+    }
+    let is_fed = |v: &Value| fed.iter().any(|(f, _)| f == v);
+    let mut bound: HashSet<Symbol> = (graph.args().iter())
+        .filter(|v| needed.contains(v) && !is_fed(v))
+        .chain(fed.iter().map(|(v, _)| v))
+        .flat_map(|&v| graph.value_type(v).shape.symbols().cloned().collect::<Vec<_>>())
+        .collect();
+    for &arg in graph.args() {
+        let symbols: Vec<Symbol> = graph.value_type(arg).shape.symbols().cloned().collect();
+        if !needed.contains(&arg) && symbols.iter().any(|s| used.contains(s) && !bound.contains(s))
+        {
+            needed.insert(arg);
+            bound.extend(symbols);
+        }
+    }
 }
 
 #[cfg(test)]

@@ -57,13 +57,21 @@ class Optimizer:
             for p in self._params:
                 p.clear_gradient()
 
-    def minimize(self, program_or_loss, loss=None, parameters=None, name=None):
-        """Adds ``loss``'s gradients and this rule's updates to its program (of the named
-        ``parameters``, or all); returns the target to fetch. ``minimize(loss)`` finds the
-        program from the loss; ``minimize(program, loss)`` checks that it is the loss's. The
-        optimizer's target and state are named ``name`` (by default its kind, then
-        ``sgd_1``… when another optimizer of the program took it)."""
+    def minimize(self, program_or_loss, loss=None, parameters=None, name=None, var_list=None):
+        """Adds ``loss``'s gradients and this rule's updates to its program (of
+        ``parameters`` — or ``var_list``, TF's name: parameters' ``Var`` objects or names —,
+        or of all); returns the target to fetch. ``minimize(loss)`` finds the program from
+        the loss; ``minimize(program, loss)`` checks that it is the loss's. The optimizer's
+        target and state are named ``name`` (by default its kind, then ``sgd_1``… when
+        another optimizer of the program took it). A name that is no parameter, or a list the
+        loss does not depend on, raises ``kiln.KilnError``."""
         from .static import Program, Var
+        if var_list is not None:
+            if parameters is not None:
+                raise TypeError("minimize: give parameters or var_list, not both")
+            parameters = var_list
+        if parameters is not None:
+            parameters = [parameters] if isinstance(parameters, (Var, str)) else list(parameters)
         program, loss = (None, program_or_loss) if loss is None else (program_or_loss, loss)
         if not isinstance(loss, Var):
             raise TypeError(f"minimize: the loss is a Var of a program, not {type(loss).__name__}"

@@ -8,7 +8,7 @@ use crate::options::{Options, check_batch_norm};
 use kiln::backend::Array;
 use kiln::ir::{BinaryOp, Dim, ReduceOp, UnaryOp, Value};
 use kiln::runtime::layers::{self, Activation};
-use kiln::runtime::{Fetch, Init, KerasFunction, Optimizer, Program, Session, Target};
+use kiln::runtime::{Feed, Fetch, RuntimeError, Init, KerasFunction, Optimizer, Program, Session, Target};
 use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
@@ -26,9 +26,10 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     Ok(())
 }
 
-/// A static program under construction.
+/// A static program under construction, its default session, and how many times a value
+/// was named (a change its size does not show, which sessions must take up too).
 #[pyclass(name = "Program", module = "kiln.static")]
-pub(crate) struct PyProgram(Program, Option<Py<PySession>>);
+pub(crate) struct PyProgram(Program, Option<Py<PySession>>, usize);
 
 /// A value of a program; arithmetic on it adds ops to its program.
 #[pyclass(name = "Var", module = "kiln.static")]
@@ -139,6 +140,41 @@ fn activation(name: Option<&str>) -> PyResult<Activation> {
 }
 
 impl PyProgram {
+    /// The name of the parameter `item` is: a name, or a parameter's `Var`.
+    fn parameter_named(slf: &Bound<'_, PyProgram>, item: &Bound<'_, PyAny>) -> PyResult<String> {
+        let Ok(var) = item.extract::<PyRef<'_, PyVar>>() else {
+            return item.extract().map_err(|_| {
+                PyTypeError::new_err("a parameter to train is its name or its Var")
+            });
+        };
+        let value = var.value_in(slf.as_any(), "minimize")?;
+        let this = slf.borrow();
+        let name = this.0.parameter_name(value).map(str::to_owned);
+        name.ok_or_else(|| {
+            KilnError::new_err(format!(
+                "minimize: {} is not a parameter of the program (only parameters are trained)",
+                this.0.describe(value)
+            ))
+        })
+    }
+
+    /// `value` (a number or an array) as a constant of the dtype of `like` (a number fills
+    /// `like`'s shape).
+    fn constant_like(
+        slf: &Bound<'_, PyProgram>,
+        like: Value,
+        value: &Bound<'_, PyAny>,
+    ) -> PyResult<Value> {
+        let mut this = slf.borrow_mut();
+        let ty = this.0.value_type(like).clone();
+        if let Ok(number) = value.extract::<f64>() {
+            let literal = kiln::ir::Literal::scalar(ty.dtype, number);
+            return kiln_ok(this.0.constant(literal, ty).map_err(RuntimeError::from));
+        }
+        let array = from_py(value)?.cast(ty.dtype);
+        kiln_ok((this.0.constant(array.to_literal(), array.ty())).map_err(RuntimeError::from))
+    }
+
     fn var(slf: &Bound<'_, PyProgram>, value: Value) -> PyVar {
         PyVar {
             program: slf.clone().unbind(),
@@ -161,7 +197,7 @@ impl PyProgram {
     #[new]
     #[pyo3(signature = (seed = 0))]
     fn new(seed: u64) -> PyProgram {
-        PyProgram(Program::with_seed(seed), None)
+        PyProgram(Program::with_seed(seed), None, 0)
     }
 
     /// The session `kiln.function` runs in when given none: made on first use, from the
@@ -195,17 +231,53 @@ impl PyProgram {
         Self::add(slf, |p| p.placeholder(name, dtype, dims))
     }
 
-    /// A trainable parameter `name` of `shape`, initialised by `init` (see `kiln.init`).
-    #[pyo3(signature = (name, shape, init_spec, dtype_name = "float32"))]
+    /// A parameter `name` of `shape`, initialised by `init` (see `kiln.init`); with
+    /// `trainable=False` state no optimizer updates (a buffer).
+    #[pyo3(signature = (name, shape, init_spec, dtype_name = "float32", trainable = true))]
     fn parameter(
         slf: &Bound<'_, Self>,
         name: &str,
         shape: Vec<usize>,
         init_spec: &Bound<'_, PyAny>,
         dtype_name: &str,
+        trainable: bool,
     ) -> PyResult<PyVar> {
         let (init, dtype) = (init(init_spec)?, dtype(dtype_name)?);
-        Self::add(slf, |p| p.parameter(name, dtype, &shape, init))
+        Self::add(slf, |p| match trainable {
+            true => p.parameter(name, dtype, &shape, init),
+            false => p.buffer(name, dtype, &shape, init),
+        })
+    }
+
+    /// A parameter `name` whose first value is the array `value` (its shape and dtype are
+    /// the array's); with `trainable=False` state no optimizer updates.
+    #[pyo3(signature = (name, value, trainable = true))]
+    fn parameter_from(
+        slf: &Bound<'_, Self>,
+        name: &str,
+        value: &Bound<'_, PyAny>,
+        trainable: bool,
+    ) -> PyResult<PyVar> {
+        let value = from_py(value)?;
+        Self::add(slf, |p| match trainable {
+            true => p.parameter_from(name, &value),
+            false => Ok(p.state_from(name, &value)?.1),
+        })
+    }
+
+    /// The gradients of `loss` with respect to each of `wrt`, added to the program as values
+    /// (TF's `gradients`): fetch them, or differentiate them again.
+    fn gradients(
+        slf: &Bound<'_, Self>,
+        loss: &PyVar,
+        wrt: Vec<PyRef<'_, PyVar>>,
+    ) -> PyResult<Vec<PyVar>> {
+        let loss = loss.value_in(slf.as_any(), "gradients")?;
+        let wrt: Vec<Value> = (wrt.iter())
+            .map(|w| w.value_in(slf.as_any(), "gradients"))
+            .collect::<PyResult<_>>()?;
+        let grads = kiln_ok(slf.borrow_mut().0.gradients(loss, &wrt))?;
+        Ok(grads.into_iter().map(|g| Self::var(slf, g)).collect())
     }
 
     /// A dense layer `act(x @ w + b)` with parameters `<name>.w`, `<name>.b`.
@@ -252,19 +324,22 @@ impl PyProgram {
         }
     }
 
-    /// Adds `loss`'s gradients and an optimizer's updates (of the parameters named in
-    /// `params`, or all); returns the target that applies them.
+    /// Adds `loss`'s gradients and an optimizer's updates (of `params` — parameters' names
+    /// or their `Var`s —, or all); returns the target that applies them.
     #[pyo3(signature = (kind, lr, loss, params = None, name = None, **options))]
     fn minimize(
         slf: &Bound<'_, Self>,
         kind: &str,
         lr: f64,
         loss: &PyVar,
-        params: Option<Vec<String>>,
+        params: Option<Vec<Bound<'_, PyAny>>>,
         name: Option<String>,
         options: Option<&Bound<'_, PyDict>>,
     ) -> PyResult<PyTarget> {
         let loss = loss.value_in(slf.as_any(), "minimize")?;
+        let params = params
+            .map(|list| list.iter().map(|q| Self::parameter_named(slf, q)).collect::<PyResult<Vec<String>>>())
+            .transpose()?;
         let mut this = slf.borrow_mut();
         // An optimizer's target and state are named after it: a second one on the program
         // gets the next free name (`sgd_1`), and a name given that is taken is refused here,
@@ -427,37 +502,28 @@ impl PyProgram {
         })
     }
 
-    /// Keras-style updates: a target that stores each pair's new value into the state the
-    /// pair's first value loads (a parameter, a running statistic).
+    /// A target that stores each pair's new value into the state the pair's first value
+    /// loads (a parameter, a buffer, a running statistic): TF's `assign`, Keras's `updates`.
+    /// A new value is a `Var`, or a number or array made a constant of the state's dtype.
     fn assign(
         slf: &Bound<'_, Self>,
-        pairs: Vec<(PyRef<'_, PyVar>, PyRef<'_, PyVar>)>,
+        pairs: Vec<(PyRef<'_, PyVar>, Bound<'_, PyAny>)>,
     ) -> PyResult<PyTarget> {
-        let mut this = slf.borrow_mut();
-        let mut stores = Vec::new();
+        let mut values = Vec::new();
         for (var, new) in &pairs {
-            let (var, new) = (
-                var.value_in(slf.as_any(), "assign")?,
-                new.value_in(slf.as_any(), "assign")?,
-            );
-            let p = &mut this.0;
-            let decl = (p.graph().value_name(var))
-                .and_then(|n| p.module().state(n))
-                .filter(|d| p.value(&d.name) == Some(var))
-                .cloned()
-                .ok_or_else(|| KilnError::new_err("assign: the first value of a pair must be a parameter or other state of the program"))?;
-            stores.push(kiln_ok(p.store(&decl, new))?);
+            let var = var.value_in(slf.as_any(), "assign")?;
+            let new = match new.extract::<PyRef<'_, PyVar>>() {
+                Ok(v) => v.value_in(slf.as_any(), "assign")?,
+                Err(_) => Self::constant_like(slf, var, new)?,
+            };
+            values.push((var, new));
         }
-        let p = &mut this.0;
-        let name = (0..)
-            .map(|i| format!("assign{i}"))
-            .find(|n| p.target(n).is_none())
-            .expect("a free name");
-        let target = kiln_ok(p.add_target(&name, stores))?;
+        let mut this = slf.borrow_mut();
+        let target = kiln_ok(this.0.assign(&values))?;
         Ok(PyTarget {
             program: slf.clone().unbind(),
             target,
-            name,
+            name: this.0.target_name(target).to_owned(),
         })
     }
 
@@ -519,7 +585,10 @@ impl PyVar {
 
     /// Names the value (fetch it by this name).
     fn set_name(&self, py: Python<'_>, name: &str) -> PyVar {
-        self.program.borrow_mut(py).0.set_name(self.value, name);
+        let mut program = self.program.borrow_mut(py);
+        program.0.set_name(self.value, name);
+        program.2 += 1;
+        drop(program);
         self.clone()
     }
 
@@ -622,18 +691,15 @@ fn fetch_in(item: &Bound<'_, PyAny>, program: &Bound<'_, PyAny>) -> PyResult<Fet
     Ok(Fetch::Name(name))
 }
 
-/// The placeholder a feed's key names: a name, or the placeholder's `Var`.
-fn feed_name(key: &Bound<'_, PyAny>, program: &Bound<'_, PyProgram>) -> PyResult<String> {
+/// What a feed's key gives a value to: a name, or any `Var` of the program.
+fn feed_key(key: &Bound<'_, PyAny>, program: &Bound<'_, PyProgram>) -> PyResult<Feed> {
     if let Ok(v) = key.extract::<PyRef<'_, PyVar>>() {
-        let value = v.value_in(program.as_any(), "feed")?;
-        let p = program.borrow();
-        let placeholder = p.0.placeholders().iter().find(|(_, pv)| *pv == value);
-        return placeholder.map(|(n, _)| n.clone()).ok_or_else(|| {
-            KilnError::new_err("feed: a key that is a Var must be a placeholder of the program")
-        });
+        return Ok(Feed::Value(v.value_in(program.as_any(), "feed")?));
     }
-    key.extract()
-        .map_err(|_| PyTypeError::new_err("a feed's key is a placeholder's name or its Var"))
+    let name: String = key
+        .extract()
+        .map_err(|_| PyTypeError::new_err("a feed's key is a name or a Var of the program"))?;
+    Ok(Feed::Name(name))
 }
 
 /// A program, the scope its parameters live in, and compiled runs.
@@ -642,12 +708,13 @@ pub(crate) struct PySession {
     session: Session,
     program: Py<PyProgram>,
     /// The program's size (instructions, state) when `session` last took it.
-    seen: (usize, usize),
+    seen: (usize, usize, usize),
 }
 
-/// How far a program has grown: its instructions and its state declarations.
-fn size_of(program: &Program) -> (usize, usize) {
-    (program.graph().num_insts(), program.module().states.len())
+/// How far a program has grown: its instructions, its state declarations, its namings.
+fn size_of(program: &PyProgram) -> (usize, usize, usize) {
+    let p = &program.0;
+    (p.graph().num_insts(), p.module().states.len(), program.2)
 }
 
 /// Waits until no other thread's run holds `session`: a run releases the GIL while it
@@ -698,7 +765,7 @@ impl PySession {
     /// stay, and new parameters start from their initializers.
     fn catch_up(&mut self, py: Python<'_>) -> PyResult<()> {
         let program = self.program.borrow(py);
-        let now = size_of(&program.0);
+        let now = size_of(&program);
         if now == self.seen {
             return Ok(());
         }
@@ -717,7 +784,7 @@ impl PySession {
         let p = program.borrow();
         Ok(PySession {
             session: kiln_ok(Session::new(&p.0))?,
-            seen: size_of(&p.0),
+            seen: size_of(&p),
             program: program.clone().unbind(),
         })
     }
@@ -744,17 +811,15 @@ impl PySession {
             .map(|item| fetch_in(item, program.bind(py).as_any()))
             .collect::<PyResult<_>>()?;
         this.catch_up(py)?;
-        let (mut names, mut arrays): (Vec<String>, Vec<Array>) = (Vec::new(), Vec::new());
+        let mut feeds: Vec<(Feed, Array)> = Vec::new();
         if let Some(feed) = feed {
             for (k, v) in feed.iter() {
-                names.push(feed_name(&k, program.bind(py))?);
-                arrays.push(from_py(&v)?);
+                feeds.push((feed_key(&k, program.bind(py))?, from_py(&v)?));
             }
         }
-        let feeds: Vec<(&str, Array)> = names.iter().map(String::as_str).zip(arrays).collect();
         let fetches_for_run = fetches.clone();
         let session = &mut this.session;
-        let result = py.detach(move || session.run(&fetches_for_run, &feeds));
+        let result = py.detach(move || session.run_with_feeds(&fetches_for_run, &feeds));
         let mut values = kiln_ok(result)?.into_iter();
         let out: Vec<Py<PyAny>> = fetches
             .iter()

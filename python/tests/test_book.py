@@ -62,3 +62,28 @@ def test_the_readme_model_trains_compiles_and_reloads(tmp_path, monkeypatch, cap
     assert names["accuracy"] > 0.95, printed                # "about 97 %"
     assert (tmp_path / "net.npz").exists()
     assert sorted(np.load(tmp_path / "net.npz")) == sorted(names["model"].state_dict())
+
+
+def test_the_static_guide_gives_what_its_comments_say(tmp_path, monkeypatch, capsys):
+    """The computational graph from Python: each printed value is the comment's."""
+    graph, gan = [code for page, _, code in samples() if page == "guides/static-programs.md"]
+    names = run("guides/static-programs.md", graph, tmp_path, monkeypatch)
+    s, x, y, Wx = names["s"], names["x"], names["y"], names["Wx"]
+    xs = names["xs"]
+    np.testing.assert_array_equal(s.state("W"), np.ones((3, 2)))   # after the assign
+    np.testing.assert_allclose(s.run(y, {Wx: np.array([[5.0, 6.0]], np.float32)}), [[5.1, 6.1]],
+                               rtol=1e-6)
+    np.testing.assert_allclose(s.run(names["db"], {x: xs}), [0.5, 0.5])
+    np.testing.assert_allclose(s.run(names["d2"], {x: xs}), [2.0, 2.0])
+    np.testing.assert_allclose(names["from_Wx"](np.zeros((1, 2), np.float32))[0], [[0.1, 0.1]],
+                               rtol=1e-6)
+    printed = capsys.readouterr().out
+    assert printed.startswith("[[1.1 2.1]]\n[[5.1 6.1]]\n[0.5 0.5]\n[2. 2.]\n"), printed
+
+
+def test_the_gan_trained_by_sub_graphs_learns_the_real_mean(tmp_path, monkeypatch, capsys):
+    _, gan = [code for page, _, code in samples() if page == "guides/static-programs.md"]
+    names = run("guides/static-programs.md", gan, tmp_path, monkeypatch)
+    assert abs(names["samples"].mean() - 4.0) < 0.5, capsys.readouterr().out
+    # Each step trained only its own network's parameters: two optimizers, two sets.
+    assert sorted(n.split(".")[0] for n in names["p"].parameter_names()) == ["disc"] * 6 + ["gen"] * 6

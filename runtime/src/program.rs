@@ -126,14 +126,26 @@ impl Program {
         shape: &[usize],
         init: Init,
     ) -> RuntimeResult<Value> {
-        let seed = self.seed ^ stable_hash(name);
-        let initializer = init.initializer(shape, seed);
-        let (_, v) = self.state(name, Type::new(dtype, Shape::fixed(shape)), initializer)?;
+        let v = self.buffer(name, dtype, shape, init)?;
         self.params.push(Param {
             name: name.to_owned(),
             value: v,
         });
         Ok(v)
+    }
+
+    /// State of a static `shape` that is not trained — a buffer, as PyTorch calls it (a
+    /// counter, a value a target assigns to) — first drawn by `init` as a parameter would be.
+    pub fn buffer(
+        &mut self,
+        name: &str,
+        dtype: DType,
+        shape: &[usize],
+        init: Init,
+    ) -> RuntimeResult<Value> {
+        let initializer = init.initializer(shape, self.seed ^ stable_hash(name));
+        let ty = Type::new(dtype, Shape::fixed(shape));
+        Ok(self.state(name, ty, initializer)?.1)
     }
 
     /// A trainable parameter whose first value is `value` (Keras's `variable(value)`): its
