@@ -53,7 +53,10 @@ impl Initializer {
     pub fn check_values(literal: &Literal, ty: &Type) -> Result<(), String> {
         let count = ty.shape.as_fixed().map(|d| d.iter().product::<usize>());
         if literal.dtype() != ty.dtype {
-            return Err(format!("its values are {}, the state {ty}", literal.dtype()));
+            return Err(format!(
+                "its values are {}, the state {ty}",
+                literal.dtype()
+            ));
         }
         match count {
             Some(n) if literal.len() == n || literal.len() == 1 => Ok(()),
@@ -260,8 +263,14 @@ mod tests {
         let module = parse_module(text).expect("parses");
         verify_module(&module).expect("verifies");
         let printed = module.to_string();
-        assert!(printed.contains("values([[1.0, -2.5], [3.0, 4.0]])"), "{printed}");
-        assert!(printed.contains("values([1, 9007199254740993, -7])"), "{printed}");
+        assert!(
+            printed.contains("values([[1.0, -2.5], [3.0, 4.0]])"),
+            "{printed}"
+        );
+        assert!(
+            printed.contains("values([1, 9007199254740993, -7])"),
+            "{printed}"
+        );
         assert_eq!(parse_module(&printed).expect("parses back"), module);
     }
 
@@ -269,13 +278,19 @@ mod tests {
     fn values_that_do_not_fit_the_state_are_refused() {
         let wrong_count = "module {\n  state @w : f32[2,2] = values([1.0, 2.0, 3.0])\n}\n";
         let error = parse_module(wrong_count).expect_err("three values for a [2,2] state");
-        assert!(error.to_string().contains("a list of 2 elements"), "{error}");
-        let mut module = parse_module("module {\n  state @w : f32[3] = values([1.0, 2.0, 3.0])\n}\n")
-            .expect("parses");
+        assert!(
+            error.to_string().contains("a list of 2 elements"),
+            "{error}"
+        );
+        let mut module =
+            parse_module("module {\n  state @w : f32[3] = values([1.0, 2.0, 3.0])\n}\n")
+                .expect("parses");
         module.states[0].ty = crate::Type::new(crate::DType::F32, crate::Shape::fixed(&[4]));
         let errors = verify_module(&module).expect_err("3 values for 4 elements");
         assert!(
-            errors.to_string().contains("it has 3 values for the 4 elements"),
+            errors
+                .to_string()
+                .contains("it has 3 values for the 4 elements"),
             "{errors}"
         );
     }

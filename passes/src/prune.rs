@@ -99,11 +99,21 @@ fn keep_arguments_binding_symbols(
     let mut bound: HashSet<Symbol> = (graph.args().iter())
         .filter(|v| needed.contains(v) && !is_fed(v))
         .chain(fed.iter().map(|(v, _)| v))
-        .flat_map(|&v| graph.value_type(v).shape.symbols().cloned().collect::<Vec<_>>())
+        .flat_map(|&v| {
+            graph
+                .value_type(v)
+                .shape
+                .symbols()
+                .cloned()
+                .collect::<Vec<_>>()
+        })
         .collect();
     for &arg in graph.args() {
         let symbols: Vec<Symbol> = graph.value_type(arg).shape.symbols().cloned().collect();
-        if !needed.contains(&arg) && symbols.iter().any(|s| used.contains(s) && !bound.contains(s))
+        if !needed.contains(&arg)
+            && symbols
+                .iter()
+                .any(|s| used.contains(s) && !bound.contains(s))
         {
             needed.insert(arg);
             bound.extend(symbols);

@@ -8,7 +8,9 @@ use crate::options::{Options, check_batch_norm};
 use kiln::backend::Array;
 use kiln::ir::{BinaryOp, Dim, ReduceOp, UnaryOp, Value};
 use kiln::runtime::layers::{self, Activation};
-use kiln::runtime::{Feed, Fetch, RuntimeError, Init, KerasFunction, Optimizer, Program, Session, Target};
+use kiln::runtime::{
+    Feed, Fetch, Init, KerasFunction, Optimizer, Program, RuntimeError, Session, Target,
+};
 use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
@@ -143,9 +145,9 @@ impl PyProgram {
     /// The name of the parameter `item` is: a name, or a parameter's `Var`.
     fn parameter_named(slf: &Bound<'_, PyProgram>, item: &Bound<'_, PyAny>) -> PyResult<String> {
         let Ok(var) = item.extract::<PyRef<'_, PyVar>>() else {
-            return item.extract().map_err(|_| {
-                PyTypeError::new_err("a parameter to train is its name or its Var")
-            });
+            return item
+                .extract()
+                .map_err(|_| PyTypeError::new_err("a parameter to train is its name or its Var"));
         };
         let value = var.value_in(slf.as_any(), "minimize")?;
         let this = slf.borrow();
@@ -338,7 +340,11 @@ impl PyProgram {
     ) -> PyResult<PyTarget> {
         let loss = loss.value_in(slf.as_any(), "minimize")?;
         let params = params
-            .map(|list| list.iter().map(|q| Self::parameter_named(slf, q)).collect::<PyResult<Vec<String>>>())
+            .map(|list| {
+                list.iter()
+                    .map(|q| Self::parameter_named(slf, q))
+                    .collect::<PyResult<Vec<String>>>()
+            })
             .transpose()?;
         let mut this = slf.borrow_mut();
         // An optimizer's target and state are named after it: a second one on the program

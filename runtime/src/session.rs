@@ -243,7 +243,9 @@ impl Runner {
         let signature = Signature {
             values,
             targets,
-            feeds: (sorted.iter()).map(|(k, a)| (k.clone(), a.dtype())).collect(),
+            feeds: (sorted.iter())
+                .map(|(k, a)| (k.clone(), a.dtype()))
+                .collect(),
         };
         if !self.cache.contains_key(&signature) {
             let prepared = prepare(program, &signature, self.compilations, self.backend)?;

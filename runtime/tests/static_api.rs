@@ -43,20 +43,37 @@ fn affine() -> Affine {
 #[test]
 fn parameters_from_arrays_start_from_them_and_print_as_values() {
     let mut m = affine();
-    let ids = Array::I64(ArrayD::from_shape_vec(IxDyn(&[2]), vec![9_007_199_254_740_993, -7]).unwrap());
+    let ids =
+        Array::I64(ArrayD::from_shape_vec(IxDyn(&[2]), vec![9_007_199_254_740_993, -7]).unwrap());
     let (decl, _) = m.p.state_from("ids", &ids).unwrap();
     let ir = m.p.module().to_string();
-    assert!(ir.contains("state @W : f32[2,2] = values([[1.0, 2.0], [3.0, 4.0]])"), "{ir}");
+    assert!(
+        ir.contains("state @W : f32[2,2] = values([[1.0, 2.0], [3.0, 4.0]])"),
+        "{ir}"
+    );
     assert!(ir.contains("values([9007199254740993, -7])"), "{ir}");
-    assert_eq!(m.p.params().len(), 2, "`ids` is state, not a parameter: {:?}", decl.name);
+    assert_eq!(
+        m.p.params().len(),
+        2,
+        "`ids` is state, not a parameter: {:?}",
+        decl.name
+    );
     let s = Session::new(&m.p).unwrap();
-    assert_eq!(s.scope().get("W").unwrap().to_f64_vec(), [1.0, 2.0, 3.0, 4.0]);
-    assert_eq!(s.scope().get("ids").unwrap(), &ids, "integers exact, not through f64");
+    assert_eq!(
+        s.scope().get("W").unwrap().to_f64_vec(),
+        [1.0, 2.0, 3.0, 4.0]
+    );
+    assert_eq!(
+        s.scope().get("ids").unwrap(),
+        &ids,
+        "integers exact, not through f64"
+    );
 }
 
 #[test]
 fn any_value_can_be_fed_by_its_value_named_or_not() {
     let m = affine();
+    assert_eq!(m.p.parameter_name(m.w), Some("W"));
     let mut s = Session::new(&m.p).unwrap();
     let x = f32s(&[1, 2], &[1.0, 1.0]);
     let direct = s.run(&[m.y.into()], &[("x", x.clone())]).unwrap();
@@ -79,7 +96,9 @@ fn a_function_can_take_an_intermediate_as_its_input() {
     let m = affine();
     let mut s = Session::new(&m.p).unwrap();
     let from_wx = s.function(&[m.wx], &[m.y], &[]).unwrap();
-    let out = from_wx.call(&mut s, &[f32s(&[2, 2], &[0.0, 0.0, 1.0, 1.0])]).unwrap();
+    let out = from_wx
+        .call(&mut s, &[f32s(&[2, 2], &[0.0, 0.0, 1.0, 1.0])])
+        .unwrap();
     assert_eq!(out[0].to_f64_vec(), [0.5, -0.5, 1.5, 0.5]);
     let err = from_wx.call(&mut s, &[]).unwrap_err().to_string();
     assert_eq!(err, "the function takes 1 inputs, and was called with 0");
@@ -90,9 +109,8 @@ fn bad_feeds_are_errors_that_say_why() {
     let mut m = affine();
     let pred = m.p.placeholder("pred", DType::Bool, vec![]).unwrap();
     let mut inner = None;
-    let results = m
-        .p
-        .cond(
+    let results =
+        m.p.cond(
             pred,
             |b| {
                 let v = b.unary(UnaryOp::Neg, m.wx)?;
@@ -106,10 +124,16 @@ fn bad_feeds_are_errors_that_say_why() {
     let x = f32s(&[1, 2], &[1.0, 1.0]);
     let twice = [(Feed::from("x"), x.clone()), (Feed::Value(m.x), x.clone())];
     let err = s.run_with_feeds(&[m.y.into()], &twice).unwrap_err();
-    assert_eq!(err.to_string(), "`x` is fed twice in one run (by `x` and by `x`)");
+    assert_eq!(
+        err.to_string(),
+        "`x` is fed twice in one run (by `x` and by `x`)"
+    );
     let in_body = [(Feed::Value(inner.unwrap()), x.clone())];
     let err = (s.run_with_feeds(&[results[0].into()], &in_body)).unwrap_err();
-    assert!(err.to_string().contains("inside a `cond` or `while` body"), "{err}");
+    assert!(
+        err.to_string().contains("inside a `cond` or `while` body"),
+        "{err}"
+    );
     // A value of a bigger program: its id is past this program's values.
     let mut other = Program::new();
     let unknown = (0..1000)
@@ -119,7 +143,10 @@ fn bad_feeds_are_errors_that_say_why() {
     let err = s
         .run_with_feeds(&[m.y.into()], &[(Feed::Value(unknown), x)])
         .unwrap_err();
-    assert!(err.to_string().contains("not a value of this program"), "{err}");
+    assert!(
+        err.to_string().contains("not a value of this program"),
+        "{err}"
+    );
 }
 
 /// `sum(tanh(x·w))` over a fed `x: f64[3]` and a parameter `w: f64[]`.
@@ -147,7 +174,10 @@ fn gradients_are_values_to_fetch_and_differentiate_again() {
     let xs = [0.3, -1.2, 2.0];
     let mut s = Session::new(&p).unwrap();
     let out = s
-        .run(&[dw.into(), dx.into(), d2w.into()], &[("x", f64s(&[3], &xs))])
+        .run(
+            &[dw.into(), dx.into(), d2w.into()],
+            &[("x", f64s(&[3], &xs))],
+        )
         .unwrap();
     let w0 = 0.7f64;
     let sech2 = |v: f64| 1.0 - v.tanh().powi(2);
@@ -160,7 +190,10 @@ fn gradients_are_values_to_fetch_and_differentiate_again() {
     for (got, x) in out[1].to_f64_vec().iter().zip(xs) {
         assert!(close(*got, w0 * sech2(x * w0)), "{out:?}");
     }
-    assert!(close(out[2].to_f64_vec()[0], want_d2w), "{out:?} {want_d2w}");
+    assert!(
+        close(out[2].to_f64_vec()[0], want_d2w),
+        "{out:?} {want_d2w}"
+    );
 }
 
 #[test]
@@ -188,7 +221,11 @@ fn a_feed_that_cuts_a_fetched_gradient_is_refused() {
             &[(Feed::Value(w), f64s(&[], &[0.0])), (Feed::Value(x), three)],
         )
         .unwrap();
-    assert_eq!(at[0].to_f64_vec(), [6.0], "d/dw sum(tanh(x w)) at w = 0 is sum(x)");
+    assert_eq!(
+        at[0].to_f64_vec(),
+        [6.0],
+        "d/dw sum(tanh(x w)) at w = 0 is sum(x)"
+    );
 }
 
 #[test]
@@ -202,11 +239,19 @@ fn assign_stores_a_placeholders_value_into_a_variable() {
     s.run(&[Fetch::Target(assign)], &[("x", f32s(&[2], &[3.0, 4.0]))])
         .unwrap();
     assert_eq!(s.scope().get("v").unwrap().to_f64_vec(), [3.0, 4.0]);
-    let wide = p.placeholder("wide", DType::F32, vec![Dim::Fixed(3)]).unwrap();
+    let wide = p
+        .placeholder("wide", DType::F32, vec![Dim::Fixed(3)])
+        .unwrap();
     let err = p.assign(&[(v, wide)]).unwrap_err().to_string();
-    assert!(err.contains("@v has type f32[2], the stored value f32[3]"), "{err}");
+    assert!(
+        err.contains("@v has type f32[2], the stored value f32[3]"),
+        "{err}"
+    );
     let err = p.assign(&[(x, x)]).unwrap_err().to_string();
-    assert!(err.contains("assign: `x` is not a parameter or other state"), "{err}");
+    assert!(
+        err.contains("assign: `x` is not a parameter or other state"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -224,7 +269,10 @@ fn minimize_refuses_names_that_train_nothing() {
     let err = (Sgd::new(0.1).minimize_params(&mut p, loss, &["unused".into()]))
         .unwrap_err()
         .to_string();
-    assert!(err.contains("depends on none of the parameters it should train (unused)"), "{err}");
+    assert!(
+        err.contains("depends on none of the parameters it should train (unused)"),
+        "{err}"
+    );
 }
 
 #[test]
