@@ -160,23 +160,10 @@ impl Runner {
 
     /// What the compiled runs did so far, summed over every prepared slice.
     pub fn exec_stats(&self) -> ExecStats {
-        let mut total = ExecStats::default();
-        for stats in self
-            .cache
-            .values()
+        (self.cache.values())
             .filter_map(|p| p.executable.as_ref())
             .map(Executable::stats)
-        {
-            total.runs += stats.runs;
-            total.allocations += stats.allocations;
-            total.reuses += stats.reuses;
-            total.in_place += stats.in_place;
-            total.interpreted += stats.interpreted;
-            total.steps += stats.steps;
-            total.kernels += stats.kernels;
-            total.slots += stats.slots;
-        }
-        total
+            .sum()
     }
 
     /// How many times a run had to prune and verify a new slice of a program.

@@ -579,3 +579,49 @@ fn feeding_a_value_an_update_needs_upstream_of_its_loss_is_an_error_naming_it() 
     let l = s.run(&[loss.into()], &feeds).unwrap();
     assert!(l[0].to_f64_vec()[0].is_finite());
 }
+
+#[test]
+fn exec_stats_sum_every_field_over_the_prepared_slices() {
+    // A convolution with a ReLU epilogue and a max pooling whose gradient reads its kept
+    // argmax: `epilogues`, `epilogues_run` and `kept_argmax` read 0 here before they were summed.
+    let mut p = Program::with_seed(5);
+    let x = p
+        .placeholder(
+            "x",
+            DType::F32,
+            vec![Dim::Fixed(2), Dim::Fixed(3), Dim::Fixed(8), Dim::Fixed(8)],
+        )
+        .unwrap();
+    let attrs = kiln_ir::Conv2dAttrs {
+        padding: [(1, 1), (1, 1)],
+        ..kiln_ir::Conv2dAttrs::default()
+    };
+    let h = layers::conv2d(&mut p, "conv", x, 4, [3, 3], attrs, Activation::Relu).unwrap();
+    let pooled = layers::max_pool2d(&mut p, h, kiln_ir::Pool2dAttrs::new([2, 2], [2, 2])).unwrap();
+    let loss = layers::mean(&mut p, pooled).unwrap();
+    let train = Sgd::new(0.1).minimize(&mut p, loss).unwrap();
+    let mut s = Session::new(&p).unwrap();
+    let xs = f32s(
+        &[2, 3, 8, 8],
+        &(0..384).map(|i| (i % 7) as f32 - 3.0).collect::<Vec<_>>(),
+    );
+    for _ in 0..2 {
+        s.run(&[Fetch::Target(train), loss.into()], &[("x", xs.clone())])
+            .unwrap();
+    }
+    s.run(&[loss.into()], &[("x", xs)]).unwrap();
+    let stats = s.exec_stats();
+    assert_eq!(
+        stats.runs, 3,
+        "two training runs and one of the loss: {stats:?}"
+    );
+    assert!(
+        stats.epilogues >= 2,
+        "each slice's convolution runs its ReLU: {stats:?}"
+    );
+    assert!(stats.epilogues_run >= 3, "{stats:?}");
+    assert!(
+        stats.kept_argmax >= 1,
+        "the training slice keeps the pooling's argmax: {stats:?}"
+    );
+}

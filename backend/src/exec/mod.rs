@@ -184,6 +184,46 @@ pub struct ExecStats {
     pub epilogues: usize,
 }
 
+/// Sums every field: what several executables (a session's prepared slices) did together.
+/// The destructuring names each field, so a new one is a compile error here until summed.
+impl std::ops::AddAssign for ExecStats {
+    fn add_assign(&mut self, other: ExecStats) {
+        let ExecStats {
+            runs,
+            allocations,
+            reuses,
+            in_place,
+            interpreted,
+            epilogues_run,
+            steps,
+            kernels,
+            slots,
+            kept_argmax,
+            epilogues,
+        } = other;
+        self.runs += runs;
+        self.allocations += allocations;
+        self.reuses += reuses;
+        self.in_place += in_place;
+        self.interpreted += interpreted;
+        self.epilogues_run += epilogues_run;
+        self.steps += steps;
+        self.kernels += kernels;
+        self.slots += slots;
+        self.kept_argmax += kept_argmax;
+        self.epilogues += epilogues;
+    }
+}
+
+impl std::iter::Sum for ExecStats {
+    fn sum<I: Iterator<Item = ExecStats>>(stats: I) -> ExecStats {
+        stats.fold(ExecStats::default(), |mut total, s| {
+            total += s;
+            total
+        })
+    }
+}
+
 /// How a step that is not native code runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Fallback {
