@@ -59,7 +59,7 @@ fn check_counts(op: &Op, args: &[&Type], regions: &[RegionTypes<'_>]) -> Result<
         | Op::Gather { .. }
         | Op::ScatterAdd { .. }
         | Op::Conv2d { .. } => Some(2),
-        Op::UpdateSlice { .. } => Some(3),
+        Op::UpdateSlice { .. } | Op::MatMulAcc { .. } => Some(3),
         Op::Pool2d { kind, .. } => Some(match kind {
             PoolKind::MaxGrad => 2,
             PoolKind::Max | PoolKind::Avg | PoolKind::AvgGrad { .. } => 1,
@@ -379,6 +379,21 @@ fn rule(op: &Op, args: &[&Type], regions: &[RegionTypes<'_>]) -> Result<Vec<Type
             transpose_a,
             transpose_b,
         } => matmul_type(args[0], args[1], *transpose_a, *transpose_b).map(|t| vec![t]),
+        Op::MatMulAcc {
+            transpose_a,
+            transpose_b,
+            ..
+        } => {
+            let product = matmul_type(args[0], args[1], *transpose_a, *transpose_b)?;
+            if !product.dtype.is_float() || *args[2] != product {
+                return Err(format!(
+                    "the product is {product}, and it accumulates onto {}: they must be the \
+                     same float type",
+                    args[2]
+                ));
+            }
+            one(product)
+        }
         Op::Gather { axis } => {
             let (table, idx) = (args[0], args[1]);
             check_axis(*axis, table)?;

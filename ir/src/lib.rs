@@ -39,8 +39,8 @@ pub use literal::Literal;
 pub use loc::{Loc, SourceNode};
 pub use module::{Initializer, Module, StateConflict, StateDecl};
 pub use op::{
-    AllReduceOp, ArgOp, AxisSlice, BinaryOp, CompareOp, Cost, DTypeClass, Distribution, Helper, Op,
-    OpClass, ReduceOp, UnaryOp, VectorForm,
+    AllReduceOp, ArgOp, AxisSlice, BinaryOp, CompareOp, Cost, DTypeClass, Distribution, F64Attr,
+    Helper, Op, OpClass, ReduceOp, UnaryOp, VectorForm,
 };
 pub use parse::{ParseError, parse_module};
 pub use types::{BindError, DType, Dim, Shape, Symbol, SymbolBindings, TooLarge, Type};

@@ -504,6 +504,19 @@ pub enum Op {
         /// Whether the right operand's last two axes are swapped first.
         transpose_b: bool,
     },
+    /// `c + scale · (a @ b)` (operands `a`, `b`, `c`; flags as [`Op::MatMul`]'s): a product
+    /// accumulated onto `c`, of `c`'s type — gemm's `c ← c + α·a·b`. The
+    /// `fold-updates-into-products` pass makes it of an update `w − lr·g` whose gradient `g`
+    /// is a product nothing else reads, so the gradient is never written and the update
+    /// takes no pass of its own over `w`.
+    MatMulAcc {
+        /// Whether the left operand's last two axes are swapped first.
+        transpose_a: bool,
+        /// Whether the right operand's last two axes are swapped first.
+        transpose_b: bool,
+        /// The product's factor.
+        scale: F64Attr,
+    },
     /// `table[..., indices, ...]` along `axis`: result shape
     /// `table[..axis] ++ indices ++ table[axis+1..]`.
     Gather {
@@ -754,6 +767,7 @@ impl Op {
             Op::Reduce { op, .. } => op.name(),
             Op::ArgReduce { op, .. } => op.name(),
             Op::MatMul { .. } => "matmul",
+            Op::MatMulAcc { .. } => "matmul_acc",
             Op::Gather { .. } => "gather",
             Op::UpdateSlice { .. } => "update_slice",
             Op::ScatterAdd { .. } => "scatter_add",
@@ -813,7 +827,7 @@ impl Op {
             | Op::Pad { .. }
             | Op::Concat { .. } => OpClass::Layout,
             Op::Reduce { .. } | Op::ArgReduce { .. } => OpClass::Reduction,
-            Op::MatMul { .. } | Op::Conv2d { .. } => OpClass::Contraction,
+            Op::MatMul { .. } | Op::MatMulAcc { .. } | Op::Conv2d { .. } => OpClass::Contraction,
             Op::Pool2d { .. } => OpClass::Reduction,
             Op::Gather { .. }
             | Op::UpdateSlice { .. }
@@ -849,7 +863,7 @@ impl Op {
             | Op::ScatterAdd { .. }
             | Op::OneHot { .. } => Cost::DataMovement,
             Op::Reduce { .. } | Op::ArgReduce { .. } | Op::Pool2d { .. } => Cost::Reduction,
-            Op::MatMul { .. } | Op::Conv2d { .. } => Cost::Contraction,
+            Op::MatMul { .. } | Op::MatMulAcc { .. } | Op::Conv2d { .. } => Cost::Contraction,
             Op::Load { .. } | Op::Store { .. } | opaque_op!() => Cost::Opaque,
         }
     }
@@ -930,6 +944,19 @@ impl Op {
                 if *transpose_b {
                     attrs.push(("transpose_b", Attr::Bool(true)));
                 }
+                attrs
+            }
+            Op::MatMulAcc {
+                transpose_a,
+                transpose_b,
+                scale,
+            } => {
+                let mut attrs = (Op::MatMul {
+                    transpose_a: *transpose_a,
+                    transpose_b: *transpose_b,
+                })
+                .attributes();
+                attrs.push(("scale", Attr::Float(scale.0)));
                 attrs
             }
             Op::Conv2d { attrs, .. } => attrs.attributes(),
@@ -1037,6 +1064,11 @@ impl Op {
                 "matmul" => Op::MatMul {
                     transpose_a: attrs.bool_or("transpose_a", false)?,
                     transpose_b: attrs.bool_or("transpose_b", false)?,
+                },
+                "matmul_acc" => Op::MatMulAcc {
+                    transpose_a: attrs.bool_or("transpose_a", false)?,
+                    transpose_b: attrs.bool_or("transpose_b", false)?,
+                    scale: F64Attr(attrs.f64("scale")?),
                 },
                 "gather" => Op::Gather {
                     axis: attrs.usize("axis")?,
@@ -1244,6 +1276,11 @@ impl Op {
                 transpose_a: false,
                 transpose_b: false,
             },
+            Op::MatMulAcc {
+                transpose_a: false,
+                transpose_b: false,
+                scale: F64Attr(1.0),
+            },
             Op::Gather { axis: 0 },
             Op::UpdateSlice { axis: 0 },
             Op::ScatterAdd { axis: 0, shape },
@@ -1330,6 +1367,7 @@ impl Op {
                 | Op::Reduce { .. }
                 | Op::ArgReduce { .. }
                 | Op::MatMul { .. }
+                | Op::MatMulAcc { .. }
                 | Op::Gather { .. }
                 | Op::UpdateSlice { .. }
                 | Op::ScatterAdd { .. }

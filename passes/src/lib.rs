@@ -8,6 +8,8 @@
 //!   region of the graph, with transposes only at its edges.
 //! - `loops`: invariant code motion, transposed invariant operands and batched input
 //!   projections in `while` bodies.
+//! - `products`: how matrix products run, decided as IR (`fold_updates`: an SGD update
+//!   accumulated onto by its gradient's product, `matmul_acc`).
 //! - [`fusion`]: elementwise, broadcast and reduction ops grouped into `fused` kernels.
 //! - [`autodiff`]: reverse-mode gradients as a pass; one vector-Jacobian rule per op.
 //! - [`prune`]: the slice of a function that chosen outputs and stores need.
@@ -27,6 +29,7 @@ mod fusion;
 mod layout;
 mod loops;
 pub mod manager;
+mod products;
 pub mod prune;
 pub mod simplify;
 
@@ -39,5 +42,6 @@ pub use fusion::{Fuse, MAX_KERNEL_DEPTH};
 pub use layout::ChannelsLast;
 pub use loops::Loops;
 pub use manager::{Pass, PassError, PassManager, PassReport, Stats};
+pub use products::FoldUpdates;
 pub use prune::{prune, prune_fed};
 pub use simplify::Simplify;

@@ -5,7 +5,7 @@
 //! skip it unless asked. `--print-after-all` is an instrumentation hook: the manager calls back
 //! with the module after each pass, headed like MLIR's `// -----// IR Dump After cse //----- //`.
 
-use crate::{canonicalize, cse, dce, fold, fusion, layout, loops, simplify};
+use crate::{canonicalize, cse, dce, fold, fusion, layout, loops, products, simplify};
 use kiln_ir::{Module, verify_module};
 use std::fmt;
 use std::time::{Duration, Instant};
@@ -146,6 +146,10 @@ pub const PASSES: &[(&str, &str)] = &[
         "in `while` bodies: hoist invariant ops, pre-transpose invariant operands, batch input projections",
     ),
     (
+        "fold_updates",
+        "an update `w − c·g` whose gradient `g` is a product only it reads becomes `matmul_acc` onto `w`",
+    ),
+    (
         "dce",
         "remove instructions whose results are unused and that have no effects",
     ),
@@ -169,6 +173,7 @@ pub const PIPELINES: &[(&str, &[&str])] = &[
             "fold",
             "cse",
             "loops",
+            "fold_updates",
             "dce",
             "fuse",
         ],
@@ -199,6 +204,7 @@ pub fn pass_by_name(name: &str) -> Result<Box<dyn Pass>, PassError> {
         "dce" => Box::new(dce::Dce),
         "channels_last" => Box::new(layout::ChannelsLast::default()),
         "loops" => Box::new(loops::Loops),
+        "fold_updates" => Box::new(products::FoldUpdates::default()),
         "fuse" => Box::new(fusion::Fuse::default()),
         _ => {
             return Err(PassError::UnknownPass {

@@ -6,8 +6,8 @@
 use crate::Array;
 use crate::jit::{self, Kernel};
 use kiln_ir::{
-    AxisSlice, BinaryOp, BuildResult, Conv2dAttrs, ConvKind, DType, Dim, Function, FunctionBuilder,
-    Inst, Literal, Op, Pool2dAttrs, PoolKind, Region, Shape, Symbol, Value, ValueDef,
+    AxisSlice, BuildResult, Conv2dAttrs, ConvKind, DType, Dim, Function, FunctionBuilder, Inst,
+    Literal, Op, Pool2dAttrs, PoolKind, Region, Shape, Symbol, Value, ValueDef,
 };
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, OnceLock};
@@ -276,9 +276,6 @@ impl Schedule {
         let off = std::env::var("KILN_TMP_OFF").unwrap_or_default();
         if !off.contains("hoist") {
             hoist_before_convolutions(&mut steps);
-        }
-        if !off.contains("fold") {
-            fold_updates_into_products(func, &mut steps);
         }
         if !off.contains("views") {
             read_products_through_views(func, &mut steps, &recipe);
@@ -740,6 +737,17 @@ fn step_kind(
             written_through: None,
             onto: None,
         },
+        Op::MatMulAcc {
+            transpose_a,
+            transpose_b,
+            scale,
+        } if func.value_type(data.results[0]).dtype.is_float() => StepKind::MatMul {
+            transpose_a: *transpose_a,
+            transpose_b: *transpose_b,
+            views: Default::default(),
+            written_through: None,
+            onto: Some(scale.0),
+        },
         // Channels last, the executor's loops take one group and max pooling of windows of
         // fewer than 255 taps; the interpreter runs the rest.
         Op::Conv2d { attrs, .. } if attrs.channels_last && attrs.groups > 1 => StepKind::Direct,
@@ -787,90 +795,6 @@ fn step_kind(
         kiln_ir::communication_op!() => StepKind::Communicate,
         _ => StepKind::Direct,
     }
-}
-
-/// Folds each kernel computing `w − c·g` (or `w + c·g`) from a product `g` that nothing
-/// else reads into that product: gemm adds `∓c·a·b` onto `w`'s buffer, which a parameter's
-/// SGD update takes over in place. The gradient is never written, and the update kernel's
-/// pass over the weights (134 µs for W5's first layer) goes.
-fn fold_updates_into_products(func: &Function, steps: &mut Vec<Step>) {
-    let mut reads: HashMap<Value, usize> = HashMap::new();
-    for v in steps.iter().flat_map(|s| &s.inputs) {
-        *reads.entry(*v).or_default() += 1;
-    }
-    let results = &func.region(func.body()).results;
-    let mut folded = Vec::new();
-    for k in 0..steps.len() {
-        let Some((w, g, scale)) = scaled_update(func, &steps[k]) else {
-            continue;
-        };
-        let (w, g) = (steps[k].inputs[w], steps[k].inputs[g]);
-        let product = steps[..k].iter().position(|s| {
-            s.outputs == [g] && matches!(s.kind, StepKind::MatMul { onto: None, .. })
-        });
-        let Some(p) = product else { continue };
-        if reads[&g] != 1 || results.contains(&g) || steps[p].inputs.contains(&w) {
-            continue;
-        }
-        let StepKind::MatMul {
-            transpose_a,
-            transpose_b,
-            ..
-        } = steps[p].kind
-        else {
-            continue;
-        };
-        let inputs = vec![steps[p].inputs[0], steps[p].inputs[1], w];
-        let step = &mut steps[k];
-        step.kind = StepKind::MatMul {
-            transpose_a,
-            transpose_b,
-            views: Default::default(),
-            written_through: None,
-            onto: Some(scale),
-        };
-        step.inputs = inputs;
-        step.fallible = false;
-        folded.push(p);
-    }
-    let mut index = 0;
-    steps.retain(|_| {
-        index += 1;
-        !folded.contains(&(index - 1))
-    });
-}
-
-/// A kernel step computing `w ± c·g` from two inputs (the `fused` region of an SGD update):
-/// the inputs' positions of `w` and `g`, and the signed scale.
-fn scaled_update(func: &Function, step: &Step) -> Option<(usize, usize, f64)> {
-    if !matches!(step.kind, StepKind::Kernel { .. }) || step.inputs.len() != 2 {
-        return None;
-    }
-    let data = func.inst(step.inst);
-    let region = func.region(*data.regions.first()?);
-    let [c, m, u] = region.insts[..] else {
-        return None;
-    };
-    let (c, m, u) = (func.inst(c), func.inst(m), func.inst(u));
-    let Op::Const { value, .. } = &c.op else {
-        return None;
-    };
-    let scalar = value.len() == 1 && value.dtype().is_float();
-    let product_arg = |v: Value| region.args.iter().position(|&a| a == v);
-    let g = match (&m.op, &m.args[..]) {
-        (Op::Binary(BinaryOp::Mul), &[x, y]) if y == c.results[0] => product_arg(x)?,
-        (Op::Binary(BinaryOp::Mul), &[x, y]) if x == c.results[0] => product_arg(y)?,
-        _ => return None,
-    };
-    let scaled = m.results[0];
-    let (w, sign) = match (&u.op, &u.args[..]) {
-        (Op::Binary(BinaryOp::Sub), &[x, y]) if y == scaled => (product_arg(x)?, -1.0),
-        (Op::Binary(BinaryOp::Add), &[x, y]) if y == scaled => (product_arg(x)?, 1.0),
-        (Op::Binary(BinaryOp::Add), &[x, y]) if x == scaled => (product_arg(y)?, 1.0),
-        _ => return None,
-    };
-    let yields = region.results == [u.results[0]];
-    (scalar && yields && w != g).then(|| (w, g, sign * value.get_f64(0)))
 }
 
 /// Lets each product read an operand that is a transpose, a reshape, or a reshape then a
@@ -1187,42 +1111,20 @@ mod tests {
             .collect()
     }
 
-    const SGD: &str = "module {
+    /// A product accumulated onto `w` (the `fold_updates` pass's `matmul_acc`) is one gemm
+    /// step writing onto `w`'s buffer.
+    #[test]
+    fn products_accumulated_onto_a_value_are_one_step() {
+        let sgd = "module {
   state @w : f32[4,3] = constant(value=0.5)
   func @f(%x: f32[8,4], %g: f32[8,3]) -> f32[4,3] {
     %w = load @w : f32[4,3]
-    %d = matmul %x, %g {transpose_a=true} : f32[4,3]
-    %u = fused %d, %w : f32[4,3] body(%a: f32[4,3], %b: f32[4,3]) {
-      %c = const 0.1 : f32[4,3]
-      %m = mul %a, %c : f32[4,3]
-      %n = sub %b, %m : f32[4,3]
-      yield %n
-    }
+    %u = matmul_acc %x, %g, %w {transpose_a=true, scale=-0.1} : f32[4,3]
     store @w, %u
     return %u
   }
 }";
-
-    /// An SGD update `w − 0.1·(xᵀg)` becomes the product added onto `w`; a product that is
-    /// also returned, or an update of another form, stays as it was.
-    #[test]
-    fn sgd_updates_fold_into_their_products() {
-        let folded = ["load", "matmul onto Some(-0.1)", "store"];
-        assert_eq!(steps_of(SGD), folded);
-        let returned = SGD
-            .replace("-> f32[4,3] {", "-> (f32[4,3], f32[4,3]) {")
-            .replace("return %u", "return %u, %d");
-        assert_eq!(
-            steps_of(&returned),
-            ["load", "matmul onto None", "kernel", "store"]
-        );
-        let squared = SGD.replace("%m = mul %a, %c", "%m = mul %a, %a");
-        assert_eq!(
-            steps_of(&squared),
-            ["load", "matmul onto None", "kernel", "store"]
-        );
-        let added = SGD.replace("%n = sub %b, %m", "%n = add %m, %b");
-        assert_eq!(steps_of(&added), ["load", "matmul onto Some(0.1)", "store"]);
+        assert_eq!(steps_of(sgd), ["load", "matmul onto Some(-0.1)", "store"]);
     }
 
     /// Attention's heads joined (a product written through a transpose), reshaped for the

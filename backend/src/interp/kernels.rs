@@ -12,7 +12,9 @@
 use crate::array::Array;
 use crate::map_array;
 use crate::random::Stream;
-use kiln_ir::{ArgOp, AxisSlice, BinaryOp, CompareOp, DType, Distribution, ReduceOp, UnaryOp};
+use kiln_ir::{
+    ArgOp, AxisSlice, BinaryOp, CompareOp, DType, Distribution, Literal, ReduceOp, UnaryOp,
+};
 use ndarray::{Array3, ArrayD, ArrayView2, ArrayViewD, Axis, Ix2, IxDyn, Slice, Zip};
 
 /// A kernel's failure, described for the user; the interpreter adds which op and where.
@@ -867,6 +869,15 @@ fn broadcast_dims(a: &[usize], b: &[usize]) -> Option<Vec<usize>> {
             _ => None,
         })
         .collect()
+}
+
+/// `c + scale · (a @ b)`, rounded as the program it replaces rounds: the product, times
+/// `scale` in the product's dtype, added to `c`.
+pub fn matmul_acc([a, b, c]: [&Array; 3], [ta, tb]: [bool; 2], scale: f64) -> KernelResult<Array> {
+    let product = matmul(a, b, ta, tb)?;
+    let factor = Array::from_literal(&Literal::scalar(product.dtype(), scale), product.shape())
+        .expect("a splat fills any shape");
+    binary(BinaryOp::Add, c, &binary(BinaryOp::Mul, &product, &factor)?)
 }
 
 /// The batched matrix product, each operand's last two axes swapped first if asked.

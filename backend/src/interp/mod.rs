@@ -518,6 +518,15 @@ impl<'a> Interpreter<'a> {
                 transpose_a,
                 transpose_b,
             } => one(k::matmul(arg(0)?, arg(1)?, *transpose_a, *transpose_b)),
+            Op::MatMulAcc {
+                transpose_a,
+                transpose_b,
+                scale,
+            } => one(k::matmul_acc(
+                [arg(0)?, arg(1)?, arg(2)?],
+                [*transpose_a, *transpose_b],
+                scale.0,
+            )),
             Op::Gather { axis } => one(k::gather(arg(0)?, arg(1)?, *axis)),
             Op::UpdateSlice { axis } => one(k::update_slice(arg(0)?, arg(1)?, arg(2)?, *axis)),
             Op::ScatterAdd { axis, .. } => one(k::scatter_add(arg(0)?, arg(1)?, *axis, shape(0)?)),

@@ -180,36 +180,21 @@ pub(super) fn vjp(
         Op::MatMul {
             transpose_a,
             transpose_b,
+        } => matmul(s, b, inst, g, [*transpose_a, *transpose_b], &mut out)?,
+        Op::MatMulAcc {
+            transpose_a,
+            transpose_b,
+            scale,
         } => {
-            // C = op(A) op(B): d op(A) = g op(B)ᵀ and d op(B) = op(A)ᵀ g, each transposed back
-            // when the operand was transposed, then summed over broadcast batch dimensions.
-            let (a, bm) = (x(0), x(1));
-            if active(0) {
-                let da = match (*transpose_a, *transpose_b) {
-                    (false, false) => b.matmul_t(g, bm, false, true)?,
-                    (false, true) => b.matmul_t(g, bm, false, false)?,
-                    (true, false) => b.matmul_t(bm, g, false, true)?,
-                    (true, true) => b.matmul_t(bm, g, true, true)?,
-                };
-                out.push((args[0], unbroadcast(b, da, &s.ty(args[0]).shape)?));
+            // Y = C + k·op(A) op(B): dC = g, and the product's rule with k·g.
+            if active(2) {
+                out.push((args[2], g));
             }
-            if active(1) {
-                let (a_ty, w_ty) = (s.ty(args[0]), s.ty(args[1]));
-                let stacked =
-                    stacked_weight_gradient(b, [a_ty, w_ty], [a, g], *transpose_a, *transpose_b)?;
-                let db = match stacked {
-                    Some(db) => db,
-                    None => {
-                        let db = match (*transpose_a, *transpose_b) {
-                            (false, false) => b.matmul_t(a, g, true, false)?,
-                            (false, true) => b.matmul_t(g, a, true, false)?,
-                            (true, false) => b.matmul_t(a, g, false, false)?,
-                            (true, true) => b.matmul_t(g, a, true, true)?,
-                        };
-                        unbroadcast(b, db, &w_ty.shape)?
-                    }
-                };
-                out.push((args[1], db));
+            if active(0) || active(1) {
+                let k = b.scalar(s.ty(args[2]).dtype, scale.0)?;
+                let k = b.broadcast_to(k, &s.ty(args[2]).shape)?;
+                let scaled = b.mul(g, k)?;
+                matmul(s, b, inst, scaled, [*transpose_a, *transpose_b], &mut out)?;
             }
         }
         Op::Gather { axis } => {
@@ -660,4 +645,48 @@ fn element_count(b: &mut FunctionBuilder, ty: &Type, axes: &[usize]) -> Result<V
             b.reduce(ReduceOp::Sum, ones, (0..dims.len()).collect(), false)
         }
     }
+}
+
+/// The product `C = op(A) op(B)`'s contributions for the adjoint `g` of `C`.
+fn matmul(
+    s: &Sweep<'_>,
+    b: &mut FunctionBuilder,
+    inst: Inst,
+    g: Value,
+    [transpose_a, transpose_b]: [bool; 2],
+    out: &mut Contributions,
+) -> Result<(), AutodiffError> {
+    let args = &s.src.inst(inst).args;
+    let x = |i: usize| s.fwd(args[i]);
+    let active = |i: usize| s.wants_gradient(inst, i);
+    // C = op(A) op(B): d op(A) = g op(B)ᵀ and d op(B) = op(A)ᵀ g, each transposed back
+    // when the operand was transposed, then summed over broadcast batch dimensions.
+    let (a, bm) = (x(0), x(1));
+    if active(0) {
+        let da = match (transpose_a, transpose_b) {
+            (false, false) => b.matmul_t(g, bm, false, true)?,
+            (false, true) => b.matmul_t(g, bm, false, false)?,
+            (true, false) => b.matmul_t(bm, g, false, true)?,
+            (true, true) => b.matmul_t(bm, g, true, true)?,
+        };
+        out.push((args[0], unbroadcast(b, da, &s.ty(args[0]).shape)?));
+    }
+    if active(1) {
+        let (a_ty, w_ty) = (s.ty(args[0]), s.ty(args[1]));
+        let stacked = stacked_weight_gradient(b, [a_ty, w_ty], [a, g], transpose_a, transpose_b)?;
+        let db = match stacked {
+            Some(db) => db,
+            None => {
+                let db = match (transpose_a, transpose_b) {
+                    (false, false) => b.matmul_t(a, g, true, false)?,
+                    (false, true) => b.matmul_t(g, a, true, false)?,
+                    (true, false) => b.matmul_t(a, g, false, false)?,
+                    (true, true) => b.matmul_t(g, a, true, true)?,
+                };
+                unbroadcast(b, db, &w_ty.shape)?
+            }
+        };
+        out.push((args[1], db));
+    }
+    Ok(())
 }

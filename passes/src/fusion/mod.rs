@@ -93,6 +93,7 @@ pub(crate) fn fusible(op: &Op) -> bool {
         | Op::Concat { .. }
         | Op::ArgReduce { .. }
         | Op::MatMul { .. }
+        | Op::MatMulAcc { .. }
         | Op::Conv2d { .. }
         | Op::Pool2d { .. }
         | Op::Gather { .. }

@@ -55,14 +55,15 @@ pub fn node_cost(egraph: &Graph, node: &Node) -> Option<f64> {
         }
         Op::Transpose { .. } | Op::Slice { .. } | Op::Pad { .. } | Op::Concat { .. } => out_bytes,
         Op::Reduce { .. } | Op::ArgReduce { .. } => child_bytes(0) + out_bytes,
-        Op::MatMul { .. } => {
+        Op::MatMul { .. } | Op::MatMulAcc { .. } => {
             let k = egraph[node.children[0]]
                 .data
                 .ty
                 .as_ref()
                 .and_then(|t| t.shape.dims().last().and_then(|d| d.as_fixed()))
                 .unwrap_or(SYMBOLIC_SIZE as usize) as f64;
-            child_bytes(0) + child_bytes(1) + out_bytes * (1.0 + k / 8.0)
+            let onto = (node.children.len() == 3).then(|| child_bytes(2));
+            child_bytes(0) + child_bytes(1) + onto.unwrap_or(0.0) + out_bytes * (1.0 + k / 8.0)
         }
         // No rule rewrites the window ops: any fair positive cost serves.
         Op::Conv2d { .. } => child_bytes(0) + child_bytes(1) + 4.0 * out_bytes,
