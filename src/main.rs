@@ -210,7 +210,7 @@ enum Command {
         kiln opt tests/programs/softmax_xent.kir --stats\n  \
         kiln opt tests/programs/attention.kir --explain\n  \
         kiln opt tests/programs/conv_step.kir --passes channels_last --explain\n\n\
-        Passes: canonicalize, fold, cse, simplify, channels_last, loops, dce, fuse. \
+        Passes: canonicalize, fold, cse, simplify, channels_last, loops, fold_updates, dce, fuse. \
         Pipelines: default, simplify, none.")]
     Opt {
         file: PathBuf,

@@ -264,8 +264,16 @@ fn opt_prints_the_ir_after_each_pass_and_statistics() {
     let bad = kiln(&["opt", "tests/programs/mlp.kir", "--passes", "cse,inline"]);
     assert_eq!(bad.status.code(), Some(1));
     assert!(stderr(&bad).contains(
-        "unknown pass `inline`; the passes are: canonicalize, fold, cse, simplify, channels_last, loops, dce, fuse"
+        "unknown pass `inline`; the passes are: canonicalize, fold, cse, simplify, channels_last, loops, fold_updates, dce, fuse"
     ));
+    // `--help` lists every pass the manager knows.
+    let help = stdout(&kiln(&["opt", "--help"]));
+    for (pass, _) in kiln::passes::manager::PASSES {
+        assert!(
+            help.contains(pass),
+            "`kiln opt --help` does not list `{pass}`:\n{help}"
+        );
+    }
     // The default pipeline shows its layout choice: the IR after the pass, and why.
     let out = kiln(&[
         "opt",
@@ -460,7 +468,7 @@ fn diff_finds_every_program_of_the_corpus_in_agreement() {
     let report: serde_json::Value = serde_json::from_str(&stdout(&fed)).unwrap();
     assert_eq!(report["agree"], true);
     assert_eq!(report["function"], "predict");
-    assert_eq!(report["passes"].as_array().unwrap().len(), 11);
+    assert_eq!(report["passes"].as_array().unwrap().len(), 12);
 }
 
 #[test]

@@ -103,9 +103,10 @@ keeps_communication! {
     simplify: ["simplify"];
     channels_last: ["channels_last"];
     loops: ["loops"];
+    fold_updates: ["fold_updates"];
     dce: ["dce"];
     fuse: ["fuse"];
-    default_pipeline: ["canonicalize", "fold", "cse", "simplify", "channels_last", "canonicalize", "fold", "cse", "loops", "dce", "fuse"];
+    default_pipeline: ["canonicalize", "fold", "cse", "simplify", "channels_last", "canonicalize", "fold", "cse", "loops", "fold_updates", "dce", "fuse"];
 }
 
 #[test]
@@ -117,6 +118,7 @@ fn the_tests_cover_every_pass() {
         "simplify",
         "channels_last",
         "loops",
+        "fold_updates",
         "dce",
         "fuse",
     ];

@@ -349,6 +349,24 @@ fn matmul_every_transpose_and_batch_broadcast() {
 }
 
 #[test]
+fn matmul_acc_every_transpose() {
+    use kiln_ir::{F64Attr, Op};
+    for (ta, tb) in [(false, false), (false, true), (true, false), (true, true)] {
+        let sa: &[usize] = if ta { &[4, 3] } else { &[3, 4] };
+        let sb: &[usize] = if tb { &[5, 4] } else { &[4, 5] };
+        let inputs = vec![input(sa, 42), input(sb, 43), input(&[3, 5], 44)];
+        check(inputs, |b, a| {
+            let op = Op::MatMulAcc {
+                transpose_a: ta,
+                transpose_b: tb,
+                scale: F64Attr(-0.3),
+            };
+            Ok(b.insert(op, &[a[0], a[1], a[2]])?[0])
+        });
+    }
+}
+
+#[test]
 fn gather_and_scatter_add() {
     let idx = Array::I64(ArrayD::from_shape_vec(IxDyn(&[2, 2]), vec![2, 0, 2, 1]).unwrap());
     check(vec![input(&[3, 4], 40), idx.clone()], |b, a| {

@@ -183,6 +183,19 @@ fn cases() -> Vec<Case> {
             |b, v| b.matmul_t(v[0], v[1], true, true),
         ),
         case(
+            "matmul_acc",
+            vec![f(&[4, 3], 20), f(&[5, 4], 21), f(&[3, 5], 28)],
+            true,
+            |b, v| {
+                let op = Op::MatMulAcc {
+                    transpose_a: true,
+                    transpose_b: true,
+                    scale: kiln_ir::F64Attr(-0.5),
+                };
+                Ok(b.insert(op, &[v[0], v[1], v[2]])?[0])
+            },
+        ),
+        case(
             "gather",
             vec![f(&[4, 3], 22), i64s(&[2, 2], &[3, 0, 1, 3])],
             true,

@@ -10,8 +10,9 @@
 
 use kiln::backend::random::Stream;
 use kiln::ir::{
-    ArgOp, AxisSlice, BinaryOp, BuildResult, CompareOp, Conv2dAttrs, DType, Dim, FunctionBuilder,
-    Initializer, Literal, Module, Pool2dAttrs, ReduceOp, Shape, StateDecl, Type, UnaryOp, Value,
+    ArgOp, AxisSlice, BinaryOp, BuildResult, CompareOp, Conv2dAttrs, DType, Dim, F64Attr,
+    FunctionBuilder, Initializer, Literal, Module, Op, Pool2dAttrs, ReduceOp, Shape, StateDecl,
+    Type, UnaryOp, Value,
 };
 
 pub(crate) struct Gen {
@@ -240,12 +241,23 @@ fn random_op(
             g.below(tx.rank().max(1)),
             g.chance(50),
         )?,
-        // A general product of two values when their shapes allow, else x·xᵀ.
+        // A general product of two values when their shapes allow, else x·xᵀ; sometimes
+        // accumulated onto itself (`matmul_acc`, the `fold_updates` pass's form).
         13 => {
             let (ta, tb) = (g.chance(30), g.chance(30));
-            match b.matmul_t(x, y, ta, tb) {
-                Ok(v) => v,
-                Err(_) => b.matmul_t(x, x, false, true)?,
+            let (p, operands, flags) = match b.matmul_t(x, y, ta, tb) {
+                Ok(v) => (v, [x, y], [ta, tb]),
+                Err(_) => (b.matmul_t(x, x, false, true)?, [x, x], [false, true]),
+            };
+            if g.chance(25) && b.value_type(p).dtype.is_float() {
+                let op = Op::MatMulAcc {
+                    transpose_a: flags[0],
+                    transpose_b: flags[1],
+                    scale: F64Attr(g.pick(&[-0.5, 0.25, 2.0])),
+                };
+                b.insert(op, &[operands[0], operands[1], p])?[0]
+            } else {
+                p
             }
         }
         14 => {
