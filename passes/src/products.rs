@@ -5,7 +5,7 @@
 //!   nothing else reads becomes `matmul_acc a, b, w {scale=−c}`: the product accumulated onto
 //!   `w` (gemm's `w ← w + α·a·b`), which a parameter's SGD update then does in `w`'s buffer.
 //!   The gradient is never written and the update takes no pass of its own over `w`
-//!   (BENCHMARKS.md, "W5": the first layer's update pass).
+//!   (BENCHMARKS.md, "SGD folded into products": W5's update passes).
 
 use crate::manager::{Pass, PassError, Stats};
 use kiln_ir::print::inst_line;

@@ -625,3 +625,29 @@ fn exec_stats_sum_every_field_over_the_prepared_slices() {
         "the training slice keeps the pooling's argmax: {stats:?}"
     );
 }
+
+#[test]
+fn an_sgd_step_of_dense_layers_accumulates_the_weight_gradients_onto_the_weights() {
+    // What W5's step does: the default pipeline's `fold_updates` makes each weight's update a
+    // `matmul_acc` (the biases' gradients are reductions, which stay updates of their own).
+    let (mut p, _, loss) = regression(4);
+    let h = p.value("pred").unwrap();
+    let second = layers::dense(&mut p, "fc2", h, 2, Activation::Identity).unwrap();
+    let y = p.value("y").unwrap();
+    let loss2 = layers::mse(&mut p, second, y).unwrap();
+    let total = p.add(loss, loss2).unwrap();
+    let train = Sgd::new(0.1).minimize(&mut p, total).unwrap();
+    let step = p.export("step", &[], &[train]);
+    let mut module = kiln_ir::Module {
+        states: p.module().states.clone(),
+        functions: vec![step],
+    };
+    let mut pipeline = kiln_passes::manager::PassManager::pipeline("default").unwrap();
+    pipeline.run(&mut module).unwrap();
+    let text = module.to_string();
+    assert_eq!(
+        text.matches("matmul_acc").count(),
+        2,
+        "fc.w and fc2.w:\n{text}"
+    );
+}
