@@ -94,8 +94,7 @@ fn other_forms_stay_as_they_were() {
         .replace(
             "%w = load @w : f32[4,3]",
             "%w = load @w : f32[4,3]\n    %e = const 1.0 : f32[3,3]",
-        )
-        .replace("f32[4,3] = uniform", "f32[4,3] = uniform"),
+        ),
     ];
     for case in cases {
         let text = after(&case).to_string();
