@@ -14,6 +14,24 @@ fn mix(mut z: u64) -> u64 {
     z ^ (z >> 31)
 }
 
+/// SplitMix64 drawn in sequence: small, seeded, and the same everywhere (the fuzzer's and
+/// the tests' generators; draws of the IR use the counter-based [`Stream`]).
+#[derive(Clone, Debug)]
+pub struct SplitMix64(u64);
+
+impl SplitMix64 {
+    /// The generator started at `seed`.
+    pub fn new(seed: u64) -> SplitMix64 {
+        SplitMix64(seed)
+    }
+
+    /// The next 64 random bits.
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(GAMMA);
+        mix(self.0)
+    }
+}
+
 /// One stream of random bits: fixed by a seed and a run counter.
 #[derive(Clone, Copy, Debug)]
 pub struct Stream {

@@ -107,39 +107,50 @@ pub fn initial_value(decl: &StateDecl) -> Result<Array, InterpError> {
         })?;
     let what = format!("state @{}", decl.name);
     crate::limits::check_bytes(&what, &decl.ty, decl.ty.fixed_bytes())?;
-    if let Initializer::Values(literal) = &decl.init {
-        return Array::from_literal(literal, &shape)
-            .filter(|a| a.dtype() == decl.ty.dtype)
-            .ok_or_else(|| InterpError::StateMismatch {
-                name: decl.name.clone(),
-                message: format!(
-                    "its {} {} values do not fill {}",
-                    literal.len(),
-                    literal.dtype(),
-                    decl.ty
-                ),
-            });
-    }
     let n: usize = shape.iter().product();
-    let mut values: Vec<f64> = Vec::new();
-    values
-        .try_reserve_exact(n)
-        .map_err(|_| InterpError::StateMismatch {
-            name: decl.name.clone(),
-            message: format!("could not allocate {} bytes for {}", n * 8, decl.ty),
-        })?;
-    match decl.init {
-        Initializer::Constant { value } => values.resize(n, value.0),
+    let room = || -> Result<Vec<f64>, InterpError> {
+        let mut values = Vec::new();
+        values
+            .try_reserve_exact(n)
+            .map_err(|_| InterpError::StateMismatch {
+                name: decl.name.clone(),
+                message: format!("could not allocate {} bytes for {}", n * 8, decl.ty),
+            })?;
+        Ok(values)
+    };
+    let values = match &decl.init {
+        Initializer::Constant { value } => {
+            let mut values = room()?;
+            values.resize(n, value.0);
+            values
+        }
         Initializer::Uniform { low, high, seed } => {
-            let s = Stream::new(seed, 0);
+            let s = Stream::new(*seed, 0);
+            let mut values = room()?;
             values.extend((0..n as u64).map(|i| s.uniform(i, low.0, high.0)));
+            values
         }
         Initializer::Normal { mean, std, seed } => {
-            let s = Stream::new(seed, 0);
+            let s = Stream::new(*seed, 0);
+            let mut values = room()?;
             values.extend((0..n as u64).map(|i| s.normal(i, mean.0, std.0)));
+            values
         }
-        Initializer::Values(_) => unreachable!("returned above"),
-    }
+        // Given elements keep their dtype (an i64 would not survive f64).
+        Initializer::Values(literal) => {
+            return Array::from_literal(literal, &shape)
+                .filter(|a| a.dtype() == decl.ty.dtype)
+                .ok_or_else(|| InterpError::StateMismatch {
+                    name: decl.name.clone(),
+                    message: format!(
+                        "its {} {} values do not fill {}",
+                        literal.len(),
+                        literal.dtype(),
+                        decl.ty
+                    ),
+                });
+        }
+    };
     let a = ndarray::ArrayD::from_shape_vec(ndarray::IxDyn(&shape), values)
         .expect("the element count matches the shape");
     Ok(Array::F64(a).cast(decl.ty.dtype))

@@ -213,6 +213,14 @@ impl Function {
         self.values.is_valid(v)
     }
 
+    /// The instruction whose result `v` is (`None` for a region argument).
+    pub fn producer(&self, v: Value) -> Option<Inst> {
+        match self.values[v].def {
+            ValueDef::Result(inst, _) => Some(inst),
+            ValueDef::Arg(..) => None,
+        }
+    }
+
     /// A new, empty region not yet owned by an instruction.
     pub fn create_region(&mut self) -> Region {
         self.regions.push(RegionData::default())

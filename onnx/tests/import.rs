@@ -6,9 +6,7 @@ mod common;
 use common::*;
 use kiln_backend::{Array, Interpreter, StateStore};
 use kiln_onnx::proto::tensor_proto::DataType;
-use kiln_onnx::proto::{
-    AttributeProto, GraphProto, ModelProto, NodeProto, OperatorSetIdProto, TensorProto,
-};
+use kiln_onnx::proto::{AttributeProto, ModelProto, NodeProto, TensorProto};
 use kiln_onnx::{OnnxError, import_bytes};
 use ndarray::{ArrayD, IxDyn};
 use prost::Message;
@@ -24,22 +22,14 @@ fn int_vector(name: &str, values: &[i64]) -> TensorProto {
 }
 
 fn model(nodes: Vec<NodeProto>, initializer: Vec<TensorProto>, output: &str) -> ModelProto {
-    ModelProto {
-        ir_version: Some(8),
-        opset_import: vec![OperatorSetIdProto {
-            domain: Some(String::new()),
-            version: Some(17),
-        }],
-        graph: Some(GraphProto {
-            name: Some("net".into()),
-            node: nodes,
-            initializer,
-            input: vec![floats_info("x", &[-1, 2])],
-            output: vec![floats_info(output, &[-1, 3])],
-            ..Default::default()
-        }),
-        ..Default::default()
-    }
+    let input = vec![floats_info("x", &[-1, 2])];
+    model_of(
+        17,
+        nodes,
+        input,
+        initializer,
+        vec![floats_info(output, &[-1, 3])],
+    )
 }
 
 /// `relu(x · W + b)` as a Gemm with `transB`: W stored `[3, 2]`.

@@ -8,10 +8,7 @@ mod common;
 use common::*;
 use kiln_backend::{Array, Interpreter, StateStore};
 use kiln_onnx::proto::tensor_proto::DataType;
-use kiln_onnx::proto::{
-    AttributeProto, GraphProto, ModelProto, NodeProto, OperatorSetIdProto, TensorProto,
-    ValueInfoProto,
-};
+use kiln_onnx::proto::{AttributeProto, ModelProto, NodeProto, TensorProto, ValueInfoProto};
 use kiln_onnx::{Model, import_bytes};
 use prost::Message;
 
@@ -44,27 +41,15 @@ impl Net {
     }
 
     fn model(&self) -> ModelProto {
-        ModelProto {
-            ir_version: Some(10),
-            opset_import: vec![OperatorSetIdProto {
-                domain: Some(String::new()),
-                version: Some(self.opset),
-            }],
-            graph: Some(GraphProto {
-                name: Some("net".into()),
-                node: vec![self.node.clone()],
-                input: self.inputs.clone(),
-                initializer: self.initializers.clone(),
-                output: (self.node.output.iter())
-                    .map(|o| ValueInfoProto {
-                        name: Some(o.clone()),
-                        ..Default::default()
-                    })
-                    .collect(),
-                ..Default::default()
-            }),
-            ..Default::default()
-        }
+        let (inputs, initializers) = (self.inputs.clone(), self.initializers.clone());
+        let outputs = named(&self.node.output);
+        model_of(
+            self.opset,
+            vec![self.node.clone()],
+            inputs,
+            initializers,
+            outputs,
+        )
     }
 
     fn import(&self) -> Result<Model, String> {
@@ -652,29 +637,14 @@ fn dynamic_reshape(axes: &[i64], axis: i64) -> Result<Model, String> {
         ),
         node("Reshape", "again", &["x", "target"], &["y"]),
     ];
-    let m = ModelProto {
-        ir_version: Some(10),
-        opset_import: vec![OperatorSetIdProto {
-            domain: Some(String::new()),
-            version: Some(17),
-        }],
-        graph: Some(GraphProto {
-            name: Some("net".into()),
-            node: nodes,
-            input: vec![floats_info("x", &[-1, 3])],
-            initializer: vec![
-                ints("zero", &[], &[0]),
-                ints("axes", &[axes.len() as i64], axes),
-                ints("three", &[1], &[3]),
-            ],
-            output: vec![ValueInfoProto {
-                name: Some("y".into()),
-                ..Default::default()
-            }],
-            ..Default::default()
-        }),
-        ..Default::default()
-    };
+    let initializer = vec![
+        ints("zero", &[], &[0]),
+        ints("axes", &[axes.len() as i64], axes),
+        ints("three", &[1], &[3]),
+    ];
+    let input = vec![floats_info("x", &[-1, 3])];
+    let m = model_of(17, nodes, input, initializer, named(&["y"]));
+
     import_bytes(&m.encode_to_vec(), None).map_err(|e| e.to_string())
 }
 

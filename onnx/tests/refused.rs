@@ -8,35 +8,14 @@ use common::*;
 use kiln_backend::exec::Executable;
 use kiln_backend::{Array, Interpreter, StateStore};
 use kiln_onnx::proto::tensor_proto::DataType;
-use kiln_onnx::proto::{
-    GraphProto, ModelProto, NodeProto, OperatorSetIdProto, TensorProto, ValueInfoProto,
-};
+use kiln_onnx::proto::{ModelProto, NodeProto, TensorProto, ValueInfoProto};
 use kiln_onnx::{IR_VERSIONS, Model, NEWEST_OPSET, import_bytes};
 use ndarray::{ArrayD, IxDyn};
 use prost::Message;
 use std::sync::Arc;
 
 fn model(nodes: Vec<NodeProto>, inputs: Vec<ValueInfoProto>, outputs: &[&str]) -> ModelProto {
-    ModelProto {
-        ir_version: Some(8),
-        opset_import: vec![OperatorSetIdProto {
-            domain: Some(String::new()),
-            version: Some(17),
-        }],
-        graph: Some(GraphProto {
-            name: Some("net".into()),
-            node: nodes,
-            input: inputs,
-            output: (outputs.iter())
-                .map(|o| ValueInfoProto {
-                    name: Some(o.to_string()),
-                    ..Default::default()
-                })
-                .collect(),
-            ..Default::default()
-        }),
-        ..Default::default()
-    }
+    model_of(17, nodes, inputs, vec![], named(outputs))
 }
 
 fn import(m: &ModelProto) -> Result<Model, String> {

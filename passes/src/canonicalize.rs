@@ -9,7 +9,7 @@
 //! Instructions are rewritten in place; the ones left unused are removed by `dce`.
 
 use crate::manager::{Pass, PassError, Stats};
-use kiln_ir::{AxisSlice, Function, Inst, Module, Op, Region, Value};
+use kiln_ir::{AxisSlice, Function, Module, Op, Region, Value};
 use std::collections::HashMap;
 
 /// The canonicalisation pass: operands of commutative ops in a fixed order, identities removed.
@@ -29,14 +29,6 @@ impl Pass for Canonicalize {
             func.replace_uses_map(&replace);
         }
         Ok(Stats::default().with("rewritten", rewritten))
-    }
-}
-
-/// The instruction defining `v`, if it is an instruction result.
-fn producer(func: &Function, v: Value) -> Option<Inst> {
-    match func.value(v).def {
-        kiln_ir::ValueDef::Result(inst, _) => Some(inst),
-        kiln_ir::ValueDef::Arg(..) => None,
     }
 }
 
@@ -64,7 +56,7 @@ fn canonicalize_region(
         let x = resolve(x, replace);
         let x_ty = func.value_type(x).clone();
         let result_ty = func.value_type(result).clone();
-        let inner = producer(func, x).map(|i| func.inst(i).clone());
+        let inner = func.producer(x).map(|i| func.inst(i).clone());
         let same_type = x_ty == result_ty;
         match (&data.op, inner.as_ref().map(|d| &d.op)) {
             (Op::Reshape { .. } | Op::Broadcast { .. } | Op::Cast { .. }, _) if same_type => {

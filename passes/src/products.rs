@@ -9,7 +9,7 @@
 
 use crate::manager::{Pass, PassError, Stats};
 use kiln_ir::print::inst_line;
-use kiln_ir::{BinaryOp, F64Attr, Function, Inst, Module, Op, Value, ValueDef};
+use kiln_ir::{BinaryOp, F64Attr, Function, Inst, Module, Op, Value};
 use std::collections::HashMap;
 
 /// The `fold_updates` pass (see the module documentation).
@@ -104,14 +104,14 @@ fn foldable_update(func: &Function, inst: Inst, uses: &HashMap<Value, usize>) ->
         (Op::Binary(BinaryOp::Add), &[s, w]) => (w, s, 1.0),
         _ => return None,
     };
-    let mul = defining(func, scaled)?;
+    let mul = func.producer(scaled)?;
     let (product, c) = match (&func.inst(mul).op, &func.inst(mul).args[..]) {
         (Op::Binary(BinaryOp::Mul), &[g, k]) if scalar_constant(func, k).is_some() => (g, k),
         (Op::Binary(BinaryOp::Mul), &[k, g]) => (g, k),
         _ => return None,
     };
     let c = scalar_constant(func, c)?;
-    let matmul = defining(func, product)?;
+    let matmul = func.producer(product)?;
     let Op::MatMul {
         transpose_a,
         transpose_b,
@@ -134,20 +134,13 @@ fn foldable_update(func: &Function, inst: Inst, uses: &HashMap<Value, usize>) ->
 }
 
 fn made_by_mul(func: &Function, v: Value) -> bool {
-    defining(func, v).is_some_and(|i| matches!(func.inst(i).op, Op::Binary(BinaryOp::Mul)))
-}
-
-/// The instruction whose result `v` is.
-fn defining(func: &Function, v: Value) -> Option<Inst> {
-    match func.value(v).def {
-        ValueDef::Result(inst, _) => Some(inst),
-        ValueDef::Arg(..) => None,
-    }
+    func.producer(v)
+        .is_some_and(|i| matches!(func.inst(i).op, Op::Binary(BinaryOp::Mul)))
 }
 
 /// The value of a float constant with one element (a splat), or of a broadcast of one.
 fn scalar_constant(func: &Function, v: Value) -> Option<f64> {
-    let data = func.inst(defining(func, v)?);
+    let data = func.inst(func.producer(v)?);
     match &data.op {
         Op::Const { value, .. } if value.len() == 1 && value.dtype().is_float() => {
             Some(value.get_f64(0))

@@ -1,19 +1,14 @@
 //! The classic passes and fusion, written as `check(passes, input, expected)`: IR text in,
 //! IR text out.
 
-use kiln_ir::{parse_and_verify, verify_module};
+mod common;
+
+use kiln_ir::parse_and_verify;
 use kiln_passes::PassManager;
 
 #[track_caller]
 fn check(passes: &[&str], input: &str, expected: &str) {
-    let mut module = parse_and_verify(input).unwrap_or_else(|e| panic!("{}", e.render(input)));
-    PassManager::from_names(passes)
-        .unwrap()
-        .verify_each(true)
-        .run(&mut module)
-        .unwrap();
-    verify_module(&module).unwrap();
-    let got = module.to_string();
+    let got = common::optimised(input, passes).to_string();
     let want = parse_and_verify(expected)
         .unwrap_or_else(|e| panic!("expected text: {}", e.render(expected)));
     assert_eq!(got, want.to_string(), "\ngot:\n{got}\nwant:\n{want}");

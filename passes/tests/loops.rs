@@ -1,20 +1,15 @@
 //! The `loops` pass: what it moves out of `while` bodies (IR text in, IR text out), what it
 //! leaves, and that the interpreter gives the same results before and after.
 
+mod common;
+
+use common::ramp;
 use kiln_backend::{Array, Interpreter, StateStore};
-use kiln_ir::{Module, parse_and_verify, verify_module};
-use kiln_passes::PassManager;
+use kiln_ir::{Module, parse_and_verify};
 use ndarray::{ArrayD, IxDyn};
 
 fn after_loops(input: &str) -> Module {
-    let mut module = parse_and_verify(input).unwrap_or_else(|e| panic!("{}", e.render(input)));
-    PassManager::from_names(&["loops", "dce"])
-        .unwrap()
-        .verify_each(true)
-        .run(&mut module)
-        .unwrap();
-    verify_module(&module).unwrap();
-    module
+    common::optimised(input, &["loops", "dce"])
 }
 
 /// Runs `@f` of `before` and of the module the pass made on the same inputs: the results
@@ -34,14 +29,6 @@ fn same_results(before: &str, after: &Module, inputs: Vec<Array>) {
             assert!((a - b).abs() <= 1e-5 * (1.0 + a.abs()), "{a} vs {b}");
         }
     }
-}
-
-fn ramp(shape: &[usize], scale: f32) -> Array {
-    let n: usize = shape.iter().product();
-    let v = (0..n)
-        .map(|i| ((i * 37 % 11) as f32 - 5.0) * scale)
-        .collect();
-    Array::F32(ArrayD::from_shape_vec(IxDyn(shape), v).unwrap())
 }
 
 const RNN: &str = r#"module {

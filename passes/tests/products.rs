@@ -2,10 +2,12 @@
 //! `matmul_acc` (IR text in, IR text out), leaves every other form, and the interpreter gives
 //! the same results, bit for bit, before and after.
 
-use kiln_backend::{Array, Interpreter, StateStore};
-use kiln_ir::{Module, parse_and_verify, verify_module};
+mod common;
+
+use common::ramp;
+use kiln_backend::{Interpreter, StateStore};
+use kiln_ir::{Module, parse_and_verify};
 use kiln_passes::PassManager;
-use ndarray::{ArrayD, IxDyn};
 
 const SGD: &str = "module {
   state @w : f32[4,3] = uniform(low=-1.0, high=1.0, seed=3)
@@ -21,22 +23,7 @@ const SGD: &str = "module {
 }";
 
 fn after(input: &str) -> Module {
-    let mut module = parse_and_verify(input).unwrap_or_else(|e| panic!("{}", e.render(input)));
-    PassManager::from_names(&["fold_updates", "dce"])
-        .unwrap()
-        .verify_each(true)
-        .run(&mut module)
-        .unwrap();
-    verify_module(&module).unwrap();
-    module
-}
-
-fn ramp(shape: &[usize], scale: f32) -> Array {
-    let n: usize = shape.iter().product();
-    let v = (0..n)
-        .map(|i| ((i * 37 % 11) as f32 - 5.0) * scale)
-        .collect();
-    Array::F32(ArrayD::from_shape_vec(IxDyn(shape), v).unwrap())
+    common::optimised(input, &["fold_updates", "dce"])
 }
 
 /// `@f` of `before` and of `after` on the same inputs: equal results and equal state, bit

@@ -127,11 +127,7 @@ impl Program {
         init: Init,
     ) -> RuntimeResult<Value> {
         let v = self.buffer(name, dtype, shape, init)?;
-        self.params.push(Param {
-            name: name.to_owned(),
-            value: v,
-        });
-        Ok(v)
+        Ok(self.trained(name, v))
     }
 
     /// State of a static `shape` that is not trained — a buffer, as PyTorch calls it (a
@@ -152,11 +148,16 @@ impl Program {
     /// type is the array's, and the text IR declares it with `values(...)`.
     pub fn parameter_from(&mut self, name: &str, value: &Array) -> RuntimeResult<Value> {
         let (_, v) = self.state_from(name, value)?;
+        Ok(self.trained(name, v))
+    }
+
+    /// `v`, the load of state `name`, made a parameter: what optimizers update.
+    fn trained(&mut self, name: &str, v: Value) -> Value {
         self.params.push(Param {
             name: name.to_owned(),
             value: v,
         });
-        Ok(v)
+        v
     }
 
     /// State that is not trained, whose first value is `value` (a step counter, a buffer a
@@ -200,11 +201,7 @@ impl Program {
         self.module.declare_state(decl.clone())?;
         let v = self.graph.load_at_top(decl)?;
         self.graph.set_name(v, &decl.name);
-        self.params.push(Param {
-            name: decl.name.clone(),
-            value: v,
-        });
-        Ok(v)
+        Ok(self.trained(&decl.name, v))
     }
 
     /// State that is not trained (a step counter, a running mean, an optimizer moment): its
@@ -314,15 +311,10 @@ impl Program {
     /// The declaration of the state `v` loads, when `v` is a `load` of the graph.
     pub fn state_loaded_by(&self, v: Value) -> Option<&StateDecl> {
         let graph = self.graph();
-        if !graph.has_value(v) {
-            return None;
-        }
-        match graph.value(v).def {
-            ValueDef::Result(inst, _) => match &graph.inst(inst).op {
-                Op::Load { state, .. } => self.module.state(state),
-                _ => None,
-            },
-            ValueDef::Arg(..) => None,
+        let inst = graph.has_value(v).then(|| graph.producer(v)).flatten()?;
+        match &graph.inst(inst).op {
+            Op::Load { state, .. } => self.module.state(state),
+            _ => None,
         }
     }
 
@@ -340,9 +332,9 @@ impl Program {
         if let Some(name) = graph.value_name(v) {
             return format!("`{name}`");
         }
-        match graph.value(v).def {
-            ValueDef::Result(inst, _) => format!("{v} (a {})", graph.inst(inst).op.name()),
-            ValueDef::Arg(..) => format!("{v} (an argument)"),
+        match graph.producer(v) {
+            Some(inst) => format!("{v} (a {})", graph.inst(inst).op.name()),
+            None => format!("{v} (an argument)"),
         }
     }
 

@@ -180,10 +180,11 @@ impl Runner {
         fetches: &[Fetch],
         feeds: &[(&str, Array)],
     ) -> RuntimeResult<Vec<Array>> {
-        let feeds: Vec<(Feed, Array)> = (feeds.iter())
-            .map(|(n, a)| (Feed::from(*n), a.clone()))
+        let shared: Vec<(Feed, Arc<Array>)> = (feeds.iter())
+            .map(|(n, a)| (Feed::from(*n), Arc::new(a.clone())))
             .collect();
-        self.run_with_feeds(program, scope, fetches, &feeds)
+        let results = self.run_inner(program, scope, fetches, &shared, false)?;
+        Ok(results.into_iter().map(unshare).collect())
     }
 
     /// [`Runner::run`] with feeds keyed by [`Feed`]: any value of the program, by name or not.

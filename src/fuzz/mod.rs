@@ -19,6 +19,7 @@
 mod onnx;
 
 use crate::npy;
+use kiln_backend::random::SplitMix64;
 use kiln_backend::{Array, Interpreter, StateStore, limits, subnormals};
 use kiln_ir::{DType, Dim, Function, Module, Op, Shape, Symbol, SymbolBindings, Type};
 use kiln_passes::{PassManager, Wrt};
@@ -137,15 +138,15 @@ impl std::fmt::Display for Summary {
 }
 
 /// SplitMix64: small, seeded, and the same everywhere.
-struct Rng(u64);
+struct Rng(SplitMix64);
 
 impl Rng {
+    fn new(seed: u64) -> Rng {
+        Rng(SplitMix64::new(seed))
+    }
+
     fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
+        self.0.next_u64()
     }
 
     fn below(&mut self, n: usize) -> usize {
@@ -292,7 +293,7 @@ fn guarded<T>(f: impl FnOnce() -> T) -> Result<T, String> {
 impl Fuzzer {
     fn new(config: &Config, seeds: Vec<String>, models: Vec<Vec<u8>>) -> Fuzzer {
         Fuzzer {
-            rng: Rng(config.seed ^ 0x6b69_6c6e),
+            rng: Rng::new(config.seed ^ 0x6b69_6c6e),
             seeds,
             models,
             ops: Op::all_names(),
@@ -972,7 +973,7 @@ const NUDGES: u64 = 4;
 /// `args` with each float element moved by up to 4·10⁻⁷ of itself (about three f32 roundings),
 /// the same way every time for one `seed`.
 fn nudge(args: &[Array], seed: u64) -> Vec<Array> {
-    let mut rng = Rng(0x006e_7564_6765 ^ seed.wrapping_mul(0x9e37_79b9_7f4a_7c15));
+    let mut rng = Rng::new(0x006e_7564_6765 ^ seed.wrapping_mul(0x9e37_79b9_7f4a_7c15));
     (args.iter())
         .map(|a| {
             if !a.dtype().is_float() {

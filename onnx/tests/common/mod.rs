@@ -6,9 +6,46 @@
 use kiln_backend::Array;
 use kiln_onnx::proto::tensor_proto::DataType;
 use kiln_onnx::proto::{
-    AttributeProto, NodeProto, TensorProto, TensorShapeProto, TypeProto, ValueInfoProto,
-    tensor_shape_proto, type_proto,
+    AttributeProto, GraphProto, ModelProto, NodeProto, OperatorSetIdProto, TensorProto,
+    TensorShapeProto, TypeProto, ValueInfoProto, tensor_shape_proto, type_proto,
 };
+
+/// A model (IR version 10) of one graph `net` at `opset` of the default domain: `nodes` over
+/// `inputs` and `initializer`, computing `outputs`.
+pub(crate) fn model_of(
+    opset: i64,
+    nodes: Vec<NodeProto>,
+    inputs: Vec<ValueInfoProto>,
+    initializer: Vec<TensorProto>,
+    outputs: Vec<ValueInfoProto>,
+) -> ModelProto {
+    ModelProto {
+        ir_version: Some(10),
+        opset_import: vec![OperatorSetIdProto {
+            domain: Some(String::new()),
+            version: Some(opset),
+        }],
+        graph: Some(GraphProto {
+            name: Some("net".into()),
+            node: nodes,
+            input: inputs,
+            initializer,
+            output: outputs,
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+/// Graph outputs by name alone (their types left to the import's inference).
+pub(crate) fn named<S: AsRef<str>>(names: &[S]) -> Vec<ValueInfoProto> {
+    (names.iter())
+        .map(|n| ValueInfoProto {
+            name: Some(n.as_ref().to_owned()),
+            ..Default::default()
+        })
+        .collect()
+}
 
 /// A graph input of `dims`; a negative size is the symbolic size `batch`.
 pub(crate) fn info(name: &str, dtype: DataType, dims: &[i64]) -> ValueInfoProto {
