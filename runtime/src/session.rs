@@ -16,7 +16,7 @@ use kiln_backend::exec::{ExecStats, Executable};
 use kiln_backend::{Array, Interpreter, unshare};
 use kiln_ir::{DType, Module, SymbolBindings, Value, verify_module};
 use kiln_passes::manager::PassManager;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 /// How programs run.
@@ -411,13 +411,18 @@ fn check_cuts(
         }
     }
     let needed = program.needed_by(&signature.values, &signature.targets);
+    // One walk per cut and per loss (an optimizer's gradients share theirs).
+    let upstream_of: Vec<HashSet<Value>> = cuts.iter().map(|&v| program.ancestors(v)).collect();
+    let mut before: HashMap<Value, HashSet<Value>> = HashMap::new();
     for &(grad, wrt, loss) in program.gradient_paths() {
         if !needed.contains(&grad) {
             continue;
         }
-        let before_loss = program.ancestors(loss);
-        for &v in &cuts {
-            if v != wrt && before_loss.contains(&v) && program.ancestors(v).contains(&wrt) {
+        let before_loss = before
+            .entry(loss)
+            .or_insert_with(|| program.ancestors(loss));
+        for (&v, upstream) in cuts.iter().zip(&upstream_of) {
+            if v != wrt && before_loss.contains(&v) && upstream.contains(&wrt) {
                 return Err(RuntimeError::FeedCutsGradient {
                     name: program.describe(v),
                     wrt: program.describe(wrt),
