@@ -29,10 +29,11 @@ expect_stop() {
 }
 
 # A build without MPI under mpirun: each copy would train alone and print the one-process
-# loss. It must refuse, naming the build command.
-cargo build --release --locked --example data_parallel
+# loss. It must refuse, naming the build command. (A debug build: `cargo test` built it
+# already, and a release build without the feature would compile the workspace once more.)
+cargo build --locked --example data_parallel
 expect_stop "a build without MPI under mpirun" "no MPI support" \
-  -n 2 target/release/examples/data_parallel --steps 2
+  -n 2 target/debug/examples/data_parallel --steps 2
 
 cargo build --release --locked --features mpi --example data_parallel
 bin=target/release/examples/data_parallel

@@ -666,3 +666,12 @@ fn shape_arithmetic_on_symbolic_sizes_refuses_axes_a_shape_value_lacks() {
         "{e}"
     );
 }
+
+/// A sequence too long to unroll is refused by name: a fuzzed length of 2³¹ once asked for
+/// 32 GiB of unrolled steps and aborted the process.
+#[test]
+fn lstm_refuses_a_sequence_too_long_to_unroll() {
+    let mut net = lstm(&[1, 16, 3], &[1, 16, 4], &[]);
+    net.inputs[0] = floats_info("x", &[1 << 31, 1, 3]);
+    net.refused("a sequence of 2147483648 steps (the sequence is unrolled; at most 65536");
+}

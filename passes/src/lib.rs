@@ -44,4 +44,4 @@ pub use loops::Loops;
 pub use manager::{Pass, PassError, PassManager, PassReport, Stats};
 pub use products::FoldUpdates;
 pub use prune::{prune, prune_fed};
-pub use simplify::Simplify;
+pub use simplify::{MAX_REGION_INSTS, Simplify};

@@ -110,7 +110,9 @@ fn foldable_update(func: &Function, inst: Inst, uses: &HashMap<Value, usize>) ->
         (Op::Binary(BinaryOp::Mul), &[k, g]) => (g, k),
         _ => return None,
     };
-    let c = scalar_constant(func, c)?;
+    // A rate of 0, ±inf or NaN is left alone: gemm scales each term of the sum, not the sum,
+    // so 0·inf terms, and a product it skips when the scale is 0, would differ from `w − c·g`.
+    let c = scalar_constant(func, c).filter(|c| c.is_finite() && *c != 0.0)?;
     let matmul = func.producer(product)?;
     let Op::MatMul {
         transpose_a,

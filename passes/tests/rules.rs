@@ -310,3 +310,36 @@ fn every_rule_has_a_soundness_case_and_a_unique_name() {
         );
     }
 }
+
+/// A region past `max_region_insts` is left as it is, and the statistics say so: an e-graph
+/// of a million instructions takes longer than any user waits (BENCHMARKS.md, thresholds).
+#[test]
+fn regions_too_large_for_the_egraph_are_left_as_they_are() {
+    let mut b = FunctionBuilder::new("f");
+    let x = b.arg("x", Type::new(DType::F32, Shape::fixed(&[4])));
+    let zero = splat(&mut b, x, 0.0).unwrap();
+    let sum = b.binary(BinaryOp::Add, x, zero).unwrap();
+    let mut module = Module::new();
+    module.add_function(b.finish(&[sum]).unwrap());
+    let insts = module.functions[0]
+        .region(module.functions[0].body())
+        .insts
+        .len();
+
+    let mut small_enough = Simplify::default();
+    small_enough.max_region_insts = insts;
+    let mut simplified = module.clone();
+    let stats = small_enough.run(&mut simplified).unwrap();
+    assert_ne!(simplified, module, "x + 0 was not simplified");
+    assert_eq!(stats.get("regions too large, left as they are"), None);
+
+    let mut too_large = Simplify::default();
+    too_large.max_region_insts = insts - 1;
+    too_large.set_explain(true);
+    let mut untouched = module.clone();
+    let stats = too_large.run(&mut untouched).unwrap();
+    assert_eq!(untouched, module);
+    assert_eq!(stats.get("regions too large, left as they are"), Some("1"));
+    let explained = too_large.take_explanations().concat();
+    assert!(explained.contains("is left as it is"), "{explained}");
+}

@@ -801,6 +801,11 @@ fn feeds(func: &Function, rng: &mut Rng) -> Option<(Vec<Array>, SymbolBindings)>
 /// would spend minutes on a large convolution or product it rightly accepts.
 const MAX_WORK: u128 = 30_000_000;
 
+/// The most instructions an imported mutant may have: a mutated sequence length unrolls an
+/// ONNX LSTM into millions of them, and the default pipeline's time grows faster than that
+/// (BENCHMARKS.md, "Thresholds in the code").
+const MAX_IMPORTED_INSTS: usize = 20_000;
+
 /// A generous estimate of a run's work with the symbols sized by `sizes`: products and
 /// convolutions by their multiply-adds, pooling by window, anything else by the elements it
 /// reads and writes; a loop's body `trips` times.

@@ -5,7 +5,7 @@
 //! imports goes through every command as a program does (its printed IR, `loc(...)` and all,
 //! must parse back) and is run both ways from its initializers.
 
-use super::{Fuzzer, commands, guarded};
+use super::{Fuzzer, MAX_IMPORTED_INSTS, commands, guarded};
 use kiln_onnx::proto::tensor_shape_proto::dimension;
 use kiln_onnx::proto::{GraphProto, ModelProto, ValueInfoProto, type_proto};
 use kiln_runtime::Scope;
@@ -104,6 +104,13 @@ impl Fuzzer {
             Ok(Ok(model)) => model,
         };
         self.summary.imported += 1;
+        let insts: usize = (model.module.functions.iter())
+            .map(|f| f.walk_insts().len())
+            .sum();
+        if insts > MAX_IMPORTED_INSTS {
+            self.summary.too_costly += 1;
+            return;
+        }
         let text = match guarded(|| model.module.to_string()) {
             Err(panic) => return self.found("panic printing an import".into(), panic, name, bytes),
             Ok(text) => text,

@@ -6,6 +6,11 @@
 use crate::context::{Converted, Ctx, Fail, unsupported};
 use kiln_ir::{AxisSlice, Dim, Shape, Value};
 
+/// The longest sequence unrolled: about 27 instructions a step, so 1.8 M instructions, which
+/// the default pipeline takes about a minute over (BENCHMARKS.md, "Regions too large"). A
+/// longer one is refused by name rather than exhausting memory while it is unrolled.
+const MAX_UNROLLED_STEPS: usize = 65_536;
+
 /// Which recurrent op.
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub(super) enum Cell {
@@ -205,6 +210,12 @@ pub(super) fn recurrent(c: &mut Ctx, cell: Cell) -> Converted {
     let steps = d[0]
         .as_fixed()
         .ok_or_else(|| Fail::Unsupported("a symbolic sequence length".into()))?;
+    if steps > MAX_UNROLLED_STEPS {
+        return Err(Fail::Unsupported(format!(
+            "a sequence of {steps} steps (the sequence is unrolled; at most \
+             {MAX_UNROLLED_STEPS} steps are)"
+        )));
+    }
     let hidden = hidden_size(c)?;
     if let Some(lens) = c.known(4) {
         if lens.to_f64_vec().iter().any(|&l| l as usize != steps) {

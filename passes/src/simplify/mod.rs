@@ -37,8 +37,15 @@ pub struct Simplify {
     /// Record, for each rewritten value, the chain of rules from its input form to the one
     /// extracted (egg's explanations, which cost time and memory: only when asked).
     pub explain: bool,
+    /// A region with more instructions is left as it is: building, saturating and extracting
+    /// its e-graph grows faster than its size (BENCHMARKS.md, thresholds).
+    pub max_region_insts: usize,
     explanations: Vec<String>,
 }
+
+/// The default [`Simplify::max_region_insts`]: the largest region simplified in about three
+/// seconds (BENCHMARKS.md, "Thresholds in the code").
+pub const MAX_REGION_INSTS: usize = 100_000;
 
 impl Default for Simplify {
     fn default() -> Simplify {
@@ -56,6 +63,7 @@ impl Simplify {
             time_limit: Duration::from_secs(2),
             keep_input_on_ties: true,
             explain: false,
+            max_region_insts: MAX_REGION_INSTS,
             explanations: Vec::new(),
         }
     }
@@ -78,6 +86,7 @@ struct Totals {
     iterations: usize,
     stop: Option<String>,
     applied: BTreeMap<String, usize>,
+    too_large: usize,
 }
 
 impl Pass for Simplify {
@@ -109,7 +118,7 @@ impl Pass for Simplify {
             .iter()
             .map(|(k, v)| format!("{k}×{v}"))
             .collect();
-        Ok(Stats::default()
+        let stats = Stats::default()
             .with("e-graph nodes", totals.nodes)
             .with("classes", totals.classes)
             .with("iterations", totals.iterations)
@@ -124,7 +133,12 @@ impl Pass for Simplify {
                 } else {
                     applied.join(" ")
                 },
-            ))
+            );
+        Ok(if totals.too_large > 0 {
+            stats.with("regions too large, left as they are", totals.too_large)
+        } else {
+            stats
+        })
     }
 }
 
@@ -158,6 +172,17 @@ impl Simplify {
     ) {
         let insts = func.region(region).insts.clone();
         if !insts.iter().any(|&i| rewritable(func, i)) {
+            return;
+        }
+        if insts.len() > self.max_region_insts {
+            totals.too_large += 1;
+            if self.explain {
+                self.explanations.push(format!(
+                    "a region of {} instructions is left as it is (at most {} are simplified)\n",
+                    insts.len(),
+                    self.max_region_insts
+                ));
+            }
             return;
         }
         // egg's explanations, and walking their terms, grow with a term's depth and a region's
