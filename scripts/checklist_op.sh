@@ -49,13 +49,13 @@ expect_errors() {
 STEP="1. the row in the table"
 patch ir/src/op.rs '                Neg = "neg", neg, Numeric, Cheap, F32x4, None;' '
                 Cube = "cube", cube, Float, Cheap, F32x4, None;'
-expect_errors backend/src/interp/kernels.rs backend/src/lanes.rs \
+expect_errors backend/src/interp/kernels.rs backend/src/jit/bodies.rs \
   backend/src/jit/codegen/elementwise.rs
 
 STEP="2. the interpreter's scalar function; 4. the f32 body (and no integer code)"
 patch backend/src/interp/kernels.rs '        UnaryOp::Neg => |x| -x,' '
         UnaryOp::Cube => |x| x * x * x,'
-patch backend/src/lanes.rs '        UnaryOp::Neg => l.neg(x),' '
+patch backend/src/jit/bodies.rs '        UnaryOp::Neg => l.neg(x),' '
         UnaryOp::Cube => {
             let square = l.mul(x, x);
             l.mul(square, x)

@@ -26,14 +26,12 @@ pub mod comm;
 pub mod exec;
 pub mod interp;
 pub mod jit;
-pub(crate) mod lanes;
 pub mod limits;
 pub mod random;
 pub mod settings;
 pub mod state;
 pub mod subnormals;
 pub mod team;
-pub mod tile_program;
 
 pub use array::{Array, Element};
 pub use interp::{CustomOpError, CustomOps, Env, InterpError, Interpreter, unshare};

@@ -3,9 +3,9 @@
 //! float approximations. Shapes include size-0 dimensions, size-1 (broadcast) dimensions,
 //! lengths with and without a vector tail, and non-contiguous inputs.
 
+use kiln_backend::jit::tile_program::{self, Isa};
 use kiln_backend::jit::{self, KernelError, Path, Split, Status};
 use kiln_backend::random::SplitMix64;
-use kiln_backend::tile_program::{self, Isa};
 use kiln_backend::{Array, Interpreter, StateStore};
 use kiln_ir::{
     BinaryOp, BuildResult, CompareOp, Cost, DType, DTypeClass, Dim, FunctionBuilder, Helper,

@@ -1,12 +1,12 @@
 //! The f32 approximations of the ops' bodies (exp, log, tanh, sigmoid, erf, softplus),
 //! measured in compiled kernels against the same functions computed in f64 and rounded to
 //! f32, over a sweep of inputs. The maximum errors found are documented in
-//! `backend/src/lanes.rs` and the book's compiled-execution chapter; this test fails if a
+//! `backend/src/jit/bodies.rs` and the book's compiled-execution chapter; this test fails if a
 //! change makes any of them worse.
 
 use kiln_backend::Array;
+use kiln_backend::jit::tile_program;
 use kiln_backend::jit::{self, Path};
-use kiln_backend::tile_program;
 use kiln_ir::{DType, Dim, FunctionBuilder, Shape, Type, UnaryOp};
 use ndarray::{ArrayD, IxDyn};
 
@@ -140,7 +140,7 @@ fn approximations_stay_within_their_documented_errors() {
     let sig = measure(UnaryOp::Sigmoid, &sweep(-80.0, 30.0, n), sigmoid, tiny);
     let erf = measure(UnaryOp::Erf, &sweep(-5.0, 5.0, n), libm::erf, 0.0);
     let softplus = measure(UnaryOp::Softplus, &sweep(-80.0, 30.0, n), softplus, tiny);
-    // Bounds: the measured figures (see lanes.rs), with one ULP of slack.
+    // Bounds: the measured figures (see jit/bodies.rs), with one ULP of slack.
     assert!(exp.max_ulps <= 2, "exp: {} ulp", exp.max_ulps);
     assert!(log.max_ulps <= 2, "log: {} ulp", log.max_ulps);
     assert!(tanh.max_ulps <= 7, "tanh: {} ulp", tanh.max_ulps);

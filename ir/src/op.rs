@@ -16,7 +16,7 @@
 //!    helper symbols call the same function) — a compile error until written;
 //! 3. its gradient rule (`kiln-passes`, `autodiff/rules.rs`) — a compile error until written;
 //! 4. its one vector body, unless its row says `F32AndF64` helpers: the arm of
-//!    `kiln-backend`'s `lanes::unary` (or `binary`), written over the `Lanes` trait — the same
+//!    `kiln-backend`'s `jit::bodies::unary` (or `binary`), written over the `Lanes` trait — the same
 //!    body becomes Cranelift's inline code (f32x4, f32 and f64 scalars) and the tile-program
 //!    runner's at AVX-512/AVX2 width (f64 uses the same body unless the row names an f64
 //!    helper, so a body built on f32 bit patterns, as exp's, needs its row to say `F64`);

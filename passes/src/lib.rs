@@ -11,6 +11,8 @@
 //! - `products`: how matrix products run, decided as IR (`fold_updates`: an SGD update
 //!   accumulated onto by its gradient's product, `matmul_acc`).
 //! - [`fusion`]: elementwise, broadcast and reduction ops grouped into `fused` kernels.
+//! - `epilogues`: `order_epilogues`, the order that lets a convolution carry the kernel after
+//!   it as its epilogue.
 //! - [`autodiff`]: reverse-mode gradients as a pass; one vector-Jacobian rule per op.
 //! - [`prune`]: the slice of a function that chosen outputs and stores need.
 //!
@@ -24,6 +26,7 @@ pub mod autodiff;
 mod canonicalize;
 mod cse;
 mod dce;
+mod epilogues;
 mod fold;
 mod fusion;
 mod layout;
@@ -37,6 +40,7 @@ pub use autodiff::{AutodiffError, Wrt, append_gradients, gradient_function};
 pub use canonicalize::Canonicalize;
 pub use cse::Cse;
 pub use dce::Dce;
+pub use epilogues::OrderEpilogues;
 pub use fold::ConstantFold;
 pub use fusion::{Fuse, MAX_KERNEL_DEPTH};
 pub use layout::ChannelsLast;

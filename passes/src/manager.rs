@@ -5,7 +5,7 @@
 //! skip it unless asked. `--print-after-all` is an instrumentation hook: the manager calls back
 //! with the module after each pass, headed like MLIR's `// -----// IR Dump After cse //----- //`.
 
-use crate::{canonicalize, cse, dce, fold, fusion, layout, loops, products, simplify};
+use crate::{canonicalize, cse, dce, epilogues, fold, fusion, layout, loops, products, simplify};
 use kiln_ir::{Module, verify_module};
 use std::fmt;
 use std::time::{Duration, Instant};
@@ -157,6 +157,10 @@ pub const PASSES: &[(&str, &str)] = &[
         "fuse",
         "group elementwise, broadcast and reduction ops into `fused` kernel regions",
     ),
+    (
+        "order_epilogues",
+        "move reshapes, loads and constants after a convolution to before it, so the kernel reading it runs as its epilogue",
+    ),
 ];
 
 /// Named pipelines: lists of passes.
@@ -176,6 +180,7 @@ pub const PIPELINES: &[(&str, &[&str])] = &[
             "fold_updates",
             "dce",
             "fuse",
+            "order_epilogues",
         ],
     ),
     (
@@ -206,6 +211,7 @@ pub fn pass_by_name(name: &str) -> Result<Box<dyn Pass>, PassError> {
         "loops" => Box::new(loops::Loops),
         "fold_updates" => Box::new(products::FoldUpdates::default()),
         "fuse" => Box::new(fusion::Fuse::default()),
+        "order_epilogues" => Box::new(epilogues::OrderEpilogues::default()),
         _ => {
             return Err(PassError::UnknownPass {
                 name: name.to_owned(),

@@ -322,7 +322,7 @@ fn unknown_passes_and_pipelines_are_named() {
     assert_eq!(
         err,
         "unknown pass `inline`; the passes are: canonicalize, fold, cse, simplify, channels_last, \
-         loops, fold_updates, dce, fuse"
+         loops, fold_updates, dce, fuse, order_epilogues"
     );
     let err = PassManager::pipeline("O3").err().unwrap().to_string();
     assert_eq!(

@@ -106,7 +106,8 @@ keeps_communication! {
     fold_updates: ["fold_updates"];
     dce: ["dce"];
     fuse: ["fuse"];
-    default_pipeline: ["canonicalize", "fold", "cse", "simplify", "channels_last", "canonicalize", "fold", "cse", "loops", "fold_updates", "dce", "fuse"];
+    order_epilogues: ["order_epilogues"];
+    default_pipeline: ["canonicalize", "fold", "cse", "simplify", "channels_last", "canonicalize", "fold", "cse", "loops", "fold_updates", "dce", "fuse", "order_epilogues"];
 }
 
 #[test]
@@ -121,6 +122,7 @@ fn the_tests_cover_every_pass() {
         "fold_updates",
         "dce",
         "fuse",
+        "order_epilogues",
     ];
     for (name, _) in kiln_passes::manager::PASSES {
         assert!(

@@ -3,7 +3,8 @@
 //! - [`program`]: static programs — placeholders, parameters, ops, targets.
 //! - [`composite`]: softmax, losses, normalisation, activations — written once over the
 //!   builder, used by static layers and eager code alike.
-//! - [`layers`], [`init`], [`optim`]: layers, initializers and optimizers for them.
+//! - [`layers`], [`init`], [`optim`]: layers, initializers and optimizers for them;
+//!   [`layer_kind`]: the one table of layer kinds every front end dispatches on.
 //! - [`session`]: runs any part of a program with feeds and fetches, over one [`scope`].
 //! - [`eager`]: dygraph — eager tensors with a tape, layers, custom ops, control flow, and
 //!   `to_static` tracing into static programs.
@@ -24,6 +25,7 @@ pub mod distributed;
 pub mod eager;
 pub mod error;
 pub mod init;
+pub mod layer_kind;
 pub mod layers;
 pub mod npy;
 pub mod optim;
@@ -33,6 +35,7 @@ pub mod session;
 
 pub use error::{RuntimeError, RuntimeResult};
 pub use init::Init;
+pub use layer_kind::{LayerForm, LayerKind, LayerKindError};
 pub use optim::{Adam, LearningRate, Momentum, Optimizer, Sgd};
 pub use program::{Param, Program, Target};
 pub use scope::Scope;

@@ -103,7 +103,7 @@ impl Executable {
                             "; Cranelift code in f32x4 lanes, and on rows of ≥ {} elements \
                              tile programs at {} width ({})",
                             crate::jit::PROGRAMS_MIN_ROW,
-                            crate::tile_program::isa().name(),
+                            crate::jit::tile_program::isa().name(),
                             code.program_ops.join(", ")
                         ),
                         None => "; Cranelift code in f32x4 lanes".to_owned(),

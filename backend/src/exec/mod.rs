@@ -325,7 +325,7 @@ impl Executable {
         let own = self.schedule.steps.iter().filter_map(|s| {
             let op = self.func.inst(s.inst).op.name();
             match s.kind {
-                StepKind::Direct => Some((op, Fallback::InterpreterKernel)),
+                StepKind::InterpreterKernel => Some((op, Fallback::InterpreterKernel)),
                 StepKind::Interpret => Some((op, Fallback::Interpreted)),
                 _ => None,
             }
@@ -724,7 +724,7 @@ impl Executable {
                 rt.stores.push((name.clone(), value, *recycle));
             }
             StepKind::Native => self.run_native(rt, step, interp, state)?,
-            StepKind::Direct => self.run_direct(rt, step, interp)?,
+            StepKind::InterpreterKernel => self.run_interpreter_kernel(rt, step, interp)?,
             StepKind::Communicate => self.start_communication(rt, step, index)?,
             StepKind::While { cond, body, .. } => {
                 self.run_while(rt, step, [cond, body], state, interp)?
@@ -1177,7 +1177,7 @@ impl Executable {
     }
 
     /// An op the interpreter's kernels compute directly on the operands' arrays.
-    fn run_direct(
+    fn run_interpreter_kernel(
         &self,
         rt: &mut Runtime,
         step: &Step,

@@ -17,7 +17,7 @@ use std::arch::x86_64::*;
 /// Whether this CPU (at the level `KILN_VECTOR_MATH` allows) has AVX-512, which the
 /// channels-last loops need (they take any channel count).
 pub(super) fn suits_channels_last() -> bool {
-    crate::tile_program::isa() == crate::tile_program::Isa::Avx512
+    crate::jit::tile_program::isa() == crate::jit::tile_program::Isa::Avx512
 }
 
 /// Input elements a block takes.

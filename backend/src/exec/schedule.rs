@@ -72,7 +72,7 @@ pub(crate) enum StepKind {
     /// loop writing into a planned buffer.
     Native,
     /// An op without regions or state, by the interpreter's kernel for it (no frame).
-    Direct,
+    InterpreterKernel,
     /// A collective or a message, started on the run's communicator; its results are waited
     /// for by the first step that reads one (`Step::awaits`), so it overlaps the steps between.
     Communicate,
@@ -247,7 +247,7 @@ impl Schedule {
                 }
                 let fallible = match &kind {
                     StepKind::Interpret
-                    | StepKind::Direct
+                    | StepKind::InterpreterKernel
                     | StepKind::Native
                     | StepKind::While { .. }
                     | StepKind::Cond { .. }
@@ -273,19 +273,9 @@ impl Schedule {
                 }
             })
             .collect();
-        let off = std::env::var("KILN_TMP_OFF").unwrap_or_default();
-        if !off.contains("hoist") {
-            hoist_before_convolutions(&mut steps);
-        }
-        if !off.contains("views") {
-            read_products_through_views(func, &mut steps, &recipe);
-        }
-        if !off.contains("transposes") {
-            write_products_through_transposes(func, &mut steps);
-        }
-        if !off.contains("reshapes") {
-            read_products_through_reshapes(func, &mut steps, &recipe);
-        }
+        read_products_through_views(func, &mut steps, &recipe);
+        write_products_through_transposes(func, &mut steps);
+        read_products_through_reshapes(func, &mut steps, &recipe);
         place_waits(&mut steps);
         let infallible_from = steps.iter().rposition(|s| s.fallible).map_or(0, |i| i + 1);
         let kept_argmax = pair_pooling_argmax(&mut steps);
@@ -607,8 +597,9 @@ fn pair_pooling_argmax(steps: &mut [Step]) -> usize {
     kept
 }
 
-/// Pairs each convolution (or input gradient) with the kernel after it that reads its output
-/// — a bias and an activation, a batch norm's scale and shift — so that the kernel runs on
+/// Pairs each convolution (or input gradient) with the kernel right after it that reads its
+/// output — a bias and an activation, a batch norm's scale and shift, put there by the
+/// `order_epilogues` pass — so that the kernel runs on
 /// each run of samples as the convolution writes it, while they are in cache, rather than in
 /// a pass of its own over the whole output (later readers, such as a backward kernel that
 /// recomputes the activation, read the whole output after). The kernel must be one rows
@@ -649,29 +640,6 @@ fn pair_epilogues(func: &Function, steps: &mut [Step]) {
             && taken
                 .into_iter()
                 .all(|s| s.is_none_or(|s| !freed.contains(&s)));
-    }
-}
-
-/// Moves the reshapes, loads and constants between a convolution and the first later step that
-/// reads its output (a bias reshaped for the kernel that adds it) to before the convolution,
-/// so that the reader can follow it as its epilogue ([`pair_epilogues`]). They do not read
-/// the convolution's output, so they may run first.
-fn hoist_before_convolutions(steps: &mut [Step]) {
-    for i in 0..steps.len() {
-        if !matches!(steps[i].kind, StepKind::Conv2d { .. }) {
-            continue;
-        }
-        let y = steps[i].outputs[0];
-        let movable = (steps[i + 1..].iter())
-            .take_while(|s| {
-                !s.inputs.contains(&y)
-                    && matches!(
-                        s.kind,
-                        StepKind::Reshape | StepKind::Load { .. } | StepKind::Const { .. }
-                    )
-            })
-            .count();
-        steps[i..=i + movable].rotate_left(1);
     }
 }
 
@@ -750,14 +718,16 @@ fn step_kind(
         },
         // Channels last, the executor's loops take one group and max pooling of windows of
         // fewer than 255 taps; the interpreter runs the rest.
-        Op::Conv2d { attrs, .. } if attrs.channels_last && attrs.groups > 1 => StepKind::Direct,
+        Op::Conv2d { attrs, .. } if attrs.channels_last && attrs.groups > 1 => {
+            StepKind::InterpreterKernel
+        }
         Op::Pool2d {
             kind: PoolKind::Avg | PoolKind::AvgGrad { .. },
             attrs,
-        } if attrs.channels_last => StepKind::Direct,
+        } if attrs.channels_last => StepKind::InterpreterKernel,
         // Channels-last max pooling keeps a window's tap in a byte.
         Op::Pool2d { attrs, .. } if attrs.channels_last && !super::pool::argmax_fits(attrs) => {
-            StepKind::Direct
+            StepKind::InterpreterKernel
         }
         Op::Conv2d { kind, attrs } if func.value_type(data.results[0]).dtype.is_float() => {
             StepKind::Conv2d {
@@ -793,7 +763,7 @@ fn step_kind(
         }),
         Op::Call { .. } => StepKind::Interpret,
         kiln_ir::communication_op!() => StepKind::Communicate,
-        _ => StepKind::Direct,
+        _ => StepKind::InterpreterKernel,
     }
 }
 

@@ -17,10 +17,12 @@
 //! so no kernel is compiled twice in a process. `KILN_DEBUG=1` reports each kernel compiled,
 //! `2` also prints its Cranelift IR, `3` its machine code.
 
+pub(crate) mod bodies;
 pub(crate) mod codegen;
 pub(crate) mod plan;
 mod shape;
 mod symbols;
+pub mod tile_program;
 
 use crate::Array;
 
@@ -127,7 +129,7 @@ pub const PROGRAMS_MIN_ROW: i64 = 128;
 pub struct StageCode {
     /// Cranelift's code alone.
     pub cranelift: StageFn,
-    /// The code running tile programs ([`crate::tile_program`]).
+    /// The code running tile programs ([`crate::jit::tile_program`]).
     pub programs: Option<StageFn>,
     /// What the programs compute: their transcendental functions by name, then "tile program".
     pub program_ops: Vec<&'static str>,
@@ -500,7 +502,7 @@ pub fn kernel(func: &Function) -> Result<Arc<Kernel>, JitError> {
         } else {
             format!(
                 "; tile programs ({}) for {}",
-                crate::tile_program::isa().name(),
+                crate::jit::tile_program::isa().name(),
                 programs.join("; ")
             )
         };
@@ -536,7 +538,7 @@ impl Jit {
         plan: &KernelPlan,
         func: &Function,
     ) -> Result<(Vec<StageCode>, usize), JitError> {
-        let programs = crate::tile_program::isa() != crate::tile_program::Isa::Off;
+        let programs = crate::jit::tile_program::isa() != crate::jit::tile_program::Isa::Off;
         let mut ids = Vec::new();
         let mut code_size = 0;
         for index in 0..plan.stages.len() {

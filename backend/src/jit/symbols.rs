@@ -39,8 +39,8 @@ extern "C" fn pow64(x: f64, y: f64) -> f64 {
 /// Makes every helper symbol of the op table, and the runner of the ISA in use, known to the
 /// JIT (its fallback lookup finds only symbols already loaded, so each is registered here).
 pub(super) fn register_symbols(builder: &mut JITBuilder) {
-    if let Some(runner) = crate::tile_program::runner(crate::tile_program::isa()) {
-        builder.symbol(crate::tile_program::SYMBOL, runner as *const u8);
+    if let Some(runner) = crate::jit::tile_program::runner(crate::jit::tile_program::isa()) {
+        builder.symbol(crate::jit::tile_program::SYMBOL, runner as *const u8);
     }
     for &op in UnaryOp::ALL {
         let (f32_helper, f64_helper) = unary_helpers(op);

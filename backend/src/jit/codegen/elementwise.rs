@@ -1,5 +1,5 @@
 //! Elementwise ops in Cranelift IR: float unary and binary ops by their one body
-//! (`crate::lanes`, emitted through [`Clif`]), integer and bool ops, comparisons, casts, and
+//! (`crate::jit::bodies`, emitted through [`Clif`]), integer and bool ops, comparisons, casts, and
 //! calls of the scalar helpers the op table names.
 
 use super::*;
@@ -52,7 +52,7 @@ impl Gen<'_, '_> {
             return self.call(symbol, &[x], clif_type(dtype));
         }
         let lanes = &mut Clif::new(&mut self.b, dtype, vector);
-        crate::lanes::unary(lanes, op, x)
+        crate::jit::bodies::unary(lanes, op, x)
             .unwrap_or_else(|| panic!("kernel codegen: `{}` on floats", op.name()))
     }
 
@@ -66,7 +66,7 @@ impl Gen<'_, '_> {
     ) -> CValue {
         if dtype.is_float() {
             let lanes = &mut Clif::new(&mut self.b, dtype, vector);
-            if let Some(z) = crate::lanes::binary(lanes, op, x, y) {
+            if let Some(z) = crate::jit::bodies::binary(lanes, op, x, y) {
                 return z;
             }
         }

@@ -19,7 +19,8 @@
 
 use super::JitError;
 use super::plan::{self, KernelPlan, Mapping, RowRole};
-use crate::lanes::Lanes;
+use crate::jit::bodies::Lanes;
+use clif::Clif;
 use cranelift_codegen::ir::condcodes::{FloatCC, IntCC};
 use cranelift_codegen::ir::{
     AbiParam, Block, ConstantData, FuncRef, InstBuilder, MemFlagsData, StackSlotData,
@@ -29,13 +30,12 @@ use cranelift_frontend::{FunctionBuilder, FunctionBuilderContext, Variable};
 use cranelift_jit::JITModule;
 use cranelift_module::{Linkage, Module};
 use kiln_ir::{BinaryOp, CompareOp, DType, Dim, Literal, Op, ReduceOp, UnaryOp, Value, VectorForm};
-use lanes::Clif;
 use reductions::VectorAccs;
 use std::collections::{HashMap, HashSet};
 
 mod addresses;
+mod clif;
 mod elementwise;
-mod lanes;
 mod levels;
 mod programs;
 mod reductions;

@@ -15,7 +15,7 @@
 //! an output that shares its buffer with an input is written after the tile's last read.
 
 use super::*;
-use crate::tile_program::{self, FRAME_HEADER, Instr, Operand, PARTIALS};
+use crate::jit::tile_program::{self, FRAME_HEADER, Instr, Operand, PARTIALS};
 
 /// Elements per tile: 2 KiB of f32 per call, so a tile's scratch and its inputs sit in L1.
 pub(super) const TILE: i64 = 512;

@@ -7,7 +7,7 @@
 //! on 512-bit (or 256-bit) vectors and costs one dispatch per tile, not per element. The
 //! runner is compiled once per ISA level ([`Isa`]: AVX-512, AVX2), chosen at run time.
 //!
-//! An instruction computes each element by the op's one body (`crate::lanes`), the same body
+//! An instruction computes each element by the op's one body (`crate::jit::bodies`), the same body
 //! Cranelift emits into the kernel for short rows and row tails, so a tile program gives the
 //! same bits as the kernel's own code (the tests check it):
 //! - elementwise ops and transcendental functions are the bodies, compiled here as plain f32
@@ -30,7 +30,7 @@
 //! a call prefetches the next tile of every buffer: the loads arrive while this tile computes,
 //! as they would in a loop that interleaved both.
 
-use crate::lanes::{binary_f32, unary_f32};
+use crate::jit::bodies::{binary_f32, unary_f32};
 use kiln_ir::{BinaryOp, CompareOp, DTypeClass, ReduceOp, UnaryOp};
 use std::sync::OnceLock;
 

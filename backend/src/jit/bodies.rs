@@ -5,8 +5,8 @@
 //!
 //! - [`Scalar`], plain `f32` arithmetic, `#[inline(always)]`: inside the tile-program runner's
 //!   loops, compiled under `#[target_feature]`, LLVM vectorises the body at the ISA's width —
-//!   16 lanes on AVX-512, 8 on AVX2 ([`crate::tile_program`], long rows);
-//! - Cranelift's values (`jit/codegen/lanes.rs`), which emit the same operations inline into
+//!   16 lanes on AVX-512, 8 on AVX2 ([`crate::jit::tile_program`], long rows);
+//! - Cranelift's values (`jit/codegen/clif.rs`), which emit the same operations inline into
 //!   a kernel on f32x4 lanes or on scalars (short rows, row tails, and f64, whose cheap ops
 //!   use the same bodies).
 //!

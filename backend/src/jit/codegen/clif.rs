@@ -1,8 +1,8 @@
-//! [`Lanes`] over Cranelift values: the ops' bodies (`crate::lanes`) emitted inline into a
+//! [`Lanes`] over Cranelift values: the ops' bodies (`crate::jit::bodies`) emitted inline into a
 //! kernel, on f32x4 lanes, f32 scalars, or f64 scalars (the bodies of ops without helpers use
 //! no bit patterns of f32, so they serve f64 as they are).
 
-use crate::lanes::{Cmp, Lanes};
+use crate::jit::bodies::{Cmp, Lanes};
 use cranelift_codegen::ir::condcodes::FloatCC;
 use cranelift_codegen::ir::{InstBuilder, MemFlagsData, Type, Value, types};
 use cranelift_frontend::FunctionBuilder;
