@@ -9,7 +9,9 @@ use kiln::ir::{AxisSlice, BinaryOp, CompareOp, DType, Dim, ReduceOp, Shape, Type
 use kiln::runtime::eager::custom::{self, CustomOp};
 use kiln::runtime::eager::nn::{self, Layer, Parameter};
 use kiln::runtime::eager::{self, EagerOptimizer, NoGradGuard, StaticFunction, Tensor};
-use kiln::runtime::{Adam, Init, Momentum, Optimizer, Sgd, Target};
+use kiln::runtime::{
+    Adam, Init, LayerForm, LayerKind, LayerKindError, Momentum, Optimizer, Sgd, Target,
+};
 use pyo3::exceptions::{PyIndexError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyTuple};
@@ -33,6 +35,7 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(check_optimizer, m)?)?;
     m.add_function(wrap_pyfunction!(cond, m)?)?;
     m.add_function(wrap_pyfunction!(functional, m)?)?;
+    m.add_function(wrap_pyfunction!(layer_kinds, m)?)?;
     m.add_function(wrap_pyfunction!(recurrent, m)?)?;
     m.add_function(wrap_pyfunction!(cat, m)?)?;
     m.add_function(wrap_pyfunction!(stack, m)?)?;
@@ -650,9 +653,9 @@ fn stack(tensors: Vec<TensorArg>, dim: i64) -> PyResult<PyTensor> {
 #[pyfunction]
 fn recurrent(kind: &str, inputs: Vec<TensorArg>) -> PyResult<Vec<PyTensor>> {
     let t: Vec<&Tensor> = inputs.iter().map(|t| &t.0).collect();
-    let out: Vec<Tensor> = match (kind, &t[..]) {
-        ("lstm", [x, w_ih, w_hh, b]) => py_eager(nn::lstm(x, w_ih, w_hh, b))?.into(),
-        ("gru", [x, w_ih, w_hh, b_ih, b_hh]) => {
+    let out: Vec<Tensor> = match (layer_kind(kind, LayerForm::Eager)?, &t[..]) {
+        (LayerKind::Lstm, [x, w_ih, w_hh, b]) => py_eager(nn::lstm(x, w_ih, w_hh, b))?.into(),
+        (LayerKind::Gru, [x, w_ih, w_hh, b_ih, b_hh]) => {
             py_eager(nn::gru(x, [w_ih, w_hh], [b_ih, b_hh]))?.into()
         }
         _ => {
@@ -684,13 +687,14 @@ fn functional(
             PyTypeError::new_err(format!("`{name}` takes {n} tensors, given {}", t.len()))
         })
     };
-    let result = match name {
-        "gelu" => arity(1).map(|_| t[0].gelu())?,
-        "flatten" => arity(1).map(|_| t[0].flatten())?,
-        "max_pool2d" => arity(1).map(|_| o.pool2d().map(|a| t[0].max_pool2d(a)))??,
-        "avg_pool2d" => arity(1).map(|_| o.pool2d().map(|a| t[0].avg_pool2d(a)))??,
-        "embedding" => arity(2).map(|_| t[1].gather(t[0], 0))?,
-        "conv2d" => {
+    let kind = layer_kind(name, LayerForm::Functional)?;
+    let result = match kind {
+        LayerKind::Gelu => arity(1).map(|_| t[0].gelu())?,
+        LayerKind::Flatten => arity(1).map(|_| t[0].flatten())?,
+        LayerKind::MaxPool2d => arity(1).map(|_| o.pool2d().map(|a| t[0].max_pool2d(a)))??,
+        LayerKind::AvgPool2d => arity(1).map(|_| o.pool2d().map(|a| t[0].avg_pool2d(a)))??,
+        LayerKind::Embedding => arity(2).map(|_| t[1].gather(t[0], 0))?,
+        LayerKind::Conv2d => {
             let attrs = o.conv2d()?;
             match t.as_slice() {
                 [x, w] => x.conv2d(w, attrs),
@@ -704,23 +708,27 @@ fn functional(
                 }
             }
         }
-        "layer_norm" => {
+        LayerKind::LayerNorm => {
             arity(3)?;
             let eps = o.float("eps", 1e-5)?;
             eager::compose(&[t[0], t[1], t[2]], |b, v| {
                 kiln::runtime::composite::layer_norm(b, v[0], v[1], v[2], eps)
             })
         }
-        "dropout" => {
+        LayerKind::Dropout => {
             arity(1)?;
             let mut layer = nn::Dropout::new(o.float("p", 0.5)?, 0);
             layer.set_training(o.value("training")?.map_or(Ok(true), |v| v.extract())?);
             layer.forward(t[0])
         }
-        other => {
-            return Err(PyTypeError::new_err(format!(
-                "Kiln has no function `{other}`"
-            )));
+        LayerKind::GlobalAvgPool
+        | LayerKind::BatchNorm
+        | LayerKind::Lstm
+        | LayerKind::Gru
+        | LayerKind::SelfAttention
+        | LayerKind::MultiHeadAttention
+        | LayerKind::TransformerEncoderLayer => {
+            return Err(layer_kind_error(kind.no_form(LayerForm::Functional)));
         }
     };
     py_eager(result).map(PyTensor)
@@ -1384,8 +1392,9 @@ fn native_layer(
         kind,
         dict: Some(o),
     };
+    let kind = layer_kind(kind, LayerForm::Eager)?;
     Ok(match kind {
-        "conv2d" => {
+        LayerKind::Conv2d => {
             let channels = [o.size("in_channels")?, o.size("out_channels")?];
             Box::new(py_eager(nn::Conv2d::new(
                 name,
@@ -1394,69 +1403,82 @@ fn native_layer(
                 o.conv2d()?,
             ))?)
         }
-        "max_pool2d" | "avg_pool2d" => {
-            let attrs = o.pool2d()?;
-            if kind == "max_pool2d" {
-                Box::new(nn::MaxPool2d(attrs))
-            } else {
-                Box::new(nn::AvgPool2d(attrs))
-            }
-        }
-        "flatten" => Box::new(nn::Flatten),
-        "global_avg_pool" => Box::new(nn::GlobalAvgPool),
-        "batch_norm" => {
+        LayerKind::MaxPool2d => Box::new(nn::MaxPool2d(o.pool2d()?)),
+        LayerKind::AvgPool2d => Box::new(nn::AvgPool2d(o.pool2d()?)),
+        LayerKind::Flatten => Box::new(nn::Flatten),
+        LayerKind::GlobalAvgPool => Box::new(nn::GlobalAvgPool),
+        LayerKind::BatchNorm => {
             let mut layer = py_eager(nn::BatchNorm::new(name, o.size("channels")?))?;
             layer.momentum = o.float("momentum", layer.momentum)?;
             layer.eps = o.float("eps", layer.eps)?;
             check_batch_norm(layer.momentum, layer.eps)?;
             Box::new(layer)
         }
-        "layer_norm" => Box::new(py_eager(nn::LayerNorm::new(
+        LayerKind::LayerNorm => Box::new(py_eager(nn::LayerNorm::new(
             name,
             o.size("width")?,
             o.float("eps", 1e-5)?,
         ))?),
-        "lstm" => Box::new(py_eager(nn::Lstm::new(
+        LayerKind::Lstm => Box::new(py_eager(nn::Lstm::new(
             name,
             o.size("input_size")?,
             o.size("hidden_size")?,
         ))?),
-        "gru" => Box::new(py_eager(nn::Gru::new(
+        LayerKind::Gru => Box::new(py_eager(nn::Gru::new(
             name,
             o.size("input_size")?,
             o.size("hidden_size")?,
         ))?),
-        "embedding" => Box::new(py_eager(nn::Embedding::new(
+        LayerKind::Embedding => Box::new(py_eager(nn::Embedding::new(
             name,
             o.size("vocab")?,
             o.size("dim")?,
         ))?),
-        "self_attention" => Box::new(py_eager(nn::SelfAttention::new(
+        LayerKind::SelfAttention => Box::new(py_eager(nn::SelfAttention::new(
             name,
             o.size("features")?,
             o.size("dim")?,
         ))?),
-        "multi_head_attention" => Box::new(py_eager(nn::MultiHeadAttention::new(
+        LayerKind::MultiHeadAttention => Box::new(py_eager(nn::MultiHeadAttention::new(
             name,
             o.size("embed_dim")?,
             o.size("num_heads")?,
             o.flag("causal")?,
         ))?),
-        "transformer_encoder_layer" => Box::new(py_eager(nn::TransformerEncoderLayer::new(
-            name,
-            [
-                o.size("d_model")?,
-                o.size("nhead")?,
-                o.size("dim_feedforward")?,
-            ],
-            o.flag("causal")?,
-        ))?),
-        "dropout" => Box::new(nn::Dropout::new(
+        LayerKind::TransformerEncoderLayer => {
+            Box::new(py_eager(nn::TransformerEncoderLayer::new(
+                name,
+                [
+                    o.size("d_model")?,
+                    o.size("nhead")?,
+                    o.size("dim_feedforward")?,
+                ],
+                o.flag("causal")?,
+            ))?)
+        }
+        LayerKind::Dropout => Box::new(nn::Dropout::new(
             o.float("p", 0.5)?,
             o.size("seed").unwrap_or(0) as u64,
         )),
-        other => return Err(PyTypeError::new_err(format!("Kiln has no layer `{other}`"))),
+        LayerKind::Gelu => return Err(layer_kind_error(kind.no_form(LayerForm::Eager))),
     })
+}
+
+/// The layer kind `name` in `form`, or Python's `TypeError` naming the kinds there are.
+pub(crate) fn layer_kind(name: &str, form: LayerForm) -> PyResult<LayerKind> {
+    LayerKind::parse(name, form).map_err(layer_kind_error)
+}
+
+pub(crate) fn layer_kind_error(e: LayerKindError) -> PyErr {
+    PyTypeError::new_err(e.to_string())
+}
+
+/// `_kiln.layer_kinds()`: the layer table, each kind's name with the names of its forms.
+#[pyfunction]
+fn layer_kinds() -> Vec<(&'static str, Vec<&'static str>)> {
+    (LayerKind::ALL.iter())
+        .map(|k| (k.name(), k.forms().iter().map(|f| f.name()).collect()))
+        .collect()
 }
 
 #[pymethods]

@@ -2,14 +2,15 @@
 //! losses, `minimize`, `Session`, Keras-style functions, and saved-model predictors.
 
 use crate::array::{dtype, from_py, to_py};
-use crate::eager::{init, rule};
+use crate::eager::{init, layer_kind, layer_kind_error, rule};
 use crate::errors::{KilnError, kiln_ok};
 use crate::options::{Options, check_batch_norm};
 use kiln::backend::Array;
 use kiln::ir::{BinaryOp, Dim, ReduceOp, UnaryOp, Value};
 use kiln::runtime::layers::{self, Activation};
 use kiln::runtime::{
-    Feed, Fetch, Init, KerasFunction, Optimizer, Program, RuntimeError, Session, Target,
+    Feed, Fetch, Init, KerasFunction, LayerForm, LayerKind, Optimizer, Program, RuntimeError,
+    Session, Target,
 };
 use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
@@ -397,6 +398,7 @@ impl PyProgram {
             kind,
             dict: options,
         };
+        let layer_kind = layer_kind(kind, LayerForm::Static)?;
         let x = x.value_in(slf.as_any(), kind)?;
         let width = |p: &Program| {
             p.value_type(x)
@@ -415,8 +417,8 @@ impl PyProgram {
         let values: Vec<Value> = {
             let mut this = slf.borrow_mut();
             let p = &mut this.0;
-            match kind {
-                "conv2d" => {
+            match layer_kind {
+                LayerKind::Conv2d => {
                     let act = activation(
                         o.value("activation")?
                             .map(|a| a.extract::<String>())
@@ -432,18 +434,18 @@ impl PyProgram {
                         p, name, x, out, kernel, attrs, act,
                     ))?]
                 }
-                "max_pool2d" => vec![kiln_ok(layers::max_pool2d(p, x, o.pool2d()?))?],
-                "avg_pool2d" => vec![kiln_ok(layers::avg_pool2d(p, x, o.pool2d()?))?],
-                "global_avg_pool" => vec![kiln_ok(layers::global_avg_pool(p, x))?],
-                "layer_norm" => vec![kiln_ok(layers::layer_norm(
+                LayerKind::MaxPool2d => vec![kiln_ok(layers::max_pool2d(p, x, o.pool2d()?))?],
+                LayerKind::AvgPool2d => vec![kiln_ok(layers::avg_pool2d(p, x, o.pool2d()?))?],
+                LayerKind::GlobalAvgPool => vec![kiln_ok(layers::global_avg_pool(p, x))?],
+                LayerKind::LayerNorm => vec![kiln_ok(layers::layer_norm(
                     p,
                     name,
                     x,
                     o.float("eps", 1e-5)?,
                 ))?],
-                "lstm" | "gru" => {
+                LayerKind::Lstm | LayerKind::Gru => {
                     let (d, h) = (fixed_width(p)?, o.size("hidden_size")?);
-                    let (sequence, last) = if kind == "lstm" {
+                    let (sequence, last) = if layer_kind == LayerKind::Lstm {
                         let layer = kiln_ok(layers::Lstm::new(p, name, d, h))?;
                         kiln_ok(layer.apply(p, x))?
                     } else {
@@ -452,7 +454,7 @@ impl PyProgram {
                     };
                     vec![sequence, last]
                 }
-                "self_attention" => {
+                LayerKind::SelfAttention => {
                     let layer = kiln_ok(layers::SelfAttention::new(
                         p,
                         name,
@@ -461,7 +463,7 @@ impl PyProgram {
                     ))?;
                     vec![kiln_ok(layer.apply(p, x))?]
                 }
-                "embedding" => {
+                LayerKind::Embedding => {
                     let shape = [o.size("num_embeddings")?, o.size("embedding_dim")?];
                     let table = kiln_ok(p.parameter(
                         &format!("{name}.w"),
@@ -474,10 +476,13 @@ impl PyProgram {
                     ))?;
                     vec![kiln_ok(p.gather(table, x, 0))?]
                 }
-                other => {
-                    return Err(PyTypeError::new_err(format!(
-                        "Kiln has no static layer `{other}`"
-                    )));
+                LayerKind::Flatten
+                | LayerKind::BatchNorm
+                | LayerKind::MultiHeadAttention
+                | LayerKind::TransformerEncoderLayer
+                | LayerKind::Dropout
+                | LayerKind::Gelu => {
+                    return Err(layer_kind_error(layer_kind.no_form(LayerForm::Static)));
                 }
             }
         };

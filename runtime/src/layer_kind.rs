@@ -120,7 +120,7 @@ layer_kinds! {
     TransformerEncoderLayer = "transformer_encoder_layer": [Eager];
     /// Dropout, active in training.
     Dropout = "dropout": [Eager, Functional];
-    /// The Gaussian error linear unit (tanh approximation).
+    /// The Gaussian error linear unit, with the exact normal CDF.
     Gelu = "gelu": [Functional];
 }
 
