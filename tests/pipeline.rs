@@ -9,7 +9,8 @@ mod common;
 use common::random_programs::{Gen, random_module};
 use kiln::backend::{Array, CustomOpError, CustomOps, Interpreter, StateStore};
 use kiln::ir::{DType, Module, parse_module, verify_module};
-use kiln::passes::manager::{Pass, PassManager, dump_header};
+use kiln::passes::Pass;
+use kiln::passes::manager::{PassManager, dump_header};
 use kiln::passes::{Wrt, gradient_function};
 use proptest::prelude::*;
 

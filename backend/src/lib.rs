@@ -23,6 +23,7 @@
 
 pub mod array;
 pub mod comm;
+mod error;
 pub mod exec;
 pub mod interp;
 pub mod jit;
@@ -34,5 +35,6 @@ pub mod subnormals;
 pub mod team;
 
 pub use array::{Array, Element};
-pub use interp::{CustomOpError, CustomOps, Env, InterpError, Interpreter, unshare};
+pub use error::InterpError;
+pub use interp::{CustomOpError, CustomOps, Env, Interpreter, unshare};
 pub use state::StateStore;

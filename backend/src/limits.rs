@@ -6,7 +6,6 @@
 //! once the arguments have bound the shapes' symbols), so a hostile program cannot abort the
 //! process with an allocation failure.
 
-use crate::interp::InterpError;
 use kiln_ir::{Dim, Function, Inst, Op, Region, Symbol, Type};
 use std::cell::Cell;
 use std::sync::OnceLock;
@@ -134,17 +133,17 @@ pub fn bytes_of(ty: &Type, size: impl Fn(&Symbol) -> Option<usize>) -> u128 {
 }
 
 /// An error if `bytes` (of `what`, a value of `ty`) pass the memory limit.
-pub fn check_bytes(what: &str, ty: &Type, bytes: u128) -> Result<(), InterpError> {
+pub fn check_bytes(what: &str, ty: &Type, bytes: u128) -> Result<(), MemoryLimitExceeded> {
     let limit = memory_limit();
     if bytes <= u128::from(limit) {
         return Ok(());
     }
-    Err(InterpError::MemoryLimit(Box::new(MemoryLimitExceeded {
+    Err(MemoryLimitExceeded {
         what: what.to_owned(),
         held: ty.to_string(),
         bytes,
         limit,
-    })))
+    })
 }
 
 /// Refuses a run of `func` in which some value, with the symbols sized by `size`, would pass
@@ -152,7 +151,7 @@ pub fn check_bytes(what: &str, ty: &Type, bytes: u128) -> Result<(), InterpError
 pub fn check_function(
     func: &Function,
     size: impl Fn(&Symbol) -> Option<usize>,
-) -> Result<(), InterpError> {
+) -> Result<(), MemoryLimitExceeded> {
     let limit = u128::from(memory_limit());
     for (v, data) in func.all_values() {
         let bytes = bytes_of(&data.ty, &size);
@@ -174,7 +173,7 @@ pub fn check_function(
 pub fn check_live(
     func: &Function,
     size: impl Fn(&Symbol) -> Option<usize>,
-) -> Result<(), InterpError> {
+) -> Result<(), MemoryLimitExceeded> {
     let peak = peak_in(func, func.body(), &size);
     let limit = memory_limit();
     if peak.bytes <= u128::from(limit) {
@@ -188,18 +187,18 @@ pub fn check_live(
         ),
         None => format!("@{}: its arguments", func.name()),
     };
-    Err(InterpError::MemoryLimit(Box::new(MemoryLimitExceeded {
+    Err(MemoryLimitExceeded {
         what,
         held: format!("{} values together", peak.values),
         bytes: peak.bytes,
         limit,
-    })))
+    })
 }
 
 /// Refuses instruction `inst` of `func` (of static shapes) when its operands, its results
 /// and what it holds while it runs (a region's values, an f64 accumulator) together pass the
 /// memory limit: the check of an eager op, which runs alone.
-pub fn check_inst(func: &Function, inst: Inst) -> Result<(), InterpError> {
+pub fn check_inst(func: &Function, inst: Inst) -> Result<(), MemoryLimitExceeded> {
     let size = |_: &Symbol| None;
     let d = func.inst(inst);
     let bytes = |v| bytes_of(func.value_type(v), size);
@@ -215,7 +214,7 @@ pub fn check_inst(func: &Function, inst: Inst) -> Result<(), InterpError> {
     if total <= u128::from(limit) {
         return Ok(());
     }
-    Err(InterpError::MemoryLimit(Box::new(MemoryLimitExceeded {
+    Err(MemoryLimitExceeded {
         what: format!("`{}`", kiln_ir::print::inst_line(func, inst)),
         held: format!(
             "{} operands and results together",
@@ -223,7 +222,7 @@ pub fn check_inst(func: &Function, inst: Inst) -> Result<(), InterpError> {
         ),
         bytes: total,
         limit,
-    })))
+    })
 }
 
 /// The most a region holds at once: bytes, how many values, and where.

@@ -1,7 +1,7 @@
 //! The values of a module's state: name → array.
 
+use crate::InterpError;
 use crate::array::Array;
-use crate::interp::InterpError;
 use crate::random::Stream;
 use kiln_ir::{Initializer, Module, StateDecl};
 use std::collections::BTreeMap;

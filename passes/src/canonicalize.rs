@@ -8,7 +8,7 @@
 //!
 //! Instructions are rewritten in place; the ones left unused are removed by `dce`.
 
-use crate::manager::{Pass, PassError, Stats};
+use crate::pass::{Pass, PassError, Stats};
 use kiln_ir::{AxisSlice, Function, Module, Op, Region, Value};
 use std::collections::HashMap;
 

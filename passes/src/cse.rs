@@ -3,7 +3,7 @@
 //! Loads of one state and random draws with one seed are pure within a run, so they merge
 //! too; stores, calls and ops with regions never do.
 
-use crate::manager::{Pass, PassError, Stats};
+use crate::pass::{Pass, PassError, Stats};
 use kiln_ir::{Function, Inst, Module, Op, Region, Value};
 use std::collections::HashMap;
 

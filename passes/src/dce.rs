@@ -2,7 +2,7 @@
 //! no effects (a `store`, a custom-op `call`, or such an op inside its regions). State stores
 //! are never dead.
 
-use crate::manager::{Pass, PassError, Stats};
+use crate::pass::{Pass, PassError, Stats};
 use kiln_ir::{Function, Inst, Module, Region, Value};
 use std::collections::HashSet;
 

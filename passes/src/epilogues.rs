@@ -12,7 +12,7 @@
 //! A load may move because a function reads state as of its call; a reshape or a constant is
 //! pure. Only a function's body is reordered: the executor pairs steps there.
 
-use crate::manager::{Pass, PassError, Stats};
+use crate::pass::{Pass, PassError, Stats};
 use kiln_ir::print::inst_line;
 use kiln_ir::{Function, Module, Op};
 

@@ -7,7 +7,7 @@
 //!   dense constant of at most that size.
 //! - `broadcast` of a splat is a splat.
 
-use crate::manager::{Pass, PassError, Stats};
+use crate::pass::{Pass, PassError, Stats};
 use kiln_backend::{Array, Interpreter};
 use kiln_ir::{Function, Literal, Module, Op, OpClass, Region, Type, Value};
 use std::collections::HashMap;

@@ -22,7 +22,7 @@
 //! explained with `--explain`: each region converted, its size, what it saves and the edges
 //! it pays for, or why it stays NCHW.
 
-use crate::manager::{Pass, PassError, Stats};
+use crate::pass::{Pass, PassError, Stats};
 use kiln_ir::{
     ConvKind, Function, Inst, Loc, Module, NCHW_TO_NHWC, NHWC_TO_NCHW, Op, PoolKind, Shape, Type,
     Value,

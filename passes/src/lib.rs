@@ -1,5 +1,7 @@
 //! `kiln-passes`: transformations of Kiln IR.
 //!
+//! - [`Pass`], [`Stats`], [`PassError`]: what a pass is (`pass.rs`, which every pass alone
+//!   depends on).
 //! - [`manager`]: the pass manager — named passes and pipelines, timing, statistics,
 //!   verification and IR dumps after each pass.
 //! - [`canonicalize`], [`fold`], [`cse`], [`dce`]: the classic passes.
@@ -32,6 +34,7 @@ mod fusion;
 mod layout;
 mod loops;
 pub mod manager;
+mod pass;
 mod products;
 pub mod prune;
 pub mod simplify;
@@ -45,7 +48,8 @@ pub use fold::ConstantFold;
 pub use fusion::{Fuse, MAX_KERNEL_DEPTH};
 pub use layout::ChannelsLast;
 pub use loops::Loops;
-pub use manager::{Pass, PassError, PassManager, PassReport, Stats};
+pub use manager::{PassManager, PassReport};
+pub use pass::{Pass, PassError, Stats};
 pub use products::FoldUpdates;
 pub use prune::{prune, prune_fed};
 pub use simplify::{MAX_REGION_INSTS, Simplify};

@@ -14,7 +14,7 @@
 //! Moving work before a loop computes it even when the loop runs no trip; only ops that
 //! cannot fail move, so the program's outcome is the same.
 
-use crate::manager::{Pass, PassError, Stats};
+use crate::pass::{Pass, PassError, Stats};
 use kiln_ir::{Function, Inst, Module, Op, OpClass, Region, Shape, Type, Value, ValueDef};
 use std::collections::HashSet;
 

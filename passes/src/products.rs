@@ -7,7 +7,7 @@
 //!   The gradient is never written and the update takes no pass of its own over `w`
 //!   (BENCHMARKS.md, "SGD folded into products": W5's update passes).
 
-use crate::manager::{Pass, PassError, Stats};
+use crate::pass::{Pass, PassError, Stats};
 use kiln_ir::print::inst_line;
 use kiln_ir::{BinaryOp, F64Attr, Function, Inst, Module, Op, Value};
 use std::collections::HashMap;

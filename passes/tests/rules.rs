@@ -9,7 +9,7 @@ use kiln_ir::{
     AxisSlice, BinaryOp, BuildResult, CompareOp, DType, FunctionBuilder, Literal, Module, Op,
     ReduceOp, Shape, Type, UnaryOp, Value, verify_module,
 };
-use kiln_passes::manager::Pass;
+use kiln_passes::Pass;
 use kiln_passes::simplify::{Simplify, rules};
 use ndarray::{ArrayD, IxDyn};
 use std::collections::BTreeSet;

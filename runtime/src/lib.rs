@@ -5,7 +5,8 @@
 //!   builder, used by static layers and eager code alike.
 //! - [`layers`], [`init`], [`optim`]: layers, initializers and optimizers for them;
 //!   [`layer_kind`]: the one table of layer kinds every front end dispatches on.
-//! - [`session`]: runs any part of a program with feeds and fetches, over one [`scope`].
+//! - [`session`]: runs any part of a program with feeds and fetches, over one [`scope`];
+//!   [`custom_ops`]: the registry of user ops its runs and eager code call.
 //! - [`eager`]: dygraph — eager tensors with a tape, layers, custom ops, control flow, and
 //!   `to_static` tracing into static programs.
 //! - [`distributed`]: data parallelism and parameter servers over a communicator's ranks.
@@ -20,6 +21,7 @@
 pub mod checkpoint;
 pub mod compare;
 pub mod composite;
+pub mod custom_ops;
 pub mod data;
 pub mod distributed;
 pub mod eager;

@@ -8,7 +8,7 @@
 //! not a new signature). Every run reads and writes the session's one [`Scope`], so a GAN's
 //! discriminator and generator updates are two runs over the same parameters.
 
-use crate::eager::custom::Registry;
+use crate::custom_ops::Registry;
 use crate::error::{RuntimeError, RuntimeResult};
 use crate::program::{Program, Target};
 use crate::scope::Scope;

@@ -9,7 +9,8 @@
 
 use super::schedule::{Step, StepKind, region_function};
 use super::{Executable, Runtime};
-use crate::interp::{InterpError, Interpreter};
+use crate::InterpError;
+use crate::interp::Interpreter;
 use crate::{Array, StateStore};
 use cranelift_entity::EntityRef;
 use kiln_ir::{Function, Inst, Op, OpClass, Region, Value};

@@ -23,7 +23,8 @@ pub(crate) mod schedule;
 pub use inspect::{KernelInfo, Placement, StepTime};
 mod spare;
 
-use crate::interp::{Env, InterpError, Interpreter, kernels};
+use crate::InterpError;
+use crate::interp::{Env, Interpreter, kernels};
 use crate::{Array, StateStore, settings};
 use cranelift_entity::EntityRef;
 use kiln_ir::print::{ValueNames, inst_line};
@@ -1010,7 +1011,7 @@ impl Executable {
             "the scratch space of {} (patch matrix, offsets, channels-last image)",
             inst_line(&self.func, step.inst)
         );
-        crate::limits::check_bytes(&what, &patch_matrix, bytes)
+        Ok(crate::limits::check_bytes(&what, &patch_matrix, bytes)?)
     }
 
     /// A pooling op (or its gradient) by direct loops into a slot's buffer, recording or

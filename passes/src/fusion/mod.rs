@@ -15,7 +15,7 @@
 
 mod recompute;
 
-use crate::manager::{Pass, PassError, Stats};
+use crate::pass::{Pass, PassError, Stats};
 use kiln_ir::print::ValueNames;
 use kiln_ir::{Function, Inst, Module, Op, Region, Value};
 use std::collections::{BTreeSet, HashMap, HashSet};

@@ -13,7 +13,7 @@ pub mod extract;
 pub mod lang;
 pub mod rules;
 
-use crate::manager::{Pass, PassError, Stats};
+use crate::pass::{Pass, PassError, Stats};
 use egg::{Id, Rewrite, Runner, SimpleScheduler, StopReason};
 use extract::Extraction;
 use kiln_ir::{Function, Inst, Loc, Module, Region, Value};

@@ -1,8 +1,8 @@
 //! The tape: the ops that gradients will flow through, as an IR function being built, with
 //! the value of every instruction already computed.
 
-use super::custom::Registry;
 use super::{Context, EagerError, EagerResult, LeafId};
+use crate::custom_ops::Registry;
 use kiln_backend::{Array, Env, Interpreter, StateStore};
 use kiln_ir::{Function, FunctionBuilder, Module, Value};
 use std::sync::{Arc, Weak};
