@@ -163,8 +163,8 @@ fn compiled_training_follows_the_interpreter() {
     follows_the_interpreter(&mut || Box::new(Adam::new(0.02)));
 }
 
-/// Plain SGD, whose weight updates the schedule folds into their gradients' products (gemm
-/// adds `−lr·xᵀg` onto the weight's buffer; `exec/schedule.rs` tests that the fold happens):
+/// Plain SGD, whose weight updates the `fold_updates` pass folds into their gradients' products
+/// (gemm adds `−lr·xᵀg` onto the weight's buffer; `passes/tests/products.rs` tests the fold):
 /// the run still follows the interpreter.
 #[test]
 fn compiled_sgd_training_follows_the_interpreter() {

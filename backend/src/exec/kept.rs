@@ -1,5 +1,5 @@
 //! What a step keeps for a later step of the same run: a max pooling's argmax for its
-//! gradient. The schedule pairs the steps (`schedule.rs`); a kept value is valid only in the
+//! gradient. The schedule pairs the steps (`schedule/pairing.rs`); a kept value is valid only in the
 //! run that filled it. (Convolutions once kept their patch matrices for their filter
 //! gradients; since patch matrices are built a cache-sized chunk at a time, building one
 //! again costs less than keeping a whole batch's in memory.)

@@ -765,7 +765,7 @@ impl Executable {
     }
 
     /// Runs convolution step `index` with the next step's kernel as its epilogue
-    /// (`schedule::pair_epilogues`): the kernel's buffers are taken first, then the kernel runs
+    /// (`schedule/pairing.rs`): the kernel's buffers are taken first, then the kernel runs
     /// on each run of samples as the convolution writes them. False, with nothing done, when
     /// the kernel's rows do not split by samples at these sizes.
     fn run_conv_with_epilogue(
