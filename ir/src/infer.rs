@@ -767,7 +767,7 @@ fn spatial_output(
 
 /// The type rule of `conv2d` and its two transposes.
 fn conv2d_type(kind: ConvKind, attrs: &Conv2dAttrs, args: &[&Type]) -> Result<Type, String> {
-    attrs.check()?;
+    attrs.check().map_err(|e| e.to_string())?;
     let (a, b) = (args[0], args[1]);
     if !a.dtype.is_float() || a.dtype != b.dtype {
         return Err(format!(
@@ -855,7 +855,7 @@ fn conv2d_type(kind: ConvKind, attrs: &Conv2dAttrs, args: &[&Type]) -> Result<Ty
 
 /// The type rule of the pooling ops and their gradients.
 fn pool2d_type(kind: PoolKind, attrs: &Pool2dAttrs, args: &[&Type]) -> Result<Type, String> {
-    attrs.check()?;
+    attrs.check().map_err(|e| e.to_string())?;
     let x = args[0];
     if !x.dtype.is_float() {
         return Err(format!("the operand must be a float type, found {x}"));

@@ -37,7 +37,7 @@ pub use function::{Function, InstData, MAX_REGION_DEPTH, RegionData, ValueData, 
 pub use infer::TypeError;
 pub use literal::Literal;
 pub use loc::{Loc, SourceNode};
-pub use module::{Initializer, Module, StateConflict, StateDecl};
+pub use module::{InitialValuesError, Initializer, Module, StateConflict, StateDecl};
 pub use op::{
     AllReduceOp, ArgOp, AxisSlice, BinaryOp, CompareOp, Cost, DTypeClass, Distribution, F64Attr,
     Helper, Op, OpClass, ReduceOp, UnaryOp, VectorForm,
@@ -46,5 +46,6 @@ pub use parse::{ParseError, parse_module};
 pub use types::{BindError, DType, Dim, Shape, Symbol, SymbolBindings, TooLarge, Type};
 pub use verify::{VerifyError, VerifyErrors, verify_module};
 pub use window::{
-    Conv2dAttrs, ConvKind, NCHW_TO_NHWC, NHWC_TO_NCHW, Pool2dAttrs, PoolKind, spatial_axes,
+    Conv2dAttrs, ConvKind, NCHW_TO_NHWC, NHWC_TO_NCHW, Pool2dAttrs, PoolKind, WindowError,
+    spatial_axes,
 };

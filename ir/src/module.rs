@@ -7,7 +7,7 @@
 use crate::function::Function;
 use crate::literal::Literal;
 use crate::op::{Attr, F64Attr};
-use crate::types::Type;
+use crate::types::{DType, Type};
 
 /// How a state variable gets its first value.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -50,21 +50,22 @@ impl Initializer {
 
     /// Why `literal` cannot be the initial value of a state of type `ty` (its dtype or its
     /// element count differ), if it cannot.
-    pub fn check_values(literal: &Literal, ty: &Type) -> Result<(), String> {
-        let count = ty.shape.as_fixed().map(|d| d.iter().product::<usize>());
+    pub fn check_values(literal: &Literal, ty: &Type) -> Result<(), InitialValuesError> {
+        let state = || Box::new(ty.clone());
         if literal.dtype() != ty.dtype {
-            return Err(format!(
-                "its values are {}, the state {ty}",
-                literal.dtype()
-            ));
+            return Err(InitialValuesError::DType {
+                values: literal.dtype(),
+                state: state(),
+            });
         }
-        match count {
+        match ty.shape.as_fixed().map(|d| d.iter().product::<usize>()) {
             Some(n) if literal.len() == n || literal.len() == 1 => Ok(()),
-            Some(n) => Err(format!(
-                "it has {} values for the {n} elements of {ty}",
-                literal.len()
-            )),
-            None => Err(format!("a state needs a static shape, found {ty}")),
+            Some(elements) => Err(InitialValuesError::Count {
+                values: literal.len(),
+                elements,
+                state: state(),
+            }),
+            None => Err(InitialValuesError::Symbolic(state())),
         }
     }
 
@@ -294,4 +295,30 @@ mod tests {
             "{errors}"
         );
     }
+}
+
+/// Why a literal cannot be a state's initial value.
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+pub enum InitialValuesError {
+    /// The values' dtype is not the state's.
+    #[error("its values are {values}, the state {state}")]
+    DType {
+        /// The values' dtype.
+        values: DType,
+        /// The state's type.
+        state: Box<Type>,
+    },
+    /// Neither one value nor one per element.
+    #[error("it has {values} values for the {elements} elements of {state}")]
+    Count {
+        /// How many values there are.
+        values: usize,
+        /// How many elements the state has.
+        elements: usize,
+        /// The state's type.
+        state: Box<Type>,
+    },
+    /// The state's shape has a symbol.
+    #[error("a state needs a static shape, found {0}")]
+    Symbolic(Box<Type>),
 }

@@ -9,6 +9,32 @@
 
 use crate::op::Attr;
 
+/// What is wrong with a convolution's or a pooling's window attributes.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum WindowError {
+    /// Strides, dilation or a window with a zero.
+    #[error("{name} must be at least 1, found {values:?}")]
+    NotPositive {
+        /// The attribute.
+        name: &'static str,
+        /// Its values.
+        values: [usize; 2],
+    },
+    /// A convolution of zero groups.
+    #[error("groups must be at least 1")]
+    NoGroups,
+    /// A pooling padded by as much as its window on one side (a window of padding alone).
+    #[error("padding {padding:?} on axis {axis} must be smaller than the window {window}")]
+    PaddingTooLarge {
+        /// The axis's padding, before and after.
+        padding: (usize, usize),
+        /// The axis.
+        axis: usize,
+        /// The window's size along it.
+        window: usize,
+    },
+}
+
 /// The geometry of a 2-D convolution: strides, padding and dilation per spatial axis (H, W),
 /// and the number of channel groups.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -94,11 +120,11 @@ impl Conv2dAttrs {
     }
 
     /// What is wrong with the attributes themselves, if anything.
-    pub fn check(&self) -> Result<(), String> {
+    pub fn check(&self) -> Result<(), WindowError> {
         check_positive("strides", &self.strides)?;
         check_positive("dilation", &self.dilation)?;
         if self.groups == 0 {
-            return Err("groups must be at least 1".into());
+            return Err(WindowError::NoGroups);
         }
         Ok(())
     }
@@ -172,16 +198,17 @@ impl Pool2dAttrs {
     }
 
     /// What is wrong with the attributes themselves, if anything.
-    pub fn check(&self) -> Result<(), String> {
+    pub fn check(&self) -> Result<(), WindowError> {
         check_positive("window", &self.window)?;
         check_positive("strides", &self.strides)?;
-        for (axis, &(low, high)) in self.padding.iter().enumerate() {
-            if low >= self.window[axis] || high >= self.window[axis] {
-                return Err(format!(
-                    "padding {:?} on axis {axis} must be smaller than the window {}",
-                    (low, high),
-                    self.window[axis]
-                ));
+        for (axis, &padding) in self.padding.iter().enumerate() {
+            let window = self.window[axis];
+            if padding.0 >= window || padding.1 >= window {
+                return Err(WindowError::PaddingTooLarge {
+                    padding,
+                    axis,
+                    window,
+                });
             }
         }
         Ok(())
@@ -271,9 +298,12 @@ fn output_size(
     Some(padded.checked_sub(span)? / stride.max(1) + 1)
 }
 
-fn check_positive(name: &str, values: &[usize; 2]) -> Result<(), String> {
+fn check_positive(name: &'static str, values: &[usize; 2]) -> Result<(), WindowError> {
     if values.contains(&0) {
-        return Err(format!("{name} must be at least 1, found {values:?}"));
+        return Err(WindowError::NotPositive {
+            name,
+            values: *values,
+        });
     }
     Ok(())
 }

@@ -1,5 +1,8 @@
-//! A node being converted: its attributes with ONNX's defaults, read with their types checked.
+//! A node being converted: its attributes with ONNX's defaults, read with their types checked
+//! (an attribute of the wrong type is [`Fail::Invalid`], a valid value Kiln does not implement
+//! [`Fail::Unsupported`]).
 
+use crate::Fail;
 use crate::proto::{AttributeProto, NodeProto, TensorProto};
 
 /// A node of the graph and the opset version in force for its domain.
@@ -22,27 +25,27 @@ impl Node<'_> {
     }
 
     /// An integer attribute, or `default`.
-    pub fn int(&self, name: &str, default: i64) -> Result<i64, String> {
+    pub fn int(&self, name: &str, default: i64) -> Result<i64, Fail> {
         Ok(self.int_opt(name)?.unwrap_or(default))
     }
 
     /// An integer attribute, if present.
-    pub fn int_opt(&self, name: &str) -> Result<Option<i64>, String> {
+    pub fn int_opt(&self, name: &str) -> Result<Option<i64>, Fail> {
         self.attr(name)
             .map(|a| a.i.ok_or_else(|| wrong_type(name, "an integer")))
             .transpose()
     }
 
     /// A positive integer attribute: `default` when absent, required when `default` is `None`.
-    pub fn positive(&self, name: &str, default: Option<i64>) -> Result<usize, String> {
+    pub fn positive(&self, name: &str, default: Option<i64>) -> Result<usize, Fail> {
         let value = (self.int_opt(name)?.or(default))
-            .ok_or_else(|| format!("attribute {name} is required"))?;
+            .ok_or_else(|| Fail::Invalid(format!("attribute {name} is required")))?;
         (usize::try_from(value).ok().filter(|&v| v > 0))
-            .ok_or_else(|| format!("attribute {name}={value} should be positive"))
+            .ok_or_else(|| Fail::Invalid(format!("attribute {name}={value} should be positive")))
     }
 
     /// A float attribute, or `default`.
-    pub fn float(&self, name: &str, default: f32) -> Result<f32, String> {
+    pub fn float(&self, name: &str, default: f32) -> Result<f32, Fail> {
         self.attr(name)
             .map(|a| a.f.ok_or_else(|| wrong_type(name, "a float")))
             .transpose()
@@ -60,32 +63,35 @@ impl Node<'_> {
     }
 
     /// A string attribute, if present.
-    pub fn string(&self, name: &str) -> Result<Option<String>, String> {
+    pub fn string(&self, name: &str) -> Result<Option<String>, Fail> {
         self.attr(name)
             .map(|a| {
                 let bytes = a.s.as_ref().ok_or_else(|| wrong_type(name, "a string"))?;
                 String::from_utf8(bytes.clone())
-                    .map_err(|_| format!("attribute {name} is not UTF-8"))
+                    .map_err(|_| Fail::Invalid(format!("attribute {name} is not UTF-8")))
             })
             .transpose()
     }
 
     /// A tensor attribute, if present.
-    pub fn tensor(&self, name: &str) -> Result<Option<&TensorProto>, String> {
+    pub fn tensor(&self, name: &str) -> Result<Option<&TensorProto>, Fail> {
         self.attr(name)
             .map(|a| a.t.as_ref().ok_or_else(|| wrong_type(name, "a tensor")))
             .transpose()
     }
 
-    /// Refuses an attribute this conversion does not implement, unless it has its default.
-    pub fn refuse_int(&self, name: &str, default: i64) -> Result<(), String> {
+    /// Refuses, as unsupported, an attribute this conversion does not implement, unless it
+    /// has its default.
+    pub fn refuse_int(&self, name: &str, default: i64) -> Result<(), Fail> {
         match self.int_opt(name)? {
-            Some(v) if v != default => Err(format!("attribute {name}={v} is not supported")),
+            Some(v) if v != default => Err(Fail::Unsupported(format!(
+                "attribute {name}={v} is not supported"
+            ))),
             _ => Ok(()),
         }
     }
 }
 
-fn wrong_type(name: &str, expected: &str) -> String {
-    format!("attribute {name} should be {expected}")
+fn wrong_type(name: &str, expected: &str) -> Fail {
+    Fail::Invalid(format!("attribute {name} should be {expected}"))
 }

@@ -675,3 +675,24 @@ fn lstm_refuses_a_sequence_too_long_to_unroll() {
     net.inputs[0] = floats_info("x", &[1 << 31, 1, 3]);
     net.refused("a sequence of 2147483648 steps (the sequence is unrolled; at most 65536");
 }
+
+// Attributes of a valid value that Kiln does not implement are unsupported, not invalid.
+
+#[test]
+fn unimplemented_attribute_values_are_unsupported_nodes() {
+    let mut coupled = lstm(&[1, 16, 3], &[1, 16, 4], &[]);
+    coupled.node = with_int(coupled.node, "input_forget", 1);
+    coupled.unsupported("attribute input_forget=1 is not supported");
+
+    let pool = with_int(
+        with_ints(
+            node("MaxPool", "pool", &["x"], &["y"]),
+            "kernel_shape",
+            &[2, 2],
+        ),
+        "storage_order",
+        1,
+    );
+    let column_major = Net::new(pool, vec![floats_info("x", &[1, 1, 4, 4])]);
+    column_major.unsupported("attribute storage_order=1 is not supported");
+}

@@ -280,7 +280,7 @@ pub(super) fn recurrent(c: &mut Ctx, cell: Cell) -> Converted {
 /// `hidden_size`, or (as ONNX allows it left out) the last size of R `[D, G·H, H]`.
 fn hidden_size(c: &mut Ctx) -> Result<usize, Fail> {
     if c.node.attr("hidden_size").is_some() {
-        return Ok(c.node.positive("hidden_size", None)?);
+        return c.node.positive("hidden_size", None);
     }
     match input_shape(c, 2)?.as_deref() {
         Some([_, _, Dim::Fixed(h)]) if *h > 0 => Ok(*h),
