@@ -5,14 +5,14 @@ use crate::array::{dtype, dtype_name, from_py, to_py};
 use crate::errors::{KilnError, ShapeError, composite_error, kiln_ok};
 use crate::options::{Options, check_batch_norm};
 use kiln::backend::{Array, CustomOpError};
-use kiln::ir::{AxisSlice, BinaryOp, CompareOp, DType, Dim, ReduceOp, Shape, Type, UnaryOp};
+use kiln::ir::{BinaryOp, CompareOp, DType, Dim, ReduceOp, Shape, Type, UnaryOp};
 use kiln::runtime::eager::custom::{self, CustomOp};
 use kiln::runtime::eager::nn::{self, Layer, Parameter};
-use kiln::runtime::eager::{self, EagerOptimizer, NoGradGuard, StaticFunction, Tensor};
+use kiln::runtime::eager::{self, EagerOptimizer, Index, NoGradGuard, StaticFunction, Tensor};
 use kiln::runtime::{
     Adam, Init, LayerForm, LayerKind, LayerKindError, Momentum, Optimizer, Sgd, Target,
 };
-use pyo3::exceptions::{PyIndexError, PyTypeError, PyValueError};
+use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyTuple};
 use std::sync::Arc;
@@ -105,32 +105,7 @@ impl PyTensor {
     /// The elements where `mask` is true: a mask of the tensor's shape gives them in order (a
     /// 1-D result); a mask of its first axis gives those rows.
     fn masked(&self, mask: &Array) -> PyResult<PyTensor> {
-        if self.0.is_traced() {
-            return Err(KilnError::new_err(
-                "a boolean mask while tracing with to_static: the result's size would depend on \
-                 the values; use kiln.cond, or multiply by the mask as a number",
-            ));
-        }
-        let shape = py_eager(self.0.to_array())?.shape().to_vec();
-        let chosen: Vec<i64> = (mask.to_f64_vec().iter().enumerate())
-            .filter(|(_, v)| **v != 0.0)
-            .map(|(i, _)| i as i64)
-            .collect();
-        let indices = Tensor::new(Array::I64(ndarray::Array1::from(chosen).into_dyn()));
-        let result = if mask.shape() == shape.as_slice() {
-            self.0
-                .reshape(Shape::fixed(&[shape.iter().product()]))
-                .and_then(|flat| flat.gather(&indices, 0))
-        } else if mask.shape().len() == 1 && shape.first() == Some(&mask.len()) {
-            self.0.gather(&indices, 0)
-        } else {
-            return Err(PyIndexError::new_err(format!(
-                "a boolean mask of shape {:?} for a tensor of shape {shape:?}: give one of its \
-                 shape or of its first axis",
-                mask.shape()
-            )));
-        };
-        py_eager(result).map(PyTensor)
+        py_eager(self.0.masked(mask)).map(PyTensor)
     }
 
     fn extremum(
@@ -181,117 +156,30 @@ fn bool_mask(key: &Bound<'_, PyAny>) -> PyResult<Option<Array>> {
     }
 }
 
-/// `t` indexed by `items` (see `Tensor.__getitem__`): a slice, a reshape for the dropped and
-/// added axes, and a gather for an integer array.
-fn index(t: &Tensor, items: &[Bound<'_, PyAny>]) -> PyResult<Tensor> {
-    let dims = t.ty().shape.dims().to_vec();
-    let rank = dims.len();
-    let is_ellipsis = |k: &Bound<'_, PyAny>| k.is(k.py().Ellipsis());
-    let consumed = (items.iter())
-        .filter(|k| !k.is_none() && !is_ellipsis(k))
-        .count();
-    if consumed > rank {
-        return Err(PyIndexError::new_err(format!(
-            "{consumed} indices for a tensor of rank {rank}"
-        )));
+/// A Python index item as Kiln's: `None`, `...`, a slice, an int, or an integer array or
+/// tensor.
+fn index_item(item: &Bound<'_, PyAny>) -> PyResult<Index> {
+    if item.is_none() {
+        return Ok(Index::NewAxis);
     }
-    let fixed = |axis: usize| -> PyResult<usize> {
-        dims[axis].as_fixed().ok_or_else(|| {
-            PyIndexError::new_err(format!(
-                "axis {axis} has the traced size {}: index it with `:` only",
-                dims[axis]
-            ))
-        })
-    };
-    let (mut ranges, mut out_dims) = (Vec::new(), Vec::new());
-    let mut gather: Option<(usize, Tensor)> = None;
-    let mut axis = 0;
-    for item in items {
-        if item.is_none() {
-            out_dims.push(Dim::Fixed(1));
-        } else if is_ellipsis(item) {
-            for _ in 0..rank - consumed {
-                ranges.push(AxisSlice::Full);
-                out_dims.push(dims[axis].clone());
-                axis += 1;
-            }
-        } else if let Ok(slice) = item.cast::<pyo3::types::PySlice>() {
-            let whole = ["start", "stop", "step"]
-                .iter()
-                .all(|a| slice.getattr(*a).is_ok_and(|v| v.is_none()));
-            if whole {
-                ranges.push(AxisSlice::Full);
-                out_dims.push(dims[axis].clone());
-            } else {
-                let n = fixed(axis)?;
-                let found = slice.indices(n as isize)?;
-                if found.step < 1 {
-                    return Err(PyIndexError::new_err(
-                        "slices step forward (a step of 1 or more)",
-                    ));
-                }
-                let (start, stop) = (found.start as usize, (found.stop.max(found.start)) as usize);
-                let range = AxisSlice::Range {
-                    start,
-                    end: stop,
-                    step: found.step as usize,
-                };
-                out_dims.push(Dim::Fixed(range.len(n)));
-                ranges.push(range);
-            }
-            axis += 1;
-        } else if let Ok(i) = item.extract::<i64>() {
-            let n = fixed(axis)? as i64;
-            let at = if i < 0 { i + n } else { i };
-            if !(0..n).contains(&at) {
-                return Err(PyIndexError::new_err(format!(
-                    "index {i} is out of range for axis {axis} of size {n}"
-                )));
-            }
-            let at = at as usize;
-            ranges.push(AxisSlice::Range {
-                start: at,
-                end: at + 1,
-                step: 1,
-            });
-            axis += 1;
-        } else {
-            if gather.is_some() {
-                return Err(PyIndexError::new_err(
-                    "one integer array per index: index again for another axis",
-                ));
-            }
-            let indices = match item.extract::<PyRef<'_, PyTensor>>() {
-                Ok(t) => t.0.clone(),
-                Err(_) => Tensor::new(from_py(item)?),
-            };
-            if indices.dtype().is_float() || indices.dtype() == DType::Bool {
-                return Err(PyIndexError::new_err(format!(
-                    "an index of {}: use ints, slices, one integer array or a boolean mask",
-                    indices.dtype()
-                )));
-            }
-            gather = Some((out_dims.len(), indices));
-            ranges.push(AxisSlice::Full);
-            out_dims.push(dims[axis].clone());
-            axis += 1;
-        }
+    if item.is(item.py().Ellipsis()) {
+        return Ok(Index::Ellipsis);
     }
-    for d in &dims[axis..] {
-        ranges.push(AxisSlice::Full);
-        out_dims.push(d.clone());
+    if let Ok(slice) = item.cast::<pyo3::types::PySlice>() {
+        let bound = |name: &str| -> PyResult<Option<i64>> { slice.getattr(name)?.extract() };
+        return Ok(Index::Range {
+            start: bound("start")?,
+            stop: bound("stop")?,
+            step: bound("step")?,
+        });
     }
-    let mut result = t.clone();
-    if ranges.iter().any(|r| *r != AxisSlice::Full) {
-        result = py_eager(result.slice(ranges))?;
+    if let Ok(i) = item.extract::<i64>() {
+        return Ok(Index::At(i));
     }
-    if result.ty().shape.dims() != out_dims.as_slice() {
-        result = py_eager(result.reshape(Shape(out_dims)))?;
+    match item.extract::<PyRef<'_, PyTensor>>() {
+        Ok(t) => Ok(Index::Gather(t.0.clone())),
+        Err(_) => Ok(Index::Gather(Tensor::new(from_py(item)?))),
     }
-    if let Some((at, indices)) = gather {
-        result = py_eager(result.gather(&indices, at))?;
-    }
-    Ok(result)
 }
 
 #[pymethods]
@@ -430,7 +318,8 @@ impl PyTensor {
         {
             return self.masked(&mask);
         }
-        index(&self.0, &items).map(PyTensor)
+        let items: Vec<Index> = items.iter().map(index_item).collect::<PyResult<_>>()?;
+        py_eager(self.0.index(&items)).map(PyTensor)
     }
 
     /// The largest element (over every axis), or, with ``dim``, ``(values, indices)`` along

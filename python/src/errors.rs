@@ -10,7 +10,7 @@ use kiln::runtime::data::DataError;
 use kiln::runtime::eager::EagerError;
 use kiln::train::TrainError;
 use pyo3::create_exception;
-use pyo3::exceptions::PyException;
+use pyo3::exceptions::{PyException, PyIndexError};
 use pyo3::prelude::*;
 
 create_exception!(kiln, KilnError, PyException, "Every error Kiln reports.");
@@ -94,6 +94,7 @@ impl IntoPyErr for EagerError {
             EagerError::Runtime(e) => e.into_py_err(),
             EagerError::Build(e) => e.into_py_err(),
             EagerError::Run(e) => e.into_py_err(),
+            EagerError::Index(message) => PyIndexError::new_err(message),
             other => KilnError::new_err(other.to_string()),
         }
     }

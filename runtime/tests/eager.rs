@@ -510,3 +510,67 @@ fn a_no_grad_guard_dropped_after_a_reset_leaves_the_new_context_alone() {
     (&x * &x).sum(&[0], false).unwrap().backward().unwrap();
     assert_eq!(x.grad().unwrap().to_f64_vec().unwrap(), [4.0]);
 }
+
+/// NumPy's indexing, written out by hand for a `[2, 3, 4]` tensor of 0..24.
+#[test]
+fn numpy_style_indexing_slices_reshapes_and_gathers() {
+    use eager::Index;
+    let values: Vec<f32> = (0..24).map(|v| v as f32).collect();
+    let x = t(&[2, 3, 4], &values);
+    let range = |start, stop, step| Index::Range { start, stop, step };
+    let of = |items: &[Index]| {
+        let y = x.index(items).unwrap();
+        (y.ty().shape.as_fixed().unwrap(), y.to_f64_vec().unwrap())
+    };
+    // x[1, -1] = [20, 21, 22, 23]
+    assert_eq!(
+        of(&[Index::At(1), Index::At(-1)]),
+        (vec![4], vec![20.0, 21.0, 22.0, 23.0])
+    );
+    // x[:, 1:, ::2]: rows 1..3 of each, every second column.
+    assert_eq!(
+        of(&[
+            Index::FULL,
+            range(Some(1), None, None),
+            range(None, None, Some(2))
+        ]),
+        (
+            vec![2, 2, 2],
+            vec![4.0, 6.0, 8.0, 10.0, 16.0, 18.0, 20.0, 22.0]
+        )
+    );
+    // x[..., -2:] keeps the last two columns; x[None, 0, ..., 3] adds an axis.
+    assert_eq!(
+        of(&[Index::Ellipsis, range(Some(-2), None, None)]).0,
+        vec![2, 3, 2]
+    );
+    assert_eq!(
+        of(&[Index::NewAxis, Index::At(0), Index::Ellipsis, Index::At(3)]),
+        (vec![1, 3], vec![3.0, 7.0, 11.0])
+    );
+    // x[0, [2, 0]] gathers rows; out-of-bounds stops clamp as Python's do.
+    let rows = Tensor::new(Array::I64(ndarray::arr1(&[2, 0]).into_dyn()));
+    assert_eq!(
+        of(&[
+            Index::At(0),
+            Index::Gather(rows),
+            range(None, Some(99), Some(3))
+        ]),
+        (vec![2, 2], vec![8.0, 11.0, 0.0, 3.0])
+    );
+    let refused = |items: &[Index]| x.index(items).err().unwrap().to_string();
+    assert_eq!(
+        refused(&[Index::FULL, Index::At(3)]),
+        "index 3 is out of range for axis 1 of size 3"
+    );
+    assert_eq!(
+        refused(&[Index::At(0), Index::At(0), Index::At(0), Index::At(0)]),
+        "4 indices for a tensor of rank 3"
+    );
+    assert_eq!(
+        refused(&[range(None, None, Some(0))]),
+        "slices step forward (a step of 1 or more)"
+    );
+    let mask = Array::Bool(ndarray::arr1(&[false, true]).into_dyn());
+    assert_eq!(x.masked(&mask).unwrap().to_f64_vec().unwrap()[0], 12.0);
+}

@@ -19,6 +19,7 @@
 pub mod control;
 pub mod custom;
 pub mod diff;
+mod index;
 pub mod nn;
 pub mod optim;
 mod tape;
@@ -28,6 +29,7 @@ mod trace;
 pub use control::{cond, while_loop};
 pub use custom::{CustomOp, register as register_custom_op};
 pub use diff::{diff, diff_located};
+pub use index::Index;
 pub use kiln_backend::CustomOpError;
 pub use nn::Parameter;
 pub use optim::EagerOptimizer;
@@ -71,6 +73,9 @@ pub enum EagerError {
     /// The API was used in a way it does not allow.
     #[error("{0}")]
     Usage(String),
+    /// An index does not fit the tensor (out of range, too many, of the wrong dtype).
+    #[error("{0}")]
+    Index(String),
     /// A tensor, parameter or compiled function of one thread was used in another (or in
     /// its own thread after [`reset`]).
     #[error(
