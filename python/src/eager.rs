@@ -10,7 +10,8 @@ use kiln::runtime::eager::custom::{self, CustomOp};
 use kiln::runtime::eager::nn::{self, Layer, Parameter};
 use kiln::runtime::eager::{self, EagerOptimizer, Index, NoGradGuard, StaticFunction, Tensor};
 use kiln::runtime::{
-    Adam, Init, LayerForm, LayerKind, LayerKindError, Momentum, Optimizer, Sgd, Target,
+    Init, LayerForm, LayerKind, LayerKindError, Optimizer, OptimizerError, OptimizerOptions,
+    OptionValue, Target,
 };
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
@@ -818,92 +819,36 @@ impl PyNoGrad {
 }
 
 /// An update rule from Python: `kind` (`sgd`, `adam`), its learning rate and its options,
-/// with PyTorch's names and meanings — `momentum`, `dampening`, `nesterov`, `weight_decay`
-/// for SGD (a momentum makes it `Momentum`), `betas`, `eps`, `weight_decay` and `decoupled`
-/// (AdamW) for Adam. An option the rule does not take, or a value it cannot use, is an
-/// error here, when the optimizer is built — never ignored.
+/// with PyTorch's names and meanings, checked by [`OptimizerOptions`] when the optimizer is
+/// built — an option the rule does not take is a `TypeError`, a value it cannot use a
+/// `ValueError`.
 pub(crate) fn rule(
     kind: &str,
     name: Option<&str>,
     lr: f64,
     options: Option<&Bound<'_, PyDict>>,
 ) -> PyResult<Box<dyn Optimizer>> {
-    let allowed: &[&str] = match kind {
-        "sgd" => &["momentum", "dampening", "nesterov", "weight_decay"],
-        "adam" => &["betas", "eps", "weight_decay", "decoupled"],
-        other => return Err(PyTypeError::new_err(format!("unknown optimizer `{other}`"))),
-    };
-    let mut given: Vec<(String, Bound<'_, PyAny>)> = Vec::new();
+    let mut o = OptimizerOptions::of_kind(kind).map_err(optimizer_error)?;
     for (key, value) in options.into_iter().flat_map(|d| d.iter()) {
         let key: String = key.extract()?;
-        if !allowed.contains(&key.as_str()) {
-            return Err(PyTypeError::new_err(format!(
-                "{kind} takes no option `{key}` (it takes {})",
-                allowed.join(", ")
-            )));
-        }
-        given.push((key, value));
+        let value = if value.is_instance_of::<pyo3::types::PyBool>() {
+            OptionValue::Flag(value.extract()?)
+        } else if let Ok(x) = value.extract::<f64>() {
+            OptionValue::Number(x)
+        } else {
+            let (a, b): (f64, f64) = value.extract()?;
+            OptionValue::Pair(a, b)
+        };
+        o.set(&key, value).map_err(optimizer_error)?;
     }
-    let option = |key: &str| given.iter().find(|(k, _)| k == key).map(|(_, v)| v);
-    let number = |key: &str, default: f64| -> PyResult<f64> {
-        option(key).map_or(Ok(default), |v| v.extract())
-    };
-    let flag = |key: &str| -> PyResult<bool> { option(key).map_or(Ok(false), |v| v.extract()) };
-    let invalid = |what: String| Err(PyValueError::new_err(what));
-    let weight_decay = number("weight_decay", 0.0)?;
-    if !(lr >= 0.0 && lr.is_finite()) {
-        return invalid(format!(
-            "learning rate {lr}: it must be a finite number, 0 or more"
-        ));
+    o.build(name.unwrap_or(kind), lr).map_err(optimizer_error)
+}
+
+fn optimizer_error(e: OptimizerError) -> PyErr {
+    match e {
+        OptimizerError::Invalid(_) => PyValueError::new_err(e.to_string()),
+        _ => PyTypeError::new_err(e.to_string()),
     }
-    let at_least_zero = |v: f64| v >= 0.0; // false for NaN too
-    if !at_least_zero(weight_decay) {
-        return invalid(format!("weight_decay {weight_decay}: it must be 0 or more"));
-    }
-    let name = name.unwrap_or(kind);
-    Ok(match kind {
-        "sgd" => {
-            let (momentum, dampening) = (number("momentum", 0.0)?, number("dampening", 0.0)?);
-            let nesterov = flag("nesterov")?;
-            if !at_least_zero(momentum) {
-                return invalid(format!("momentum {momentum}: it must be 0 or more"));
-            }
-            if nesterov && (momentum <= 0.0 || dampening != 0.0) {
-                return invalid(
-                    "Nesterov momentum needs a momentum above 0 and no dampening".into(),
-                );
-            }
-            if momentum == 0.0 {
-                if dampening != 0.0 {
-                    return invalid("dampening applies to a momentum, and momentum is 0".into());
-                }
-                Box::new(Sgd::named(name, lr).with_weight_decay(weight_decay))
-            } else {
-                Box::new(
-                    Momentum::named(name, lr, momentum)
-                        .with_dampening(dampening)
-                        .with_nesterov(nesterov)
-                        .with_weight_decay(weight_decay),
-                )
-            }
-        }
-        _ => {
-            let (b1, b2): (f64, f64) = option("betas").map_or(Ok((0.9, 0.999)), |v| v.extract())?;
-            let eps = number("eps", 1e-8)?;
-            if !((0.0..1.0).contains(&b1) && (0.0..1.0).contains(&b2)) {
-                return invalid(format!("betas ({b1}, {b2}): each must be in [0, 1)"));
-            }
-            if !at_least_zero(eps) {
-                return invalid(format!("eps {eps}: it must be 0 or more"));
-            }
-            let adam = Adam::named(name, lr).with_betas(b1, b2).with_eps(eps);
-            Box::new(if flag("decoupled")? {
-                adam.with_decoupled_weight_decay(weight_decay)
-            } else {
-                adam.with_weight_decay(weight_decay)
-            })
-        }
-    })
 }
 
 /// Checks an optimizer's options as [`rule`] does, building nothing: so that Python's

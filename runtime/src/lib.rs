@@ -3,7 +3,8 @@
 //! - [`program`]: static programs — placeholders, parameters, ops, targets.
 //! - [`composite`]: softmax, losses, normalisation, activations — written once over the
 //!   builder, used by static layers and eager code alike.
-//! - [`layers`], [`init`], [`optim`]: layers, initializers and optimizers for them;
+//! - [`layers`], [`init`], [`optim`]: layers, initializers and optimizers for them
+//!   ([`optimizer_options`]: optimizers by PyTorch's option names, checked);
 //!   [`layer_kind`]: the one table of layer kinds every front end dispatches on.
 //! - [`session`]: runs any part of a program with feeds and fetches, over one [`scope`];
 //!   [`custom_ops`]: the registry of user ops its runs and eager code call.
@@ -31,6 +32,7 @@ pub mod layer_kind;
 pub mod layers;
 pub mod npy;
 pub mod optim;
+pub mod optimizer_options;
 pub mod program;
 pub mod scope;
 pub mod session;
@@ -39,6 +41,7 @@ pub use error::{RuntimeError, RuntimeResult};
 pub use init::Init;
 pub use layer_kind::{LayerForm, LayerKind, LayerKindError};
 pub use optim::{Adam, LearningRate, Momentum, Optimizer, Sgd};
+pub use optimizer_options::{OptimizerError, OptimizerOptions, OptionValue};
 pub use program::{Param, Program, Target};
 pub use scope::Scope;
 pub use session::{Backend, Feed, Fetch, KerasFunction, Runner, Session};
