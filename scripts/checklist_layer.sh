@@ -8,7 +8,7 @@
 # caller, or a caller names a kind the table lacks.
 #
 # usage: PYO3_PYTHON=<a venv's python> scripts/checklist_layer.sh
-#        (a copy in target/checklist-layer; about 2 minutes once `python/target` holds a build)
+#        (a copy in target/checklist-layer; about a minute, once `python/target` holds a build)
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 WS="$ROOT/target/checklist-layer/ws"
@@ -17,37 +17,10 @@ WS="$ROOT/target/checklist-layer/ws"
 # originals and reuse every dependency already checked there.
 export CARGO_TARGET_DIR="$ROOT/python/target"
 
-rm -rf "$WS" && mkdir -p "$WS"
-(cd "$ROOT" && git ls-files -z -- Cargo.toml Cargo.lock ir backend passes runtime onnx src benches examples tests data python \
-  | xargs -0 cp --parents -t "$WS")
-cd "$WS"
-
-# Inserts `text` after `anchor` (which must occur once) in `file`.
-patch() {
-  python3 - "$@" <<'EOF'
-import sys
-file, anchor, text = sys.argv[1:4]
-s = open(file).read()
-if s.count(anchor) != 1:
-    sys.exit(f"checklist: the anchor in {file} is gone or not unique: {anchor!r}")
-open(file, "w").write(s.replace(anchor, anchor + text))
-EOF
-}
-
-# Checks the bindings; the files the errors are in must be exactly the expected ones (none: it
-# builds).
-expect_errors() {
-  local got
-  got=$(cargo check --offline --manifest-path python/Cargo.toml --message-format short 2>&1 \
-    | grep -oE '^[a-z_/]+\.rs:[0-9]+:[0-9]+: error' | cut -d: -f1 | sort -u | tr '\n' ' ' || true)
-  local want=""
-  [ $# -gt 0 ] && want=$(printf '%s\n' "$@" | sort -u | tr '\n' ' ')
-  if [ "$got" != "$want" ]; then
-    echo "checklist: after '$STEP' the compiler named [${got}], the checklist [${want}]"
-    exit 1
-  fi
-  echo "checklist: after '$STEP' the compiler names [${got}]"
-}
+# shellcheck source=checklist_lib.sh
+source "$ROOT/scripts/checklist_lib.sh"
+CHECK=(cargo check --offline --manifest-path python/Cargo.toml)
+copy_workspace Cargo.toml Cargo.lock ir backend passes runtime onnx src benches examples tests data python
 
 STEP="2. the row in the layer table"
 patch runtime/src/layer_kind.rs '    Gelu = "gelu": [Functional];' '

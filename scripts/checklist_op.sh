@@ -14,37 +14,10 @@ WS="$ROOT/target/checklist/ws"
 # differ, so do their hashes) and reuse every dependency the tests have built.
 export CARGO_TARGET_DIR="$ROOT/target"
 
-rm -rf "$WS" && mkdir -p "$WS"
-(cd "$ROOT" && git ls-files -z -- Cargo.toml Cargo.lock ir backend passes runtime onnx src benches examples tests data \
-  | xargs -0 cp --parents -t "$WS")
-cd "$WS"
-
-# Inserts `text` after `anchor` (which must occur once) in `file`.
-patch() {
-  python3 - "$@" <<'EOF'
-import sys
-file, anchor, text = sys.argv[1:4]
-s = open(file).read()
-if s.count(anchor) != 1:
-    sys.exit(f"checklist: the anchor in {file} is gone or not unique: {anchor!r}")
-open(file, "w").write(s.replace(anchor, anchor + text))
-EOF
-}
-
-# Builds the backend and the passes with their tests; the files the errors are in must be
-# exactly the expected ones (none: it builds).
-expect_errors() {
-  local got
-  got=$(cargo test --offline -p kiln-backend -p kiln-passes --no-run --message-format short 2>&1 \
-    | grep -oE '^[a-z_/]+\.rs:[0-9]+:[0-9]+: error' | cut -d: -f1 | sort -u | tr '\n' ' ' || true)
-  local want=""
-  [ $# -gt 0 ] && want=$(printf '%s\n' "$@" | sort -u | tr '\n' ' ')
-  if [ "$got" != "$want" ]; then
-    echo "checklist: after '$STEP' the compiler named [${got}], the checklist [${want}]"
-    exit 1
-  fi
-  echo "checklist: after '$STEP' the compiler names [${got}]"
-}
+# shellcheck source=checklist_lib.sh
+source "$ROOT/scripts/checklist_lib.sh"
+CHECK=(cargo test --offline -p kiln-backend -p kiln-passes --no-run)
+copy_workspace Cargo.toml Cargo.lock ir backend passes runtime onnx src benches examples tests data
 
 STEP="1. the row in the table"
 patch ir/src/op.rs '                Neg = "neg", neg, Numeric, Cheap, F32x4, None;' '
