@@ -1,13 +1,15 @@
-"""Kiln against onnxruntime on three of the onnx wheel's zoo models (data/light): the time to
-load (Kiln: import + compile; onnxruntime: session creation with its graph optimisations)
-and the inference latency at batch 1 and 32, alternating the two runtimes in one process.
+"""Kiln against onnxruntime on ONNX models: the time to load (Kiln: import + compile;
+onnxruntime: session creation with its graph optimisations) and the inference latency at
+batch 1 and a larger batch, alternating the two runtimes in one process.
 
-Batch 32 comes from the same model with its input's first dimension set to 32 and a reshape's
-leading 1 (the batch the model was exported with) set to -1, for both runtimes.
+MODELS_DIR is the onnx wheel's zoo (three of its models, data/light, at batch 1 and 32;
+written by scripts/onnx_node_tests.py) or any folder of NAME/model.onnx, such as
+scripts/torchvision_export.py's (every model in it, at batch 1 and 8). A batch comes from the
+same model with its input's first dimension set and a reshape's leading 1 (the batch the
+model was exported with) set to -1, for both runtimes.
 
-usage: python scripts/onnx_bench.py [MODELS_DIR]     (default target/onnx-models, written by
-       scripts/onnx_node_tests.py); needs kiln (pip install ./python) and
-       scripts/onnx-requirements.txt
+usage: python scripts/onnx_bench.py [MODELS_DIR] [NAME ...]   (default target/onnx-models);
+       needs kiln (pip install ./python) and scripts/onnx-requirements.txt
 """
 
 import os
@@ -53,9 +55,9 @@ def timed(f, runs):
     return statistics.median(times)
 
 
-def bench(name, models_dir):
+def bench(name, models_dir, batches):
     rows = []
-    for batch, runs in ((1, 20), (32, 5)):
+    for batch, runs in batches:
         path, info = with_batch(os.path.join(models_dir, name, "model.onnx"), batch)
         shape = [d.dim_value for d in info.type.tensor_type.shape.dim]
         x = np.random.default_rng(0).random(shape, dtype=np.float32)
@@ -80,13 +82,29 @@ def bench(name, models_dir):
     return rows
 
 
+def cpu_model():
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        return "unknown CPU"
+
+
 def main():
     models_dir = sys.argv[1] if len(sys.argv) > 1 else "target/onnx-models"
-    print(f"onnxruntime {ort.__version__}, onnx {onnx.__version__}, {os.cpu_count()} cores")
+    names = sys.argv[2:]
+    zoo = all(os.path.exists(os.path.join(models_dir, m, "model.onnx")) for m in MODELS)
+    if not names:
+        names = MODELS if zoo else sorted(
+            m for m in os.listdir(models_dir)
+            if os.path.exists(os.path.join(models_dir, m, "model.onnx")))
+    batches = ((1, 20), (32, 5)) if zoo else ((1, 20), (8, 5))
+    print(f"onnxruntime {ort.__version__}, onnx {onnx.__version__}, {os.cpu_count()} cores, "
+          f"{cpu_model()}")
     print("| model | batch | load Kiln | load onnxruntime | latency Kiln | latency onnxruntime | ratio | outputs agree |")
     print("|---|---|---|---|---|---|---|---|")
-    for name in MODELS:
-        for name, batch, kl, ol, k, o, agree in bench(name, models_dir):
+    for name in names:
+        for name, batch, kl, ol, k, o, agree in bench(name, models_dir, batches):
             print(f"| {name} | {batch} | {kl * 1e3:.0f} ms | {ol * 1e3:.0f} ms | {k * 1e3:.2f} ms "
                   f"| {o * 1e3:.2f} ms | {o / k:.2f}x | {'yes' if agree else 'NO'} |", flush=True)
 

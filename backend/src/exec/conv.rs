@@ -18,6 +18,7 @@
 //! interpreter's direct loops are the oracle these are tested against
 //! (`runtime/tests/op_info.rs`, and the chunking test below).
 
+use super::depthwise;
 use super::matmul::{PARALLEL_FLOPS, Product, Scale};
 use crate::Array;
 use crate::interp::kernels::transpose_matrix;
@@ -64,6 +65,9 @@ pub(crate) fn scratch(
     elem_bytes: usize,
 ) -> Result<(u128, [u128; 2]), String> {
     let d = dims(kind, attrs.groups, attrs.channels_last, shapes)?;
+    if depthwise::suits(kind, attrs, &d) {
+        return Ok((0, [0, 0])); // computed in place, with no patch matrix
+    }
     if d.image() >= PADDING as usize {
         return Err(format!(
             "one sample's channel group has {} elements, more than the compiled \
@@ -120,7 +124,9 @@ pub(crate) fn conv2d(
 }
 
 /// The element types convolutions run in, each with its thread's scratch buffers.
-trait Elem: Copy + Zero + One + std::ops::AddAssign + Send + Sync + 'static {
+trait Elem:
+    num_traits::Float + Copy + Zero + One + std::ops::AddAssign + Send + Sync + 'static
+{
     fn with_scratch<R>(f: impl FnOnce(&mut Scratch<Self>) -> R) -> R;
 }
 
@@ -214,6 +220,10 @@ fn typed<T: Elem>(call: Call<'_, T>, out: &mut ArrayD<T>, written: Option<Writte
             after(written, 0..d.n, out);
         }
         return;
+    }
+    if depthwise::suits(kind, attrs, &d) {
+        let threads = threads && d.n * d.o * d.p() * d.taps() >= PARALLEL_FLOPS;
+        return depthwise::forward(&d, attrs, [a, b], out, threads, written);
     }
     let (per_chunk, across) = chunking(&d, budget, threads);
     let threads = threads && !across;

@@ -10,6 +10,7 @@
 
 mod control;
 mod conv;
+mod depthwise;
 #[cfg(feature = "fault-injection")]
 pub mod fault;
 mod inspect;

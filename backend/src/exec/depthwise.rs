@@ -1,0 +1,360 @@
+//! Depthwise convolutions — each group one input channel, as in MobileNet, EfficientNet and
+//! ConvNeXt — computed directly, plane by plane, with no patch matrix.
+//!
+//! Through im2col such a convolution is one product per channel of a single output row
+//! (`[1, K]·[K, P]`, K the 9 or 49 taps): gemm's packing and dispatch cost more than its few
+//! flops, and the patch matrix is `K` times the input. Here each output row is a sum of `K`
+//! shifted input rows scaled by one weight each, accumulated in a row that stays in L1; at
+//! unit stride the sums are contiguous and vectorise at the CPU's width (the same loops
+//! compiled for AVX-512 or AVX2 with FMA, chosen at run time as `KILN_VECTOR_MATH` allows,
+//! and a portable build below them). Each output element sums its taps in the interpreter's
+//! order (rows of the window, then columns), so results differ from the oracle only where a
+//! fused multiply-add rounds once instead of twice.
+//!
+//! Channels split over the team's threads; the epilogue runs on each sample as it is
+//! finished. Gradients and channels-last activations take the patch-matrix path.
+
+use super::conv::Written;
+use crate::interp::window::ConvDims;
+use crate::jit::tile_program::{Isa, isa};
+use crate::team::for_each_chunk;
+use kiln_ir::{Conv2dAttrs, ConvKind};
+use num_traits::Float;
+
+/// Whether `conv2d` of `kind` runs here: a forward convolution of NCHW activations whose
+/// groups each read one input channel (any channel multiplier, window, stride, dilation and
+/// padding).
+pub(super) fn suits(kind: ConvKind, attrs: &Conv2dAttrs, d: &ConvDims) -> bool {
+    matches!(kind, ConvKind::Forward) && !attrs.channels_last && d.groups > 1 && d.cg() == 1
+}
+
+/// Output elements a thread's share of a sample should have at least, so that splitting a
+/// small layer over the team costs less than it saves.
+const ELEMENTS_PER_TASK: usize = 4096;
+
+/// The depthwise convolution of NCHW `x` with OIHW weights `w` into `out` ([`suits`]),
+/// splitting each sample's channels over the threads when `threads`, and calling `written`
+/// on each sample once it is whole.
+pub(super) fn forward<T: Float + Send + Sync>(
+    d: &ConvDims,
+    attrs: &Conv2dAttrs,
+    [x, w]: [&[T]; 2],
+    out: &mut [T],
+    threads: bool,
+    written: Option<Written>,
+) {
+    let geometry = Geometry::new(d, attrs);
+    let plane = d.oh * d.ow;
+    let per_sample = d.o * plane;
+    let planes_per_task = match threads && crate::team::width() > 1 {
+        true => ELEMENTS_PER_TASK.div_ceil(plane.max(1)).max(1),
+        false => d.o.max(1),
+    };
+    for (n, sample) in out.chunks_mut(per_sample).enumerate() {
+        let input = &x[n * d.c * d.h * d.w..][..d.c * d.h * d.w];
+        for_each_chunk(sample, planes_per_task * plane, threads, |task, planes| {
+            let first = task * planes_per_task;
+            for (i, out_plane) in planes.chunks_mut(plane).enumerate() {
+                let o = first + i;
+                let c = o / d.og();
+                let in_plane = &input[c * d.h * d.w..][..d.h * d.w];
+                let taps = &w[o * d.kh * d.kw..][..d.kh * d.kw];
+                depthwise_plane(&geometry, in_plane, taps, out_plane);
+            }
+        });
+        if let Some(written) = written {
+            written(n..n + 1, sample.as_mut_ptr().cast());
+        }
+    }
+}
+
+/// One plane's sizes and its window's placement.
+pub(super) struct Geometry {
+    h: usize,
+    w: usize,
+    kh: usize,
+    kw: usize,
+    oh: usize,
+    ow: usize,
+    strides: [usize; 2],
+    dilation: [usize; 2],
+    /// Padding before the rows and before the columns.
+    before: [usize; 2],
+}
+
+impl Geometry {
+    fn new(d: &ConvDims, attrs: &Conv2dAttrs) -> Geometry {
+        Geometry {
+            h: d.h,
+            w: d.w,
+            kh: d.kh,
+            kw: d.kw,
+            oh: d.oh,
+            ow: d.ow,
+            strides: attrs.strides,
+            dilation: attrs.dilation,
+            before: [attrs.padding[0].0, attrs.padding[1].0],
+        }
+    }
+
+    /// The outputs `lo..hi` along `axis` whose tap `k` falls inside the input (`size` long),
+    /// and the input position the first of them reads.
+    fn span(&self, axis: usize, k: usize, size: usize, outputs: usize) -> (usize, usize, usize) {
+        let (stride, offset) = (self.strides[axis], k * self.dilation[axis]);
+        let before = self.before[axis];
+        // Output `o` reads input `o·stride + offset − before`, inside `0..size`.
+        let lo = before.saturating_sub(offset).div_ceil(stride);
+        let hi = match (size + before).checked_sub(offset + 1) {
+            Some(last) => (last / stride + 1).min(outputs),
+            None => 0,
+        };
+        let lo = lo.min(hi);
+        (lo, hi, (lo * stride + offset).saturating_sub(before))
+    }
+}
+
+/// Writes one output plane: the convolution of `input` (one channel) with `taps`, by the
+/// loops of [`plane`] compiled for the widest instruction set this CPU has (and
+/// `KILN_VECTOR_MATH` allows), with fused multiply-adds where it has them.
+pub(super) fn depthwise_plane<T: Float + Send + Sync>(
+    g: &Geometry,
+    input: &[T],
+    taps: &[T],
+    out: &mut [T],
+) {
+    #[cfg(target_arch = "x86_64")]
+    match isa() {
+        // SAFETY: `isa` reports only what the CPU has.
+        Isa::Avx512 => return unsafe { plane_avx512(g, input, taps, out) },
+        // SAFETY: as above.
+        Isa::Avx2 => return unsafe { plane_avx2(g, input, taps, out) },
+        Isa::Off => {}
+    }
+    plane(g, input, taps, out, |w, x, acc| acc + w * x)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,fma")]
+unsafe fn plane_avx512<T: Float + Send + Sync>(
+    g: &Geometry,
+    input: &[T],
+    taps: &[T],
+    out: &mut [T],
+) {
+    plane(g, input, taps, out, T::mul_add)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn plane_avx2<T: Float + Send + Sync>(g: &Geometry, input: &[T], taps: &[T], out: &mut [T]) {
+    plane(g, input, taps, out, T::mul_add)
+}
+
+/// One output plane, row by row: each row starts at zero and gains each tap's weight times
+/// the input row the tap reads, over the outputs whose tap is inside the input (the rest
+/// read padding, zero).
+#[inline(always)]
+fn plane<T: Float>(
+    g: &Geometry,
+    input: &[T],
+    taps: &[T],
+    out: &mut [T],
+    mul_add: impl Fn(T, T, T) -> T + Copy,
+) {
+    let sw = g.strides[1];
+    for (oh, row) in out.chunks_exact_mut(g.ow).enumerate() {
+        row.fill(T::zero());
+        for kh in 0..g.kh {
+            let (rows_lo, rows_hi, ih) = g.span(0, kh, g.h, g.oh);
+            if !(rows_lo..rows_hi).contains(&oh) {
+                continue;
+            }
+            let ih = ih + (oh - rows_lo) * g.strides[0];
+            let in_row = &input[ih * g.w..][..g.w];
+            for kw in 0..g.kw {
+                let (lo, hi, iw) = g.span(1, kw, g.w, g.ow);
+                let weight = taps[kh * g.kw + kw];
+                let outs = &mut row[lo..hi];
+                if sw == 1 {
+                    for (acc, &x) in outs.iter_mut().zip(&in_row[iw..]) {
+                        *acc = mul_add(weight, x, *acc);
+                    }
+                } else {
+                    for (acc, &x) in outs.iter_mut().zip(in_row[iw..].iter().step_by(sw)) {
+                        *acc = mul_add(weight, x, *acc);
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{Array, Interpreter};
+    use kiln_ir::{Module, Op};
+    use ndarray::{ArrayD, IxDyn};
+
+    /// Values whose products and sums are exact in f64 (and in f32 at these sizes).
+    fn ramp(shape: &[usize], scale: f64) -> ArrayD<f64> {
+        let n = shape.iter().product::<usize>();
+        let values = (0..n).map(|i| ((i * 37 % 11) as f64 - 5.0) * scale);
+        ArrayD::from_shape_vec(IxDyn(shape), values.collect()).expect("the shape's size")
+    }
+
+    /// The interpreter's convolution (the oracle), and the shape of its result.
+    fn oracle(attrs: &Conv2dAttrs, x: &ArrayD<f64>, w: &ArrayD<f64>) -> ArrayD<f64> {
+        let (xs, ws) = (x.shape(), w.shape());
+        let out = [
+            xs[0],
+            ws[0],
+            attrs.output_size(0, xs[2], ws[2]).expect("fits"),
+            attrs.output_size(1, xs[3], ws[3]).expect("fits"),
+        ];
+        let op = Op::Conv2d {
+            kind: ConvKind::Forward,
+            attrs: *attrs,
+        };
+        let module = Module::new();
+        let args = [Array::F64(x.clone()), Array::F64(w.clone())];
+        let result = Interpreter::new(&module).eval_op(&op, &[&args[0], &args[1]], &[out.to_vec()]);
+        match result.expect("the interpreter runs it").remove(0) {
+            Array::F64(y) => y,
+            other => panic!("f64 expected, found {}", other.ty()),
+        }
+    }
+
+    /// Runs [`forward`] on `x` and `w`, with threads or without.
+    fn direct(
+        attrs: &Conv2dAttrs,
+        x: &ArrayD<f64>,
+        w: &ArrayD<f64>,
+        shape: &[usize],
+        threads: bool,
+    ) -> ArrayD<f64> {
+        let d = ConvDims::of(x.shape(), w.shape(), shape, attrs.groups).expect("shapes");
+        assert!(suits(ConvKind::Forward, attrs, &d));
+        let mut out = ArrayD::from_elem(IxDyn(shape), f64::NAN);
+        let slices = [
+            x.as_slice().expect("standard"),
+            w.as_slice().expect("standard"),
+        ];
+        forward(
+            &d,
+            attrs,
+            slices,
+            out.as_slice_mut().expect("standard"),
+            threads,
+            None,
+        );
+        out
+    }
+
+    /// Every window, stride, dilation, padding (uneven, and wider than the window) and
+    /// channel multiplier gives the interpreter's result exactly, with and without threads.
+    #[test]
+    fn depthwise_convolutions_match_the_interpreter() {
+        let mut cases = 0;
+        for (kernel, strides, dilation, padding) in [
+            ([3, 3], [1, 1], [1, 1], [(1, 1), (1, 1)]),
+            ([3, 3], [2, 2], [1, 1], [(0, 1), (1, 0)]),
+            ([5, 5], [1, 2], [1, 1], [(2, 2), (2, 2)]),
+            ([7, 7], [1, 1], [1, 1], [(3, 3), (3, 3)]),
+            ([3, 3], [1, 1], [2, 2], [(2, 2), (2, 2)]),
+            ([3, 1], [2, 1], [1, 1], [(0, 0), (0, 0)]),
+            ([3, 3], [1, 1], [1, 1], [(4, 0), (0, 5)]),
+            ([5, 5], [3, 3], [2, 1], [(1, 3), (2, 2)]),
+        ] {
+            for (channels, multiplier, batch, size) in
+                [(4, 1, 2, [9, 11]), (3, 2, 1, [6, 4]), (32, 1, 1, [12, 12])]
+            {
+                let attrs = Conv2dAttrs {
+                    strides,
+                    padding,
+                    dilation,
+                    groups: channels,
+                    channels_last: false,
+                };
+                let x = ramp(&[batch, channels, size[0], size[1]], 0.5);
+                let w = ramp(&[channels * multiplier, 1, kernel[0], kernel[1]], 0.25);
+                let Some(_) = attrs.output_size(0, size[0], kernel[0]) else {
+                    continue;
+                };
+                let Some(_) = attrs.output_size(1, size[1], kernel[1]) else {
+                    continue;
+                };
+                let expected = oracle(&attrs, &x, &w);
+                for threads in [false, true] {
+                    let got = direct(&attrs, &x, &w, expected.shape(), threads);
+                    assert_eq!(
+                        got, expected,
+                        "{kernel:?} {strides:?} {dilation:?} {padding:?}, {channels}×{multiplier}, threads {threads}"
+                    );
+                }
+                cases += 1;
+            }
+        }
+        assert!(cases >= 20, "{cases} cases ran");
+    }
+
+    /// In f32, at each instruction-set level this CPU has, within rounding of the
+    /// interpreter's f64 sums.
+    #[test]
+    fn f32_depthwise_is_within_rounding_at_each_level() {
+        let attrs = Conv2dAttrs {
+            strides: [1, 1],
+            padding: [(1, 1), (1, 1)],
+            dilation: [1, 1],
+            groups: 1,
+            channels_last: false,
+        };
+        let x = ArrayD::from_shape_fn(IxDyn(&[1, 1, 13, 37]), |i| {
+            ((i[2] * 3 + i[3]) as f64 * 0.37).sin()
+        });
+        let w = ArrayD::from_shape_fn(IxDyn(&[1, 1, 3, 3]), |i| {
+            ((i[2] * 3 + i[3]) as f64 * 0.71).cos()
+        });
+        let expected = oracle(&attrs, &x, &w);
+        let (x32, w32) = (x.mapv(|v| v as f32), w.mapv(|v| v as f32));
+        let d = ConvDims::of(x.shape(), w.shape(), expected.shape(), 1).expect("shapes");
+        let g = Geometry::new(&d, &attrs);
+        let (x32, w32) = (
+            x32.as_slice().expect("standard"),
+            w32.as_slice().expect("standard"),
+        );
+        type Level<'a> = Box<dyn Fn(&mut [f32]) + 'a>;
+        let mut levels: Vec<(&str, Level)> = vec![(
+            "portable",
+            Box::new(|out| plane(&g, x32, w32, out, |w, x, acc| acc + w * x)),
+        )];
+        #[cfg(target_arch = "x86_64")]
+        {
+            if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
+                // SAFETY: the CPU has AVX2 and FMA.
+                levels.push((
+                    "avx2",
+                    Box::new(|out| unsafe { plane_avx2(&g, x32, w32, out) }),
+                ));
+            }
+            if is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("fma") {
+                // SAFETY: the CPU has AVX-512 and FMA.
+                levels.push((
+                    "avx512",
+                    Box::new(|out| unsafe { plane_avx512(&g, x32, w32, out) }),
+                ));
+            }
+        }
+        for (level, run) in levels {
+            let mut out = vec![f32::NAN; expected.len()];
+            run(&mut out);
+            for (got, want) in out.iter().zip(expected.iter()) {
+                let error = (f64::from(*got) - want).abs();
+                assert!(
+                    error <= 1e-5 * (1.0 + want.abs()),
+                    "{level}: {got} against {want}"
+                );
+            }
+        }
+    }
+}
