@@ -24,6 +24,7 @@ import onnxruntime as ort
 from onnx import numpy_helper
 
 import kiln
+from compare_table import machine
 
 MODELS = ["squeezenet", "resnet50", "densenet121"]
 
@@ -82,14 +83,6 @@ def bench(name, models_dir, batches):
     return rows
 
 
-def cpu_model():
-    try:
-        with open("/proc/cpuinfo") as f:
-            return next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
-    except (OSError, StopIteration):
-        return "unknown CPU"
-
-
 def main():
     models_dir = sys.argv[1] if len(sys.argv) > 1 else "target/onnx-models"
     names = sys.argv[2:]
@@ -99,8 +92,7 @@ def main():
             m for m in os.listdir(models_dir)
             if os.path.exists(os.path.join(models_dir, m, "model.onnx")))
     batches = ((1, 20), (32, 5)) if zoo else ((1, 20), (8, 5))
-    print(f"onnxruntime {ort.__version__}, onnx {onnx.__version__}, {os.cpu_count()} cores, "
-          f"{cpu_model()}")
+    print(f"onnxruntime {ort.__version__}, onnx {onnx.__version__}; {machine()}")
     print("| model | batch | load Kiln | load onnxruntime | latency Kiln | latency onnxruntime | ratio | outputs agree |")
     print("|---|---|---|---|---|---|---|---|")
     for name in names:

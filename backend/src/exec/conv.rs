@@ -124,9 +124,7 @@ pub(crate) fn conv2d(
 }
 
 /// The element types convolutions run in, each with its thread's scratch buffers.
-trait Elem:
-    num_traits::Float + Copy + Zero + One + std::ops::AddAssign + Send + Sync + 'static
-{
+trait Elem: num_traits::Float + std::ops::AddAssign + Send + Sync + 'static {
     fn with_scratch<R>(f: impl FnOnce(&mut Scratch<Self>) -> R) -> R;
 }
 

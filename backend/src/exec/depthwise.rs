@@ -68,63 +68,70 @@ pub(super) fn forward<T: Float + Send + Sync>(
     }
 }
 
-/// One plane's sizes and its window's placement.
+/// One plane's sizes and its window's placement, with each window column's output span.
 pub(super) struct Geometry {
     h: usize,
     w: usize,
     kh: usize,
-    kw: usize,
-    oh: usize,
     ow: usize,
-    strides: [usize; 2],
-    dilation: [usize; 2],
-    /// Padding before the rows and before the columns.
-    before: [usize; 2],
+    row_stride: usize,
+    row_dilation: usize,
+    rows_before: usize,
+    column_stride: usize,
+    /// Per window column: the outputs `lo..hi` whose tap falls inside the input row, and the
+    /// input column the first of them reads (the same for every row, so found once).
+    columns: Vec<(usize, usize, usize)>,
 }
 
 impl Geometry {
     fn new(d: &ConvDims, attrs: &Conv2dAttrs) -> Geometry {
+        let [stride, dilation, before] = [attrs.strides[1], attrs.dilation[1], attrs.padding[1].0];
+        let columns = (0..d.kw)
+            .map(|k| {
+                // Output `o` reads input `o·stride + offset − before`, inside `0..d.w`.
+                let offset = k * dilation;
+                let lo = before.saturating_sub(offset).div_ceil(stride);
+                let hi = match (d.w + before).checked_sub(offset + 1) {
+                    Some(last) => (last / stride + 1).min(d.ow),
+                    None => 0,
+                };
+                let lo = lo.min(hi);
+                (lo, hi, (lo * stride + offset).saturating_sub(before))
+            })
+            .collect();
         Geometry {
             h: d.h,
             w: d.w,
             kh: d.kh,
-            kw: d.kw,
-            oh: d.oh,
             ow: d.ow,
-            strides: attrs.strides,
-            dilation: attrs.dilation,
-            before: [attrs.padding[0].0, attrs.padding[1].0],
+            row_stride: attrs.strides[0],
+            row_dilation: attrs.dilation[0],
+            rows_before: attrs.padding[0].0,
+            column_stride: stride,
+            columns,
         }
     }
 
-    /// The outputs `lo..hi` along `axis` whose tap `k` falls inside the input (`size` long),
-    /// and the input position the first of them reads.
-    fn span(&self, axis: usize, k: usize, size: usize, outputs: usize) -> (usize, usize, usize) {
-        let (stride, offset) = (self.strides[axis], k * self.dilation[axis]);
-        let before = self.before[axis];
-        // Output `o` reads input `o·stride + offset − before`, inside `0..size`.
-        let lo = before.saturating_sub(offset).div_ceil(stride);
-        let hi = match (size + before).checked_sub(offset + 1) {
-            Some(last) => (last / stride + 1).min(outputs),
-            None => 0,
-        };
-        let lo = lo.min(hi);
-        (lo, hi, (lo * stride + offset).saturating_sub(before))
+    /// The input row output row `oh` reads at window row `kh`, if it is inside the input.
+    fn input_row(&self, oh: usize, kh: usize) -> Option<usize> {
+        let row = (oh * self.row_stride + kh * self.row_dilation).checked_sub(self.rows_before)?;
+        (row < self.h).then_some(row)
     }
 }
 
 /// Writes one output plane: the convolution of `input` (one channel) with `taps`, by the
 /// loops of [`plane`] compiled for the widest instruction set this CPU has (and
 /// `KILN_VECTOR_MATH` allows), with fused multiply-adds where it has them.
-pub(super) fn depthwise_plane<T: Float + Send + Sync>(
-    g: &Geometry,
-    input: &[T],
-    taps: &[T],
-    out: &mut [T],
-) {
+fn depthwise_plane<T: Float>(g: &Geometry, input: &[T], taps: &[T], out: &mut [T]) {
+    plane_at(isa(), g, input, taps, out)
+}
+
+/// [`plane`] compiled for `level`, which the CPU must have ([`Isa::supported`]).
+fn plane_at<T: Float>(level: Isa, g: &Geometry, input: &[T], taps: &[T], out: &mut [T]) {
+    debug_assert!(level.supported());
     #[cfg(target_arch = "x86_64")]
-    match isa() {
-        // SAFETY: `isa` reports only what the CPU has.
+    match level {
+        // SAFETY: the caller's level is one the CPU has.
         Isa::Avx512 => return unsafe { plane_avx512(g, input, taps, out) },
         // SAFETY: as above.
         Isa::Avx2 => return unsafe { plane_avx2(g, input, taps, out) },
@@ -135,18 +142,13 @@ pub(super) fn depthwise_plane<T: Float + Send + Sync>(
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,fma")]
-unsafe fn plane_avx512<T: Float + Send + Sync>(
-    g: &Geometry,
-    input: &[T],
-    taps: &[T],
-    out: &mut [T],
-) {
+unsafe fn plane_avx512<T: Float>(g: &Geometry, input: &[T], taps: &[T], out: &mut [T]) {
     plane(g, input, taps, out, T::mul_add)
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn plane_avx2<T: Float + Send + Sync>(g: &Geometry, input: &[T], taps: &[T], out: &mut [T]) {
+unsafe fn plane_avx2<T: Float>(g: &Geometry, input: &[T], taps: &[T], out: &mut [T]) {
     plane(g, input, taps, out, T::mul_add)
 }
 
@@ -161,26 +163,23 @@ fn plane<T: Float>(
     out: &mut [T],
     mul_add: impl Fn(T, T, T) -> T + Copy,
 ) {
-    let sw = g.strides[1];
+    let stride = g.column_stride;
     for (oh, row) in out.chunks_exact_mut(g.ow).enumerate() {
         row.fill(T::zero());
         for kh in 0..g.kh {
-            let (rows_lo, rows_hi, ih) = g.span(0, kh, g.h, g.oh);
-            if !(rows_lo..rows_hi).contains(&oh) {
+            let Some(ih) = g.input_row(oh, kh) else {
                 continue;
-            }
-            let ih = ih + (oh - rows_lo) * g.strides[0];
+            };
             let in_row = &input[ih * g.w..][..g.w];
-            for kw in 0..g.kw {
-                let (lo, hi, iw) = g.span(1, kw, g.w, g.ow);
-                let weight = taps[kh * g.kw + kw];
+            let weights = &taps[kh * g.columns.len()..][..g.columns.len()];
+            for (&weight, &(lo, hi, iw)) in weights.iter().zip(&g.columns) {
                 let outs = &mut row[lo..hi];
-                if sw == 1 {
+                if stride == 1 {
                     for (acc, &x) in outs.iter_mut().zip(&in_row[iw..]) {
                         *acc = mul_add(weight, x, *acc);
                     }
                 } else {
-                    for (acc, &x) in outs.iter_mut().zip(in_row[iw..].iter().step_by(sw)) {
+                    for (acc, &x) in outs.iter_mut().zip(in_row[iw..].iter().step_by(stride)) {
                         *acc = mul_add(weight, x, *acc);
                     }
                 }
@@ -323,36 +322,15 @@ mod tests {
             x32.as_slice().expect("standard"),
             w32.as_slice().expect("standard"),
         );
-        type Level<'a> = Box<dyn Fn(&mut [f32]) + 'a>;
-        let mut levels: Vec<(&str, Level)> = vec![(
-            "portable",
-            Box::new(|out| plane(&g, x32, w32, out, |w, x, acc| acc + w * x)),
-        )];
-        #[cfg(target_arch = "x86_64")]
-        {
-            if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
-                // SAFETY: the CPU has AVX2 and FMA.
-                levels.push((
-                    "avx2",
-                    Box::new(|out| unsafe { plane_avx2(&g, x32, w32, out) }),
-                ));
-            }
-            if is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("fma") {
-                // SAFETY: the CPU has AVX-512 and FMA.
-                levels.push((
-                    "avx512",
-                    Box::new(|out| unsafe { plane_avx512(&g, x32, w32, out) }),
-                ));
-            }
-        }
-        for (level, run) in levels {
+        for level in Isa::ALL.into_iter().filter(|l| l.supported()) {
             let mut out = vec![f32::NAN; expected.len()];
-            run(&mut out);
+            plane_at(level, &g, x32, w32, &mut out);
             for (got, want) in out.iter().zip(expected.iter()) {
                 let error = (f64::from(*got) - want).abs();
                 assert!(
                     error <= 1e-5 * (1.0 + want.abs()),
-                    "{level}: {got} against {want}"
+                    "{}: {got} against {want}",
+                    level.name()
                 );
             }
         }
