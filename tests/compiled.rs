@@ -646,6 +646,72 @@ fn convolution_epilogues_agree() {
     assert_eq!(executable.stats().epilogues_run, 4);
 }
 
+/// A convolution's loaded weights are packed for its kernel once and kept while the state holds
+/// the same array: a second run packs nothing and gives what the interpreter gives; weights
+/// replaced in the state are packed again, and a function that stores its weights (a training
+/// step) keeps none. Without the check of the array, the third run would use the first
+/// weights.
+#[test]
+fn convolution_weights_packed_once_while_their_state_is_unchanged() {
+    let module = kiln::ir::parse_and_verify(
+        "module {
+  state @w : f32[8,4,3,3] = constant(value=0.0)
+  func @predict(%x: f32[2,4,9,9]) -> f32[2,8,9,9] {
+    %w = load @w : f32[8,4,3,3]
+    %y = conv2d %x, %w {strides=[1, 1], padding=[(1, 1), (1, 1)], dilation=[1, 1], groups=1} : f32[2,8,9,9]
+    %t = tanh %y : f32[2,8,9,9]
+    return %t
+  }
+  func @train(%x: f32[2,4,9,9]) -> f32[2,8,9,9] {
+    %w = load @w : f32[8,4,3,3]
+    %y = conv2d %x, %w {strides=[1, 1], padding=[(1, 1), (1, 1)], dilation=[1, 1], groups=1} : f32[2,8,9,9]
+    %h = const 0.5 : f32[8,4,3,3]
+    %w2 = mul %w, %h : f32[8,4,3,3]
+    store @w, %w2
+    return %y
+  }
+}",
+    )
+    .unwrap();
+    let optimised = optimised(&module);
+    let interp = Interpreter::new(&optimised);
+    let mut g = Gen::new(41);
+    let x = arguments(&module, "predict", &mut g);
+    let mut state = StateStore::default();
+    let mut weights = || arguments(&module, "predict", &mut g)[0].clone();
+    let some_weights = |x: Array| match x {
+        Array::F32(a) => Array::F32(
+            a.into_shape_with_order(vec![2 * 4 * 81])
+                .unwrap()
+                .slice_move(ndarray::s![..8 * 4 * 9])
+                .into_shape_with_order(vec![8, 4, 3, 3])
+                .unwrap(),
+        ),
+        _ => unreachable!("f32 arguments"),
+    };
+    state.insert("w", some_weights(weights()));
+    let predict = Executable::new(optimised.function("predict").unwrap());
+    let expected = |state: &StateStore| {
+        let mut s = state.clone();
+        interp.run("predict", x.clone(), &mut s).unwrap()
+    };
+    let shared: Vec<Arc<Array>> = x.iter().cloned().map(Arc::new).collect();
+    for (run, packs) in [(0, 1), (1, 1), (2, 2)] {
+        if run == 2 {
+            state.insert("w", some_weights(weights()));
+        }
+        let want = expected(&state);
+        let got = predict
+            .run(shared.clone(), &mut state, &interp, false)
+            .unwrap();
+        assert!(agree(&want[0], &got[0], 1e-5), "run {run}");
+        assert_eq!(predict.stats().weights_packed, packs, "run {run}");
+    }
+    let train = Executable::new(optimised.function("train").unwrap());
+    train.run(shared, &mut state, &interp, false).unwrap();
+    assert_eq!(train.stats().weights_packed, 0);
+}
+
 /// Convolutions and max pooling with channels-last activations (`channels_last=true`, the
 /// `channels_last` pass's layout) agree with the interpreter, which runs them as the NCHW ops
 /// on transposed operands — and give, transposed, what the NCHW ops give: padded, strided

@@ -35,6 +35,7 @@ use kiln_ir::{
 };
 use schedule::{Output, Schedule, ShapeRecipe, Step, StepKind};
 use std::borrow::Cow;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
@@ -52,6 +53,10 @@ pub struct Executable {
     /// How many of the slowest steps are printed when the executable is dropped (25 with
     /// `KILN_PROFILE=1`, all with `KILN_PROFILE=all`; none for [`Executable::with_profile`]).
     print_profile: usize,
+    /// By step: whether it is a convolution whose weights are loaded from a state the function
+    /// does not store, so that it keeps them packed between runs ([`Packed`]). A trained
+    /// weight would change each run, and holding it would stop its update in place.
+    packs_weights: Vec<bool>,
 }
 
 impl Drop for Executable {
@@ -83,6 +88,33 @@ impl Drop for Executable {
             );
         }
     }
+}
+
+/// Which steps keep their convolution's weights packed between runs
+/// ([`Executable::packs_weights`]): convolutions and input gradients whose weights are a load
+/// of a state that `func` stores nowhere.
+fn packs_weights(func: &Function, schedule: &Schedule) -> Vec<bool> {
+    let stored: HashSet<&str> = (func.walk_insts().into_iter())
+        .filter_map(|inst| match &func.inst(inst).op {
+            Op::Store { state } => Some(state.as_str()),
+            _ => None,
+        })
+        .collect();
+    let loads: HashMap<Value, &str> = (schedule.steps.iter())
+        .filter_map(|s| match &s.kind {
+            StepKind::Load { state } => Some((s.outputs[0], state.as_str())),
+            _ => None,
+        })
+        .collect();
+    let weights_of = |s: &Step| match s.kind {
+        StepKind::Conv2d { kind, .. } if !matches!(kind, ConvKind::FilterGrad { .. }) => {
+            loads.get(&s.inputs[1]).copied()
+        }
+        _ => None,
+    };
+    (schedule.steps.iter())
+        .map(|s| weights_of(s).is_some_and(|state| !stored.contains(state)))
+        .collect()
 }
 
 /// How many earlier results per result an executable keeps for reuse: a caller that keeps
@@ -123,6 +155,17 @@ struct Runtime {
     communicating: Vec<Option<crate::comm::Started>>,
     /// The convolution just run has run the next step's kernel as its epilogue.
     epilogue_ran: bool,
+    /// By step: a convolution's weights packed for its kernel, kept from an earlier run.
+    packed: Vec<Option<Packed>>,
+}
+
+/// A convolution's weights in the order its kernel reads them ([`conv::packed_weights`]), and
+/// the loaded array they were made from. Holding that array keeps it unchanged — the executor
+/// writes over a buffer only when it alone holds it — so while a later run loads the same
+/// array, the packed weights are still its own.
+struct Packed {
+    source: Arc<Array>,
+    weights: Array,
 }
 
 // SAFETY: `pointers` only holds addresses during one kernel call and is cleared after it; the
@@ -156,6 +199,7 @@ struct Counters {
     in_place: AtomicU64,
     interpreted: AtomicU64,
     epilogues_run: AtomicU64,
+    weights_packed: AtomicU64,
 }
 
 /// What an executable did so far, and how it is built.
@@ -173,6 +217,9 @@ pub struct ExecStats {
     pub interpreted: u64,
     /// Kernels run as a convolution's epilogue (on each run of samples it wrote).
     pub epilogues_run: u64,
+    /// Convolution weights put in their kernel's order and kept for later runs (once per
+    /// convolution while its loaded weights stay the same).
+    pub weights_packed: u64,
     /// Steps in the schedule.
     pub steps: usize,
     /// Steps that call a compiled kernel.
@@ -197,6 +244,7 @@ impl std::ops::AddAssign for ExecStats {
             in_place,
             interpreted,
             epilogues_run,
+            weights_packed,
             steps,
             kernels,
             slots,
@@ -209,6 +257,7 @@ impl std::ops::AddAssign for ExecStats {
         self.in_place += in_place;
         self.interpreted += interpreted;
         self.epilogues_run += epilogues_run;
+        self.weights_packed += weights_packed;
         self.steps += steps;
         self.kernels += kernels;
         self.slots += slots;
@@ -288,8 +337,10 @@ impl Executable {
                 }
             }
         }
+        let packs_weights = packs_weights(func, &schedule);
         Executable {
             func: func.clone(),
+            packs_weights,
             schedule,
             result_slots,
             runtime: Mutex::new(None),
@@ -351,6 +402,7 @@ impl Executable {
             in_place: get(&c.in_place) + sum(|r| r.in_place),
             interpreted: get(&c.interpreted) + sum(|r| r.interpreted),
             epilogues_run: get(&c.epilogues_run) + sum(|r| r.epilogues_run),
+            weights_packed: get(&c.weights_packed) + sum(|r| r.weights_packed),
             steps: self.schedule.steps.len(),
             kernels: (self.schedule.steps.iter())
                 .filter(|s| matches!(s.kind, StepKind::Kernel { .. }))
@@ -392,6 +444,7 @@ impl Executable {
         rt.communicating.clear();
         rt.communicating
             .resize_with(self.schedule.steps.len(), || None);
+        rt.packed.resize_with(self.schedule.steps.len(), || None);
         // A run that failed between a convolution and its epilogue's step left this set.
         rt.epilogue_ran = false;
         let result = self.run_in(&mut rt, args, state, interp, retain_results);
@@ -696,11 +749,14 @@ impl Executable {
                 attrs,
                 epilogue,
             } => {
-                if !(*epilogue && self.run_conv_with_epilogue(rt, index, state)) {
+                let packed = self.packed_weights(rt, index);
+                if !(*epilogue && self.run_conv_with_epilogue(rt, index, state, packed.as_ref())) {
                     self.two_operands_into_slot(rt, step, |a, b, out, threads| {
-                        conv::conv2d(*kind, attrs, [a, b], out, threads, None)
+                        let packed = packed.as_ref().map(|p| &p.weights);
+                        conv::conv2d(*kind, attrs, [a, b], packed, out, threads, None)
                     })
                 }
+                rt.packed[index] = packed;
             }
             StepKind::Pool2d {
                 kind,
@@ -769,11 +825,41 @@ impl Executable {
     /// (`schedule/pairing.rs`): the kernel's buffers are taken first, then the kernel runs
     /// on each run of samples as the convolution writes them. False, with nothing done, when
     /// the kernel's rows do not split by samples at these sizes.
+    /// Step `index`'s convolution weights packed for its kernel: those of an earlier run while
+    /// the loaded array is the same one, else packed now (when the step keeps them at all).
+    fn packed_weights(&self, rt: &mut Runtime, index: usize) -> Option<Packed> {
+        if !self.packs_weights[index] {
+            return None;
+        }
+        let step = &self.schedule.steps[index];
+        let StepKind::Conv2d { kind, attrs, .. } = &step.kind else {
+            unreachable!("only convolutions pack weights")
+        };
+        let kept = rt.packed[index].take();
+        step.shapes[0].resolve_into(&rt.sizes, &mut rt.shape);
+        let w = Self::value(rt, step.inputs[1]);
+        if let Some(kept) = kept.filter(|k| Arc::ptr_eq(&k.source, w)) {
+            return Some(kept);
+        }
+        let shapes = [
+            Self::value(rt, step.inputs[0]).shape(),
+            w.shape(),
+            &rt.shape,
+        ];
+        let weights = conv::packed_weights(*kind, attrs, shapes, w)?;
+        add(&self.counters.weights_packed, 1);
+        Some(Packed {
+            source: w.clone(),
+            weights,
+        })
+    }
+
     fn run_conv_with_epilogue(
         &self,
         rt: &mut Runtime,
         index: usize,
         state: &mut StateStore,
+        packed: Option<&Packed>,
     ) -> bool {
         let (step, next) = (&self.schedule.steps[index], &self.schedule.steps[index + 1]);
         let (StepKind::Conv2d { kind, attrs, .. }, StepKind::Kernel { kernel, symbols }) =
@@ -830,7 +916,16 @@ impl Executable {
             done.expect("an epilogue kernel cannot fail");
         };
         let [a, b] = &operands;
-        conv::conv2d(*kind, attrs, [a, b], target, self.threads, Some(&written));
+        let packed = packed.map(|p| &p.weights);
+        conv::conv2d(
+            *kind,
+            attrs,
+            [a, b],
+            packed,
+            target,
+            self.threads,
+            Some(&written),
+        );
         #[cfg(feature = "fault-injection")]
         fault::apply(&self.func, next.inst, &mut rt.outputs[..next.out.len()]);
         self.kernel_done(rt, next, state, scratch_start);
