@@ -11,7 +11,8 @@
 //! order (rows of the window, then columns), so results differ from the oracle only where a
 //! fused multiply-add rounds once instead of twice.
 //!
-//! Channels split over the team's threads; the epilogue runs on each sample as it is
+//! Small unit-stride planes run on a wide grid instead ([`Wide`]): each tap one contiguous
+//! multiply-add over the whole padded plane. Channels split over the team's threads; the epilogue runs on each sample as it is
 //! finished. Gradients and channels-last activations take the patch-matrix path.
 
 use super::conv::Written;
@@ -44,6 +45,7 @@ pub(super) fn forward<T: Float + Send + Sync>(
     written: Option<Written>,
 ) {
     let geometry = Geometry::new(d, attrs);
+    let wide = Wide::new(d, attrs);
     let plane = d.oh * d.ow;
     let per_sample = d.o * plane;
     let planes_per_task = match threads && crate::team::width() > 1 {
@@ -54,12 +56,22 @@ pub(super) fn forward<T: Float + Send + Sync>(
         let input = &x[n * d.c * d.h * d.w..][..d.c * d.h * d.w];
         for_each_chunk(sample, planes_per_task * plane, threads, |task, planes| {
             let first = task * planes_per_task;
+            let (mut padded, mut grid) = (Vec::new(), Vec::new());
             for (i, out_plane) in planes.chunks_mut(plane).enumerate() {
                 let o = first + i;
                 let c = o / d.og();
                 let in_plane = &input[c * d.h * d.w..][..d.h * d.w];
                 let taps = &w[o * d.kh * d.kw..][..d.kh * d.kw];
-                depthwise_plane(&geometry, in_plane, taps, out_plane);
+                match &wide {
+                    // A padding tap adds `w·0`: not zero when `w` is not finite.
+                    Some(wide) if taps.iter().all(|t| t.is_finite()) => {
+                        wide.pad(in_plane, &mut padded);
+                        grid.resize(wide.len, T::zero());
+                        wide_plane_at(isa(), wide, &padded, taps, &mut grid);
+                        wide.crop(&grid, out_plane);
+                    }
+                    _ => depthwise_plane(&geometry, in_plane, taps, out_plane),
+                }
             }
         });
         if let Some(written) = written {
@@ -116,6 +128,124 @@ impl Geometry {
     fn input_row(&self, oh: usize, kh: usize) -> Option<usize> {
         let row = (oh * self.row_stride + kh * self.row_dilation).checked_sub(self.rows_before)?;
         (row < self.h).then_some(row)
+    }
+}
+
+/// What the wide grid's length is a multiple of: the compiler's vector loop (four AVX-512
+/// registers of f32 an iteration), so that no element is left to its scalar remainder.
+const LANES: usize = 64;
+
+/// The most elements a wide grid may have: with its padded input it then stays in L1 (a
+/// 112×112 plane on the grid was slower than by rows: 0.77 against 0.56 ms for 32 channels).
+const WIDE_ELEMENTS: usize = 4096;
+
+/// A unit-stride plane computed on the **wide grid**: the input padded into rows of `wp`
+/// columns, and the output computed on rows of the same width, of which the first `ow` are
+/// kept. Output `i` of the grid then reads padded input `i + offset` for each tap, so each
+/// tap is one contiguous multiply-add over the whole plane. The row loops of [`plane`] left
+/// rows shorter than the compiler's unrolled vector loop (MobileNet's 14×14 and 7×7 planes)
+/// scalar: 1.04 against 0.38 ms for a 14×14 layer of 576 channels.
+struct Wide {
+    w: usize,
+    top: usize,
+    left: usize,
+    /// Columns of a padded row, and of a grid row.
+    wp: usize,
+    ow: usize,
+    /// Per tap (window rows, then columns): where its input starts in the padded plane.
+    offsets: Vec<usize>,
+    /// The grid's elements: `oh · wp`, rounded up to a multiple of [`LANES`].
+    len: usize,
+}
+
+impl Wide {
+    /// The wide grid of a small unit-stride convolution, else `None`.
+    fn new(d: &ConvDims, attrs: &Conv2dAttrs) -> Option<Wide> {
+        let [(top, _), (left, right)] = attrs.padding;
+        let wp = left + d.w + right;
+        let len = (d.oh * wp).next_multiple_of(LANES);
+        if attrs.strides != [1, 1] || len > WIDE_ELEMENTS {
+            return None;
+        }
+        let [dh, dw] = attrs.dilation;
+        let offsets = (0..d.kh)
+            .flat_map(|kh| (0..d.kw).map(move |kw| kh * dh * wp + kw * dw))
+            .collect();
+        Some(Wide {
+            w: d.w,
+            top,
+            left,
+            wp,
+            ow: d.ow,
+            offsets,
+            len,
+        })
+    }
+
+    /// `plane` padded with zeros into `padded`: rows of `wp`, and zeros past the last row as
+    /// far as the last tap reads on the grid (which covers the bottom padding: the grid has
+    /// as many rows as the padded input less the window's extent).
+    fn pad<T: Float>(&self, plane: &[T], padded: &mut Vec<T>) {
+        let last = self.offsets.last().copied().unwrap_or(0);
+        padded.clear();
+        padded.resize(self.len + last, T::zero());
+        for (r, row) in plane.chunks_exact(self.w).enumerate() {
+            padded[(self.top + r) * self.wp + self.left..][..self.w].copy_from_slice(row);
+        }
+    }
+
+    /// The first `ow` columns of each of the grid's rows, into `out` (as many rows).
+    fn crop<T: Float>(&self, grid: &[T], out: &mut [T]) {
+        for (row, from) in out.chunks_exact_mut(self.ow).zip(grid.chunks(self.wp)) {
+            row.copy_from_slice(&from[..self.ow]);
+        }
+    }
+}
+
+/// [`wide_plane`] compiled for `level`, which the CPU must have ([`Isa::supported`]).
+fn wide_plane_at<T: Float>(level: Isa, g: &Wide, padded: &[T], taps: &[T], grid: &mut [T]) {
+    debug_assert!(level.supported());
+    #[cfg(target_arch = "x86_64")]
+    match level {
+        // SAFETY: the caller's level is one the CPU has.
+        Isa::Avx512 => return unsafe { wide_plane_avx512(g, padded, taps, grid) },
+        // SAFETY: as above.
+        Isa::Avx2 => return unsafe { wide_plane_avx2(g, padded, taps, grid) },
+        Isa::Off => {}
+    }
+    wide_plane(g, padded, taps, grid, |w, x, acc| acc + w * x)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,fma")]
+unsafe fn wide_plane_avx512<T: Float>(g: &Wide, padded: &[T], taps: &[T], grid: &mut [T]) {
+    wide_plane(g, padded, taps, grid, T::mul_add)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn wide_plane_avx2<T: Float>(g: &Wide, padded: &[T], taps: &[T], grid: &mut [T]) {
+    wide_plane(g, padded, taps, grid, T::mul_add)
+}
+
+/// The grid of one plane: zero, then each tap's weight times the padded input from the tap's
+/// offset, in the interpreter's order of taps.
+#[inline(always)]
+fn wide_plane<T: Float>(
+    g: &Wide,
+    padded: &[T],
+    taps: &[T],
+    grid: &mut [T],
+    mul_add: impl Fn(T, T, T) -> T + Copy,
+) {
+    grid.fill(T::zero());
+    for (&weight, &offset) in taps.iter().zip(&g.offsets) {
+        // One plain loop: in blocks of 16 as arrays, the compiler vectorised across the
+        // blocks instead, with gathers and scatters, several times slower.
+        let from = &padded[offset..][..grid.len()];
+        for (acc, &x) in grid.iter_mut().zip(from) {
+            *acc = mul_add(weight, x, *acc);
+        }
     }
 }
 
@@ -297,41 +427,78 @@ mod tests {
         assert!(cases >= 20, "{cases} cases ran");
     }
 
-    /// In f32, at each instruction-set level this CPU has, within rounding of the
-    /// interpreter's f64 sums.
+    /// A weight that is not finite gives what the interpreter gives, whose padding taps add
+    /// nothing (on the wide grid they would add `∞·0`, NaN, at the border).
     #[test]
-    fn f32_depthwise_is_within_rounding_at_each_level() {
+    fn infinite_weights_match_the_interpreter_at_the_border() {
         let attrs = Conv2dAttrs {
             strides: [1, 1],
             padding: [(1, 1), (1, 1)],
             dilation: [1, 1],
-            groups: 1,
+            groups: 2,
             channels_last: false,
         };
-        let x = ArrayD::from_shape_fn(IxDyn(&[1, 1, 13, 37]), |i| {
-            ((i[2] * 3 + i[3]) as f64 * 0.37).sin()
-        });
-        let w = ArrayD::from_shape_fn(IxDyn(&[1, 1, 3, 3]), |i| {
-            ((i[2] * 3 + i[3]) as f64 * 0.71).cos()
-        });
+        let x = ramp(&[1, 2, 5, 6], 0.5).mapv(|v| v + 1.0);
+        let mut w = ramp(&[2, 1, 3, 3], 0.25);
+        w[[1, 0, 0, 0]] = f64::INFINITY;
         let expected = oracle(&attrs, &x, &w);
-        let (x32, w32) = (x.mapv(|v| v as f32), w.mapv(|v| v as f32));
-        let d = ConvDims::of(x.shape(), w.shape(), expected.shape(), 1).expect("shapes");
-        let g = Geometry::new(&d, &attrs);
-        let (x32, w32) = (
-            x32.as_slice().expect("standard"),
-            w32.as_slice().expect("standard"),
+        assert!(expected[[0, 1, 0, 0]].is_finite() && expected[[0, 1, 1, 1]].is_infinite());
+        let got = direct(&attrs, &x, &w, expected.shape(), false);
+        let same = |a: &f64, b: &f64| a == b || (a.is_nan() && b.is_nan());
+        assert!(
+            got.iter().zip(&expected).all(|(a, b)| same(a, b)),
+            "{got} against {expected}"
         );
-        for level in Isa::ALL.into_iter().filter(|l| l.supported()) {
-            let mut out = vec![f32::NAN; expected.len()];
-            plane_at(level, &g, x32, w32, &mut out);
-            for (got, want) in out.iter().zip(expected.iter()) {
-                let error = (f64::from(*got) - want).abs();
-                assert!(
-                    error <= 1e-5 * (1.0 + want.abs()),
-                    "{}: {got} against {want}",
-                    level.name()
-                );
+    }
+
+    /// In f32, at each instruction-set level this CPU has, within rounding of the
+    /// interpreter's f64 sums.
+    #[test]
+    fn f32_depthwise_is_within_rounding_at_each_level() {
+        for stride in [1, 2] {
+            let attrs = Conv2dAttrs {
+                strides: [stride, stride],
+                padding: [(1, 1), (1, 1)],
+                dilation: [1, 1],
+                groups: 1,
+                channels_last: false,
+            };
+            let x = ArrayD::from_shape_fn(IxDyn(&[1, 1, 13, 37]), |i| {
+                ((i[2] * 3 + i[3]) as f64 * 0.37).sin()
+            });
+            let w = ArrayD::from_shape_fn(IxDyn(&[1, 1, 3, 3]), |i| {
+                ((i[2] * 3 + i[3]) as f64 * 0.71).cos()
+            });
+            let expected = oracle(&attrs, &x, &w);
+            let (x32, w32) = (x.mapv(|v| v as f32), w.mapv(|v| v as f32));
+            let d = ConvDims::of(x.shape(), w.shape(), expected.shape(), 1).expect("shapes");
+            let (g, wide) = (Geometry::new(&d, &attrs), Wide::new(&d, &attrs));
+            assert_eq!(wide.is_some(), stride == 1);
+            let (x32, w32) = (
+                x32.as_slice().expect("standard"),
+                w32.as_slice().expect("standard"),
+            );
+            let mut padded = Vec::new();
+            for level in Isa::ALL.into_iter().filter(|l| l.supported()) {
+                let mut out = vec![f32::NAN; expected.len()];
+                plane_at(level, &g, x32, w32, &mut out);
+                let mut outs = vec![out];
+                if let Some(wide) = &wide {
+                    wide.pad(x32, &mut padded);
+                    let mut grid = vec![f32::NAN; wide.len];
+                    wide_plane_at(level, wide, &padded, w32, &mut grid);
+                    let mut out = vec![f32::NAN; expected.len()];
+                    wide.crop(&grid, &mut out);
+                    outs.push(out);
+                }
+                for (got, want) in outs.iter().flatten().zip(expected.iter().cycle()) {
+                    let error = (f64::from(*got) - want).abs();
+                    assert!(
+                        error <= 1e-5 * (1.0 + want.abs()),
+                        "{}, stride {stride}: {got} against {want}",
+                        level.name()
+                    );
+                }
             }
         }
     }
