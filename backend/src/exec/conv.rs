@@ -588,12 +588,13 @@ impl Run {
                         // 398–444 ms with this order).
                         let product = prefix(&mut s.rows, og * len);
                         gemm.run(product, false, [og, len, k], (w, 1, k), (patches, k, 1));
-                        // SAFETY: a run writes its own positions of the sample's output only.
                         if self.channels_last {
+                            // SAFETY: a run writes its own positions of the sample only.
                             let y = unsafe { out.part(p0 * og, len * og) };
                             return transpose_matrix(product, [og, len], y);
                         }
                         for (o, row) in product.chunks_exact(len).enumerate() {
+                            // SAFETY: as above, in each channel's plane.
                             let y = unsafe { out.part((group * og + o) * p + p0, len) };
                             y.copy_from_slice(row);
                         }
@@ -1149,7 +1150,7 @@ mod tests {
             let packed = packed_weights(
                 kind,
                 attrs,
-                [&a.shape(), &b.shape(), &out],
+                [a.shape(), b.shape(), &out],
                 &Array::F64(b.clone()),
             );
             if let Some(Array::F64(packed)) = packed {
