@@ -111,30 +111,18 @@ pub(crate) fn conv2d(
     written: Option<Written>,
 ) {
     match (a, b, out) {
-        (Array::F32(a), Array::F32(b), Array::F32(out)) => {
-            let packed = packed.and_then(|p| match p {
-                Array::F32(p) => p.as_slice(),
-                _ => None,
-            });
-            typed(
-                (kind, attrs, [a, b], threads, CHUNK_BYTES / 4),
-                packed,
-                out,
-                written,
-            )
-        }
-        (Array::F64(a), Array::F64(b), Array::F64(out)) => {
-            let packed = packed.and_then(|p| match p {
-                Array::F64(p) => p.as_slice(),
-                _ => None,
-            });
-            typed(
-                (kind, attrs, [a, b], threads, CHUNK_BYTES / 8),
-                packed,
-                out,
-                written,
-            )
-        }
+        (Array::F32(a), Array::F32(b), Array::F32(out)) => typed(
+            (kind, attrs, [a, b], threads, CHUNK_BYTES / 4),
+            packed.and_then(f32::slice_of),
+            out,
+            written,
+        ),
+        (Array::F64(a), Array::F64(b), Array::F64(out)) => typed(
+            (kind, attrs, [a, b], threads, CHUNK_BYTES / 8),
+            packed.and_then(f64::slice_of),
+            out,
+            written,
+        ),
         _ => unreachable!("the executor runs only float convolutions through gemm"),
     }
 }
@@ -156,32 +144,47 @@ pub(crate) fn packed_weights(
     if matches!(kind, ConvKind::FilterGrad { .. }) || !im2col || d.cg() == 1 || d.taps() == 1 {
         return None;
     }
-    let shape = ndarray::IxDyn(w.shape());
-    match w {
-        Array::F32(w) => ArrayD::from_shape_vec(shape, patch_order(&d, w.as_slice()?))
-            .ok()
-            .map(Array::F32),
-        Array::F64(w) => ArrayD::from_shape_vec(shape, patch_order(&d, w.as_slice()?))
-            .ok()
-            .map(Array::F64),
-        _ => None,
+    let mut packed = w.clone();
+    match &mut packed {
+        Array::F32(p) => p
+            .as_slice_mut()?
+            .copy_from_slice(&patch_order(&d, f32::slice_of(w)?)),
+        Array::F64(p) => p
+            .as_slice_mut()?
+            .copy_from_slice(&patch_order(&d, f64::slice_of(w)?)),
+        _ => return None,
     }
+    Some(packed)
 }
 
 /// The element types convolutions run in, each with its thread's scratch buffers.
 trait Elem: num_traits::Float + std::ops::AddAssign + Send + Sync + 'static {
     fn with_scratch<R>(f: impl FnOnce(&mut Scratch<Self>) -> R) -> R;
+    /// The elements of `array` when it holds this type, in memory order.
+    fn slice_of(array: &Array) -> Option<&[Self]>;
 }
 
 impl Elem for f32 {
     fn with_scratch<R>(f: impl FnOnce(&mut Scratch<f32>) -> R) -> R {
         SCRATCH_F32.with_borrow_mut(f)
     }
+    fn slice_of(array: &Array) -> Option<&[f32]> {
+        match array {
+            Array::F32(a) => a.as_slice(),
+            _ => None,
+        }
+    }
 }
 
 impl Elem for f64 {
     fn with_scratch<R>(f: impl FnOnce(&mut Scratch<f64>) -> R) -> R {
         SCRATCH_F64.with_borrow_mut(f)
+    }
+    fn slice_of(array: &Array) -> Option<&[f64]> {
+        match array {
+            Array::F64(a) => a.as_slice(),
+            _ => None,
+        }
     }
 }
 
@@ -320,8 +323,8 @@ fn after<T>(written: Option<Written>, samples: std::ops::Range<usize>, out: &mut
 ///
 /// Each run reads all of a group's weights (or sums into all of its filter gradient): a
 /// sample with fewer positions than output channels, whose weights outweigh its patch matrix,
-/// is not split (ResNet-18's 7×7 layers of 512 channels read their 9.4 MB of weights four
-/// times, 16 positions at a time).
+/// is not split (ResNet-18's 3×3 layers of 512 channels on 7×7 images read their 9.4 MB of
+/// weights four times, 16 positions at a time).
 fn positions_per_run(kind: ConvKind, d: &ConvDims, budget: usize) -> Option<usize> {
     let positions = (budget / d.k().max(1)).max(16);
     let split = positions < d.p() && d.og() <= d.p() && !matches!(kind, ConvKind::InputGrad { .. });

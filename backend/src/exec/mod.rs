@@ -835,23 +835,22 @@ impl Executable {
         let StepKind::Conv2d { kind, attrs, .. } = &step.kind else {
             unreachable!("only convolutions pack weights")
         };
-        let kept = rt.packed[index].take();
-        step.shapes[0].resolve_into(&rt.sizes, &mut rt.shape);
-        let w = Self::value(rt, step.inputs[1]);
-        if let Some(kept) = kept.filter(|k| Arc::ptr_eq(&k.source, w)) {
+        let w = Self::value(rt, step.inputs[1]).clone();
+        if let Some(kept) = rt.packed[index]
+            .take()
+            .filter(|k| Arc::ptr_eq(&k.source, &w))
+        {
             return Some(kept);
         }
+        step.shapes[0].resolve_into(&rt.sizes, &mut rt.shape);
         let shapes = [
             Self::value(rt, step.inputs[0]).shape(),
             w.shape(),
             &rt.shape,
         ];
-        let weights = conv::packed_weights(*kind, attrs, shapes, w)?;
+        let weights = conv::packed_weights(*kind, attrs, shapes, &w)?;
         add(&self.counters.weights_packed, 1);
-        Some(Packed {
-            source: w.clone(),
-            weights,
-        })
+        Some(Packed { source: w, weights })
     }
 
     fn run_conv_with_epilogue(
