@@ -13,9 +13,10 @@ set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 WS="$ROOT/target/checklist-layer/ws"
 : "${PYO3_PYTHON:?set PYO3_PYTHON to the Python the bindings build against}"
-# The bindings' own build directory (clippy's in CI): the copy's crates build beside the
-# originals and reuse every dependency already checked there.
-export CARGO_TARGET_DIR="$ROOT/python/target"
+# The workspace's build directory (where CI's clippy checked the bindings; python/Cargo.lock
+# pins the workspace's versions): the copy's crates build beside the originals and reuse every
+# dependency already checked there.
+export CARGO_TARGET_DIR="$ROOT/target"
 
 # shellcheck source=checklist_lib.sh
 source "$ROOT/scripts/checklist_lib.sh"

@@ -28,8 +28,9 @@ done
 ip -n kiln-host-a link set kiln-veth-a up
 ip -n kiln-host-b link set kiln-veth-b up
 
-cargo build --release --locked --features mpi --example data_parallel
-bin=$PWD/target/release/examples/data_parallel
+# The debug build scripts/mpi_tests.sh made (see there why not release).
+cargo build --locked --features mpi --example data_parallel
+bin=$PWD/target/debug/examples/data_parallel
 steps=40
 alone=$("$bin" --steps "$steps" | awk '/^final loss/ { print $3 }')
 
