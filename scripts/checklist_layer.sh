@@ -22,6 +22,7 @@ export CARGO_TARGET_DIR="$ROOT/target"
 source "$ROOT/scripts/checklist_lib.sh"
 CHECK=(cargo check --offline --manifest-path python/Cargo.toml)
 copy_workspace Cargo.toml Cargo.lock ir backend passes runtime onnx src benches examples tests data python
+separate_artifacts python/Cargo.toml kiln-ir kiln-backend kiln-passes kiln-runtime kiln-onnx kiln kiln-python
 
 STEP="2. the row in the layer table"
 patch runtime/src/layer_kind.rs '    Gelu = "gelu": [Functional];' '

@@ -10,6 +10,20 @@ copy_workspace() {
   cd "$WS"
 }
 
+# Keeps the copy's own crates apart from the originals in the shared build directory. Cargo
+# names a path package's artifacts by its path relative to the workspace root, the same in the
+# copy, so the copy's would replace the originals' and look fresh to the next build there. A
+# profile setting of no consequence (255 code-generation units, not 256) changes the names of
+# the copy's crates only; its dependencies are still reused. Arguments: the copy's workspace
+# manifest, then its packages.
+separate_artifacts() {
+  local manifest=$1 package
+  shift
+  for package in "$@"; do
+    printf '\n[profile.dev.package.%s]\ncodegen-units = 255\n' "$package" >> "$manifest"
+  done
+}
+
 # Inserts `text` after `anchor` (which must occur once) in `file`.
 patch() {
   python3 - "$@" <<'PY'

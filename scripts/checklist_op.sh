@@ -20,6 +20,7 @@ source "$ROOT/scripts/checklist_lib.sh"
 # binaries the last step runs are the only ones built.
 CHECK=(cargo check --offline -p kiln-backend -p kiln-passes --tests)
 copy_workspace Cargo.toml Cargo.lock ir backend passes runtime onnx src benches examples tests data
+separate_artifacts Cargo.toml kiln-ir kiln-backend kiln-passes kiln-runtime kiln-onnx kiln
 
 STEP="1. the row in the table"
 patch ir/src/op.rs '                Neg = "neg", neg, Numeric, Cheap, F32x4, None;' '

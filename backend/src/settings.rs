@@ -7,11 +7,13 @@
 //! | `KILN_VECTOR_MATH` | `avx512`, `avx2`, `off` | caps the tile programs' instruction-set level (default: the best the CPU has) |
 //! | `KILN_SUBNORMALS` | `flush`, `keep` | what compiled runs do with subnormal floats (default `flush`: [`crate::subnormals`]) |
 //! | `KILN_COMM_TIMEOUT` | seconds | how long a rank waits for the others in one communication (default 1800) |
+//! | `KILN_DATA` | a folder | where downloaded datasets are looked for (default `~/.cache/kiln`; `scripts/fetch_shakespeare.sh` writes there) |
 //!
 //! The launchers' own variables (`OMPI_COMM_WORLD_*`, `PMIX_RANK`, `RAYON_NUM_THREADS`) are
 //! read where a rank learns its place ([`crate::comm`]): they are not Kiln's settings.
 //! Test harnesses read theirs (`KILN_EXPECT_ISA`, `KILN_ONNX_NODE_*`) in the tests.
 
+use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 use std::time::Duration;
 
@@ -53,6 +55,14 @@ pub fn comm_timeout() -> Option<Duration> {
         .and_then(|s| s.trim().parse::<f64>().ok())
         .filter(|s| s.is_finite() && *s > 0.0)
         .map(Duration::from_secs_f64)
+}
+
+/// The folder of downloaded datasets: `KILN_DATA`, else `$HOME/.cache/kiln`, else `None`.
+pub fn data_dir() -> Option<PathBuf> {
+    match read("KILN_DATA") {
+        Some(dir) if !dir.is_empty() => Some(PathBuf::from(dir)),
+        _ => read("HOME").map(|home| Path::new(&home).join(".cache/kiln")),
+    }
 }
 
 fn read(name: &str) -> Option<String> {

@@ -1,6 +1,6 @@
 //! Data: datasets in memory (the built-in digits, arrays, `.npy`, CSV and IDX files such as
 //! MNIST and Fashion-MNIST), splits, and the [`DataLoader`] that shuffles, transforms and
-//! batches them on a background thread.
+//! batches them on a background thread; and [`text`] for language models.
 //!
 //! A [`Dataset`] holds one row of `f32` features per example with the shape of one example
 //! (`[64]` for the digits, `[1, 28, 28]` for MNIST-format images) and an integer class label.
@@ -9,6 +9,7 @@
 mod files;
 mod idx;
 mod loader;
+pub mod text;
 mod transform;
 
 pub use files::{csv, npy};
