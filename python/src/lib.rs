@@ -16,6 +16,7 @@ mod eager;
 mod errors;
 mod graph;
 mod options;
+mod text;
 mod thread;
 mod train;
 
@@ -28,6 +29,7 @@ fn _kiln(m: &Bound<'_, PyModule>) -> PyResult<()> {
     eager::register(m)?;
     graph::register(m)?;
     data::register(m)?;
+    text::register(m)?;
     train::register(m)?;
     Ok(())
 }
