@@ -21,7 +21,7 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
 }
 
 /// A text to train on: ``text``, the ``documents``' names in order, and its ``source``.
-#[pyclass(name = "Corpus", module = "kiln.data", frozen, get_all)]
+#[pyclass(name = "Corpus", module = "kiln.data", frozen)]
 pub(crate) struct PyCorpus {
     text: String,
     documents: Vec<String>,
@@ -40,6 +40,24 @@ impl From<Corpus> for PyCorpus {
 
 #[pymethods]
 impl PyCorpus {
+    /// The whole text: the documents in order, a blank line between two.
+    #[getter]
+    fn text(&self) -> &str {
+        &self.text
+    }
+
+    /// The documents' names (a play's file name without ``_gut.txt``), in order.
+    #[getter]
+    fn documents(&self) -> Vec<String> {
+        self.documents.clone()
+    }
+
+    /// Where the text was read.
+    #[getter]
+    fn source(&self) -> &str {
+        &self.source
+    }
+
     fn __len__(&self) -> usize {
         self.text.len()
     }
