@@ -209,7 +209,7 @@ impl PyTextDataset {
         seed: u64,
         step: u64,
     ) -> PyResult<(Py<PyAny>, Py<PyAny>)> {
-        let batch = self.split(split)?.batch(batch_size, seed, step);
+        let batch = kiln_ok(self.split(split)?.batch(batch_size, seed, step))?;
         Ok((to_py(py, batch.x), to_py(py, batch.y)))
     }
 

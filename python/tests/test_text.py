@@ -36,6 +36,9 @@ def test_batches_are_next_token_windows_fixed_by_seed_and_step():
     assert sum(len(vx) for vx, _ in val) == 12 and val[0][0][0, 0] == 900
     with pytest.raises(ValueError, match='"train" or "val"'):
         data.get_batch("test", 2)
+    no_val = kiln.data.TextDataset(list(range(100)), 8, 0.0)
+    with pytest.raises(kiln.KilnError, match="no window to draw"):
+        no_val.get_batch("val", 2)
     with pytest.raises(kiln.KilnError, match="windows of 8"):
         kiln.data.TextDataset(list(range(20)), 8, 0.6)
 

@@ -160,7 +160,7 @@ fn windows_predict_the_next_token_and_are_fixed_by_seed_and_step() {
     assert_eq!(data.validation().tokens()[0], 900);
     assert_eq!(data.train().starts(), 892);
 
-    let batch = data.train().batch(16, 7, 3);
+    let batch = data.train().batch(16, 7, 3).unwrap();
     assert_eq!(batch.x.shape(), &[16, 8]);
     let (x, y) = (ids(&batch.x), ids(&batch.y));
     for (row_x, row_y) in x.chunks(8).zip(y.chunks(8)) {
@@ -169,13 +169,13 @@ fn windows_predict_the_next_token_and_are_fixed_by_seed_and_step() {
         assert!(row_x.iter().zip(row_y).all(|(a, b)| b - a == 1));
         assert!(*row_y.last().unwrap() < 900);
     }
-    assert_eq!(ids(&data.train().batch(16, 7, 3).x), x);
-    assert_ne!(ids(&data.train().batch(16, 7, 4).x), x);
-    assert_ne!(ids(&data.train().batch(16, 8, 3).x), x);
+    assert_eq!(ids(&data.train().batch(16, 7, 3).unwrap().x), x);
+    assert_ne!(ids(&data.train().batch(16, 7, 4).unwrap().x), x);
+    assert_ne!(ids(&data.train().batch(16, 8, 3).unwrap().x), x);
     // Over many batches every start is drawn, none outside.
     let mut seen = [false; 892];
     for step in 0..400 {
-        for row in ids(&data.train().batch(16, 7, step).x).chunks(8) {
+        for row in ids(&data.train().batch(16, 7, step).unwrap().x).chunks(8) {
             seen[row[0] as usize] = true;
         }
     }
@@ -198,4 +198,6 @@ fn parts_too_short_for_a_window_are_refused() {
     assert!(TextDataset::new((0..100).collect(), 8, 1.0).is_err());
     let no_validation = TextDataset::new((0..100).collect(), 8, 0.0).unwrap();
     assert_eq!(no_validation.validation().starts(), 0);
+    let err = no_validation.validation().batch(4, 0, 0).unwrap_err();
+    assert!(err.to_string().contains("no window to draw"), "{err}");
 }

@@ -10,7 +10,7 @@
 //! let ids = tokenizer.encode("Shall I compare thee")?;
 //! assert_eq!(tokenizer.decode(&ids)?, "Shall I compare thee");
 //! let data = TextDataset::new(tokenizer.encode(&corpus.text)?, 64, 0.1)?;
-//! let batch = data.train().batch(12, 1337, 0); // x, y: i64[12, 64]
+//! let batch = data.train().batch(12, 1337, 0)?; // x, y: i64[12, 64]
 //! # Ok::<(), kiln_runtime::data::DataError>(())
 //! ```
 

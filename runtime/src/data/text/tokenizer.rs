@@ -161,16 +161,13 @@ impl Tokenizer {
         if value.get("kind").and_then(|k| k.as_str()) == Some("chars") {
             let vocabulary = (value.get("vocabulary").and_then(|v| v.as_str()))
                 .ok_or_else(|| invalid("a character tokenizer without its vocabulary".into()))?;
-            let chars: Vec<char> = vocabulary.chars().collect();
-            let mut sorted = chars.clone();
-            sorted.sort_unstable();
-            sorted.dedup();
-            if sorted.len() != chars.len() {
+            let chars = CharTokenizer::from_chars(vocabulary.chars().collect());
+            if chars.ids.len() != chars.chars.len() {
                 return Err(invalid(
                     "a character vocabulary that repeats a character".into(),
                 ));
             }
-            return Ok(Tokenizer::Chars(CharTokenizer::from_chars(chars)));
+            return Ok(Tokenizer::Chars(chars));
         }
         let bpe: tokenizers::Tokenizer = json
             .parse()

@@ -20,7 +20,7 @@ use std::sync::Arc;
 /// let corpus = text::sonnets()?;
 /// let tokenizer = Tokenizer::chars(&corpus.text);
 /// let data = TextDataset::new(tokenizer.encode(&corpus.text)?, 64, 0.1)?;
-/// let batch = data.train().batch(12, 1337, 0);
+/// let batch = data.train().batch(12, 1337, 0)?;
 /// assert_eq!(batch.x.shape(), &[12, 64]);
 /// # Ok::<(), kiln_runtime::data::DataError>(())
 /// ```
@@ -118,14 +118,20 @@ impl TokenWindows {
     }
 
     /// Batch `step` of `batch_size` windows at starts drawn uniformly from `Stream(seed, step)`:
-    /// `x` and `y` are `i64[batch_size, block_size]`, `y` one token later than `x`.
-    pub fn batch(&self, batch_size: usize, seed: u64, step: u64) -> Batch {
+    /// `x` and `y` are `i64[batch_size, block_size]`, `y` one token later than `x`. An empty
+    /// part (a validation fraction of 0) has no window to draw: an error.
+    pub fn batch(&self, batch_size: usize, seed: u64, step: u64) -> Result<Batch, DataError> {
+        let starts = self.starts() as u64;
+        if starts == 0 {
+            return Err(DataError::Invalid(
+                "no window to draw: this part of the text dataset is empty".into(),
+            ));
+        }
         let stream = Stream::new(seed, step);
-        let starts = self.starts().max(1) as u64;
         let at: Vec<usize> = (0..batch_size as u64)
             .map(|i| (stream.bits(i) % starts) as usize)
             .collect();
-        self.windows_at(&at)
+        Ok(self.windows_at(&at))
     }
 
     /// The windows at `starts` (offsets into the part), as [`TokenWindows::batch`] gives them;
@@ -153,12 +159,12 @@ impl TokenWindows {
     /// The part cut into consecutive windows (the last partial one dropped), `batch_size` at a
     /// time: every token predicted once, for a validation loss that does not sample.
     pub fn sequential(&self, batch_size: usize) -> impl Iterator<Item = Batch> + '_ {
-        let count = self.range.len().saturating_sub(1) / self.block_size.max(1);
-        let starts: Vec<usize> = (0..count).map(|w| w * self.block_size).collect();
-        let chunks: Vec<Vec<usize>> = starts
-            .chunks(batch_size.max(1))
-            .map(<[_]>::to_vec)
-            .collect();
-        chunks.into_iter().map(move |chunk| self.windows_at(&chunk))
+        let windows = self.range.len().saturating_sub(1) / self.block_size;
+        let per_batch = batch_size.max(1);
+        (0..windows).step_by(per_batch).map(move |first| {
+            let last = (first + per_batch).min(windows);
+            let starts: Vec<usize> = (first..last).map(|w| w * self.block_size).collect();
+            self.windows_at(&starts)
+        })
     }
 }
