@@ -140,6 +140,7 @@ pub mod diff;
 pub mod dot;
 pub use kiln_runtime::eager;
 pub mod fuzz;
+pub mod lm;
 pub use kiln_runtime::npy;
 pub mod plot;
 pub mod report;
@@ -179,6 +180,7 @@ mod book_samples {
         control_flow = "guides/control-flow.md";
         layers = "guides/layers.md";
         training = "guides/training.md";
+        language_model = "guides/language-model.md";
         distributed = "guides/distributed.md";
         embedding = "guides/embedding.md";
         inspecting = "guides/inspecting.md";

@@ -282,6 +282,43 @@ enum Command {
         /// mdBook asks `supports <renderer>` first.
         args: Vec<String>,
     },
+    /// Text from a trained language model: the folder `examples/gpt.rs train --out DIR`
+    /// writes (config.json, tokenizer.json, model.safetensors). Draws at a temperature from
+    /// the top-k tokens (nanoGPT's sample.py defaults), or greedily; seeded, so one seed
+    /// gives one text.
+    #[command(after_help = "Examples:\n  \
+        cargo run --release --example gpt -- train --out target/gpt\n  \
+        kiln generate target/gpt --prompt 'ROMEO:' --tokens 200\n  \
+        kiln generate target/gpt --prompt 'To be' --greedy --no-cache")]
+    Generate {
+        /// The model's folder.
+        dir: PathBuf,
+        /// The text to go on from.
+        #[arg(long, default_value = "\n")]
+        prompt: String,
+        /// Tokens to add (fewer when the model ends the text).
+        #[arg(long, default_value_t = 200)]
+        tokens: usize,
+        /// The most likely token each time instead of drawing.
+        #[arg(long)]
+        greedy: bool,
+        /// Divides the logits before drawing.
+        #[arg(long, default_value_t = 0.8)]
+        temperature: f64,
+        /// Draw only from the k most likely tokens.
+        #[arg(long, value_name = "K", default_value_t = 200)]
+        top_k: usize,
+        /// Draw only from the most likely tokens whose probabilities reach P together.
+        #[arg(long, value_name = "P")]
+        top_p: Option<f64>,
+        /// The seed of the draws.
+        #[arg(long, default_value_t = 1337)]
+        seed: u64,
+        /// Compute the whole window again for each token instead of reading the KV cache
+        /// (the same text, slower: the cache's oracle).
+        #[arg(long)]
+        no_cache: bool,
+    },
     /// Draw a function's dataflow as Graphviz DOT (render with `dot -Tsvg`).
     #[command(after_help = "Example:\n  kiln dot tests/programs/mlp.kir | dot -Tsvg > mlp.svg")]
     Dot {
@@ -290,6 +327,27 @@ enum Command {
         #[arg(long)]
         func: Option<String>,
     },
+}
+
+/// `kiln generate`: prints the prompt and what the model adds to it.
+fn generate(
+    dir: &Path,
+    prompt: &str,
+    tokens: usize,
+    (temperature, top_k, top_p, seed): (f64, usize, Option<f64>, u64),
+    cached: bool,
+) -> Result<(), Failed> {
+    let mut sampling =
+        kiln::runtime::Sampling::temperature(temperature, seed)?.with_top_k(top_k)?;
+    if let Some(p) = top_p {
+        sampling = sampling.with_top_p(p)?;
+    }
+    let model = kiln::lm::LanguageModel::load(dir)?;
+    println!(
+        "{}",
+        model.generate_with(prompt, tokens, &sampling, cached)?
+    );
+    Ok(())
 }
 
 /// A failure already explained to the user.
@@ -451,6 +509,21 @@ fn main() -> ExitCode {
             replay,
         } => fuzz(seed, cases, seconds, corpus, out, &replay),
         Command::BookOps { args } => book_ops(&args),
+        Command::Generate {
+            dir,
+            prompt,
+            tokens,
+            greedy,
+            temperature,
+            top_k,
+            top_p,
+            seed,
+            no_cache,
+        } => {
+            let temperature = if greedy { 0.0 } else { temperature };
+            let sampling = (temperature, top_k, top_p, seed);
+            generate(&dir, &prompt, tokens, sampling, !no_cache)
+        }
         Command::Dot { file, func } => load(&file).and_then(|m| {
             let f = pick_function(&m, func.as_deref())?;
             print!("{}", kiln::dot::function_to_dot(f));

@@ -274,3 +274,71 @@ pub fn load_module(path: &Path) -> Result<kiln_ir::Module, CheckpointError> {
         message: e.render(&text),
     })
 }
+
+/// How a state dict written by another framework names and lays out Kiln's parameters.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StateDictLayout {
+    /// Kiln's own names and layouts (what [`save`] writes).
+    Kiln,
+    /// PyTorch's `state_dict()` of a module tree with Kiln's layer names, saved with
+    /// `safetensors.torch.save_file`: a layer's last name part renamed — `w` → `weight`
+    /// (transposed when a matrix: Kiln's `Linear` is `[in, out]`, PyTorch's `[out, in]`),
+    /// `b` → `bias`, `gamma` → `weight`, `beta` → `bias`, `table` → `weight` — and the rest
+    /// as it is (a convolution's `[out, in, kh, kw]` is the same in both).
+    PyTorch,
+}
+
+impl StateDictLayout {
+    /// The name `name` has in this layout, and whether its matrix is transposed there.
+    pub fn name_of(self, name: &str) -> (String, bool) {
+        let (path, last) = name.rsplit_once('.').unwrap_or(("", name));
+        let renamed = match (self, last) {
+            (StateDictLayout::Kiln, _) => return (name.to_owned(), false),
+            (_, "w") => ("weight", true),
+            (_, "gamma" | "table") => ("weight", false),
+            (_, "b" | "beta") => ("bias", false),
+            (_, other) => (other, false),
+        };
+        match path {
+            "" => (renamed.0.to_owned(), renamed.1),
+            _ => (format!("{path}.{}", renamed.0), renamed.1),
+        }
+    }
+}
+
+/// Reads `declared` state (Kiln's names and types) from a state dict in `layout` at `path`,
+/// converted to Kiln's layouts; like [`load`], every value or an error, and nothing else
+/// changes. A tensor's shape is checked in the file's layout, so an error names the file's
+/// tensor and shape.
+pub fn load_state_dict(
+    path: &Path,
+    declared: &BTreeMap<String, Type>,
+    layout: StateDictLayout,
+) -> Result<BTreeMap<String, Array>, CheckpointError> {
+    let mut theirs = BTreeMap::new();
+    let mut names = Vec::new();
+    for (name, ty) in declared {
+        let (their_name, matrix_name) = layout.name_of(name);
+        let dims = ty.shape.as_fixed().unwrap_or_default();
+        let transposed = matrix_name && ty.rank() == 2 && dims.len() == 2;
+        let ty = match transposed {
+            true => Type::new(ty.dtype, kiln_ir::Shape::fixed(&[dims[1], dims[0]])),
+            false => ty.clone(),
+        };
+        theirs.insert(their_name.clone(), ty);
+        names.push((name.clone(), their_name, transposed));
+    }
+    let mut values = load(path, &theirs)?;
+    let mut ours = BTreeMap::new();
+    for (name, their_name, transposed) in names {
+        let value = values.remove(&their_name).expect("loaded");
+        let value = match transposed {
+            true => {
+                kiln_backend::map_array!(value, a => a.reversed_axes().as_standard_layout().into_owned())
+            }
+            false => value,
+        };
+        ours.insert(name, value);
+    }
+    Ok(ours)
+}

@@ -456,6 +456,44 @@ fn causal_bias(b: &mut FunctionBuilder, scores: &Type) -> BuildResult<Value> {
     b.select(seen, zero, hidden)
 }
 
+/// One new token's attention over a cache: queries `q` `[N, H, 1, d]` against keys and values
+/// `[N, H, S, d]` of which positions `0..=pos` are filled (`pos` an integer scalar); the
+/// later positions are masked out as causal attention masks them, so the result equals row
+/// `pos` of [`scaled_dot_product_attention`] over the first `pos + 1` tokens.
+#[track_caller]
+pub fn cached_attention(
+    b: &mut FunctionBuilder,
+    q: Value,
+    [k, v]: [Value; 2],
+    pos: Value,
+) -> BuildResult<Value> {
+    let ty = b.value_type(k).clone();
+    let slots = match ty.shape.dims() {
+        [_, _, s, _] => s.as_fixed(),
+        _ => None,
+    };
+    let Some(slots) = slots else {
+        let message = format!("the cache must be [N, H, S, d] with S fixed, found {ty}");
+        return Err(error("cached_attention", message));
+    };
+    let d = fixed_last_dim("cached_attention", "queries", b.value_type(q))?;
+    let scores = b.matmul_t(q, k, false, true)?;
+    let scale = b.scalar(ty.dtype, 1.0 / (d as f64).sqrt())?;
+    let scores = b.mul(scores, scale)?;
+    let positions = b.iota(Type::new(DType::I64, Shape::fixed(&[slots])), 0)?;
+    let pos = b.cast(pos, DType::I64)?;
+    let later = b.compare(CompareOp::Gt, positions, pos)?;
+    let (zero, hidden) = (
+        b.scalar(ty.dtype, 0.0)?,
+        b.scalar(ty.dtype, f64::NEG_INFINITY)?,
+    );
+    let bias = b.select(later, hidden, zero)?;
+    let scores = b.add(scores, bias)?;
+    let last = b.value_type(scores).rank() - 1;
+    let weights = softmax(b, scores, last)?;
+    b.matmul(weights, v)
+}
+
 /// Multi-head attention's core over `q`, `k`, `v` `[N, T, D]` (already projected): each of
 /// `heads` heads attends with its `D/heads` features ([`scaled_dot_product_attention`]), and
 /// the heads' outputs are joined back into `[N, T, D]`.

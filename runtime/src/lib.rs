@@ -34,14 +34,16 @@ pub mod npy;
 pub mod optim;
 pub mod optimizer_options;
 pub mod program;
+pub mod sampling;
 pub mod scope;
 pub mod session;
 
 pub use error::{RuntimeError, RuntimeResult};
 pub use init::Init;
 pub use layer_kind::{LayerForm, LayerKind, LayerKindError};
-pub use optim::{Adam, LearningRate, Momentum, Optimizer, Sgd};
+pub use optim::{Adam, ClipGradNorm, LearningRate, Momentum, Optimizer, Schedule, Sgd};
 pub use optimizer_options::{OptimizerError, OptimizerOptions, OptionValue};
 pub use program::{Param, Program, Target};
+pub use sampling::Sampling;
 pub use scope::Scope;
 pub use session::{Backend, Feed, Fetch, KerasFunction, Runner, Session};

@@ -285,6 +285,11 @@ impl Program {
         Ok(Target(self.targets.len() - 1))
     }
 
+    /// Adds `stores` to target `t` (an update that also resets state of its own).
+    pub(crate) fn extend_target(&mut self, t: Target, stores: Vec<Inst>) {
+        self.targets[t.0].stores.extend(stores);
+    }
+
     /// A target named `assign<i>` (the first free one) that stores each pair's new value into
     /// the state whose `load` the pair's first value is: a variable updated from a
     /// placeholder's value (TF's `assign`), or Keras's `updates`. The new value must have the

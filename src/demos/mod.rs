@@ -8,4 +8,5 @@ pub mod digits_rnn;
 pub mod digits_static;
 pub mod digits_transformer;
 pub mod gan_1d;
+pub mod gpt;
 pub mod tour;

@@ -14,13 +14,49 @@ use kiln_backend::Array;
 use kiln_ir::{DType, Shape, Type};
 use kiln_runtime::RuntimeError;
 use kiln_runtime::checkpoint::{self, CheckpointError};
-use kiln_runtime::data::{DataError, DataLoader};
+use kiln_runtime::data::text::TextBatches;
+use kiln_runtime::data::{Batch, DataError, DataLoader};
 use kiln_runtime::eager::EagerError;
 use metrics::Running;
 use ndarray::{ArrayD, IxDyn};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
+
+/// Where a trainer's batches come from, epoch by epoch: a [`DataLoader`] over a dataset, or
+/// [`TextBatches`] of token windows (an epoch is a stretch of steps).
+pub trait BatchSource {
+    /// Batches in an epoch.
+    fn batches_per_epoch(&self) -> usize;
+
+    /// The batches of `epoch` from its `first` on: where a run resumed mid-epoch goes on.
+    fn epoch_from(&self, epoch: usize, first: usize) -> Result<BatchIter<'_>, DataError>;
+}
+
+/// An epoch's batches, as a [`BatchSource`] gives them.
+pub type BatchIter<'a> = Box<dyn Iterator<Item = Result<Batch, DataError>> + 'a>;
+
+impl BatchSource for DataLoader {
+    fn batches_per_epoch(&self) -> usize {
+        self.len()
+    }
+
+    fn epoch_from(&self, epoch: usize, first: usize) -> Result<BatchIter<'_>, DataError> {
+        Ok(Box::new(DataLoader::epoch_from(self, epoch, first)?))
+    }
+}
+
+impl BatchSource for TextBatches {
+    fn batches_per_epoch(&self) -> usize {
+        self.steps()
+    }
+
+    fn epoch_from(&self, epoch: usize, first: usize) -> Result<BatchIter<'_>, DataError> {
+        Ok(Box::new(
+            (first..self.steps()).map(move |i| self.batch(epoch, i)),
+        ))
+    }
+}
 
 /// Why training stopped with an error.
 #[derive(Debug, thiserror::Error)]
@@ -171,7 +207,7 @@ type Callback<'a> = Box<dyn FnMut(&Event) -> Control + 'a>;
 pub struct Trainer<'a, L: Learner> {
     learner: L,
     callbacks: Vec<Callback<'a>>,
-    validation: Option<DataLoader>,
+    validation: Option<Box<dyn BatchSource + 'a>>,
     checkpoint: Option<PathBuf>,
     checkpoint_every: Option<usize>,
     early_stopping: Option<EarlyStopping>,
@@ -204,9 +240,9 @@ impl<'a, L: Learner> Trainer<'a, L> {
         self
     }
 
-    /// Measures the model on `data` after each epoch.
-    pub fn validate_on(mut self, data: DataLoader) -> Trainer<'a, L> {
-        self.validation = Some(data);
+    /// Measures the model on `data` after each epoch (every batch of its epoch 0).
+    pub fn validate_on(mut self, data: impl BatchSource + 'a) -> Trainer<'a, L> {
+        self.validation = Some(Box::new(data));
         self
     }
 
@@ -288,7 +324,7 @@ impl<'a, L: Learner> Trainer<'a, L> {
 
     /// Trains until `epochs` epochs are done (counting those before a resume), validating and
     /// checkpointing after each; returns early when a callback or early stopping says so.
-    pub fn fit(&mut self, train: &DataLoader, epochs: usize) -> Result<&History, TrainError> {
+    pub fn fit(&mut self, train: &dyn BatchSource, epochs: usize) -> Result<&History, TrainError> {
         self.history.stopped = None;
         while self.position.epoch < epochs {
             let (epoch, first) = (self.position.epoch, self.position.step);
@@ -296,7 +332,7 @@ impl<'a, L: Learner> Trainer<'a, L> {
             if first == 0 && self.emit(Event::EpochBegin { epoch }) == Control::Stop {
                 return self.stop("a callback stopped training");
             }
-            let bar = self.bar(train.len(), first, epoch, epochs);
+            let bar = self.bar(train.batches_per_epoch(), first, epoch, epochs);
             for (i, batch) in train.epoch_from(epoch, first)?.enumerate() {
                 let step = first + i;
                 let batch = batch?;
@@ -332,8 +368,12 @@ impl<'a, L: Learner> Trainer<'a, L> {
                 }
             }
             bar.finish_and_clear();
-            let validation = match self.validation.clone() {
-                Some(data) => Some(self.evaluate(&data)?.0),
+            let validation = match self.validation.take() {
+                Some(data) => {
+                    let measured = self.measure(data.as_ref(), None);
+                    self.validation = Some(data);
+                    Some(measured?)
+                }
                 None => None,
             };
             let record = EpochRecord {
@@ -394,16 +434,29 @@ impl<'a, L: Learner> Trainer<'a, L> {
         &mut self,
         data: &DataLoader,
     ) -> Result<(Metrics, ConfusionMatrix), TrainError> {
-        let mut running = Running::default();
         let mut confusion = ConfusionMatrix::new(data.dataset().classes);
-        for batch in data.epoch(0)? {
+        let metrics = self.measure(data, Some(&mut confusion))?;
+        Ok((metrics, confusion))
+    }
+
+    /// The metrics of every batch of `data`'s epoch 0, changing nothing; each row counted
+    /// into `confusion` too when given.
+    fn measure(
+        &mut self,
+        data: &dyn BatchSource,
+        mut confusion: Option<&mut ConfusionMatrix>,
+    ) -> Result<Metrics, TrainError> {
+        let mut running = Running::default();
+        for batch in data.epoch_from(0, 0)? {
             let batch = batch?;
             let out = self.learner.eval_step(&batch)?;
             let rows = metrics::label_ranks(&out.logits, &batch.y);
             running.add(out.loss, &rows, self.top_k);
-            confusion.add_rows(&rows);
+            if let Some(confusion) = confusion.as_deref_mut() {
+                confusion.add_rows(&rows);
+            }
         }
-        Ok((running.finish(self.top_k), confusion))
+        Ok(running.finish(self.top_k))
     }
 
     /// Writes the checkpoint now (see [`Trainer::checkpoint`]).

@@ -212,6 +212,7 @@ pub trait Layer {
 }
 
 /// `x @ w + b`, with `w: [in, out]` (Kaiming-uniform) and `b: [out]` (zeros).
+#[derive(Clone)]
 pub struct Linear {
     /// The weights, `[inputs, outputs]`.
     pub w: Parameter,
@@ -300,6 +301,7 @@ activation_layers!(
 );
 
 /// Layer normalisation over the last axis, with a learned scale (ones) and shift (zeros).
+#[derive(Clone)]
 pub struct LayerNorm {
     /// The scale, initially ones.
     pub gamma: Parameter,
@@ -416,6 +418,7 @@ impl Layer for SelfAttention {
 
 /// Multi-head self-attention over `[N, T, D]` tensors with biased projections (the eager twin
 /// of [`crate::layers::MultiHeadAttention`], the same parameter names and composite).
+#[derive(Clone)]
 pub struct MultiHeadAttention {
     /// The query, key, value and output projections, `<name>.q`, `.k`, `.v`, `.o`.
     pub projections: [Linear; 4],
@@ -468,6 +471,7 @@ impl Layer for MultiHeadAttention {
 /// A pre-norm transformer encoder layer (the eager twin of
 /// [`crate::layers::TransformerEncoderLayer`]): `x + attention(norm1(x))`, then
 /// `x + ff2(gelu(ff1(norm2(x))))`.
+#[derive(Clone)]
 pub struct TransformerEncoderLayer {
     /// The norm before the attention.
     pub norm1: LayerNorm,
@@ -772,6 +776,7 @@ impl Layer for Flatten {
 }
 
 /// A table of `vocab` vectors of `dim`, indexed by integer tensors.
+#[derive(Clone)]
 pub struct Embedding {
     /// The vectors, `[vocab, dim]`.
     pub table: Parameter,

@@ -8,7 +8,7 @@
 
 use super::tensor::Repr;
 use super::{EagerError, EagerResult, Tensor, with};
-use crate::optim::Optimizer;
+use crate::optim::{Accumulation, Optimizer, accumulate_gradients};
 use crate::program::{Program, Target};
 use crate::session::{Fetch, Runner};
 use kiln_backend::Array;
@@ -166,6 +166,24 @@ impl StaticFunction {
     pub fn minimize(&mut self, rule: &mut dyn Optimizer, output: usize) -> EagerResult<Target> {
         let loss = self.output(output)?;
         Ok(rule.minimize(&mut self.program, loss)?)
+    }
+
+    /// Like [`StaticFunction::minimize`], from gradients accumulated over `micro_batches`
+    /// calls (see [`crate::optim::Accumulation`]): call with `accumulate` on each micro-batch
+    /// but the last, then with `apply`.
+    pub fn minimize_accumulated(
+        &mut self,
+        rule: &mut dyn Optimizer,
+        output: usize,
+        micro_batches: usize,
+    ) -> EagerResult<Accumulation> {
+        let loss = self.output(output)?;
+        Ok(accumulate_gradients(
+            rule,
+            &mut self.program,
+            loss,
+            micro_batches,
+        )?)
     }
 
     /// Runs the outputs and applies `updates`: a compiled training step.

@@ -23,4 +23,4 @@ pub use corpus::{
     text_file,
 };
 pub use tokenizer::{CharTokenizer, END_OF_TEXT, Tokenizer};
-pub use windows::{TextDataset, TokenWindows};
+pub use windows::{TextBatches, TextDataset, TokenWindows};

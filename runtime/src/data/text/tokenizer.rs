@@ -119,6 +119,14 @@ impl Tokenizer {
         }
     }
 
+    /// The id of [`END_OF_TEXT`], which BPE vocabularies hold and character ones do not.
+    pub fn end_of_text(&self) -> Option<u32> {
+        match self {
+            Tokenizer::Chars(_) => None,
+            Tokenizer::Bpe(t) => t.token_to_id(END_OF_TEXT),
+        }
+    }
+
     /// The text of `ids`; an id outside the vocabulary is an error naming it.
     pub fn decode(&self, ids: &[u32]) -> Result<String, DataError> {
         let out_of_range = |id: u32| {

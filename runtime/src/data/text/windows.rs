@@ -168,3 +168,49 @@ impl TokenWindows {
         })
     }
 }
+
+/// A part's windows as a trainer reads them: `steps` batches an epoch, batch `i` of epoch `e`
+/// drawn as [`TokenWindows::batch`] draws step `e·steps + i` — so an epoch is a stretch of
+/// steps, and a run resumed mid-epoch sees the batches an uninterrupted one saw. For
+/// validation, [`TextBatches::same_each_epoch`] measures every epoch on the same batches.
+#[derive(Clone, Debug)]
+pub struct TextBatches {
+    windows: TokenWindows,
+    batch_size: usize,
+    steps: usize,
+    seed: u64,
+    repeat: bool,
+}
+
+impl TextBatches {
+    /// `steps` batches of `batch_size` windows of `windows` an epoch, drawn with `seed`.
+    pub fn new(windows: TokenWindows, batch_size: usize, steps: usize, seed: u64) -> TextBatches {
+        TextBatches {
+            windows,
+            batch_size,
+            steps,
+            seed,
+            repeat: false,
+        }
+    }
+
+    /// The same batches every epoch (those of epoch 0).
+    pub fn same_each_epoch(self) -> TextBatches {
+        TextBatches {
+            repeat: true,
+            ..self
+        }
+    }
+
+    /// Batches an epoch.
+    pub fn steps(&self) -> usize {
+        self.steps
+    }
+
+    /// Batch `index` of `epoch`.
+    pub fn batch(&self, epoch: usize, index: usize) -> Result<Batch, DataError> {
+        let epoch = if self.repeat { 0 } else { epoch };
+        let step = (epoch * self.steps + index) as u64;
+        self.windows.batch(self.batch_size, self.seed, step)
+    }
+}

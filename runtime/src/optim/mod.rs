@@ -3,7 +3,17 @@
 //!
 //! Each optimizer is a pure rule `step(param, grad, state) -> (param, state)` written with IR
 //! ops. Its state (moments, a step counter) is declared in the module, so checkpoints save it;
-//! it is named `<optimizer>.<moment>.<param>`.
+//! it is named `<optimizer>.<moment>.<param>`. A rate may follow a [`Schedule`] of the
+//! optimizer's step counter, [`ClipGradNorm`] scales every gradient by their global norm
+//! before any rule sees them, and [`accumulate_gradients`] updates from micro-batches.
+
+mod accumulate;
+mod clip;
+mod schedule;
+
+pub use accumulate::{Accumulation, accumulate_gradients};
+pub use clip::ClipGradNorm;
+pub use schedule::Schedule;
 
 use crate::error::{RuntimeError, RuntimeResult};
 use crate::program::{Program, Target};
@@ -16,6 +26,8 @@ pub enum LearningRate {
     Const(f64),
     /// A value of the program (a placeholder, say), read at each run.
     Feed(Value),
+    /// A schedule of the optimizer's step counter, computed in the program.
+    Schedule(Schedule),
 }
 
 impl From<f64> for LearningRate {
@@ -24,11 +36,28 @@ impl From<f64> for LearningRate {
     }
 }
 
+impl From<Schedule> for LearningRate {
+    fn from(schedule: Schedule) -> LearningRate {
+        LearningRate::Schedule(schedule)
+    }
+}
+
 impl LearningRate {
-    fn value(self, p: &mut Program, dtype: DType) -> RuntimeResult<Value> {
+    /// The rate as a value of `dtype`; `step` gives the rule's count of updates including
+    /// this one, which only a schedule asks for.
+    fn value(
+        self,
+        p: &mut Program,
+        dtype: DType,
+        step: impl FnOnce(&mut Program) -> RuntimeResult<Value>,
+    ) -> RuntimeResult<Value> {
         Ok(match self {
             LearningRate::Const(lr) => p.scalar(dtype, lr)?,
             LearningRate::Feed(v) => p.cast(v, dtype)?,
+            LearningRate::Schedule(schedule) => {
+                let t = step(p)?;
+                schedule.value(p, t, dtype)?
+            }
         })
     }
 }
@@ -283,6 +312,8 @@ pub struct Sgd {
     name: String,
     lr: LearningRate,
     weight_decay: f64,
+    /// The step counter (with a scheduled rate only).
+    step: Option<(StateDecl, Value)>,
 }
 
 impl Sgd {
@@ -297,6 +328,7 @@ impl Sgd {
             name: name.to_owned(),
             lr: lr.into(),
             weight_decay: 0.0,
+            step: None,
         }
     }
 
@@ -312,6 +344,10 @@ impl Optimizer for Sgd {
         &self.name
     }
 
+    fn finish(&mut self, _p: &mut Program) -> RuntimeResult<Vec<(StateDecl, Value)>> {
+        Ok(self.step.take().into_iter().collect())
+    }
+
     fn learning_rate(&self) -> Option<LearningRate> {
         Some(self.lr)
     }
@@ -323,7 +359,9 @@ impl Optimizer for Sgd {
 
     fn step(&mut self, p: &mut Program, u: &Update<'_>) -> RuntimeResult<Step> {
         let grad = decayed(p, u, self.weight_decay)?;
-        let lr = self.lr.value(p, u.decl.ty.dtype)?;
+        let lr = (self.lr).value(p, u.decl.ty.dtype, |p| {
+            next_step(p, &self.name, &mut self.step)
+        })?;
         let delta = p.mul(grad, lr)?;
         let param = p.sub(u.value, delta)?;
         Ok(Step {
@@ -430,7 +468,7 @@ impl Optimizer for Momentum {
         } else {
             v_next
         };
-        let lr = self.lr.value(p, dtype)?;
+        let lr = (self.lr).value(p, dtype, |p| next_step(p, &self.name, &mut self.step))?;
         let delta = p.mul(direction, lr)?;
         let param = p.sub(u.value, delta)?;
         Ok(Step {
@@ -452,6 +490,8 @@ pub struct Adam {
     eps: f64,
     weight_decay: f64,
     decoupled: bool,
+    /// Whether vectors and scalars (biases, norms' scales) are left undecayed.
+    decay_matrices_only: bool,
     /// The step counter's state and `t + 1`, made by the first parameter's step.
     step: Option<(StateDecl, Value)>,
 }
@@ -472,6 +512,7 @@ impl Adam {
             eps: 1e-8,
             weight_decay: 0.0,
             decoupled: false,
+            decay_matrices_only: false,
             step: None,
         }
     }
@@ -486,6 +527,22 @@ impl Adam {
     pub fn with_decoupled_weight_decay(mut self, weight_decay: f64) -> Adam {
         (self.weight_decay, self.decoupled) = (weight_decay, true);
         self
+    }
+
+    /// Decays only parameters of rank 2 or more (products' weights and embeddings), not
+    /// biases or norms' scales and shifts — the split GPT recipes make with two parameter
+    /// groups in PyTorch.
+    pub fn decaying_matrices_only(mut self) -> Adam {
+        self.decay_matrices_only = true;
+        self
+    }
+
+    /// The weight decay of `decl`.
+    fn weight_decay_of(&self, decl: &StateDecl) -> f64 {
+        match self.decay_matrices_only && decl.ty.rank() < 2 {
+            true => 0.0,
+            false => self.weight_decay,
+        }
     }
 
     /// Other betas.
@@ -520,11 +577,8 @@ impl Optimizer for Adam {
         let dtype = u.decl.ty.dtype;
         let t = next_step(p, &self.name, &mut self.step)?;
         let t = p.cast(t, dtype)?;
-        let l2 = if self.decoupled {
-            0.0
-        } else {
-            self.weight_decay
-        };
+        let weight_decay = self.weight_decay_of(u.decl);
+        let l2 = if self.decoupled { 0.0 } else { weight_decay };
         let grad = decayed(p, u, l2)?;
         let u = &Update { grad, ..*u };
         let (m_decl, m) = moment(p, &self.name, "m", u.decl)?;
@@ -553,12 +607,12 @@ impl Optimizer for Adam {
         let scaled = p.div(sqrt_v, sqrt_bc2)?;
         let eps = p.scalar(dtype, self.eps)?;
         let denom = p.add(scaled, eps)?;
-        let lr = self.lr.value(p, dtype)?;
+        let lr = (self.lr).value(p, dtype, |p| next_step(p, &self.name, &mut self.step))?;
         let step_size = p.div(lr, bc1)?;
         let ratio = p.div(m_next, denom)?;
         let delta = p.mul(ratio, step_size)?;
-        let start = if self.decoupled && self.weight_decay != 0.0 {
-            let lambda = p.scalar(dtype, self.weight_decay)?;
+        let start = if self.decoupled && weight_decay != 0.0 {
+            let lambda = p.scalar(dtype, weight_decay)?;
             let rate = p.mul(lr, lambda)?;
             let decay = p.mul(u.value, rate)?;
             p.sub(u.value, decay)?
