@@ -13,6 +13,7 @@
 
 use kiln::demos::gpt::{self, recipe_args};
 use kiln::lm::LanguageModel;
+use kiln::train::Control;
 use std::path::PathBuf;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -43,6 +44,7 @@ fn train(args: impl Iterator<Item = String>) -> Result<(), Box<dyn std::error::E
             "step {step:>5}  train loss {:.4}  validation loss {validation:.4}  ({:.1} s)",
             record.train.loss, record.seconds
         );
+        Control::Continue
     })?;
     LanguageModel::save(&trained.model.gpt, &trained.model.tokenizer, &out)?;
     let losses: Vec<(f64, &str)> = (trained.history.step_losses.iter())

@@ -7,7 +7,7 @@ use kiln::runtime::data::text::{self, TextBatches, TextDataset, Tokenizer};
 use kiln::runtime::eager::nn::Layer;
 use kiln::runtime::eager::{self, EagerOptimizer, Gpt, GptConfig};
 use kiln::runtime::{Adam, ClipGradNorm, Schedule, Sgd};
-use kiln::train::{EagerClassifier, Learner, Trainer};
+use kiln::train::{Control, EagerClassifier, Learner, Trainer};
 use std::collections::BTreeMap;
 
 const BLOCK: usize = 16;
@@ -153,7 +153,11 @@ fn the_recipe_trains_saves_and_generates_the_same_text_after_loading() {
     };
     let corpus = text::sonnets().unwrap();
     let mut reports = 0;
-    let trained = gpt::train(&recipe, &corpus, None, |_| reports += 1).unwrap();
+    let trained = gpt::train(&recipe, &corpus, None, |_| {
+        reports += 1;
+        Control::Continue
+    })
+    .unwrap();
     assert_eq!((reports, trained.history.step_losses.len()), (2, 8));
     let greedy = kiln::runtime::Sampling::greedy();
     let before = trained.model.generate("Shall I", 20, &greedy).unwrap();
@@ -205,4 +209,43 @@ fn the_recipe_trains_saves_and_generates_the_same_text_after_loading() {
         .to_string();
     assert!(message.contains("config.json"), "{message}");
     std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn a_recipe_stopped_at_a_validation_resumes_to_the_uninterrupted_run() {
+    use kiln::demos::gpt::{self, Recipe};
+    let recipe = Recipe {
+        steps: 8,
+        batch: 4,
+        eval_every: 4,
+        eval_batches: 1,
+        warmup: 2,
+        model: config(0),
+        ..Recipe::default()
+    };
+    let corpus = text::sonnets().unwrap();
+    let values = |trained: &gpt::Trained| -> BTreeMap<String, Vec<f64>> {
+        (trained.model.gpt.parameters().iter())
+            .map(|p| {
+                (
+                    p.name().to_owned(),
+                    p.tensor().unwrap().to_f64_vec().unwrap(),
+                )
+            })
+            .collect()
+    };
+    let whole = gpt::train(&recipe, &corpus, None, |_| Control::Continue).unwrap();
+    let want = values(&whole);
+    let path =
+        std::env::temp_dir().join(format!("kiln-lm-resume-{}.safetensors", std::process::id()));
+    let _ = std::fs::remove_file(&path);
+    let first = gpt::train(&recipe, &corpus, Some(&path), |_| Control::Stop).unwrap();
+    assert_eq!(first.history.step_losses.len(), 4);
+    assert_ne!(values(&first), want);
+    // A fresh model (the scope is reset) loads the checkpoint: parameters, Adam's moments and
+    // step (so the schedule's rate), the trainer's position and losses.
+    let resumed = gpt::train(&recipe, &corpus, Some(&path), |_| Control::Continue).unwrap();
+    std::fs::remove_file(&path).unwrap();
+    assert_eq!(resumed.history.step_losses, whole.history.step_losses);
+    assert_close(&values(&resumed), &want, 0.0);
 }

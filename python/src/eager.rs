@@ -8,7 +8,7 @@ use kiln::backend::{Array, CustomOpError};
 use kiln::ir::{BinaryOp, CompareOp, DType, Dim, ReduceOp, Shape, Type, UnaryOp};
 use kiln::runtime::eager::custom::{self, CustomOp};
 use kiln::runtime::eager::nn::{self, Layer, Parameter};
-use kiln::runtime::eager::{self, EagerOptimizer, Index, NoGradGuard, StaticFunction, Tensor};
+use kiln::runtime::eager::{self, EagerOptimizer, Gpt, Index, NoGradGuard, StaticFunction, Tensor};
 use kiln::runtime::{
     Init, LayerForm, LayerKind, LayerKindError, Optimizer, OptimizerError, OptimizerOptions,
     OptionValue, Target,
@@ -617,7 +617,8 @@ fn functional(
         | LayerKind::Gru
         | LayerKind::SelfAttention
         | LayerKind::MultiHeadAttention
-        | LayerKind::TransformerEncoderLayer => {
+        | LayerKind::TransformerEncoderLayer
+        | LayerKind::Gpt => {
             return Err(layer_kind_error(kind.no_form(LayerForm::Functional)));
         }
     };
@@ -1212,22 +1213,22 @@ fn load_parameters(path: std::path::PathBuf) -> PyResult<()> {
 }
 
 /// One of Kiln's built-in eager layers (convolution, pooling, normalisation, recurrent
-/// cells, attention, embedding, dropout), made by kind; `kiln.nn` wraps each in a `Layer`.
+/// cells, attention, embedding, dropout, a GPT), made by kind; `kiln.nn` wraps each in a
+/// `Layer`. A GPT is kept as itself too, for `generate`.
 #[pyclass(name = "NativeLayer", module = "kiln")]
-pub(crate) struct PyNativeLayer(Box<dyn Layer + Send + Sync>);
+pub(crate) struct PyNativeLayer {
+    layer: Box<dyn Layer + Send + Sync>,
+    gpt: Option<Gpt>,
+}
 
 /// The layer of `kind` named `name` with `options` (a dict of its sizes).
-fn native_layer(
-    kind: &str,
-    name: &str,
-    o: &Bound<'_, PyDict>,
-) -> PyResult<Box<dyn Layer + Send + Sync>> {
+fn native_layer(kind: &str, name: &str, o: &Bound<'_, PyDict>) -> PyResult<PyNativeLayer> {
     let o = Options {
         kind,
         dict: Some(o),
     };
     let kind = layer_kind(kind, LayerForm::Eager)?;
-    Ok(match kind {
+    let layer: Box<dyn Layer + Send + Sync> = match kind {
         LayerKind::Conv2d => {
             let channels = [o.size("in_channels")?, o.size("out_channels")?];
             Box::new(py_eager(nn::Conv2d::new(
@@ -1294,8 +1295,17 @@ fn native_layer(
             o.float("p", 0.5)?,
             o.size("seed").unwrap_or(0) as u64,
         )),
+        LayerKind::Gpt => {
+            let gpt = crate::gpt::gpt(name, &o)?;
+            let layer = Box::new(gpt.clone());
+            return Ok(PyNativeLayer {
+                layer,
+                gpt: Some(gpt),
+            });
+        }
         LayerKind::Gelu => return Err(layer_kind_error(kind.no_form(LayerForm::Eager))),
-    })
+    };
+    Ok(PyNativeLayer { layer, gpt: None })
 }
 
 /// The layer kind `name` in `form`, or Python's `TypeError` naming the kinds there are.
@@ -1327,22 +1337,54 @@ impl PyNativeLayer {
     ) -> PyResult<PyNativeLayer> {
         let empty = PyDict::new(py);
         let options = options.unwrap_or(&empty);
-        native_layer(kind, name, options).map(PyNativeLayer)
+        native_layer(kind, name, options)
     }
 
     fn forward(&self, x: TensorArg) -> PyResult<PyTensor> {
-        py_eager(self.0.forward(&x.0)).map(PyTensor)
+        py_eager(self.layer.forward(&x.0)).map(PyTensor)
     }
 
     fn parameters(&self) -> Vec<PyParameter> {
-        self.0.parameters().into_iter().map(PyParameter).collect()
+        self.layer
+            .parameters()
+            .into_iter()
+            .map(PyParameter)
+            .collect()
     }
 
     fn buffers(&self) -> Vec<PyParameter> {
-        self.0.buffers().into_iter().map(PyParameter).collect()
+        self.layer.buffers().into_iter().map(PyParameter).collect()
     }
 
     fn set_training(&mut self, training: bool) {
-        self.0.set_training(training)
+        self.layer.set_training(training)
+    }
+
+    /// A GPT's `prompts` each followed by up to `count` drawn tokens (`kiln.nn.GPT.generate`).
+    #[pyo3(signature = (prompts, count, greedy, temperature, top_k, top_p, seed, stop, cache))]
+    #[allow(clippy::too_many_arguments)]
+    fn generate(
+        &self,
+        prompts: Vec<Vec<i64>>,
+        count: usize,
+        greedy: bool,
+        temperature: f64,
+        top_k: Option<usize>,
+        top_p: Option<f64>,
+        seed: u64,
+        stop: Vec<i64>,
+        cache: bool,
+    ) -> PyResult<Vec<Vec<i64>>> {
+        let Some(gpt) = &self.gpt else {
+            return Err(PyTypeError::new_err("generate: only a GPT generates"));
+        };
+        let draw = crate::gpt::Draw {
+            greedy,
+            temperature,
+            top_k,
+            top_p,
+            seed,
+        };
+        crate::gpt::generate(gpt, &prompts, count, &draw, &stop, cache)
     }
 }

@@ -481,6 +481,7 @@ impl PyProgram {
                 | LayerKind::MultiHeadAttention
                 | LayerKind::TransformerEncoderLayer
                 | LayerKind::Dropout
+                | LayerKind::Gpt
                 | LayerKind::Gelu => {
                     return Err(layer_kind_error(layer_kind.no_form(LayerForm::Static)));
                 }

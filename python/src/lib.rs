@@ -14,6 +14,7 @@ mod array;
 mod data;
 mod eager;
 mod errors;
+mod gpt;
 mod graph;
 mod options;
 mod text;

@@ -118,6 +118,8 @@ layer_kinds! {
     /// A transformer encoder layer: attention and a feed-forward block, each with a residual
     /// and a layer norm.
     TransformerEncoderLayer = "transformer_encoder_layer": [Eager];
+    /// A GPT: token and position embeddings, causal pre-norm blocks, the tied output head.
+    Gpt = "gpt": [Eager];
     /// Dropout, active in training.
     Dropout = "dropout": [Eager, Functional];
     /// The Gaussian error linear unit, with the exact normal CDF.

@@ -96,13 +96,14 @@ fn tokenized(recipe: &Recipe, corpus: &Corpus) -> Result<(Tokenizer, TextDataset
     Ok((tokenizer, data))
 }
 
-/// Trains `recipe` on `corpus`, calling `report` after each validation; checkpoints into
-/// `checkpoint` (and resumes from it) when given.
+/// Trains `recipe` on `corpus`, calling `report` after each validation (whose
+/// [`Control::Stop`] ends the run there); checkpoints into `checkpoint` after each
+/// validation, and resumes from it, when given.
 pub fn train(
     recipe: &Recipe,
     corpus: &Corpus,
     checkpoint: Option<&Path>,
-    mut report: impl FnMut(&EpochRecord),
+    mut report: impl FnMut(&EpochRecord) -> Control,
 ) -> Result<Trained, TrainError> {
     let (tokenizer, data) = tokenized(recipe, corpus)?;
     let context = recipe.model.context;
@@ -127,11 +128,9 @@ pub fn train(
     let mut trainer = Trainer::new(learner)
         .validate_on(validation)
         .progress(true)
-        .on(|event| {
-            if let Event::EpochEnd { record } = event {
-                report(record);
-            }
-            Control::Continue
+        .on(|event| match event {
+            Event::EpochEnd { record } => report(record),
+            _ => Control::Continue,
         });
     if let Some(path) = checkpoint {
         trainer = trainer.checkpoint(path);

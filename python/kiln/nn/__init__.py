@@ -490,6 +490,51 @@ class TransformerEncoderLayer(_Native):
         return self._native.forward(src)
 
 
+class GPT(_Native):
+    """A decoder-only transformer as nanoGPT's: token and learned position embeddings,
+    ``layers`` pre-norm blocks of causal self-attention (``heads`` heads) and a GELU MLP of
+    ``4 * width``, a final layer norm and the output head tied to the token embedding, with
+    GPT-2's initialisation. ``forward(idx)`` maps tokens ``[N, T]`` (int64, ``T <= context``)
+    to logits ``[N, T, vocab_size]``; its parameters are named as Rust's ``Gpt`` names them
+    (``tokens.table``, ``block0.attention.q.w``, ``block0.norm1.gamma``, …; Linear weights
+    ``[in, out]``)."""
+
+    kind = "gpt"
+
+    def __init__(self, vocab_size, context, width=128, heads=4, layers=4, name=None):
+        _check_heads(width, heads)
+        super().__init__(name, vocab_size=vocab_size, context=context, width=width,
+                         heads=heads, layers=layers)
+        object.__setattr__(self, "vocab_size", vocab_size)
+        object.__setattr__(self, "context", context)
+
+    def loss(self, idx, targets):
+        """The mean cross-entropy of predicting ``targets`` ``[N, T]`` (each token's
+        successor) from ``idx`` ``[N, T]``."""
+        return functional.cross_entropy(self(idx), targets)
+
+    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None,
+                 greedy=False, seed=0, stop=(), use_cache=True):
+        """Each row of ``idx`` (token ids: a list of lists, or an int array ``[B, T]``)
+        followed by up to ``max_new_tokens`` tokens, as lists of ints. A token is drawn from
+        the softmax of the last logits over ``temperature`` (nanoGPT's ``generate``), kept to
+        the ``top_k`` likeliest and to the smallest set holding ``top_p`` of the mass, from a
+        generator seeded by ``seed`` (one for the batch, row after row); ``greedy`` (or
+        ``temperature=0``) takes the likeliest instead. A row ends after a token of ``stop``, which is kept. Past the
+        context, each token sees the last ``context`` ones.
+
+        With ``use_cache`` (the default) the rows go as one batch through a KV cache — a
+        prefill per prompt length and one decode program for every position — and must have
+        one length; without it each row is generated alone, its whole window computed again
+        for every token (the same tokens at batch 1 or greedy, slower)."""
+        rows = [[int(t) for t in row] for row in (idx.tolist() if hasattr(idx, "tolist") else idx)]
+        if not rows:
+            raise ValueError("GPT.generate: no prompts")
+        return self._native.generate(rows, int(max_new_tokens), bool(greedy), float(temperature),
+                                     top_k, top_p, int(seed), [int(t) for t in stop],
+                                     bool(use_cache))
+
+
 class Dropout(_Native):
     """Zeroes each element with probability ``p`` in training mode (scaling the rest by
     ``1 / (1 - p)``); the identity in evaluation mode."""
