@@ -1,7 +1,8 @@
 //! Runs Kiln on the peers' workloads (W2–W8 of `../shared/baselines`; W9, the digits CNN,
-//! W10, a recurrent network, W11, a transformer encoder, and W12, epochs of the Fashion-MNIST
-//! CNN, whose peer scripts are Kiln's `scripts/peers/bench_w9_cnn.py`, `bench_w10_rnn.py`,
-//! `bench_w11_transformer.py` and `bench_w12_fashion_epoch.py`)
+//! W10, a recurrent network, W11, a transformer encoder, W12, epochs of the Fashion-MNIST
+//! CNN, and W14, a GPT's greedy decoding through its KV cache, whose peer scripts are Kiln's
+//! `scripts/peers/bench_w9_cnn.py`, `bench_w10_rnn.py`, `bench_w11_transformer.py`,
+//! `bench_w12_fashion_epoch.py` and `bench_w14_decode.py`)
 //! with the peers' timing
 //! protocol — the same warm-up and repeat counts, median (min..max) — and appends the same
 //! JSON-lines records to `<out>/<workload>.jsonl`, so one table shows Kiln beside the peers.
@@ -11,7 +12,8 @@
 //! `scripts/compare_peers.sh` runs it after the peers' scripts and writes the comparison.
 //!
 //! `--data dir` holds the W5, W9, W10 and W11 batches and initial weights the peers use (`scripts/peer_data.py`
-//! writes them with numpy), so that the loss after 110 steps is comparable.
+//! writes them with numpy), so that the loss after 110 steps is comparable, and W14's prompt
+//! and weights.
 
 use kiln::npy::read_npy;
 use kiln::workloads::{self, Forward};
@@ -454,6 +456,62 @@ fn w12(e: &Emitter) -> Result<(), Error> {
     )
 }
 
+/// W14: 256 tokens decoded greedily after a 64-token prompt at batch 1, through the KV cache
+/// (a prefill, then one decode program for every position), from the peers' weights
+/// (`w14.safetensors`, PyTorch's names and layouts) and prompt; ms a token, the whole
+/// generation over 256, prefill included (2 warm-up generations, 10 timed, as the peers).
+fn w14(e: &Emitter, data: Option<&Path>) -> Result<(), Error> {
+    use kiln::runtime::Sampling;
+    use kiln::runtime::checkpoint::{StateDictLayout, load_state_dict};
+    use kiln::runtime::eager::{self, Generator, Gpt, GptConfig};
+    const NEW: usize = 256;
+    let dir = data.ok_or("w14 needs --data (scripts/peer_data.py writes its weights)")?;
+    eager::reset();
+    let config = GptConfig {
+        vocab: 65,
+        context: 320,
+        width: 128,
+        heads: 4,
+        layers: 4,
+    };
+    let gpt = Gpt::new("gpt", config)?;
+    let declared = kiln::lm::declared_types(&gpt);
+    let weights = dir.join("w14.safetensors");
+    for (name, value) in load_state_dict(&weights, &declared, StateDictLayout::PyTorch)? {
+        eager::set_state(&name, value)?;
+    }
+    let prompt = read_npy(&dir.join("w14_prompt.npy"), DType::I64)?.to_f64_vec();
+    let prompts = [prompt.iter().map(|&t| t as i64).collect::<Vec<_>>()];
+    let greedy = Sampling::greedy();
+    let started = Instant::now();
+    let mut generator = Generator::new(&gpt, 1)?;
+    let tokens = generator.generate(&prompts, NEW, &greedy, &[])?;
+    let first = started.elapsed().as_secs_f64();
+    let made = tokens[0][prompts[0].len()..].to_vec();
+    let generation = || -> Result<(), Error> {
+        let again = generator.generate(&prompts, NEW, &greedy, &[])?;
+        match again == tokens {
+            true => Ok(()),
+            false => Err("greedy decoding is not deterministic".into()),
+        }
+    };
+    let mut per_token = bench(generation, 1, 10, 0.0)?;
+    for t in [
+        &mut per_token.median,
+        &mut per_token.min,
+        &mut per_token.max,
+    ] {
+        *t /= NEW as f64;
+    }
+    let extra = json!({
+        "first_generation_s": first,
+        "tokens_per_s": 1.0 / per_token.median,
+        "first_tokens": &made[..16],
+    });
+    let case = "eager::Generator (compiled prefill and decode step, cache updated in place)";
+    e.emit("w14", case, Some(&per_token), "ms", extra)
+}
+
 fn main() -> Result<(), Error> {
     let mut out = PathBuf::from("results");
     let mut data = None;
@@ -492,6 +550,7 @@ fn main() -> Result<(), Error> {
             "w10" => w10(&e, data.as_deref())?,
             "w11" => w11(&e, data.as_deref())?,
             "w12" => w12(&e)?,
+            "w14" => w14(&e, data.as_deref())?,
             other => return Err(format!("unknown workload {other}").into()),
         }
     }

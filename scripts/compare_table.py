@@ -121,6 +121,7 @@ def rows(results):
     timed("w10", "median", "ms", 1.3, "≥ 1.3× faster")
     timed("w11", "median", "ms", 1.2, "≥ 1.2× faster")
     timed("w12", "median", "s", 1.0, "ahead of the best peer")
+    timed("w14", "median", "ms", 2.0, "≥ 2× faster")
     return out
 
 
@@ -130,15 +131,19 @@ OWN = {
     "w11": "W11 transformer training step: 2 pre-norm encoder layers (width 256, 4 causal heads, "
            "feed-forward 1024, GELU), 16 sequences of 128 tokens, Adam",
     "w12": "W12 an epoch of the Fashion-MNIST CNN, data loading included, batch 64, Adam",
+    "w14": "W14 greedy decoding through a KV cache: 256 tokens after a 64-token prompt, batch 1, "
+           "the GPT recipe's model (4 layers, width 128, context 320)",
 }
 
 
 def own_records(results, w):
-    """W9–W12 are Kiln's own workloads, which the peers' make_tables.py does not know: their
+    """W9–W14 are Kiln's own workloads, which the peers' make_tables.py does not know: their
     records."""
     bare = lambda v: fmt(v, "").strip()  # noqa: E731
     if w == "w12":
         return epoch_records(results, bare)
+    if w == "w14":
+        return decode_records(results, bare)
     rows = [[r["framework"], r["case"],
              f"{bare(r['median'])} ({bare(r['min'])}..{bare(r['max'])})"
              + (" [contended]" if r.get("contended") else ""),
@@ -166,6 +171,24 @@ def epoch_records(results, bare):
     header = ["framework", "variant", "s/epoch median (min..max)", "reading the files",
               "mean loss, epoch 3", "test accuracy"]
     lines = [f"### {OWN['w12']} (3 epochs, each timed)",
+             "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    return lines + ["| " + " | ".join(row) + " |" for row in rows]
+
+
+def decode_records(results, bare):
+    """W14's records: ms a token, the first generation (compiles included), tokens a second and
+    the first tokens made (from the same weights, the same where the arithmetic agrees)."""
+    rows = [[r["framework"], r["case"],
+             f"{bare(r['median'])} ({bare(r['min'])}..{bare(r['max'])})"
+             + (" [contended]" if r.get("contended") else ""),
+             fmt(r.get("first_generation_s"), "s"), f"{r['tokens_per_s']:.0f}",
+             " ".join(str(t) for t in r.get("first_tokens", [])[:8])]
+            for r in ok(load(results, "w14"))]
+    rows += [[r["framework"], r.get("case", ""), "FAILED: " + r.get("error", ""), "", "", ""]
+             for r in load(results, "w14") if r.get("status") != "ok"]
+    header = ["framework", "variant", "ms/token median (min..max)", "first generation",
+              "tokens/s", "first tokens"]
+    lines = [f"### {OWN['w14']} (10 timed generations after 2)",
              "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     return lines + ["| " + " | ".join(row) + " |" for row in rows]
 

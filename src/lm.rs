@@ -26,7 +26,7 @@ pub struct LanguageModel {
 }
 
 /// Each parameter of `gpt` by name with its type, as a checkpoint must hold them.
-pub(crate) fn declared_types(gpt: &Gpt) -> BTreeMap<String, Type> {
+pub fn declared_types(gpt: &Gpt) -> BTreeMap<String, Type> {
     (gpt.parameters().iter())
         .map(|p| (p.name().to_owned(), p.decl().ty.clone()))
         .collect()
