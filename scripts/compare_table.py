@@ -139,56 +139,40 @@ OWN = {
 def own_records(results, w):
     """W9–W14 are Kiln's own workloads, which the peers' make_tables.py does not know: their
     records."""
-    bare = lambda v: fmt(v, "").strip()  # noqa: E731
     if w == "w12":
-        return epoch_records(results, bare)
+        return records_table(
+            results, w, "3 epochs, each timed",
+            ["s/epoch median (min..max)", "reading the files", "mean loss, epoch 3",
+             "test accuracy"],
+            lambda r: [fmt(r.get("load_s"), "s"), f"{r['mean_loss_last_epoch']:.4f}",
+                       f"{100 * r['test_accuracy']:.1f} %"])
     if w == "w14":
-        return decode_records(results, bare)
+        # The first tokens made: from the same weights, the same where the arithmetic agrees.
+        return records_table(
+            results, w, "10 timed generations after 2",
+            ["ms/token median (min..max)", "first generation", "tokens/s", "first tokens"],
+            lambda r: [fmt(r.get("first_generation_s"), "s"), f"{r['tokens_per_s']:.0f}",
+                       " ".join(str(t) for t in r.get("first_tokens", [])[:8])])
+    return records_table(
+        results, w, "100 timed steps after 10 warm-up",
+        ["ms/step median (min..max)", "first step", "loss after 110 steps"],
+        lambda r: [fmt(r.get("first_step_s"), "s"), f"{r['loss_after_110_steps']:.6f}"])
+
+
+def records_table(results, w, protocol, header, cells):
+    """Workload `w`'s records as a table: framework, variant, the median (min..max) under
+    `header[0]`, then `cells(record)` under the rest; failed runs with their errors."""
+    bare = lambda v: fmt(v, "").strip()  # noqa: E731
+    records = load(results, w)
     rows = [[r["framework"], r["case"],
              f"{bare(r['median'])} ({bare(r['min'])}..{bare(r['max'])})"
-             + (" [contended]" if r.get("contended") else ""),
-             fmt(r.get("first_step_s"), "s"), f"{r['loss_after_110_steps']:.6f}"]
-            for r in ok(load(results, w))]
-    rows += [[r["framework"], r.get("case", ""), "FAILED: " + r.get("error", ""), "", ""]
-             for r in load(results, w) if r.get("status") != "ok"]
-    header = ["framework", "variant", "ms/step median (min..max)", "first step",
-              "loss after 110 steps"]
-    lines = [f"### {OWN[w]} (100 timed steps after 10 warm-up)",
-             "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    return lines + ["| " + " | ".join(row) + " |" for row in rows]
-
-
-def epoch_records(results, bare):
-    """W12's records: seconds per epoch, reading the files, and what the training reached."""
-    rows = [[r["framework"], r["case"],
-             f"{bare(r['median'])} ({bare(r['min'])}..{bare(r['max'])})"
-             + (" [contended]" if r.get("contended") else ""),
-             fmt(r.get("load_s"), "s"), f"{r['mean_loss_last_epoch']:.4f}",
-             f"{100 * r['test_accuracy']:.1f} %"]
-            for r in ok(load(results, "w12"))]
-    rows += [[r["framework"], r.get("case", ""), "FAILED: " + r.get("error", ""), "", "", ""]
-             for r in load(results, "w12") if r.get("status") != "ok"]
-    header = ["framework", "variant", "s/epoch median (min..max)", "reading the files",
-              "mean loss, epoch 3", "test accuracy"]
-    lines = [f"### {OWN['w12']} (3 epochs, each timed)",
-             "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    return lines + ["| " + " | ".join(row) + " |" for row in rows]
-
-
-def decode_records(results, bare):
-    """W14's records: ms a token, the first generation (compiles included), tokens a second and
-    the first tokens made (from the same weights, the same where the arithmetic agrees)."""
-    rows = [[r["framework"], r["case"],
-             f"{bare(r['median'])} ({bare(r['min'])}..{bare(r['max'])})"
-             + (" [contended]" if r.get("contended") else ""),
-             fmt(r.get("first_generation_s"), "s"), f"{r['tokens_per_s']:.0f}",
-             " ".join(str(t) for t in r.get("first_tokens", [])[:8])]
-            for r in ok(load(results, "w14"))]
-    rows += [[r["framework"], r.get("case", ""), "FAILED: " + r.get("error", ""), "", "", ""]
-             for r in load(results, "w14") if r.get("status") != "ok"]
-    header = ["framework", "variant", "ms/token median (min..max)", "first generation",
-              "tokens/s", "first tokens"]
-    lines = [f"### {OWN['w14']} (10 timed generations after 2)",
+             + (" [contended]" if r.get("contended") else "")] + cells(r)
+            for r in ok(records)]
+    rows += [[r["framework"], r.get("case", ""), "FAILED: " + r.get("error", "")]
+             + [""] * (len(header) - 1)
+             for r in records if r.get("status") != "ok"]
+    header = ["framework", "variant"] + header
+    lines = [f"### {OWN[w]} ({protocol})",
              "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     return lines + ["| " + " | ".join(row) + " |" for row in rows]
 

@@ -1378,13 +1378,13 @@ impl PyNativeLayer {
         let Some(gpt) = &self.gpt else {
             return Err(PyTypeError::new_err("generate: only a GPT generates"));
         };
-        let draw = crate::gpt::Draw {
-            greedy,
-            temperature,
+        // Temperature 0 is greedy decoding.
+        let sampling = kiln::runtime::Sampling {
+            temperature: if greedy { 0.0 } else { temperature },
             top_k,
             top_p,
             seed,
         };
-        crate::gpt::generate(gpt, &prompts, count, &draw, &stop, cache)
+        crate::gpt::generate(gpt, &prompts, count, sampling, &stop, cache)
     }
 }

@@ -22,31 +22,6 @@ pub(crate) fn gpt(name: &str, o: &Options) -> PyResult<Gpt> {
     py_eager(Gpt::new(name, config))
 }
 
-/// How `generate` draws each token.
-pub(crate) struct Draw {
-    pub(crate) greedy: bool,
-    pub(crate) temperature: f64,
-    pub(crate) top_k: Option<usize>,
-    pub(crate) top_p: Option<f64>,
-    pub(crate) seed: u64,
-}
-
-impl Draw {
-    fn sampling(&self) -> PyResult<Sampling> {
-        if self.greedy {
-            return Ok(Sampling::greedy());
-        }
-        let mut s = kiln_ok(Sampling::temperature(self.temperature, self.seed))?;
-        if let Some(k) = self.top_k {
-            s = kiln_ok(s.with_top_k(k))?;
-        }
-        if let Some(p) = self.top_p {
-            s = kiln_ok(s.with_top_p(p))?;
-        }
-        Ok(s)
-    }
-}
-
 /// Each prompt followed by up to `count` drawn tokens (a row ends after a token of `stop`).
 /// Through the cache the prompts go as one batch and must have one length; without it each is
 /// generated alone, the whole window computed again for every token.
@@ -54,11 +29,11 @@ pub(crate) fn generate(
     gpt: &Gpt,
     prompts: &[Vec<i64>],
     count: usize,
-    draw: &Draw,
+    sampling: Sampling,
     stop: &[i64],
     cache: bool,
 ) -> PyResult<Vec<Vec<i64>>> {
-    let sampling = draw.sampling()?;
+    let sampling = kiln_ok(sampling.checked())?;
     if cache {
         let mut generator = py_eager(Generator::new(gpt, prompts.len()))?;
         return py_eager(generator.generate(prompts, count, &sampling, stop));
