@@ -2,6 +2,8 @@
 //! kernel (the compiled code), each at the instruction it broke.
 
 use kiln::backend::StateStore;
+// Planted faults exist in debug builds only.
+#[cfg(debug_assertions)]
 use kiln::backend::exec::fault;
 use kiln::diff::{Stage, Tolerance, diff};
 use kiln::ir::{Module, parse_and_verify};
@@ -116,6 +118,7 @@ fn a_planted_wrong_rewrite_rule_is_named_with_its_pass_and_instruction() {
 }
 
 #[test]
+#[cfg(debug_assertions)]
 fn a_planted_wrong_kernel_is_named_with_its_instruction_and_kernel() {
     fault::plant(Some("tanh"));
     let mut pipeline = PassManager::pipeline("default").unwrap();
@@ -175,6 +178,7 @@ fn the_first_non_finite_value_of_each_run_is_named() {
 /// A product reading a transpose through a view is a plan only the program as run has: with
 /// the transpose observed it is a result, and the product reads its buffer.
 #[test]
+#[cfg(debug_assertions)]
 fn a_fault_only_the_program_as_run_has_is_reported_with_its_results() {
     let module = parse_and_verify(
         "module {

@@ -1,5 +1,7 @@
 //! `eager::diff`: eager against compiled, op by op, named by the caller's source line.
 
+// Planted faults exist in debug builds only.
+#[cfg(debug_assertions)]
 use kiln_backend::exec::fault;
 use kiln_runtime::eager::{self, Tensor, nn::Layer, nn::Linear};
 
@@ -22,6 +24,7 @@ fn a_layer_and_activations_agree_eager_and_compiled() {
 }
 
 #[test]
+#[cfg(debug_assertions)]
 fn a_planted_wrong_kernel_is_named_at_the_callers_line() {
     eager::reset();
     let line = line!() + 3;

@@ -4,7 +4,8 @@
 //! every product that reads an operand through a view (a reshape or transpose it bypasses)
 //! adds 1 to its first element — a fault only the plan of a program as the user runs it has,
 //! since a value observed by `kiln diff` is a result and no product reads through it. Built
-//! only with the `fault-injection` feature; per thread, so other runs are untouched.
+//! only in debug builds (`debug_assertions`: tests, never a release build); per thread, so other
+//! runs are untouched.
 
 use crate::Array;
 use kiln_ir::{Function, Inst};

@@ -11,7 +11,7 @@
 mod control;
 mod conv;
 mod depthwise;
-#[cfg(feature = "fault-injection")]
+#[cfg(debug_assertions)]
 pub mod fault;
 mod inspect;
 mod kept;
@@ -731,12 +731,12 @@ impl Executable {
                         perm: view.perm.as_deref(),
                     }),
                 };
-                #[cfg(feature = "fault-injection")]
+                #[cfg(debug_assertions)]
                 let through_view = (views.iter()).any(|v| v.shape.is_some() || v.perm.is_some());
                 match onto {
                     None => self.two_operands_into_slot(rt, step, |a, b, out, threads| {
                         matmul::matmul(a, b, out, operands, None, threads);
-                        #[cfg(feature = "fault-injection")]
+                        #[cfg(debug_assertions)]
                         if through_view {
                             fault::apply_to_view_product(out);
                         }
@@ -809,7 +809,7 @@ impl Executable {
         // Outputs and scratch are buffers no one else holds; an output shares an
         // input's buffer only where the plan allows it (`can_update_in_place`).
         let status = unsafe { kernel.execute(&rt.pointers, &rt.kernel_sizes, self.threads) };
-        #[cfg(feature = "fault-injection")]
+        #[cfg(debug_assertions)]
         fault::apply(&self.func, step.inst, &mut rt.outputs[..step.out.len()]);
         self.kernel_done(rt, step, state, scratch_start);
         if let Err(status) = status {
@@ -925,7 +925,7 @@ impl Executable {
             self.threads,
             Some(&written),
         );
-        #[cfg(feature = "fault-injection")]
+        #[cfg(debug_assertions)]
         fault::apply(&self.func, next.inst, &mut rt.outputs[..next.out.len()]);
         self.kernel_done(rt, next, state, scratch_start);
         add(&self.counters.epilogues_run, 1);
