@@ -1,8 +1,9 @@
 //! Runs Kiln on the peers' workloads (W2–W8 of `../shared/baselines`; W9, the digits CNN,
 //! W10, a recurrent network, W11, a transformer encoder, W12, epochs of the Fashion-MNIST
-//! CNN, and W14, a GPT's greedy decoding through its KV cache, whose peer scripts are Kiln's
-//! `scripts/peers/bench_w9_cnn.py`, `bench_w10_rnn.py`, `bench_w11_transformer.py`,
-//! `bench_w12_fashion_epoch.py` and `bench_w14_decode.py`)
+//! CNN, W13, the GPT recipe's training step, and W14 and W15, GPTs' greedy decoding through
+//! their KV caches, whose peer scripts are Kiln's `scripts/peers/bench_w9_cnn.py`,
+//! `bench_w10_rnn.py`, `bench_w11_transformer.py`, `bench_w12_fashion_epoch.py`,
+//! `bench_w13_gpt_step.py`, `bench_w14_decode.py` and `bench_w15_decode.py`)
 //! with the peers' timing
 //! protocol — the same warm-up and repeat counts, median (min..max) — and appends the same
 //! JSON-lines records to `<out>/<workload>.jsonl`, so one table shows Kiln beside the peers.
@@ -12,8 +13,8 @@
 //! `scripts/compare_peers.sh` runs it after the peers' scripts and writes the comparison.
 //!
 //! `--data dir` holds the W5, W9, W10 and W11 batches and initial weights the peers use (`scripts/peer_data.py`
-//! writes them with numpy), so that the loss after 110 steps is comparable, and W14's prompt
-//! and weights.
+//! writes them with numpy), so that the loss after 110 steps is comparable, W13's batch and
+//! weights, and W14's and W15's prompts and weights.
 
 use kiln::npy::read_npy;
 use kiln::workloads::{self, Forward};
@@ -456,32 +457,55 @@ fn w12(e: &Emitter) -> Result<(), Error> {
     )
 }
 
-/// W14: 256 tokens decoded greedily after a 64-token prompt at batch 1, through the KV cache
-/// (a prefill, then one decode program for every position), from the peers' weights
-/// (`w14.safetensors`, PyTorch's names and layouts) and prompt; ms a token, the whole
+/// W13: the GPT recipe's training step (forward, backward, clipping, AdamW on its schedule),
+/// compiled, from the peers' weights on their batch (`w13/`, as `examples/gpt.rs match` reads
+/// a run): 10 warm-up steps, 100 timed, and the loss after the 110 steps.
+fn w13(e: &Emitter, data: Option<&Path>) -> Result<(), Error> {
+    let dir = data.ok_or("w13 needs --data (scripts/peer_data.py writes its batch)")?;
+    let steps = kiln::demos::gpt::replay(&Default::default(), &dir.join("w13"), false)?;
+    let [first, .., last] = steps.as_slice() else {
+        return Err("w13's batches hold fewer than two steps".into());
+    };
+    let timed: Vec<f64> = steps[10..steps.len() - 1].iter().map(|s| s.1).collect();
+    let extra = json!({
+        "first_step_s": first.1,
+        "first_loss": first.0,
+        "loss_after_110_steps": last.0,
+    });
+    let case = "demos::gpt (eager::Gpt compiled by EagerClassifier) + ClipGradNorm<Adam> (AdamW, 2 groups)";
+    e.emit("w13", case, Some(&summarize(timed, 0)), "ms", extra)
+}
+
+/// W14 and W15: 256 tokens decoded greedily after a 64-token prompt at batch 1, through the
+/// KV cache (a prefill, then one decode program for every position), from the peers' weights
+/// (`<workload>.safetensors`, PyTorch's names and layouts) and prompt; ms a token, the whole
 /// generation over 256, prefill included (2 warm-up generations, 10 timed, as the peers).
-fn w14(e: &Emitter, data: Option<&Path>) -> Result<(), Error> {
+/// Returns the summary, the record's other fields and the parameters' bytes.
+fn decode(
+    workload: &str,
+    config: kiln::runtime::eager::GptConfig,
+    data: Option<&Path>,
+) -> Result<(Summary, Json, usize), Error> {
     use kiln::runtime::Sampling;
     use kiln::runtime::checkpoint::{StateDictLayout, load_state_dict};
-    use kiln::runtime::eager::{self, Generator, Gpt, GptConfig};
+    use kiln::runtime::eager::{self, Generator, Gpt};
     const NEW: usize = 256;
-    let dir = data.ok_or("w14 needs --data (scripts/peer_data.py writes its weights)")?;
+    let dir = data.ok_or("decoding needs --data (scripts/peer_data.py writes its weights)")?;
     eager::reset();
-    let config = GptConfig {
-        vocab: 65,
-        context: 320,
-        width: 128,
-        heads: 4,
-        layers: 4,
-    };
     let gpt = Gpt::new("gpt", config)?;
     let declared = kiln::lm::declared_types(&gpt);
-    let weights = dir.join("w14.safetensors");
+    let weights = dir.join(format!("{workload}.safetensors"));
+    let mut bytes = 0;
     for (name, value) in load_state_dict(&weights, &declared, StateDictLayout::PyTorch)? {
+        bytes += value.len() * value.dtype().size_bytes();
         eager::set_state(&name, value)?;
     }
-    let prompt = read_npy(&dir.join("w14_prompt.npy"), DType::I64)?.to_f64_vec();
-    let prompts = [prompt.iter().map(|&t| t as i64).collect::<Vec<_>>()];
+    let prompt = read_npy(&dir.join(format!("{workload}_prompt.npy")), DType::I64)?;
+    let prompts = [prompt
+        .to_f64_vec()
+        .iter()
+        .map(|&t| t as i64)
+        .collect::<Vec<_>>()];
     let greedy = Sampling::greedy();
     let started = Instant::now();
     let mut generator = Generator::new(&gpt, 1)?;
@@ -508,8 +532,69 @@ fn w14(e: &Emitter, data: Option<&Path>) -> Result<(), Error> {
         "tokens_per_s": 1.0 / per_token.median,
         "first_tokens": &made[..16],
     });
-    let case = "eager::Generator (compiled prefill and decode step, cache updated in place)";
-    e.emit("w14", case, Some(&per_token), "ms", extra)
+    Ok((per_token, extra, bytes))
+}
+
+const DECODE_CASE: &str =
+    "eager::Generator (compiled prefill and decode step, cache updated in place)";
+
+/// W14: the GPT recipe's model (context 320).
+fn w14(e: &Emitter, data: Option<&Path>) -> Result<(), Error> {
+    let config = kiln::runtime::eager::GptConfig {
+        vocab: 65,
+        context: 320,
+        width: 128,
+        heads: 4,
+        layers: 4,
+    };
+    let (per_token, extra, _) = decode("w14", config, data)?;
+    e.emit("w14", DECODE_CASE, Some(&per_token), "ms", extra)
+}
+
+/// W15: a GPT-2-124M-shaped model, its tokens a second set against the memory-bandwidth bound:
+/// every weight but the positions' table is read once a token, at most at the rate of a STREAM
+/// copy measured here.
+fn w15(e: &Emitter, data: Option<&Path>) -> Result<(), Error> {
+    let config = kiln::runtime::eager::GptConfig {
+        vocab: 50257,
+        context: 1024,
+        width: 768,
+        heads: 12,
+        layers: 12,
+    };
+    let (per_token, mut extra, bytes) = decode("w15", config, data)?;
+    let positions = (config.context - 1) * config.width * 4;
+    let per_token_bytes = (bytes - positions) as f64;
+    let copy = stream_copy_bytes_per_s();
+    let bound = copy / per_token_bytes;
+    extra["weight_bytes_per_token"] = json!(per_token_bytes);
+    extra["stream_copy_gb_s"] = json!(copy / 1e9);
+    extra["bound_tokens_per_s"] = json!(bound);
+    extra["fraction_of_bound"] = json!(1.0 / per_token.median / bound);
+    e.emit("w15", DECODE_CASE, Some(&per_token), "ms", extra)
+}
+
+/// The machine's memory bandwidth as STREAM's copy measures it: the best of 10 copies of a
+/// 256 MiB array (far past the caches) split over every thread, counting the bytes read and
+/// written. Both arrays are written before the first copy, so no copy pays for page faults.
+fn stream_copy_bytes_per_s() -> f64 {
+    const LEN: usize = 1 << 26;
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let from = vec![1.0f32; LEN];
+    let mut to = vec![2.0f32; LEN];
+    let chunk = LEN.div_ceil(threads);
+    let mut best = f64::INFINITY;
+    for _ in 0..10 {
+        let started = Instant::now();
+        std::thread::scope(|s| {
+            for (out, src) in to.chunks_mut(chunk).zip(from.chunks(chunk)) {
+                s.spawn(move || out.copy_from_slice(src));
+            }
+        });
+        best = best.min(started.elapsed().as_secs_f64());
+    }
+    std::hint::black_box(&to);
+    (2 * LEN * 4) as f64 / best
 }
 
 fn main() -> Result<(), Error> {
@@ -550,7 +635,9 @@ fn main() -> Result<(), Error> {
             "w10" => w10(&e, data.as_deref())?,
             "w11" => w11(&e, data.as_deref())?,
             "w12" => w12(&e)?,
+            "w13" => w13(&e, data.as_deref())?,
             "w14" => w14(&e, data.as_deref())?,
+            "w15" => w15(&e, data.as_deref())?,
             other => return Err(format!("unknown workload {other}").into()),
         }
     }

@@ -121,7 +121,12 @@ def rows(results):
     timed("w10", "median", "ms", 1.3, "≥ 1.3× faster")
     timed("w11", "median", "ms", 1.2, "≥ 1.2× faster")
     timed("w12", "median", "s", 1.0, "ahead of the best peer")
+    timed("w13", "median", "ms", 1.3, "≥ 1.3× faster")
     timed("w14", "median", "ms", 2.0, "≥ 2× faster")
+    timed("w15", "median", "ms", 1.2, "≥ 1.2× faster and ≥ 60 % of the bandwidth bound")
+    k2 = kiln(load(results, "w15"), "kiln", "median", "")
+    if k2 is None or k2.get("fraction_of_bound", 0.0) < 0.6:
+        out[-1][-1] = "no"
     return out
 
 
@@ -131,13 +136,17 @@ OWN = {
     "w11": "W11 transformer training step: 2 pre-norm encoder layers (width 256, 4 causal heads, "
            "feed-forward 1024, GELU), 16 sequences of 128 tokens, Adam",
     "w12": "W12 an epoch of the Fashion-MNIST CNN, data loading included, batch 64, Adam",
+    "w13": "W13 the GPT recipe's training step: 4 layers, width 128, 4 heads, context 64, "
+           "batch 12, clipping, AdamW on a warm-up and cosine",
     "w14": "W14 greedy decoding through a KV cache: 256 tokens after a 64-token prompt, batch 1, "
            "the GPT recipe's model (4 layers, width 128, context 320)",
+    "w15": "W15 W14's decoding for a GPT-2-124M-shaped model (12 layers, width 768, 12 heads, "
+           "vocabulary 50,257, context 1,024)",
 }
 
 
 def own_records(results, w):
-    """W9–W14 are Kiln's own workloads, which the peers' make_tables.py does not know: their
+    """W9–W15 are Kiln's own workloads, which the peers' make_tables.py does not know: their
     records."""
     if w == "w12":
         return records_table(
@@ -146,17 +155,34 @@ def own_records(results, w):
              "test accuracy"],
             lambda r: [fmt(r.get("load_s"), "s"), f"{r['mean_loss_last_epoch']:.4f}",
                        f"{100 * r['test_accuracy']:.1f} %"])
-    if w == "w14":
+    if w in ("w14", "w15"):
         # The first tokens made: from the same weights, the same where the arithmetic agrees.
-        return records_table(
+        table = records_table(
             results, w, "10 timed generations after 2",
             ["ms/token median (min..max)", "first generation", "tokens/s", "first tokens"],
             lambda r: [fmt(r.get("first_generation_s"), "s"), f"{r['tokens_per_s']:.0f}",
                        " ".join(str(t) for t in r.get("first_tokens", [])[:8])])
+        return table + bandwidth_bound(load(results, w))
+    # W13 trains on one batch from the same weights: its first loss checks the start.
+    first = (lambda r: [f"{r['first_loss']:.6f}"]) if w == "w13" else (lambda r: [])
     return records_table(
         results, w, "100 timed steps after 10 warm-up",
-        ["ms/step median (min..max)", "first step", "loss after 110 steps"],
-        lambda r: [fmt(r.get("first_step_s"), "s"), f"{r['loss_after_110_steps']:.6f}"])
+        ["ms/step median (min..max)", "first step", "loss after 110 steps"]
+        + (["first loss"] if w == "w13" else []),
+        lambda r: [fmt(r.get("first_step_s"), "s"), f"{r['loss_after_110_steps']:.6f}"]
+        + first(r))
+
+
+def bandwidth_bound(records):
+    """Kiln's measure of the machine's memory bandwidth and the tokens/s it bounds, if its
+    record has them (W15)."""
+    k = next((r for r in ok(records) if "stream_copy_gb_s" in r), None)
+    if k is None:
+        return []
+    return ["", f"Memory-bandwidth bound: {k['weight_bytes_per_token'] / 1e6:.0f} MB of weights "
+            f"a token at the STREAM copy rate measured by Kiln's run, "
+            f"{k['stream_copy_gb_s']:.1f} GB/s: {k['bound_tokens_per_s']:.1f} tokens/s; Kiln "
+            f"reached {100 * k['fraction_of_bound']:.0f} % of it."]
 
 
 def records_table(results, w, protocol, header, cells):

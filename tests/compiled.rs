@@ -1236,3 +1236,64 @@ fn a_kernel_with_more_outputs_than_a_word_has_bits_agrees() {
     assert_eq!(tally.compared, 1);
     assert_eq!(tally.kernel_steps, 1, "the chain is one kernel");
 }
+
+/// A KV cache's update: `update_slice` writes over its state's own buffer (no copy of the
+/// cache each step), and a run that fails after it — a gather past its table — leaves the
+/// state as it was, the overwritten slice put back.
+#[test]
+fn update_slice_writes_over_its_state_and_a_failed_run_puts_the_slice_back() {
+    let module = kiln::ir::parse_module(
+        "module {
+  state @cache : f32[2,3,4] = constant(value=0.5)
+  func @f(%v: f32[2,4], %pos: i64, %table: f32[5,4], %at: i64[1]) -> f32[1,4] {
+    %c = load @cache : f32[2,3,4]
+    %u = update_slice %c, %v, %pos {axis=1} : f32[2,3,4]
+    store @cache, %u
+    %g = gather %table, %at {axis=0} : f32[1,4]
+    return %g
+  }
+}",
+    )
+    .unwrap();
+    let interp = Interpreter::new(&module);
+    let executable = Executable::new(module.function("f").unwrap());
+    let mut state = StateStore::initialize(&module).unwrap();
+    let f32s = |shape: &[usize], value: f32| {
+        Arc::new(Array::F32(ndarray::ArrayD::from_elem(shape, value)))
+    };
+    let i64s = |shape: &[usize], value: i64| {
+        Arc::new(Array::I64(ndarray::ArrayD::from_elem(shape, value)))
+    };
+    let args = |pos: i64, at: i64| {
+        vec![
+            f32s(&[2, 4], pos as f32),
+            i64s(&[], pos),
+            f32s(&[5, 4], 1.0),
+            i64s(&[1], at),
+        ]
+    };
+    let cache = |state: &StateStore| state.get("cache").unwrap().to_f64_vec();
+    let before = executable.stats().in_place;
+    executable
+        .run(args(1, 4), &mut state, &interp, false)
+        .unwrap();
+    assert_eq!(
+        executable.stats().in_place,
+        before + 1,
+        "not over the state's buffer"
+    );
+    let mut want = vec![0.5; 24];
+    for row in [4, 5, 6, 7, 16, 17, 18, 19] {
+        want[row] = 1.0;
+    }
+    assert_eq!(cache(&state), want);
+    let failed = executable.run(args(2, 9), &mut state, &interp, false);
+    assert!(failed.unwrap_err().to_string().contains("gather"));
+    assert_eq!(executable.stats().in_place, before + 2);
+    assert_eq!(cache(&state), want, "the failed run changed the state");
+    // The interpreter agrees on the run that succeeded.
+    let mut fresh = StateStore::initialize(&module).unwrap();
+    let args = args(1, 4).into_iter().map(|a| (*a).clone()).collect();
+    interp.run("f", args, &mut fresh).unwrap();
+    assert_eq!(cache(&fresh), want);
+}

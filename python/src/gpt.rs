@@ -1,6 +1,6 @@
 //! The GPT behind `kiln.nn.GPT` (issue 51): its sizes from the layer's options, and
 //! generation — through the KV cache (a decode program compiled once per call, a prefill per
-//! prompt length) or by computing each prefix again.
+//! longest prompt's length) or by computing each prefix again.
 
 use crate::eager::py_eager;
 use crate::errors::kiln_ok;
@@ -23,8 +23,8 @@ pub(crate) fn gpt(name: &str, o: &Options) -> PyResult<Gpt> {
 }
 
 /// Each prompt followed by up to `count` drawn tokens (a row ends after a token of `stop`).
-/// Through the cache the prompts go as one batch and must have one length; without it each is
-/// generated alone, the whole window computed again for every token.
+/// Through the cache the prompts go as one batch (of any lengths: padded on the left); without
+/// it each is generated alone, the whole window computed again for every token.
 pub(crate) fn generate(
     gpt: &Gpt,
     prompts: &[Vec<i64>],

@@ -103,6 +103,14 @@ def test_the_cache_gives_the_tokens_recomputing_gives():
     assert gpt.generate([[3]], 6, top_k=1, seed=2) == gpt.generate([[3]], 6, greedy=True)
 
 
+def test_prompts_of_different_lengths_go_through_the_cache_together():
+    gpt = nn.GPT(**SIZES)
+    prompts = [[2], [3, 1, 4], [5, 9, 2, 6, 5, 3]]
+    together = gpt.generate(prompts, 12, greedy=True)
+    assert together == gpt.generate(prompts, 12, greedy=True, use_cache=False)
+    assert [len(r) for r in together] == [13, 15, 18]
+
+
 def test_a_stop_token_ends_its_row_alone():
     gpt = nn.GPT(**SIZES)
     prompts = [[3, 1, 4], [5, 9, 2]]
@@ -117,8 +125,8 @@ def test_a_stop_token_ends_its_row_alone():
 
 def test_bad_prompts_are_clear_errors():
     gpt = nn.GPT(**SIZES)
-    with pytest.raises(kiln.KilnError, match="one length"):
-        gpt.generate([[1], [1, 2]], 3)
+    with pytest.raises(kiln.KilnError, match="at least 1 token"):
+        gpt.generate([[1], []], 3)
     with pytest.raises(ValueError, match="no prompts"):
         gpt.generate([], 3)
     with pytest.raises(kiln.KilnError, match="temperature"):

@@ -411,16 +411,37 @@ pub fn scaled_dot_product_attention(
     v: Value,
     causal: bool,
 ) -> BuildResult<Value> {
+    let scores = attention_scores(b, q, k)?;
+    let bias = match causal {
+        true => Some(causal_bias(b, &b.value_type(scores).clone())?),
+        false => None,
+    };
+    attend(b, scores, bias, v)
+}
+
+/// `q·kᵀ/√d` for `[..., d]` queries and keys.
+#[track_caller]
+fn attention_scores(b: &mut FunctionBuilder, q: Value, k: Value) -> BuildResult<Value> {
     let ty = b.value_type(q).clone();
     let d = fixed_last_dim("attention", "queries", &ty)?;
     let scores = b.matmul_t(q, k, false, true)?;
     let scale = b.scalar(ty.dtype, 1.0 / (d as f64).sqrt())?;
-    let mut scores = b.mul(scores, scale)?;
+    b.mul(scores, scale)
+}
+
+/// `softmax(scores + bias)·v` over the scores' last axis.
+#[track_caller]
+fn attend(
+    b: &mut FunctionBuilder,
+    scores: Value,
+    bias: Option<Value>,
+    v: Value,
+) -> BuildResult<Value> {
+    let scores = match bias {
+        Some(bias) => b.add(scores, bias)?,
+        None => scores,
+    };
     let last = b.value_type(scores).rank() - 1;
-    if causal {
-        let hidden = causal_bias(b, &b.value_type(scores).clone())?;
-        scores = b.add(scores, hidden)?;
-    }
     let weights = softmax(b, scores, last)?;
     b.matmul(weights, v)
 }
@@ -456,16 +477,80 @@ fn causal_bias(b: &mut FunctionBuilder, scores: &Type) -> BuildResult<Value> {
     b.select(seen, zero, hidden)
 }
 
+/// The additive mask `[N, 1, T, S]` of rows padded on the left: 0 where the query at slot
+/// `queries[t]` may see the key at slot `keys[s]` — a key at or before the query, past row
+/// `n`'s `pads[n]` slots of padding — and −∞ elsewhere. A query in the padding sees the keys
+/// before it, padding too, so that what it computes stays finite (a row of −∞ alone would
+/// make its softmax NaN, and a NaN key poisons every score beside it). `queries` `[T]`,
+/// `keys` `[S]` and `pads` `[N]` are i64.
+#[track_caller]
+fn padded_causal_bias(
+    b: &mut FunctionBuilder,
+    dtype: DType,
+    [queries, keys, pads]: [Value; 3],
+) -> BuildResult<Value> {
+    let length = |b: &FunctionBuilder, v: Value, what: &str| match b.value_type(v).shape.dims() {
+        [n] => n.as_fixed().ok_or_else(|| {
+            error(
+                "attention",
+                format!("{what} must have a fixed length, found {}", b.value_type(v)),
+            )
+        }),
+        _ => Err(error(
+            "attention",
+            format!("{what} must be [N], found {}", b.value_type(v)),
+        )),
+    };
+    let [t, s, n] = [
+        length(b, queries, "the query slots")?,
+        length(b, keys, "the key slots")?,
+        length(b, pads, "the pads")?,
+    ];
+    let query = b.reshape(queries, Shape::fixed(&[1, 1, t, 1]))?;
+    let key = b.reshape(keys, Shape::fixed(&[1, 1, 1, s]))?;
+    let pad = b.reshape(pads, Shape::fixed(&[n, 1, 1, 1]))?;
+    let causal = b.compare(CompareOp::Le, key, query)?;
+    let past_padding = b.compare(CompareOp::Ge, key, pad)?;
+    let padding_query = b.compare(CompareOp::Lt, query, pad)?;
+    let open = b.or(past_padding, padding_query)?;
+    let seen = b.and(causal, open)?;
+    let (zero, hidden) = (b.scalar(dtype, 0.0)?, b.scalar(dtype, f64::NEG_INFINITY)?);
+    b.select(seen, zero, hidden)
+}
+
+/// Causal attention over `[N, H, T, d]` queries, keys and values whose rows are padded on
+/// the left, row `n` by `pads[n]` (i64 `[N]`) slots: each query sees the keys at or before
+/// it past its row's padding ([`padded_causal_bias`]); with no padding, causal
+/// [`scaled_dot_product_attention`].
+#[track_caller]
+pub fn padded_causal_attention(
+    b: &mut FunctionBuilder,
+    [q, k, v]: [Value; 3],
+    pads: Value,
+) -> BuildResult<Value> {
+    let ty = b.value_type(q).clone();
+    let Some(t) = ty.shape.dims().get(2).and_then(Dim::as_fixed) else {
+        let message = format!("the queries must be [N, H, T, d] with T fixed, found {ty}");
+        return Err(error("padded_causal_attention", message));
+    };
+    let scores = attention_scores(b, q, k)?;
+    let slots = b.iota(Type::new(DType::I64, Shape::fixed(&[t])), 0)?;
+    let bias = padded_causal_bias(b, ty.dtype, [slots, slots, pads])?;
+    attend(b, scores, Some(bias), v)
+}
+
 /// One new token's attention over a cache: queries `q` `[N, H, 1, d]` against keys and values
-/// `[N, H, S, d]` of which positions `0..=pos` are filled (`pos` an integer scalar); the
-/// later positions are masked out as causal attention masks them, so the result equals row
-/// `pos` of [`scaled_dot_product_attention`] over the first `pos + 1` tokens.
+/// `[N, H, S, d]` of which slots `pads[n]..=pos` of row `n` are filled (`pos` an integer
+/// scalar, `pads` i64 `[N]`: each row's padding on the left); the other slots are masked out
+/// as [`padded_causal_attention`] masks them, so the result equals row `pos` of it over the
+/// first `pos + 1` slots.
 #[track_caller]
 pub fn cached_attention(
     b: &mut FunctionBuilder,
     q: Value,
     [k, v]: [Value; 2],
     pos: Value,
+    pads: Value,
 ) -> BuildResult<Value> {
     let ty = b.value_type(k).clone();
     let slots = match ty.shape.dims() {
@@ -476,22 +561,12 @@ pub fn cached_attention(
         let message = format!("the cache must be [N, H, S, d] with S fixed, found {ty}");
         return Err(error("cached_attention", message));
     };
-    let d = fixed_last_dim("cached_attention", "queries", b.value_type(q))?;
-    let scores = b.matmul_t(q, k, false, true)?;
-    let scale = b.scalar(ty.dtype, 1.0 / (d as f64).sqrt())?;
-    let scores = b.mul(scores, scale)?;
-    let positions = b.iota(Type::new(DType::I64, Shape::fixed(&[slots])), 0)?;
+    let scores = attention_scores(b, q, k)?;
+    let keys = b.iota(Type::new(DType::I64, Shape::fixed(&[slots])), 0)?;
     let pos = b.cast(pos, DType::I64)?;
-    let later = b.compare(CompareOp::Gt, positions, pos)?;
-    let (zero, hidden) = (
-        b.scalar(ty.dtype, 0.0)?,
-        b.scalar(ty.dtype, f64::NEG_INFINITY)?,
-    );
-    let bias = b.select(later, hidden, zero)?;
-    let scores = b.add(scores, bias)?;
-    let last = b.value_type(scores).rank() - 1;
-    let weights = softmax(b, scores, last)?;
-    b.matmul(weights, v)
+    let query = b.reshape(pos, Shape::fixed(&[1]))?;
+    let bias = padded_causal_bias(b, ty.dtype, [query, keys, pads])?;
+    attend(b, scores, Some(bias), v)
 }
 
 /// Multi-head attention's core over `q`, `k`, `v` `[N, T, D]` (already projected): each of

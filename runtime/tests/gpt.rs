@@ -263,7 +263,11 @@ fn prefill_and_each_decode_step_give_the_logits_of_the_whole_prefix() {
     let sequence: [i64; 8] = [4, 7, 1, 9, 2, 2, 10, 0];
     let cache = eager::KvCache::new(&gpt, 1).unwrap();
     let prefix = tokens(&[&sequence[..3]]);
-    let prefilled = gpt.prefill(&cache, &prefix).unwrap().to_f64_vec().unwrap();
+    let no_pads = tokens(&[&[0]]).reshape(Shape::fixed(&[1])).unwrap();
+    let prefilled = (gpt.prefill(&cache, &prefix, &no_pads))
+        .unwrap()
+        .to_f64_vec()
+        .unwrap();
     close(
         &prefilled,
         &gpt.forward(&prefix).unwrap().to_f64_vec().unwrap(),
@@ -273,7 +277,7 @@ fn prefill_and_each_decode_step_give_the_logits_of_the_whole_prefix() {
         let token = tokens(&[&sequence[pos..pos + 1]]);
         let at = Tensor::new(Array::I64(ndarray::arr0(pos as i64).into_dyn()));
         let step = gpt
-            .decode(&cache, &token, &at)
+            .decode(&cache, &token, &at, &no_pads)
             .unwrap()
             .to_f64_vec()
             .unwrap();
@@ -329,7 +333,57 @@ fn cached_generation_equals_recomputing_the_prefix_token_for_token() {
     assert_eq!(stopped[0], until_stop(&both[0]));
     assert_eq!(stopped[1], until_stop(&both[1]));
     let message = pair
-        .generate(&[vec![1], vec![1, 2]], 2, &Sampling::greedy(), &[])
+        .generate(&[vec![1], vec![]], 2, &Sampling::greedy(), &[])
         .unwrap_err();
-    assert!(message.to_string().contains("one length"), "{message}");
+    assert!(
+        message.to_string().contains("at least 1 token"),
+        "{message}"
+    );
+}
+
+#[test]
+fn a_padded_prefill_gives_each_row_the_logits_of_its_own_tokens() {
+    eager::reset();
+    let gpt = Gpt::new("gpt", tiny()).unwrap();
+    let _no_grad = eager::no_grad();
+    let cache = eager::KvCache::new(&gpt, 2).unwrap();
+    // Row 0 is padded by 3 slots (its padding tokens are arbitrary), row 1 by none.
+    let rows = tokens(&[&[9, 9, 9, 4, 7], &[5, 1, 3, 8, 2]]);
+    let pads = tokens(&[&[3, 0]]).reshape(Shape::fixed(&[2])).unwrap();
+    let padded = gpt
+        .prefill(&cache, &rows, &pads)
+        .unwrap()
+        .to_f64_vec()
+        .unwrap();
+    let alone = |row: &[i64]| gpt.forward(&tokens(&[row])).unwrap().to_f64_vec().unwrap();
+    close(&padded[3 * 11..5 * 11], &alone(&[4, 7]), 1e-5);
+    close(&padded[5 * 11..], &alone(&[5, 1, 3, 8, 2]), 1e-5);
+    // A decode step after it: row 0 at its position 2, row 1 at 5, both at slot 5.
+    let next = tokens(&[&[6], &[10]]);
+    let slot = Tensor::new(Array::I64(ndarray::arr0(5).into_dyn()));
+    let step = (gpt.decode(&cache, &next, &slot, &pads))
+        .unwrap()
+        .to_f64_vec()
+        .unwrap();
+    close(&step[..11], &alone(&[4, 7, 6])[2 * 11..], 1e-5);
+    close(&step[11..], &alone(&[5, 1, 3, 8, 2, 10])[5 * 11..], 1e-5);
+}
+
+#[test]
+fn prompts_of_different_lengths_generate_together_what_each_gives_alone() {
+    eager::reset();
+    eager::manual_seed(3);
+    let gpt = Gpt::new("gpt", tiny()).unwrap();
+    // Lengths 1, 3 and 6 (context 8): 14 tokens take every row past the context, where the
+    // batch prefills each row's last 8 tokens (or all it has) every step.
+    let prompts = [vec![2], vec![3, 1, 4], vec![5, 9, 2, 6, 5, 3]];
+    let mut three = eager::Generator::new(&gpt, 3).unwrap();
+    let together = three
+        .generate(&prompts, 14, &Sampling::greedy(), &[])
+        .unwrap();
+    for (row, prompt) in together.iter().zip(&prompts) {
+        let alone = gpt.generate(prompt, 14, &Sampling::greedy(), &[]).unwrap();
+        assert_eq!(row, &alone, "prompt {prompt:?}");
+    }
+    assert_eq!(three.compilations(), 3);
 }

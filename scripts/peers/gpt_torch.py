@@ -4,6 +4,12 @@ names its layers, trained on the batches `gpt batches DIR` wrote with nanoGPT's 
 
     python scripts/peers/gpt_torch.py DIR            # writes DIR/init.safetensors, DIR/torch_losses.json
     python scripts/peers/gpt_torch.py DIR --time 20  # and times eager and torch.compile steps
+    python scripts/peers/gpt_torch.py DIR --validate [--compile]   # the whole recipe's run
+
+With --validate the run is the recipe's as Kiln trains it (examples/gpt.rs train): the loss
+on the validation batches (DIR/x_validation.npy, y_validation.npy) every eval_every steps and
+after the last, and the run's wall time, validations included (torch.compile's compilation
+too, with --compile).
 
 The initial weights are PyTorch's (seeded), saved before the first step as its state_dict;
 Kiln loads them with `StateDictLayout::PyTorch` (scripts/peers/gpt_match.sh runs both).
@@ -19,7 +25,6 @@ import numpy as np
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from safetensors.torch import save_file
 
 
 class Attention(nn.Module):
@@ -100,7 +105,14 @@ def optimizer_of(model, m):
     return torch.optim.AdamW(groups, lr=m["lr"], betas=tuple(m["betas"]), eps=1e-8)
 
 
-def train(model, step_fn, xs, ys, m):
+def validation_loss(model, xs, ys):
+    """The mean of the validation batches' losses, as Kiln's Trainer gives it."""
+    with torch.no_grad():
+        return sum(float(model(x, y)) for x, y in zip(xs, ys)) / len(xs)
+
+
+def train(model, step_fn, xs, ys, m, validate=None):
+    """Trains on every batch; validate(step) after each eval_every steps, if given."""
     optimizer = optimizer_of(model, m)
     losses = []
     for i in range(len(xs)):
@@ -112,13 +124,19 @@ def train(model, step_fn, xs, ys, m):
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         losses.append(loss.item())
+        if validate and ((i + 1) % m["eval_every"] == 0 or i + 1 == len(xs)):
+            validate(i + 1)
     return losses
 
 
 def main():
+    from safetensors.torch import save_file  # here: W13's peers import this file without it
+
     ap = argparse.ArgumentParser()
     ap.add_argument("dir", type=Path)
     ap.add_argument("--time", type=int, default=0, help="also time this many steps, eager and compiled")
+    ap.add_argument("--validate", action="store_true", help="the validation loss every eval_every steps")
+    ap.add_argument("--compile", action="store_true", help="with --validate: torch.compile the model")
     args = ap.parse_args()
     m = json.loads((args.dir / "meta.json").read_text())
     xs = torch.from_numpy(np.load(args.dir / "x.npy"))
@@ -128,6 +146,8 @@ def main():
     model = Model(**sizes)
     save_file({k: v.contiguous() for k, v in model.state_dict().items()}, args.dir / "init.safetensors")
     init = {k: v.clone() for k, v in model.state_dict().items()}
+    if args.validate:
+        return recipe_run(model, args, m, xs, ys)
     losses = train(model, model, xs, ys, m)
     (args.dir / "torch_losses.json").write_text(json.dumps(losses) + "\n")
     print(f"pytorch {torch.__version__}: {len(losses)} steps, loss {losses[0]:.4f} -> {losses[-1]:.4f}")
@@ -139,6 +159,27 @@ def main():
         train(model, step, xs[: args.time], ys[: args.time], m)
         per_step = (time.perf_counter() - started) / args.time
         print(f"pytorch {mode}: {1e3 * per_step:.1f} ms a step")
+
+
+def recipe_run(model, args, m, xs, ys):
+    """The whole recipe, validated as Kiln's run is; writes DIR/torch_recipe.json."""
+    xv = torch.from_numpy(np.load(args.dir / "x_validation.npy"))
+    yv = torch.from_numpy(np.load(args.dir / "y_validation.npy"))
+    step = torch.compile(model) if args.compile else model
+    started = time.perf_counter()
+    validations = []
+
+    def validate(at):
+        validations.append((at, validation_loss(model, xv, yv)))
+        print(f"step {at:>5}  validation loss {validations[-1][1]:.4f}  "
+              f"({time.perf_counter() - started:.1f} s)", flush=True)
+    losses = train(model, step, xs, ys, m, validate)
+    seconds = time.perf_counter() - started
+    mode = "torch.compile" if args.compile else "eager"
+    print(f"pytorch {torch.__version__} {mode}: {len(losses)} steps in {seconds:.1f} s, "
+          f"validation loss {validations[-1][1]:.4f}")
+    record = {"mode": mode, "seconds": seconds, "validations": validations, "losses": losses}
+    (args.dir / f"torch_recipe_{mode.replace('.', '_')}.json").write_text(json.dumps(record) + "\n")
 
 
 if __name__ == "__main__":

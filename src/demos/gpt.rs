@@ -85,6 +85,11 @@ fn rule(recipe: &Recipe) -> Result<ClipGradNorm<Adam>, TrainError> {
     Ok(ClipGradNorm::new(adam, 1.0)?)
 }
 
+/// The validation batches: `recipe.eval_batches` of the held-out windows, the same each time.
+fn validation_batches(recipe: &Recipe, data: &TextDataset) -> TextBatches {
+    TextBatches::new(data.validation(), recipe.batch, recipe.eval_batches, 1).same_each_epoch()
+}
+
 /// `corpus` tokenized as `recipe` says, in windows of its context with a tenth held out.
 fn tokenized(recipe: &Recipe, corpus: &Corpus) -> Result<(Tokenizer, TextDataset), TrainError> {
     let tokenizer = match recipe.bpe {
@@ -123,8 +128,7 @@ pub fn train(
     }
     let every = recipe.eval_every.clamp(1, recipe.steps.max(1));
     let train = TextBatches::new(data.train(), recipe.batch, every, recipe.seed);
-    let validation =
-        TextBatches::new(data.validation(), recipe.batch, recipe.eval_batches, 1).same_each_epoch();
+    let validation = validation_batches(recipe, &data);
     let mut trainer = Trainer::new(learner)
         .validate_on(validation)
         .progress(true)
@@ -191,8 +195,9 @@ pub fn samples(
 }
 
 /// The comparison with PyTorch (`scripts/peers/gpt_match.sh`): the recipe's first `steps`
-/// training batches written into `dir` as `x.npy` and `y.npy` (`i64[steps, batch, context]`)
-/// with `meta.json` (the sizes and the recipe), for `scripts/peers/gpt_torch.py` to train on.
+/// training batches written into `dir` as `x.npy` and `y.npy` (`i64[steps, batch, context]`),
+/// its validation batches as `x_validation.npy` and `y_validation.npy`, with `meta.json` (the
+/// sizes and the recipe), for `scripts/peers/gpt_torch.py` to train on.
 pub fn write_batches(
     recipe: &Recipe,
     corpus: &Corpus,
@@ -207,14 +212,22 @@ pub fn write_batches(
         .collect::<Result<Vec<_>, _>>()?;
     let io = |e: std::io::Error| TrainError::Invalid(format!("{}: {e}", dir.display()));
     std::fs::create_dir_all(dir).map_err(io)?;
+    let validation = validation_batches(recipe, &data);
+    let validation = (0..recipe.eval_batches)
+        .map(|i| validation.batch(0, i))
+        .collect::<Result<Vec<_>, _>>()?;
     let invalid = |e: &dyn std::fmt::Display| TrainError::Invalid(e.to_string());
-    for (name, part) in [("x.npy", 0), ("y.npy", 1)] {
-        let rows: Vec<&Array> = (batches.iter())
-            .map(|b| if part == 0 { &b.x } else { &b.y })
-            .collect();
-        let mut stacked = kernels::concat(&rows, 0).map_err(|e| invalid(&e))?;
-        stacked.reshape_in_place(&[steps, recipe.batch, context]);
-        kiln_runtime::npy::write_npy(&dir.join(name), &stacked).map_err(|e| invalid(&e))?;
+    let parts = [("x", 0), ("y", 1)];
+    for (batches, suffix) in [(&batches, ""), (&validation, "_validation")] {
+        for (name, part) in parts {
+            let rows: Vec<&Array> = (batches.iter())
+                .map(|b| if part == 0 { &b.x } else { &b.y })
+                .collect();
+            let mut stacked = kernels::concat(&rows, 0).map_err(|e| invalid(&e))?;
+            stacked.reshape_in_place(&[batches.len(), recipe.batch, context]);
+            let path = dir.join(format!("{name}{suffix}.npy"));
+            kiln_runtime::npy::write_npy(&path, &stacked).map_err(|e| invalid(&e))?;
+        }
     }
     let m = &recipe.model;
     let meta = serde_json::json!({
@@ -222,7 +235,7 @@ pub fn write_batches(
         "heads": m.heads, "layers": m.layers, "batch": recipe.batch, "steps": steps,
         "lr": recipe.lr.0, "min_lr": recipe.lr.1, "warmup": recipe.warmup,
         "decay_end": recipe.steps, "betas": [0.9, 0.99], "weight_decay": 0.1, "clip": 1.0,
-        "seed": recipe.seed,
+        "seed": recipe.seed, "eval_every": recipe.eval_every,
     });
     let meta = serde_json::to_string_pretty(&meta).expect("json") + "\n";
     std::fs::write(dir.join("meta.json"), meta).map_err(io)?;

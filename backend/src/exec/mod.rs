@@ -157,6 +157,18 @@ struct Runtime {
     epilogue_ran: bool,
     /// By step: a convolution's weights packed for its kernel, kept from an earlier run.
     packed: Vec<Option<Packed>>,
+    /// The slices `update_slice` steps wrote over in state's own buffers this run.
+    overwritten: Vec<Overwritten>,
+}
+
+/// A state's slice that an `update_slice` wrote over in the state's buffer (a KV cache's
+/// position: O(slice) instead of a copy of the cache), kept until the run ends: a run that
+/// fails later puts it back, so a failed run leaves state as it found it.
+struct Overwritten {
+    state: String,
+    old: Array,
+    index: Array,
+    axis: usize,
 }
 
 /// A convolution's weights in the order its kernel reads them ([`conv::packed_weights`]), and
@@ -453,6 +465,10 @@ impl Executable {
         rt.stores.clear();
         rt.held.clear();
         rt.outputs.clear();
+        if result.is_err() {
+            Self::put_back(&mut rt.overwritten, state);
+        }
+        rt.overwritten.clear();
         *self.runtime.lock().unwrap_or_else(PoisonError::into_inner) = Some(rt);
         add(&self.counters.runs, 1);
         result
@@ -1254,6 +1270,8 @@ impl Executable {
 
     /// `update_slice`: in place over the array when its buffer is free (O(slice)), else a copy
     /// of it with the slice written.
+    /// Over a state's own buffer (taken out of the store while it is written), the slice it
+    /// overwrites is kept first ([`Overwritten`]) and the buffer goes back to the store.
     fn run_update_slice(
         &self,
         rt: &mut Runtime,
@@ -1264,12 +1282,44 @@ impl Executable {
         let value = Self::value(rt, step.inputs[1]).clone();
         let index = Self::value(rt, step.inputs[2]).clone();
         let mut out = self.output_over_input(rt, step, state, 0);
+        let over_state = match &step.out[0] {
+            Output::State { state: name, .. } if state.get_shared(name).is_none() => Some(name),
+            _ => None,
+        };
         let target = Arc::get_mut(&mut out).expect("a fresh or free buffer");
-        let done = kernels::update_slice_in_place(target, &value, &index, axis);
+        let kept = match over_state {
+            Some(name) => kernels::slice_at(target, &index, axis).map(|old| {
+                let (state, index) = (name.clone(), (*index).clone());
+                rt.overwritten.push(Overwritten {
+                    state,
+                    old,
+                    index,
+                    axis,
+                })
+            }),
+            None => Ok(()),
+        };
+        // Both kernels check everything before they write: on an error nothing changed.
+        let done = kept.and_then(|()| kernels::update_slice_in_place(target, &value, &index, axis));
+        if let Some(name) = over_state {
+            state.insert_shared(name.clone(), out.clone());
+        }
         rt.held.clear();
         done.map_err(|m| self.fail(step.inst, m))?;
         rt.env[step.outputs[0].index()] = Some(out);
         Ok(())
+    }
+
+    /// Writes the slices a failed run's `update_slice` steps overwrote in state back, the
+    /// last first.
+    fn put_back(overwritten: &mut Vec<Overwritten>, state: &mut StateStore) {
+        for o in overwritten.drain(..).rev() {
+            if let Some(array) = state.get_shared_mut(&o.state) {
+                let array = Arc::make_mut(array);
+                kernels::update_slice_in_place(array, &o.old, &o.index, o.axis)
+                    .expect("the slice it was taken from");
+            }
+        }
     }
 
     /// An op the interpreter's kernels compute directly on the operands' arrays.

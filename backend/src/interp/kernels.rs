@@ -1074,6 +1074,34 @@ pub fn update_slice(
     Ok(out)
 }
 
+/// The slice of `array` at the scalar `index` along `axis`, without that axis: the elements
+/// [`update_slice_in_place`] would write over (which puts them back).
+pub fn slice_at(array: &Array, index: &Array, axis: usize) -> KernelResult<Array> {
+    let rank = array.shape().len();
+    if axis >= rank {
+        return Err(format!("axis {axis} is out of range for rank {rank}").into());
+    }
+    let at = match positions(index, axis, array.shape()[axis])?[..] {
+        [at] => at,
+        _ => return Err(format!("the index must be a scalar, found {}", index.ty()).into()),
+    };
+    let ranges: Vec<AxisSlice> = (0..rank)
+        .map(|a| match a == axis {
+            true => AxisSlice::Range {
+                start: at,
+                end: at + 1,
+                step: 1,
+            },
+            false => AxisSlice::Full,
+        })
+        .collect();
+    let mut slice = self::slice(array, &ranges)?;
+    let mut shape = array.shape().to_vec();
+    shape.remove(axis);
+    slice.reshape_in_place(&shape);
+    Ok(slice)
+}
+
 /// Writes `value` over the slice of `out` (standard layout) at the scalar `index` along
 /// `axis`: the only elements `update_slice` changes, so a buffer that already holds the
 /// array is updated in O(slice).

@@ -520,14 +520,17 @@ class GPT(_Native):
         the softmax of the last logits over ``temperature`` (nanoGPT's ``generate``), kept to
         the ``top_k`` likeliest and to the smallest set holding ``top_p`` of the mass, from a
         generator seeded by ``seed`` (one for the batch, row after row); ``greedy`` (or
-        ``temperature=0``) takes the likeliest instead. A row ends after a token of ``stop``, which is kept. Past the
-        context, each token sees the last ``context`` ones.
+        ``temperature=0``) takes the likeliest instead. A row ends after a token of ``stop``,
+        which is kept. Past the context, each token sees the last ``context`` ones.
 
         With ``use_cache`` (the default) the rows go as one batch through a KV cache — a
-        prefill per prompt length and one decode program for every position — and must have
-        one length; without it each row is generated alone, its whole window computed again
-        for every token (the same tokens at batch 1 or greedy, slower)."""
-        rows = [[int(t) for t in row] for row in (idx.tolist() if hasattr(idx, "tolist") else idx)]
+        prefill per prompt length and one decode program for every position; prompts of
+        different lengths are padded on the left and their padding masked out (each row's
+        positions count from its first token); without it each row is generated alone, its
+        whole window computed again for every token (the same tokens at batch 1 or greedy,
+        slower)."""
+        rows = idx.tolist() if hasattr(idx, "tolist") else idx
+        rows = [[int(t) for t in row] for row in rows]
         if not rows:
             raise ValueError("GPT.generate: no prompts")
         return self._native.generate(rows, int(max_new_tokens), bool(greedy), float(temperature),

@@ -4,11 +4,12 @@
 //! Eager like any [`Layer`], compiled by tracing it with `to_static`.
 
 use super::nn::{Embedding, Layer, LayerNorm, Linear, MultiHeadAttention, TransformerEncoderLayer};
+use super::tensor::apply1;
 use super::{EagerError, EagerResult, Parameter, Tensor};
 use crate::init::Init;
 use crate::sampling::Sampling;
 use kiln_backend::random::SplitMix64;
-use kiln_ir::{AxisSlice, DType, Shape};
+use kiln_ir::{AxisSlice, DType, Loc, Shape, Type};
 
 /// A GPT's sizes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -179,19 +180,29 @@ impl Gpt {
     }
 }
 
+/// Where a GPT's tokens `[N, T]` sit.
+#[derive(Clone, Copy)]
+pub(super) enum Positions<'t> {
+    /// At positions `0..T`.
+    FromZero,
+    /// Row `n` padded on the left by `pads[n]` slots (i64 `[N]`): its positions count from
+    /// its first token, `t − pads[n]` (the padding's are 0).
+    Padded(&'t Tensor),
+    /// One token a row at the integer scalar `slot`, row `n` at position `slot − pads[n]`.
+    At { slot: &'t Tensor, pads: &'t Tensor },
+}
+
 impl Gpt {
-    /// Token and position embeddings of `tokens` (`[N, T]`): positions `0..T`, or the one
-    /// position `at` (an integer scalar) for a single token.
-    pub(super) fn embed(&self, tokens: &Tensor, at: Option<&Tensor>) -> EagerResult<Tensor> {
+    /// Token and position embeddings of `tokens` (`[N, T]`) at `positions`.
+    pub(super) fn embed(&self, tokens: &Tensor, positions: Positions) -> EagerResult<Tensor> {
         let ty = tokens.ty();
         let steps = match ty.shape.dims() {
-            [_, t] => t
-                .as_fixed()
-                .filter(|&t| (1..=self.config.context).contains(&t)),
+            [_, t] => t.as_fixed(),
             _ => None,
         };
-        let steps = steps.filter(|&t| at.is_none() || t == 1);
-        let Some(steps) = steps else {
+        let steps = steps.filter(|&t| (1..=self.config.context).contains(&t));
+        let many = !matches!(positions, Positions::At { .. });
+        let Some(steps) = steps.filter(|&t| many || t == 1) else {
             return Err(EagerError::Usage(format!(
                 "a GPT reads tokens [N, T] with 1 ≤ T ≤ {} (its context; T = 1 at a position), \
                  not {ty}",
@@ -199,9 +210,10 @@ impl Gpt {
             )));
         };
         let table = self.positions.table.tensor()?;
-        let positions = match at {
-            Some(at) => table.gather(&at.reshape(Shape::fixed(&[1]))?, 0)?,
-            None => {
+        // Padded rows: as many as pads (`[N]`).
+        let rows = |pads: &Tensor| pads.ty().shape.dims().first().cloned().unwrap_or(1.into());
+        let embedded = match positions {
+            Positions::FromZero => {
                 let rows = AxisSlice::Range {
                     start: 0,
                     end: steps,
@@ -209,8 +221,26 @@ impl Gpt {
                 };
                 table.slice(vec![rows, AxisSlice::Full])?
             }
+            Positions::Padded(pads) => {
+                let index = apply1(&[pads], Loc::caller(), |b, v| {
+                    let slots = b.iota(Type::new(DType::I64, Shape::fixed(&[1, steps])), 1)?;
+                    let pads = b.reshape(v[0], Shape(vec![rows(pads), 1.into()]))?;
+                    let along = b.sub(slots, pads)?;
+                    let first = b.scalar(DType::I64, 0.0)?;
+                    b.maximum(along, first)
+                })?;
+                table.gather(&index, 0)?
+            }
+            Positions::At { slot, pads } => {
+                let index = apply1(&[slot, pads], Loc::caller(), |b, v| {
+                    let slot = b.cast(v[0], DType::I64)?;
+                    b.sub(slot, v[1])
+                })?;
+                let shape = Shape(vec![rows(pads), 1.into(), self.config.width.into()]);
+                table.gather(&index, 0)?.reshape(shape)?
+            }
         };
-        self.tokens.forward(tokens)?.add(&positions)
+        self.tokens.forward(tokens)?.add(&embedded)
     }
 
     /// The logits of the last block's output `x`: the final norm, then the tied head.
@@ -223,7 +253,7 @@ impl Gpt {
 impl Layer for Gpt {
     /// `tokens: i32/i64[N, T]` (`T` at most the context) → logits `f32[N, T, vocab]`.
     fn forward(&self, tokens: &Tensor) -> EagerResult<Tensor> {
-        let mut x = self.embed(tokens, None)?;
+        let mut x = self.embed(tokens, Positions::FromZero)?;
         for block in &self.blocks {
             x = block.forward(&x)?;
         }

@@ -6,7 +6,7 @@
 //! the position it is fed). Past the context the positions no longer fit, and each step
 //! prefills the last `context` tokens — exactly what generating without a cache computes.
 
-use super::gpt::{Gpt, tokens_tensor};
+use super::gpt::{Gpt, Positions, tokens_tensor};
 use super::nn::{Layer, TransformerEncoderLayer};
 use super::tensor::apply1;
 use super::{EagerError, EagerResult, Parameter, StaticFunction, Tensor, to_static};
@@ -58,6 +58,19 @@ fn split_heads(x: &Tensor, heads: usize) -> EagerResult<Tensor> {
         .transpose(&[0, 2, 1, 3])
 }
 
+/// `x [N, heads, T, d]` as `[N, T, heads·d]`.
+fn join_heads(x: &Tensor) -> EagerResult<Tensor> {
+    let dims = x.ty().shape.as_fixed().unwrap_or_default();
+    let [n, heads, t, d] = dims[..] else {
+        return Err(EagerError::Usage(format!(
+            "join_heads: [N, H, T, d], not {}",
+            x.ty()
+        )));
+    };
+    x.transpose(&[0, 2, 1, 3])?
+        .reshape(Shape::fixed(&[n, t, heads * d]))
+}
+
 /// A block as [`TransformerEncoderLayer::forward`] computes it, with the attention of the
 /// projected queries, keys and values left to `attend`.
 fn block_with(
@@ -76,40 +89,51 @@ fn block_with(
 impl Gpt {
     /// The logits `[B, P, vocab]` of `tokens` (`[B, P]`, `P` at most the context) as
     /// [`Layer::forward`] gives them, each block's keys and values written into `cache`
-    /// at positions `0..P` (the rest zeroed).
-    pub fn prefill(&self, cache: &KvCache, tokens: &Tensor) -> EagerResult<Tensor> {
+    /// at slots `0..P` (the rest zeroed). Row `b` is padded on the left by `pads[b]` (i64
+    /// `[B]`) tokens, which its later tokens neither attend to nor count in their positions:
+    /// the row's logits from `pads[b]` on are those of its tokens alone.
+    pub fn prefill(&self, cache: &KvCache, tokens: &Tensor, pads: &Tensor) -> EagerResult<Tensor> {
         let steps = tokens.ty().shape.as_fixed().unwrap_or_default();
         let (heads, context) = (self.config.heads, self.config.context);
-        let mut x = self.embed(tokens, None)?;
+        let mut x = self.embed(tokens, Positions::Padded(pads))?;
         for (block, [k_cache, v_cache]) in self.blocks.iter().zip(&cache.blocks) {
             x = block_with(block, &x, |[q, k, v]| {
-                for (cached, value) in [(k_cache, &k), (v_cache, &v)] {
-                    let split = split_heads(value, heads)?;
+                let [q, k, v] = [&q, &k, &v].map(|x| split_heads(x, heads));
+                let [q, k, v] = [q?, k?, v?];
+                for (cached, split) in [(k_cache, &k), (v_cache, &v)] {
                     let filled = match context - steps[1] {
-                        0 => split,
+                        0 => split.clone(),
                         rest => {
                             let mut shape = split.ty().shape.as_fixed().unwrap_or_default();
                             shape[2] = rest;
                             let zeros = Tensor::zeros(DType::F32, &shape);
-                            Tensor::concat(&[&split, &zeros], 2)?
+                            Tensor::concat(&[split, &zeros], 2)?
                         }
                     };
                     cached.assign(&filled)?;
                 }
-                apply1(&[&q, &k, &v], Loc::caller(), |b, v| {
-                    composite::multi_head_attention(b, [v[0], v[1], v[2]], heads, true)
-                })
+                let context = apply1(&[&q, &k, &v, pads], Loc::caller(), |b, v| {
+                    composite::padded_causal_attention(b, [v[0], v[1], v[2]], v[3])
+                })?;
+                join_heads(&context)
             })?;
         }
         self.head(&x)
     }
 
-    /// The logits `[B, 1, vocab]` of `token` (`[B, 1]`) at position `pos` (an i64 scalar below
-    /// the context) after the `pos` tokens in `cache`, whose keys and values it writes there.
-    pub fn decode(&self, cache: &KvCache, token: &Tensor, pos: &Tensor) -> EagerResult<Tensor> {
+    /// The logits `[B, 1, vocab]` of `token` (`[B, 1]`) at slot `pos` (an i64 scalar below the
+    /// context) after the `pos` slots in `cache`, whose keys and values it writes there; row
+    /// `b`'s first `pads[b]` slots are padding (as [`Gpt::prefill`] wrote them).
+    pub fn decode(
+        &self,
+        cache: &KvCache,
+        token: &Tensor,
+        pos: &Tensor,
+        pads: &Tensor,
+    ) -> EagerResult<Tensor> {
         let (heads, width) = (self.config.heads, self.config.width);
         let batch = cache.batch;
-        let mut x = self.embed(token, Some(pos))?;
+        let mut x = self.embed(token, Positions::At { slot: pos, pads })?;
         for (block, [k_cache, v_cache]) in self.blocks.iter().zip(&cache.blocks) {
             x = block_with(block, &x, |[q, k, v]| {
                 let mut full = Vec::with_capacity(2);
@@ -123,12 +147,11 @@ impl Gpt {
                     full.push(updated);
                 }
                 let q = split_heads(&q, heads)?;
-                let context = apply1(&[&q, &full[0], &full[1], pos], Loc::caller(), |b, v| {
-                    composite::cached_attention(b, v[0], [v[1], v[2]], v[3])
+                let inputs = [&q, &full[0], &full[1], pos, pads];
+                let context = apply1(&inputs, Loc::caller(), |b, v| {
+                    composite::cached_attention(b, v[0], [v[1], v[2]], v[3], v[4])
                 })?;
-                context
-                    .transpose(&[0, 2, 1, 3])?
-                    .reshape(Shape::fixed(&[batch, 1, width]))
+                join_heads(&context)
             })?;
         }
         self.head(&x)
@@ -136,7 +159,8 @@ impl Gpt {
 }
 
 /// Generation through a [`KvCache`] by compiled programs (see the module documentation),
-/// for a batch of prompts of one length.
+/// for a batch of prompts; prompts of different lengths are padded on the left, and each
+/// row's padding is masked out of its attention and its positions.
 pub struct Generator<'a> {
     gpt: &'a Gpt,
     cache: KvCache,
@@ -148,6 +172,20 @@ fn tokens_type(batch: usize, steps: usize) -> Type {
     Type::new(DType::I64, Shape::fixed(&[batch, steps]))
 }
 
+/// The rows' last tokens in one window of `steps` slots, each row's `pads` (the window's
+/// slots before its first token) and the flattened `[rows, steps]` tokens, padded with 0.
+fn window(rows: &[Vec<i64>], steps: usize) -> (Vec<i64>, Vec<i64>) {
+    let mut pads = Vec::with_capacity(rows.len());
+    let mut tokens = Vec::with_capacity(rows.len() * steps);
+    for row in rows {
+        let kept = row.len().min(steps);
+        pads.push((steps - kept) as i64);
+        tokens.extend(std::iter::repeat_n(0, steps - kept));
+        tokens.extend_from_slice(&row[row.len() - kept..]);
+    }
+    (pads, tokens)
+}
+
 impl<'a> Generator<'a> {
     /// A generator of `gpt` for `batch` sequences at a time: its cache, and the decode step
     /// traced once.
@@ -156,8 +194,11 @@ impl<'a> Generator<'a> {
         let inputs = [
             ("token", tokens_type(batch, 1)),
             ("pos", Type::scalar(DType::I64)),
+            ("pads", Type::new(DType::I64, Shape::fixed(&[batch]))),
         ];
-        let decode = to_static(&inputs, |t| Ok(vec![gpt.decode(&cache, &t[0], &t[1])?]))?;
+        let decode = to_static(&inputs, |t| {
+            Ok(vec![gpt.decode(&cache, &t[0], &t[1], &t[2])?])
+        })?;
         Ok(Generator {
             gpt,
             cache,
@@ -176,20 +217,24 @@ impl<'a> Generator<'a> {
                 .sum::<usize>()
     }
 
-    /// Each row's last logits after prefilling `window` (`[batch, P]` tokens, flattened): the
-    /// program returns the last position's alone, as the decode step does.
-    fn prefill(&mut self, window: Vec<i64>, steps: usize) -> EagerResult<Vec<f64>> {
+    /// Each row's last logits after prefilling `tokens` (`[batch, steps]`, flattened, each
+    /// row padded by its `pads`): the program returns the last slot's alone, as the decode
+    /// step does.
+    fn prefill(&mut self, pads: &Tensor, tokens: Vec<i64>, steps: usize) -> EagerResult<Vec<f64>> {
         let (gpt, batch) = (self.gpt, self.cache.batch);
         if !self.prefills.contains_key(&steps) {
             let cache = &self.cache;
-            let inputs = [("tokens", tokens_type(batch, steps))];
+            let inputs = [
+                ("tokens", tokens_type(batch, steps)),
+                ("pads", Type::new(DType::I64, Shape::fixed(&[batch]))),
+            ];
             let last = AxisSlice::Range {
                 start: steps - 1,
                 end: steps,
                 step: 1,
             };
             let f = to_static(&inputs, |t| {
-                let logits = gpt.prefill(cache, &t[0])?;
+                let logits = gpt.prefill(cache, &t[0], &t[1])?;
                 Ok(vec![logits.slice(vec![
                     AxisSlice::Full,
                     last,
@@ -198,14 +243,14 @@ impl<'a> Generator<'a> {
             })?;
             self.prefills.insert(steps, f);
         }
-        let tokens = tokens_tensor(&[batch, steps], window)?;
+        let tokens = tokens_tensor(&[batch, steps], tokens)?;
         let prefill = self.prefills.get_mut(&steps).expect("made");
-        prefill.call(&[&tokens])?[0].to_f64_vec()
+        prefill.call(&[&tokens, pads])?[0].to_f64_vec()
     }
 
     /// Each prompt followed by up to `count` tokens drawn by `sampling` (one generator of
-    /// draws, row after row); a row ends after a token of `stop`, which is kept. The
-    /// prompts must be `batch` of one length.
+    /// draws, row after row); a row ends after a token of `stop`, which is kept. There must
+    /// be `batch` prompts, of any lengths (at least 1 token each).
     pub fn generate(
         &mut self,
         prompts: &[Vec<i64>],
@@ -218,28 +263,25 @@ impl<'a> Generator<'a> {
             self.gpt.config.context,
             self.gpt.config.vocab,
         );
-        let length = prompts.first().map_or(0, Vec::len);
-        if prompts.len() != batch || length == 0 || prompts.iter().any(|p| p.len() != length) {
+        if prompts.len() != batch || prompts.iter().any(Vec::is_empty) {
             return Err(EagerError::Usage(format!(
-                "generate: {batch} prompts of one length (at least 1 token) for this generator, \
-                 given {} of lengths {:?}",
+                "generate: {batch} prompts of at least 1 token for this generator, given {} of \
+                 lengths {:?}",
                 prompts.len(),
                 prompts.iter().map(Vec::len).collect::<Vec<_>>()
             )));
         }
         let _no_grad = super::no_grad();
         let mut rng = SplitMix64::new(sampling.seed);
-        // Every row takes a token each step (the program runs the batch together), so all
-        // have one length; a row's text ends where its stop token came (`ends`).
+        // Every row takes a token each step (the program runs the batch together), so the
+        // rows keep their padding; a row's text ends where its stop token came (`ends`).
         let mut rows: Vec<Vec<i64>> = prompts.to_vec();
         let mut ends: Vec<Option<usize>> = vec![None; batch];
-        let window = |rows: &[Vec<i64>], steps: usize| -> Vec<i64> {
-            rows.iter()
-                .flat_map(|r| r[r.len() - steps..].to_vec())
-                .collect()
-        };
-        let steps = length.min(context);
-        let mut logits = self.prefill(window(&rows, steps), steps)?;
+        let longest = |rows: &[Vec<i64>]| rows.iter().map(Vec::len).max().unwrap_or(0);
+        let steps = longest(&rows).min(context);
+        let (pads, tokens) = window(&rows, steps);
+        let mut pads = tokens_tensor(&[batch], pads)?;
+        let mut logits = self.prefill(&pads, tokens, steps)?;
         for made in 0..count {
             let mut next = Vec::with_capacity(batch);
             for (r, row) in rows.iter_mut().enumerate() {
@@ -253,14 +295,16 @@ impl<'a> Generator<'a> {
             if ends.iter().all(Option::is_some) || made + 1 == count {
                 break;
             }
-            // The new tokens' position is the one before the rows' length.
-            let pos = rows[0].len() - 1;
+            // The new tokens' slot is the one before the longest row's end.
+            let pos = longest(&rows) - 1;
             logits = if pos < context {
                 let token = tokens_tensor(&[batch, 1], next)?;
                 let at = tokens_tensor(&[], vec![pos as i64])?;
-                self.decode.call(&[&token, &at])?[0].to_f64_vec()?
+                self.decode.call(&[&token, &at, &pads])?[0].to_f64_vec()?
             } else {
-                self.prefill(window(&rows, context), context)?
+                let (shifted, tokens) = window(&rows, context);
+                pads = tokens_tensor(&[batch], shifted)?;
+                self.prefill(&pads, tokens, context)?
             };
         }
         for (row, end) in rows.iter_mut().zip(ends) {

@@ -81,20 +81,23 @@ impl Schedule {
                 _ => false,
             }
         };
-        let over_state = (i >= self.infallible_from
+        // Over state only where no later step can fail (a failed run must leave state as it
+        // was) — but `update_slice`, which keeps the slice it overwrites to put it back.
+        let over_state = ((i >= self.infallible_from
             && matches!(
                 step.kind,
                 StepKind::Kernel { .. } | StepKind::MatMul { onto: Some(_), .. }
             ))
-        .then(|| {
-            (0..step.inputs.len()).find_map(|j| {
-                let state = live.loaded_from.get(&step.inputs[j])?;
-                let only =
-                    live.loads[state] == 1 && live.stored.get(state).is_some_and(|s| *s == [out]);
-                (only && possible(j)).then(|| (j, state.clone()))
+            || updates_slice)
+            .then(|| {
+                (0..step.inputs.len()).find_map(|j| {
+                    let state = live.loaded_from.get(&step.inputs[j])?;
+                    let only = live.loads[state] == 1
+                        && live.stored.get(state).is_some_and(|s| *s == [out]);
+                    (only && possible(j)).then(|| (j, state.clone()))
+                })
             })
-        })
-        .flatten();
+            .flatten();
         // A value stored to state leaves the arena with its buffer, so it does not take a
         // slot's buffer over (the state's old buffer comes back instead).
         let is_stored = live.stored.values().any(|values| values.contains(&out));
