@@ -541,11 +541,8 @@ const DECODE_CASE: &str =
 /// W14: the GPT recipe's model (context 320).
 fn w14(e: &Emitter, data: Option<&Path>) -> Result<(), Error> {
     let config = kiln::runtime::eager::GptConfig {
-        vocab: 65,
         context: 320,
-        width: 128,
-        heads: 4,
-        layers: 4,
+        ..kiln::runtime::eager::GptConfig::nano(65)
     };
     let (per_token, extra, _) = decode("w14", config, data)?;
     e.emit("w14", DECODE_CASE, Some(&per_token), "ms", extra)

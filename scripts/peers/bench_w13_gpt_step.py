@@ -64,7 +64,7 @@ def run_torch(fw, x, y, w):
             g["lr"] = gpt_torch.lr_at(done[0], META)
         loss = forward(tx, ty)
         if not losses:
-            losses.append(float(loss))
+            losses.append(loss.item())
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), META["clip"])
         optimizer.step()
