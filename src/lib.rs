@@ -184,6 +184,7 @@ mod book_samples {
         distributed = "guides/distributed.md";
         embedding = "guides/embedding.md";
         inspecting = "guides/inspecting.md";
+        onnx = "guides/onnx.md";
         compiled_execution = "contributing/compiled-execution.md";
     }
 }

@@ -87,6 +87,27 @@ enum Command {
         #[arg(short, long, value_name = "DIR")]
         out: PathBuf,
     },
+    /// Export a function as an ONNX model: the states it reads become initializers (from
+    /// --state, else their declared initial values), symbolic sizes named dynamic axes.
+    #[command(after_help = "Examples:\n  \
+        kiln export kiln-out/predict.kir --state kiln-out/parameters.safetensors -o cnn.onnx\n  \
+        kiln export tests/programs/mlp.kir --func predict --opset 17 -o mlp.onnx\n  \
+        kiln run cnn.onnx --feed x=images.npy              (the model read back)")]
+    Export {
+        file: PathBuf,
+        /// The function to export; may be left out when the program has only one.
+        #[arg(long)]
+        func: Option<String>,
+        /// The state values, from a safetensors checkpoint (else the declared initializers).
+        #[arg(long, value_name = "FILE")]
+        state: Option<PathBuf>,
+        /// The ONNX file written (initializers past 2 GiB go beside it, in FILE.data).
+        #[arg(short, long, value_name = "FILE")]
+        out: PathBuf,
+        /// The ONNX opset written (17 to the newest Kiln imports).
+        #[arg(long, default_value_t = kiln::onnx::export::DEFAULT_EXPORT_OPSET)]
+        opset: i64,
+    },
     /// Print a program in canonical form.
     #[command(after_help = "Example:\n  kiln dump tests/programs/mlp.kir")]
     Dump { file: PathBuf },
@@ -408,6 +429,13 @@ fn main() -> ExitCode {
         }
         Command::Check { files } => check(&files),
         Command::Import { file, out } => import_onnx(&file, &out),
+        Command::Export {
+            file,
+            func,
+            state,
+            out,
+            opset,
+        } => export_onnx(&file, func.as_deref(), state.as_deref(), &out, opset),
         Command::Dump { file } => load(&file).map(|m| print!("{m}")),
         Command::Run {
             file,
@@ -637,6 +665,38 @@ fn check(files: &[PathBuf]) -> Result<(), Failed> {
     } else {
         Err(Failed(failures.join("\n")))
     }
+}
+
+fn export_onnx(
+    file: &Path,
+    func: Option<&str>,
+    state: Option<&Path>,
+    out: &Path,
+    opset: i64,
+) -> Result<(), Failed> {
+    let failed = |e: &dyn std::fmt::Display| Failed(format!("error: {e}"));
+    let (module, parameters, _) = load_with_parameters(file)?;
+    let func = pick_function(&module, func)?;
+    let mut scope = Scope::from_module(&module).map_err(|e| failed(&e))?;
+    for (name, value) in parameters {
+        scope.set(&name, value).map_err(|e| failed(&e))?;
+    }
+    if let Some(checkpoint) = state {
+        scope.load(checkpoint).map_err(|e| failed(&e))?;
+    }
+    let options = kiln::onnx::export::ExportOptions {
+        opset,
+        ..Default::default()
+    };
+    kiln::onnx::export::export_to_file(&module, func.name(), scope.store(), out, &options)
+        .map_err(|e| Failed(format!("error: {}: {e}", file.display())))?;
+    println!(
+        "exported @{} of {} to {} (opset {opset})",
+        func.name(),
+        file.display(),
+        out.display()
+    );
+    Ok(())
 }
 
 fn pick_function<'m>(module: &'m Module, name: Option<&str>) -> Result<&'m Function, Failed> {

@@ -16,6 +16,7 @@
 
 mod context;
 mod error;
+pub mod export;
 mod import;
 mod node;
 pub mod ops;

@@ -1,10 +1,11 @@
-//! ONNX tensors (`TensorProto`) to Kiln arrays and back, with ONNX's element types mapped onto
-//! Kiln's. Every length and size is checked before anything is allocated.
+//! ONNX tensors (`TensorProto`) to Kiln arrays, and arrays and literals to tensors for export,
+//! with ONNX's element types mapped onto Kiln's. Every length and size is checked before
+//! anything is allocated.
 
 use crate::proto::TensorProto;
 use crate::proto::tensor_proto::DataType;
 use kiln_backend::Array;
-use kiln_ir::{DType, Type};
+use kiln_ir::{DType, Literal, Type};
 use ndarray::{ArrayD, IxDyn};
 use std::path::Path;
 
@@ -177,4 +178,43 @@ fn read_external(t: &TensorProto, base: Option<&Path>) -> Result<Vec<u8>, String
             bytes.len()
         )),
     }
+}
+
+/// ONNX's element type for a Kiln dtype.
+pub fn elem_type(dtype: DType) -> i32 {
+    let t = match dtype {
+        DType::F32 => DataType::Float,
+        DType::F64 => DataType::Double,
+        DType::I32 => DataType::Int32,
+        DType::I64 => DataType::Int64,
+        DType::Bool => DataType::Bool,
+    };
+    t as i32
+}
+
+/// The `TensorProto` of `literal`'s elements with type `ty` (as many elements as `ty` has),
+/// stored as little-endian raw data.
+pub fn from_literal(literal: &Literal, ty: &Type, name: Option<&str>) -> TensorProto {
+    let raw: Vec<u8> = match literal {
+        Literal::F32(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+        Literal::F64(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+        Literal::I32(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+        Literal::I64(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+        Literal::Bool(v) => v.iter().map(|&b| b as u8).collect(),
+    };
+    let dims = (ty.shape.dims().iter())
+        .map(|d| d.as_fixed().map_or(-1, |n| n as i64))
+        .collect();
+    TensorProto {
+        dims,
+        data_type: Some(elem_type(ty.dtype)),
+        name: name.map(str::to_owned),
+        raw_data: Some(raw),
+        ..TensorProto::default()
+    }
+}
+
+/// The `TensorProto` of an array (an initializer named `name`).
+pub fn from_array(array: &Array, name: &str) -> TensorProto {
+    from_literal(&array.to_literal(), &array.ty(), Some(name))
 }

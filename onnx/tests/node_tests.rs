@@ -4,6 +4,12 @@
 //! within the case's tolerances, both through the reference interpreter and compiled. Cases off
 //! the manifest are run and counted by why they fail, not hidden. No case may panic.
 //!
+//! Every passing case is also exported (`kiln_onnx::export`) and imported again: the exported
+//! model must give the expected outputs, and is counted as a fixed point when the program
+//! after the pipeline prints the same as the original's. `KILN_ONNX_EXPORT_DIR=DIR` writes
+//! each exported case there (model and test data) for onnxruntime
+//! (`scripts/onnx_export_check.py --node-cases DIR`).
+//!
 //! Without the data the test says so and passes, unless `KILN_ONNX_NODE_REQUIRED=1` (CI).
 //! `KILN_ONNX_WRITE_MANIFEST=1` rewrites the manifest with the cases that pass.
 
@@ -12,7 +18,7 @@ use kiln_backend::{Array, Interpreter, StateStore, unshare};
 use kiln_onnx::{OnnxError, decode_tensor};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 const MANIFEST: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/node_manifest.txt");
 
@@ -35,6 +41,23 @@ enum Outcome {
     Unsupported(String),
     Failed(String),
 }
+
+/// What exporting a passing case and importing it again gave.
+#[derive(Debug)]
+#[allow(dead_code)] // the reasons are printed by Debug
+enum Exported {
+    /// The same program after the pipeline, printed.
+    FixedPoint,
+    /// The expected outputs from a program that prints differently.
+    SameOutputs,
+    /// An op the exporter refuses.
+    Refused(String),
+    /// Wrong outputs, or a model that does not import.
+    Differs(String),
+}
+
+/// Each case's export outcome, by case folder name.
+static EXPORTS: Mutex<BTreeMap<String, Exported>> = Mutex::new(BTreeMap::new());
 
 struct Case {
     dir: PathBuf,
@@ -166,14 +189,92 @@ fn run_case(case: &Case) -> Outcome {
         .expect("the pipeline keeps the function");
     let executable = Executable::new(function);
     let interp = Interpreter::new(&module);
+    let inputs_kept = inputs.clone();
     let args = inputs.into_iter().map(Arc::new).collect();
     let compiled = match executable.run(args, &mut state, &interp, false) {
         Ok(r) => r.into_iter().map(unshare).collect::<Vec<_>>(),
         Err(e) => return Outcome::Failed(format!("compiled: {e}")),
     };
-    match compare(&compiled, &expected, case) {
-        Ok(()) => outcome_if_pass,
-        Err(e) => Outcome::Failed(format!("compiled: {e}")),
+    if let Err(e) = compare(&compiled, &expected, case) {
+        return Outcome::Failed(format!("compiled: {e}"));
+    }
+    // The node cases only: the zoo models' random weights make activations near 1e10 whose
+    // outputs agree only to rounding, so a second runtime's sums cannot be held to them.
+    let case_name = case.dir.file_name().unwrap().to_string_lossy().into_owned();
+    if case_name.starts_with("test_") {
+        let exported = export_round_trip(case, &model, &module, &inputs_kept, &expected);
+        EXPORTS.lock().unwrap().insert(case_name, exported);
+    }
+    outcome_if_pass
+}
+
+/// Exports the imported `model`, imports it again and runs it: the expected outputs, and the
+/// same program after the pipeline (`optimized`) for a fixed point.
+fn export_round_trip(
+    case: &Case,
+    model: &kiln_onnx::Model,
+    optimized: &kiln_ir::Module,
+    inputs: &[Array],
+    expected: &[Array],
+) -> Exported {
+    let mut state = StateStore::new();
+    for (name, value) in &model.parameters {
+        state.insert(name.clone(), value.clone());
+    }
+    let name = model.function_name();
+    let options = kiln_onnx::export::ExportOptions::default();
+    let onnx = match kiln_onnx::export::export(&model.module, name, &state, &options) {
+        Ok(m) => m,
+        Err(e) => return Exported::Refused(e.to_string()),
+    };
+    let bytes = prost::Message::encode_to_vec(&onnx);
+    if let Some(dir) = std::env::var_os("KILN_ONNX_EXPORT_DIR") {
+        write_exported_case(
+            &Path::new(&dir).join(case.dir.file_name().unwrap()),
+            &bytes,
+            inputs,
+            expected,
+        );
+    }
+    let back = match kiln_onnx::import_bytes(&bytes, None) {
+        Ok(m) => m,
+        Err(e) => return Exported::Differs(format!("import: {e}")),
+    };
+    let mut back_state = StateStore::new();
+    for (name, value) in &back.parameters {
+        back_state.insert(name.clone(), value.clone());
+    }
+    let interp = Interpreter::new(&back.module);
+    let run = interp.run(back.function_name(), inputs.to_vec(), &mut back_state);
+    match run
+        .map_err(|e| e.to_string())
+        .and_then(|r| compare(&r, expected, case))
+    {
+        Ok(()) => {}
+        Err(e) => return Exported::Differs(e),
+    }
+    let mut again = back.module.clone();
+    match kiln_passes::PassManager::pipeline("default")
+        .unwrap()
+        .run(&mut again)
+    {
+        Ok(_) if again.to_string() == optimized.to_string() => Exported::FixedPoint,
+        Ok(_) => Exported::SameOutputs,
+        Err(e) => Exported::Differs(format!("passes: {e}")),
+    }
+}
+
+/// A case folder as the node tests are: `model.onnx`, `test_data_set_0/{input,output}_i.pb`.
+fn write_exported_case(dir: &Path, model: &[u8], inputs: &[Array], expected: &[Array]) {
+    let data = dir.join("test_data_set_0");
+    std::fs::create_dir_all(&data).unwrap();
+    std::fs::write(dir.join("model.onnx"), model).unwrap();
+    for (kind, arrays) in [("input", inputs), ("output", expected)] {
+        for (i, a) in arrays.iter().enumerate() {
+            let t = kiln_onnx::tensor::from_array(a, &format!("{kind}_{i}"));
+            let path = data.join(format!("{kind}_{i}.pb"));
+            std::fs::write(path, prost::Message::encode_to_vec(&t)).unwrap();
+        }
     }
 }
 
@@ -243,6 +344,38 @@ fn onnx_node_tests() {
         outcomes.insert(name.clone(), outcome);
     }
     report(&names, &listed, &outcomes);
+    report_exports(&listed);
+}
+
+/// Counts the export round trips; every listed case that exports must give its outputs.
+fn report_exports(listed: &[String]) {
+    let exports = EXPORTS.lock().unwrap();
+    let mut counts: BTreeMap<&str, usize> = BTreeMap::new();
+    for e in exports.values() {
+        let kind = match e {
+            Exported::FixedPoint => "fixed point",
+            Exported::SameOutputs => "same outputs, other text",
+            Exported::Refused(_) => "refused",
+            Exported::Differs(_) => "differs",
+        };
+        *counts.entry(kind).or_default() += 1;
+    }
+    eprintln!("export round trip of the passing cases: {counts:?}");
+    if std::env::var("KILN_ONNX_NODE_VERBOSE").is_ok() {
+        for (name, e) in exports.iter() {
+            eprintln!("  export {name}: {e:?}");
+        }
+    }
+    let differs: Vec<String> = (exports.iter())
+        .filter(|(n, e)| matches!(e, Exported::Differs(_)) && listed.contains(n))
+        .map(|(n, e)| format!("{n}: {e:?}"))
+        .collect();
+    assert!(
+        differs.is_empty(),
+        "{} listed cases differ after an export round trip:\n{}",
+        differs.len(),
+        differs.join("\n")
+    );
 }
 
 /// The wheel's `data/light` models (written beside the node tests by the same script): every

@@ -1,14 +1,17 @@
 """ONNX models in Kiln: ``kiln.onnx.load(path)`` imports a model (its graph as Kiln IR, its
 initializers as parameters), compiles it, and returns a predictor that takes and returns numpy
-arrays.
+arrays; ``kiln.onnx.export(fn, example_inputs, path)`` writes a function or layer as a model.
 
     model = kiln.onnx.load("model.onnx")
     probs, = model(x)                  # positional, in the order of model.inputs
     probs, = model(x=x)                # or by the model's input names
+    kiln.onnx.export(net, (x,), "net.onnx")   # traced on x; the batch stays dynamic
 
-Unsupported nodes are all listed in one ``KilnError``; see the book's "Importing ONNX models".
+Unsupported nodes are all listed in one ``KilnError``; see the book's "Importing and exporting
+ONNX models".
 """
 
+import os
 from os import PathLike
 from typing import Union
 
@@ -56,3 +59,21 @@ class OnnxModel:
 def load(path: Union[str, PathLike]) -> OnnxModel:
     """Imports the ONNX model at ``path`` and compiles it."""
     return OnnxModel(_kiln.load_onnx(path))
+
+
+def export(fn, example_inputs, path: Union[str, PathLike], opset: int = 18) -> None:
+    """Writes ``fn`` — a function of tensors, a ``Layer`` (call ``.eval()`` first: a layer in
+    training mode updates its statistics, which ONNX cannot) or a ``kiln.to_static`` function
+    — as an ONNX model at ``path``, traced on ``example_inputs`` (a tensor, an array, or a
+    tuple of them). The parameters' current values become initializers; the first dimension
+    of every input is a dynamic axis ``N``. Raises ``KilnError`` naming the op ONNX cannot
+    express (a custom ``PyLayer``, a random draw); nothing is written then."""
+    from . import tensor
+    from .jit import StaticFunction
+
+    if not isinstance(example_inputs, (tuple, list)):
+        example_inputs = (example_inputs,)
+    tensors = [t if isinstance(t, _kiln.Tensor) else tensor(np.asarray(t)) for t in example_inputs]
+    static = fn if isinstance(fn, StaticFunction) else StaticFunction(fn)
+    static(*tensors)  # traces on the first call
+    static._compiled.export_onnx(os.fspath(path), opset)

@@ -1030,6 +1030,20 @@ impl PyStaticFunction {
         Ok(py_eager(self.function.module(name))?.to_string())
     }
 
+    /// Writes the traced function as an ONNX model at `path` (`kiln.onnx.export`): the
+    /// parameters' current values as initializers, a `None` size as a dynamic axis.
+    #[pyo3(signature = (path, opset = kiln::onnx::export::DEFAULT_EXPORT_OPSET, name = "forward"))]
+    fn export_onnx(&self, path: std::path::PathBuf, opset: i64, name: &str) -> PyResult<()> {
+        let module = py_eager(self.function.module(name))?;
+        let state = py_eager(self.function.state())?;
+        let options = kiln::onnx::export::ExportOptions {
+            opset,
+            ..Default::default()
+        };
+        kiln::onnx::export::export_to_file(&module, name, &state, &path, &options)
+            .map_err(|e| KilnError::new_err(e.to_string()))
+    }
+
     /// Adds an optimizer's update for the `output`-th output (a scalar loss); later calls with
     /// `train=True` apply it.
     #[pyo3(signature = (kind, lr, output = 0, **options))]

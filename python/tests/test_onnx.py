@@ -50,3 +50,55 @@ def test_matches_onnxruntime_when_installed():
     ort = pytest.importorskip("onnxruntime")
     expected = ort.InferenceSession(str(MLP)).run(None, {"x": X})[0]
     np.testing.assert_allclose(kiln.onnx.load(MLP)(X)[0], expected, rtol=1e-5, atol=1e-7)
+
+
+def _cnn():
+    kiln.manual_seed(0)
+    return kiln.nn.Sequential(
+        kiln.nn.Conv2d(1, 4, 3, padding=1), kiln.nn.BatchNorm(4), kiln.nn.ReLU(),
+        kiln.nn.MaxPool2d(2), kiln.nn.Flatten(), kiln.nn.Linear(4 * 4 * 4, 3))
+
+
+def test_export_writes_what_kiln_onnx_load_reads_back(tmp_path):
+    net = _cnn().eval()
+    x = np.random.default_rng(0).standard_normal((2, 1, 8, 8)).astype(np.float32)
+    expected = net(kiln.tensor(x)).numpy()
+    kiln.onnx.export(net, (x,), tmp_path / "cnn.onnx")
+    model = kiln.onnx.load(tmp_path / "cnn.onnx")
+    np.testing.assert_allclose(model(x)[0], expected, rtol=1e-5, atol=1e-6)
+    # The batch is a dynamic axis: another batch size runs from the same file.
+    x5 = np.tile(x, (3, 1, 1, 1))[:5]
+    np.testing.assert_allclose(model(x5)[0], net(kiln.tensor(x5)).numpy(), rtol=1e-5, atol=1e-6)
+
+    encoder = kiln.nn.TransformerEncoderLayer(8, 2, dim_feedforward=16, dropout=0.0,
+                                              activation="gelu", batch_first=True, norm_first=True)
+    tokens = np.random.default_rng(1).standard_normal((3, 5, 8)).astype(np.float32)
+    kiln.onnx.export(encoder, kiln.tensor(tokens), tmp_path / "encoder.onnx")
+    back = kiln.onnx.load(tmp_path / "encoder.onnx")(tokens)[0]
+    np.testing.assert_allclose(back, encoder(kiln.tensor(tokens)).numpy(), rtol=1e-5, atol=1e-5)
+
+
+def test_exported_models_run_in_onnxruntime(tmp_path):
+    ort = pytest.importorskip("onnxruntime")
+    net = _cnn().eval()
+    kiln.onnx.export(net, np.zeros((1, 1, 8, 8), np.float32), tmp_path / "cnn.onnx")
+    x = np.random.default_rng(2).standard_normal((7, 1, 8, 8)).astype(np.float32)
+    session = ort.InferenceSession(str(tmp_path / "cnn.onnx"), providers=["CPUExecutionProvider"])
+    (name,) = [i.name for i in session.get_inputs()]
+    np.testing.assert_allclose(session.run(None, {name: x})[0], net(kiln.tensor(x)).numpy(),
+                               rtol=1e-5, atol=1e-5)
+
+
+def test_what_onnx_cannot_express_is_refused_and_nothing_written(tmp_path):
+    class Cube(kiln.PyLayer):
+        @staticmethod
+        def forward(inputs):
+            return inputs[0] ** 3
+
+        @staticmethod
+        def backward(inputs, outputs, grads):
+            return 3 * inputs[0] ** 2 * grads[0]
+
+    with pytest.raises(kiln.KilnError, match="custom op .* has no ONNX form"):
+        kiln.onnx.export(lambda x: Cube.apply(x), np.ones((2, 3), np.float32), tmp_path / "cube.onnx")
+    assert list(tmp_path.iterdir()) == []

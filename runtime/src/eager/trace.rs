@@ -11,7 +11,7 @@ use super::{EagerError, EagerResult, Tensor, with};
 use crate::optim::{Accumulation, Optimizer, accumulate_gradients};
 use crate::program::{Program, Target};
 use crate::session::{Fetch, Runner};
-use kiln_backend::Array;
+use kiln_backend::{Array, StateStore};
 use kiln_ir::{BuildResult, Inst, Module, Type, Value};
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -153,6 +153,17 @@ impl StaticFunction {
     /// print, save, or serve with `kiln run`.
     pub fn module(&self, name: &str) -> EagerResult<Module> {
         Ok(self.program.export_module(&[(name, &self.outputs[..])])?)
+    }
+
+    /// The values of the state the function reads, as they are now: its parameters (declared
+    /// ones initialized), to export or save beside [`StaticFunction::module`].
+    pub fn state(&self) -> EagerResult<StateStore> {
+        let (program, context) = (&self.program, self.context);
+        with(|cx| {
+            cx.check_owner(context, "a function compiled with to_static")?;
+            cx.scope.declare(program.module())?;
+            Ok(cx.scope.store().clone())
+        })
     }
 
     /// Runs the function on `args` (eager tensors) and returns its outputs.

@@ -1,0 +1,202 @@
+//! ONNX export: programs written as models, read back by Kiln's importer and run against the
+//! programs as written (onnxruntime checks the same models in `scripts/onnx_export_check.py`);
+//! what ONNX cannot express refused by instruction, and no partial file left.
+
+use kiln_backend::{Array, Interpreter, StateStore};
+use kiln_ir::{Module, Symbol, SymbolBindings, parse_and_verify};
+use kiln_onnx::export::{ExportError, ExportOptions, export, export_to_file};
+use prost::Message;
+use std::path::{Path, PathBuf};
+
+fn program(file: &str) -> Module {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/export")
+        .join(file);
+    let text = std::fs::read_to_string(&path).unwrap();
+    parse_and_verify(&text).unwrap_or_else(|e| panic!("{}", e.render(&text)))
+}
+
+fn scratch(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("kiln-export-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+fn arguments(module: &Module, func: &str, batch: usize) -> Vec<Array> {
+    let f = module.function(func).unwrap();
+    let sizes: SymbolBindings = [(Symbol::new("N"), batch)].into_iter().collect();
+    (f.arg_types().enumerate())
+        .map(|(i, ty)| kiln::diff::random_value(ty, &sizes, 17 + i as u64).unwrap())
+        .collect()
+}
+
+fn interpret(module: &Module, func: &str, args: Vec<Array>, state: &StateStore) -> Vec<Array> {
+    let f = module.function(func).unwrap();
+    let mut state = state.clone();
+    Interpreter::new(module)
+        .run_function(f, args, &mut state)
+        .unwrap()
+}
+
+fn assert_close(func: &str, expected: &[Array], got: &[Array]) {
+    assert_eq!(expected.len(), got.len(), "@{func}: result count");
+    for (i, (e, g)) in expected.iter().zip(got).enumerate() {
+        assert_eq!(e.ty(), g.ty(), "@{func} result {i}: type");
+        for (a, b) in e.to_f64_vec().iter().zip(g.to_f64_vec()) {
+            let ok = (a - b).abs() <= 1e-5 * a.abs().max(1.0) || (a.is_nan() && b.is_nan());
+            assert!(ok, "@{func} result {i}: {a} written, {b} read back");
+        }
+    }
+}
+
+/// Exports `func`, imports the bytes, and runs both at batch 1 and 7.
+fn round_trip(module: &Module, func: &str) {
+    let state = StateStore::initialize(module).unwrap();
+    let model = export(module, func, &state, &ExportOptions::default())
+        .unwrap_or_else(|e| panic!("@{func}: {e}"));
+    let back = kiln_onnx::import_bytes(&model.encode_to_vec(), None)
+        .unwrap_or_else(|e| panic!("@{func}: the exported model does not import: {e}"));
+    let mut parameters = StateStore::new();
+    for (name, value) in &back.parameters {
+        parameters.insert(name.clone(), value.clone());
+    }
+    for batch in [1, 7] {
+        let args = arguments(module, func, batch);
+        let expected = interpret(module, func, args.clone(), &state);
+        let got = interpret(&back.module, back.function_name(), args, &parameters);
+        assert_close(func, &expected, &got);
+    }
+}
+
+/// Functions whose exported models Kiln's importer does not read (`ScatterND`, a `Slice` at
+/// an index known only at run time): onnxruntime runs them (scripts/onnx_export_check.py).
+const ONNXRUNTIME_ONLY: &[&str] = &["indexing"];
+
+#[test]
+fn every_op_round_trips_through_onnx() {
+    let module = program("every_op.kir");
+    for func in &module.functions {
+        if !ONNXRUNTIME_ONLY.contains(&func.name()) {
+            round_trip(&module, func.name());
+        }
+    }
+    let state = StateStore::initialize(&module).unwrap();
+    for func in ONNXRUNTIME_ONLY {
+        export(&module, func, &state, &ExportOptions::default()).unwrap();
+    }
+}
+
+#[test]
+fn control_flow_becomes_if_and_loop() {
+    let module = program("../../../tests/programs/control_flow.kir");
+    let state = StateStore::new();
+    for (func, op) in [("newton_sqrt", "Loop"), ("clip_by_norm", "If")] {
+        let model = export(&module, func, &state, &ExportOptions::default()).unwrap();
+        let ops: Vec<_> = (model.graph.unwrap().node.iter())
+            .filter_map(|n| n.op_type.clone())
+            .collect();
+        // Kiln's importer reads neither; onnxruntime runs both (scripts/onnx_export_check.py).
+        assert!(ops.iter().any(|o| o == op), "@{func}: {ops:?}");
+    }
+}
+
+#[test]
+fn products_become_gemm_and_sizes_stay_named() {
+    let module = program("every_op.kir");
+    let state = StateStore::initialize(&module).unwrap();
+    let model = export(&module, "dense", &state, &ExportOptions::default()).unwrap();
+    let graph = model.graph.unwrap();
+    let ops: Vec<_> = graph
+        .node
+        .iter()
+        .filter_map(|n| n.op_type.as_deref())
+        .collect();
+    assert!(ops.contains(&"Gemm"), "{ops:?}");
+    assert_eq!(graph.initializer.len(), 2, "the two states read");
+    let shape = format!("{:?}", graph.input[0].r#type);
+    assert!(shape.contains("DimParam(\"N\")"), "{shape}");
+}
+
+fn refusal(text: &str) -> ExportError {
+    let module = parse_and_verify(text).unwrap();
+    let state = StateStore::initialize(&module).unwrap();
+    let dir = scratch("refused");
+    let path = dir.join("model.onnx");
+    let e = export_to_file(&module, "f", &state, &path, &ExportOptions::default()).unwrap_err();
+    let left: Vec<_> = std::fs::read_dir(&dir).unwrap().collect();
+    assert!(left.is_empty(), "a failed export left {left:?}");
+    e
+}
+
+#[test]
+fn what_onnx_cannot_express_is_refused_by_line() {
+    let store = "module {\n  state @s : f32[2] = constant(value=0.0)\n  func @f(%x: f32[2]) -> f32[2] {\n    store @s, %x\n    return %x\n  }\n}\n";
+    let e = refusal(store).to_string();
+    assert!(
+        e.contains("store @s") && e.contains("line 4") && e.contains("no state"),
+        "{e}"
+    );
+    let random = "module {\n  func @f(%x: f32[2]) -> f32[2] {\n    %n = random_normal {mean=0.0, std=1.0, seed=7} : f32[2]\n    %y = add %x, %n : f32[2]\n    return %y\n  }\n}\n";
+    let e = refusal(random).to_string();
+    assert!(e.contains("random_normal") && e.contains("line 3"), "{e}");
+    let grad = "module {\n  func @f(%x: f32[1,1,4,4], %g: f32[1,1,3,3]) -> f32[1,1,2,2] {\n    %w = conv2d_filter_grad %x, %g {strides=[1,1], padding=[(0,0),(0,0)], dilation=[1,1], groups=1} : f32[1,1,2,2]\n    return %w\n  }\n}\n";
+    let e = refusal(grad).to_string();
+    assert!(e.contains("filter gradient") && e.contains("line 3"), "{e}");
+}
+
+#[test]
+fn a_nested_refusal_names_the_inner_instruction() {
+    let text = "module {\n  func @f(%p: bool[], %x: f32[2]) -> f32[2] {\n    %y = cond %p : f32[2] then {\n      %n = random_uniform {low=0.0, high=1.0, seed=1} : f32[2]\n      yield %n\n    } else {\n      yield %x\n    }\n    return %y\n  }\n}\n";
+    let e = refusal(text).to_string();
+    assert!(e.contains("random_uniform") && e.contains("line 4"), "{e}");
+}
+
+#[test]
+fn unwritable_paths_and_unknown_opsets_are_errors() {
+    let module = program("every_op.kir");
+    let state = StateStore::initialize(&module).unwrap();
+    let path = Path::new("/nonexistent-kiln-dir/model.onnx");
+    let e = export_to_file(&module, "dense", &state, path, &ExportOptions::default());
+    assert!(matches!(e, Err(ExportError::Write { .. })), "{e:?}");
+    assert!(
+        e.unwrap_err()
+            .to_string()
+            .contains("/nonexistent-kiln-dir/model.onnx")
+    );
+    let old = ExportOptions {
+        opset: 16,
+        ..Default::default()
+    };
+    let e = export(&module, "dense", &state, &old).unwrap_err();
+    assert!(e.to_string().contains("opset 16"), "{e}");
+    let e = export(&module, "nope", &state, &ExportOptions::default()).unwrap_err();
+    assert!(e.to_string().contains("@nope"), "{e}");
+}
+
+#[test]
+fn a_state_of_the_wrong_type_is_refused() {
+    let module = program("every_op.kir");
+    let mut state = StateStore::initialize(&module).unwrap();
+    state.insert("w", Array::zeros(kiln_ir::DType::F64, &[4, 6]));
+    let e = export(&module, "dense", &state, &ExportOptions::default()).unwrap_err();
+    assert!(e.to_string().contains("state w holds f64[4,6]"), "{e}");
+}
+
+#[test]
+fn large_initializers_go_to_external_data() {
+    let module = program("every_op.kir");
+    let state = StateStore::initialize(&module).unwrap();
+    let dir = scratch("external");
+    let path = dir.join("model.onnx");
+    let options = ExportOptions {
+        external_data_above: 16,
+        ..Default::default()
+    };
+    export_to_file(&module, "conv", &state, &path, &options).unwrap();
+    assert!(dir.join("model.onnx.data").exists());
+    let back = kiln_onnx::import(&path).unwrap();
+    let names: Vec<_> = back.parameters.keys().collect();
+    assert!(back.parameters.contains_key("k"), "{names:?}");
+    assert_eq!(back.parameters["k"], *state.get("k").unwrap());
+}
