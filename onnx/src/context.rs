@@ -80,6 +80,22 @@ pub(crate) struct Env {
     pub(crate) folding: bool,
 }
 
+/// The one element of a literal of more than one element, all the same bits.
+fn splat(literal: &Literal) -> Option<Literal> {
+    fn same<T: Copy, B: PartialEq>(v: &[T], bits: impl Fn(T) -> B) -> bool {
+        v.len() > 1 && v.iter().all(|&x| bits(x) == bits(v[0]))
+    }
+    let one = match literal {
+        Literal::F32(v) if same(v, f32::to_bits) => Literal::F32(vec![v[0]]),
+        Literal::F64(v) if same(v, f64::to_bits) => Literal::F64(vec![v[0]]),
+        Literal::I32(v) if same(v, |x| x) => Literal::I32(vec![v[0]]),
+        Literal::I64(v) if same(v, |x| x) => Literal::I64(vec![v[0]]),
+        Literal::Bool(v) if same(v, |x| x) => Literal::Bool(vec![v[0]]),
+        _ => return None,
+    };
+    Some(one)
+}
+
 impl Env {
     /// The Kiln value for a known array: a constant, or a parameter for an initializer or a
     /// large float array.
@@ -90,9 +106,14 @@ impl Env {
         array: &Array,
         initializer: bool,
     ) -> Result<Value, Fail> {
+        let literal = array.to_literal();
+        if !initializer && let Some(one) = splat(&literal) {
+            // A filled shape (`ConstantOfShape`, an `Expand` of a scalar): one element.
+            return Ok(b.constant(one, array.ty())?);
+        }
         let large = initializer || array.len() > LARGEST_CONSTANT;
         if self.folding || !large || !array.dtype().is_float() {
-            return Ok(b.constant(array.to_literal(), array.ty())?);
+            return Ok(b.constant(literal, array.ty())?);
         }
         let decl = StateDecl {
             name: self.state_name(name),

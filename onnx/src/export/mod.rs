@@ -7,14 +7,17 @@
 //! collective, a random draw, a gradient-only op — is refused with the instruction's line.
 //!
 //! ```
-//! let module = kiln_ir::parse_module(
-//!     "state @w: f32[3, 2] = uniform(-1, 1, seed=1)\n\
-//!      func @predict(%x: f32[N, 3]) -> (f32[N, 2]) {\n  \
-//!        %w = load @w : f32[3, 2]\n  \
-//!        %y = matmul %x, %w\n  \
-//!        return %y\n\
+//! let module = kiln_ir::parse_and_verify(
+//!     "module {
+//!        state @w : f32[3,2] = uniform(low=-1.0, high=1.0, seed=1)
+//!        func @predict(%x: f32[N,3]) -> f32[N,2] {
+//!          %w = load @w : f32[3,2]
+//!          %y = matmul %x, %w : f32[N,2]
+//!          return %y
+//!        }
 //!      }",
-//! ).unwrap();
+//! )
+//! .unwrap();
 //! let state = kiln_backend::StateStore::initialize(&module).unwrap();
 //! let model = kiln_onnx::export::export(&module, "predict", &state, &Default::default())?;
 //! assert_eq!(model.graph.unwrap().node[0].op_type.as_deref(), Some("Gemm"));
