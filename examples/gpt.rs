@@ -4,6 +4,10 @@
 //!     cargo run --release --example gpt -- train [--steps 2000] [--bpe 1024] [--out target/gpt]
 //!     cargo run --release --example gpt -- generate target/gpt [--prompt TEXT] [--tokens 200]
 //!
+//! `export DIR [--prompt TEXT] [--out DIR2]` writes the model's prefill and decode programs as
+//! ONNX models (`DIR2/prefill.onnx`, `DIR2/decode.onnx`; the KV cache an input and an output)
+//! with Kiln's outputs as test cases for onnxruntime (`DIR2/cases`).
+//!
 //! `batches DIR` and `match DIR` are the two halves of `scripts/peers/gpt_match.sh`, the
 //! comparison with PyTorch from the same weights and batches.
 //!
@@ -21,10 +25,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     match args.next().as_deref() {
         Some("train") => train(args),
         Some("generate") => generate(args),
+        Some("export") => export(args),
         Some("batches") => batches(args),
         Some("match") => compare(args),
         _ => Err(
             "usage: gpt train [OPTIONS] | gpt generate DIR [--prompt TEXT] [--tokens N] \
+                  | gpt export DIR [--prompt TEXT] [--out DIR2] \
                   | gpt batches DIR [--steps N] | gpt match DIR [--eager]"
                 .into(),
         ),
@@ -76,6 +82,27 @@ fn generate(mut args: impl Iterator<Item = String>) -> Result<(), Box<dyn std::e
     let model = LanguageModel::load(&dir)?;
     let [greedy, drawn] = gpt::samples(&model, &prompt, tokens)?;
     println!("--- greedy ---\n{greedy}\n--- temperature 0.8, top-k 40 ---\n{drawn}");
+    Ok(())
+}
+
+fn export(mut args: impl Iterator<Item = String>) -> Result<(), Box<dyn std::error::Error>> {
+    let dir = PathBuf::from(args.next().ok_or("export needs the model's folder")?);
+    let (mut prompt, mut out) = ("ROMEO:".to_string(), dir.join("onnx"));
+    while let Some(arg) = args.next() {
+        match arg.as_str() {
+            "--prompt" => prompt = args.next().ok_or("--prompt needs a text")?,
+            "--out" => out = PathBuf::from(args.next().ok_or("--out needs a folder")?),
+            other => return Err(format!("unknown argument {other}").into()),
+        }
+    }
+    let model = LanguageModel::load(&dir)?;
+    let [prefill, decode] = gpt::export_onnx(&model, &prompt, &out)?;
+    println!(
+        "wrote {} and {} (the cache an input and an output), and their test cases in {}",
+        prefill.display(),
+        decode.display(),
+        out.join("cases").display()
+    );
     Ok(())
 }
 

@@ -173,6 +173,24 @@ fn the_recipe_trains_saves_and_generates_the_same_text_after_loading() {
         loaded.generate_with("Shall I", 20, &greedy, false).unwrap(),
         before
     );
+    // Exported as ONNX (onnxruntime checks the files in CI): the decode case feeds the token
+    // greedy generation chose after the prefill, the cache an input and an output.
+    let onnx = dir.join("onnx");
+    let [_, decode] = gpt::export_onnx(&loaded, "Shall I", &onnx).unwrap();
+    let model = kiln::onnx::decode_model(&std::fs::read(decode).unwrap()).unwrap();
+    let graph = model.graph.unwrap();
+    let caches = 2 * recipe.model.layers;
+    assert_eq!(
+        (graph.input.len(), graph.output.len()),
+        (3 + caches, 1 + caches)
+    );
+    let case = onnx.join("cases/gpt_decode/test_data_set_0");
+    let token = std::fs::read(case.join("input_0.pb")).unwrap();
+    let token = kiln::onnx::decode_tensor(&token).unwrap().to_f64_vec()[0];
+    let prompt = loaded.tokenizer.encode("Shall I").unwrap().len();
+    let greedy_ids = loaded.tokenizer.encode(&before).unwrap();
+    assert_eq!(token, f64::from(greedy_ids[prompt]));
+    assert!(case.join(format!("output_{caches}.pb")).is_file());
     // `kiln generate` reads the folder, through the cache or not.
     for extra in [&[][..], &["--no-cache"][..]] {
         let out = std::process::Command::new(env!("CARGO_BIN_EXE_kiln"))

@@ -1,6 +1,6 @@
 //! ONNX import: an `.onnx` model becomes a Kiln [`Module`] — its main graph one function, with
 //! symbolic dimensions for ONNX's named or unknown ones — and its initializers the module's
-//! parameters.
+//! parameters. [`export`] is the way back: a function written as a model.
 //!
 //! ```no_run
 //! let model = kiln_onnx::import("model.onnx".as_ref())?;
@@ -89,6 +89,11 @@ pub fn decode_model(bytes: &[u8]) -> OnnxResult<proto::ModelProto> {
 /// Serializes a `ModelProto` (for tools that edit models: `kiln fuzz`).
 pub fn encode_model(model: &proto::ModelProto) -> Vec<u8> {
     model.encode_to_vec()
+}
+
+/// Serializes an array as a `TensorProto` named `name` (a `.pb` file of ONNX's test data).
+pub fn encode_tensor(array: &Array, name: &str) -> Vec<u8> {
+    tensor::from_array(array, name).encode_to_vec()
 }
 
 /// Decodes a serialized `TensorProto` (the `.pb` files of ONNX's test data) into an array.

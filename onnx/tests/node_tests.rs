@@ -287,9 +287,8 @@ fn write_exported_case(dir: &Path, model: &[u8], inputs: &[Array], expected: &[A
     std::fs::write(dir.join("model.onnx"), model).unwrap();
     for (kind, arrays) in [("input", inputs), ("output", expected)] {
         for (i, a) in arrays.iter().enumerate() {
-            let t = kiln_onnx::tensor::from_array(a, &format!("{kind}_{i}"));
-            let path = data.join(format!("{kind}_{i}.pb"));
-            std::fs::write(path, prost::Message::encode_to_vec(&t)).unwrap();
+            let bytes = kiln_onnx::encode_tensor(a, &format!("{kind}_{i}"));
+            std::fs::write(data.join(format!("{kind}_{i}.pb")), bytes).unwrap();
         }
     }
 }

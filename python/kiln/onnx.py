@@ -62,8 +62,9 @@ def load(path: Union[str, PathLike]) -> OnnxModel:
 
 
 def export(fn, example_inputs, path: Union[str, PathLike], opset: int = 18) -> None:
-    """Writes ``fn`` — a function of tensors, a ``Layer`` (call ``.eval()`` first: a layer in
-    training mode updates its statistics, which ONNX cannot) or a ``kiln.to_static`` function
+    """Writes ``fn`` — a function of tensors, a ``Layer`` (call ``.eval()`` first: in training
+    mode a ``BatchNorm`` writes its running statistics, which then become inputs and outputs
+    of the model, as every written state does) or a ``kiln.to_static`` function
     — as an ONNX model at ``path``, traced on ``example_inputs`` (a tensor, an array, or a
     tuple of them). The parameters' current values become initializers; the first dimension
     of every input is a dynamic axis ``N``. Raises ``KilnError`` naming the op ONNX cannot

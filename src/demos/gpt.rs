@@ -312,3 +312,85 @@ pub fn replay(
         })
         .collect()
 }
+
+/// The model's two generation programs written as ONNX models (issue 54) — `DIR/prefill.onnx`
+/// (the prompt's tokens and pads; the last slot's logits and the cache) and `DIR/decode.onnx`
+/// (one token, its position and the pads; its logits and the cache), each block's keys and
+/// values an input and an output — and, for onnxruntime to check them against
+/// (`scripts/onnx_export_check.py --node-cases DIR/cases`), Kiln's own outputs of prefilling
+/// `prompt` and decoding one token after it, as ONNX test cases. Returns the models' paths.
+pub fn export_onnx(
+    model: &LanguageModel,
+    prompt: &str,
+    dir: &Path,
+) -> Result<[PathBuf; 2], Box<dyn std::error::Error>> {
+    let ids = model.tokenizer.encode(prompt)?;
+    let tokens: Vec<i64> = ids.iter().map(|&t| i64::from(t)).collect();
+    if tokens.is_empty() || tokens.len() >= model.gpt.config.context {
+        return Err(format!(
+            "the prompt must have 1 to {} tokens",
+            model.gpt.config.context - 1
+        )
+        .into());
+    }
+    let _no_grad = eager::no_grad();
+    let mut generator = eager::Generator::new(&model.gpt, 1)?;
+    let (prefill, decode, mut state) = generator.programs(tokens.len())?;
+    let i64s =
+        |dims: &[usize], v: Vec<i64>| Array::I64(ndarray::ArrayD::from_shape_vec(dims, v).unwrap());
+    let pads = i64s(&[1], vec![0]);
+    let prompt_args = vec![i64s(&[1, tokens.len()], tokens.clone()), pads.clone()];
+    let logits = write_case(&prefill, "prefill", prompt_args, &mut state, dir)?;
+    let vocab = model.gpt.config.vocab;
+    let last = logits.to_f64_vec()[..vocab].to_vec();
+    let next = (0..vocab)
+        .max_by(|&a, &b| last[a].total_cmp(&last[b]))
+        .unwrap_or(0);
+    let pos = Array::I64(ndarray::arr0(tokens.len() as i64).into_dyn());
+    let step_args = vec![i64s(&[1, 1], vec![next as i64]), pos, pads];
+    write_case(&decode, "decode", step_args, &mut state, dir)?;
+    Ok(["prefill", "decode"].map(|name| dir.join(format!("{name}.onnx"))))
+}
+
+/// Exports `func` of `module` to `DIR/<func>.onnx`, runs it on `args` and the cache in
+/// `state` (the interpreter), writes the model and its inputs and outputs as the ONNX test
+/// case `DIR/cases/gpt_<func>`, and leaves the cache the run wrote in `state`; returns the
+/// logits.
+fn write_case(
+    module: &kiln_ir::Module,
+    func: &str,
+    mut args: Vec<Array>,
+    state: &mut kiln_backend::StateStore,
+    dir: &Path,
+) -> Result<Array, Box<dyn std::error::Error>> {
+    let case = dir.join("cases").join(format!("gpt_{func}"));
+    let data = case.join("test_data_set_0");
+    std::fs::create_dir_all(&data)?;
+    let options = kiln_onnx::export::ExportOptions::default();
+    let path = dir.join(format!("{func}.onnx"));
+    kiln_onnx::export::export_to_file(module, func, state, &path, &options)?;
+    std::fs::copy(&path, case.join("model.onnx"))?;
+    let function = module.function(func).ok_or("no such function")?;
+    let written = kiln_onnx::export::written_states(function);
+    for name in &written {
+        args.push(
+            state
+                .get(name)
+                .ok_or("a cache state without a value")?
+                .clone(),
+        );
+    }
+    let fed = args[..args.len() - written.len()].to_vec();
+    let results = kiln_backend::Interpreter::new(module).run_function(function, fed, state)?;
+    let mut outputs = results.clone();
+    for name in &written {
+        outputs.push(state.get(name).expect("written").clone());
+    }
+    for (kind, arrays) in [("input", &args), ("output", &outputs)] {
+        for (i, a) in arrays.iter().enumerate() {
+            let bytes = kiln_onnx::encode_tensor(a, &format!("{kind}_{i}"));
+            std::fs::write(data.join(format!("{kind}_{i}.pb")), bytes)?;
+        }
+    }
+    Ok(results.into_iter().next().ok_or("no logits")?)
+}

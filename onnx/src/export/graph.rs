@@ -1,6 +1,7 @@
 //! An ONNX graph under construction: unique tensor names for Kiln's values, nodes, constants,
 //! and the shape tensors that symbolic dimensions need at run time.
 
+use super::composites::{self, Composites};
 use crate::proto::attribute_proto::AttributeType;
 use crate::proto::tensor_shape_proto::{Dimension, dimension};
 use crate::proto::type_proto::{self, Tensor};
@@ -30,6 +31,10 @@ pub(super) struct Graph<'f> {
     /// The states read so far, as initializers (named after their states).
     pub(super) initializers: Vec<TensorProto>,
     loaded: HashMap<String, String>,
+    /// The tensor each state written at the top level was last given (`store`).
+    pub(super) stored: HashMap<String, String>,
+    /// The instruction groups written as one ONNX op.
+    pub(super) composites: Composites,
 }
 
 impl<'f> Graph<'f> {
@@ -46,6 +51,8 @@ impl<'f> Graph<'f> {
             states,
             initializers: Vec::new(),
             loaded: HashMap::new(),
+            stored: HashMap::new(),
+            composites: composites::find(func),
         }
     }
 
@@ -94,6 +101,12 @@ impl<'f> Graph<'f> {
         self.initializers.push(tensor::from_array(value, &name));
         self.loaded.insert(state.to_owned(), name.clone());
         Ok(name)
+    }
+
+    /// Makes the loads of `state` read the graph input `name` instead of an initializer (a
+    /// state the function writes is an input and an output).
+    pub(super) fn state_input(&mut self, state: &str, name: &str) {
+        self.loaded.insert(state.to_owned(), name.to_owned());
     }
 
     /// Forgets the tensor names of the values `region` defines, so that writing it again

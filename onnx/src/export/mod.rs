@@ -3,8 +3,12 @@
 //! Kiln's programs are static, typed and built from a small op set, so export is a printer:
 //! each instruction becomes one node or a few ([`ops`]), symbolic sizes stay named dynamic
 //! axes, `cond` and `while` become `If` and `Loop`, fused regions are written op by op, and
-//! matrix products become `Gemm`. What ONNX cannot express — a custom op, a store, a
-//! collective, a random draw, a gradient-only op — is refused with the instruction's line.
+//! matrix products become `Gemm`; the groups Kiln makes of `Gemm` with a bias, `Conv` with a
+//! bias and `LayerNormalization` are written back as those ops ([`composites`]). A state the function only reads is an initializer; a state
+//! it writes (a KV cache, a training step's parameters) is an input, its value when called,
+//! and an output `<state>_next` after the results, its value stored: ONNX graphs hold no
+//! state. What ONNX cannot express — a custom op, a collective, a random draw, a
+//! gradient-only op — is refused with the instruction's line.
 //!
 //! ```
 //! let module = kiln_ir::parse_and_verify(
@@ -24,6 +28,7 @@
 //! # Ok::<(), kiln_onnx::export::ExportError>(())
 //! ```
 
+mod composites;
 mod graph;
 mod ops;
 
@@ -72,6 +77,9 @@ pub enum ExportError {
     /// The program has no function of that name.
     #[error("the program has no function @{0}")]
     NoFunction(String),
+    /// The function writes a state the program does not declare.
+    #[error("the program declares no state @{0}")]
+    NoState(String),
     /// The opset asked for is outside what Kiln writes.
     #[error(
         "opset {0} cannot be written: Kiln exports opsets {OLDEST_EXPORT_OPSET} to {NEWEST_OPSET}"
@@ -153,8 +161,21 @@ pub fn export(
         g.note_symbols(&name, ty);
         inputs.push(value_info(&name, ty));
     }
+    let written = written_states(function);
+    for state in &written {
+        let decl = (module.state(state)).ok_or_else(|| ExportError::NoState(state.clone()))?;
+        let name = g.fresh(state);
+        g.state_input(state, &name);
+        inputs.push(value_info(&name, &decl.ty));
+    }
     let yielded = ops::emit_region(&mut g, function.body())?;
-    let outputs = graph_outputs(&mut g, &inputs, yielded);
+    let mut outputs = graph_outputs(&mut g, &inputs, yielded);
+    for state in &written {
+        let decl = module.state(state).expect("checked above");
+        let last = g.stored[state].clone();
+        let next = g.op("Identity", &[&last], &format!("{state}_next"), vec![]);
+        outputs.push(value_info(&next, &decl.ty));
+    }
     let mut graph = graph_proto(func, g.take_nodes(), inputs, outputs);
     graph.initializer = std::mem::take(&mut g.initializers);
     Ok(ModelProto {
@@ -168,6 +189,20 @@ pub fn export(
         graph: Some(graph),
         ..ModelProto::default()
     })
+}
+
+/// The states `func` stores at its top level, in the order of their first stores: the
+/// exported model's last inputs and outputs, in this order.
+pub fn written_states(func: &Function) -> Vec<String> {
+    let mut written: Vec<String> = Vec::new();
+    for &inst in &func.region(func.body()).insts {
+        if let kiln_ir::Op::Store { state } = &func.inst(inst).op
+            && !written.contains(state)
+        {
+            written.push(state.clone());
+        }
+    }
+    written
 }
 
 /// The graph's outputs: the function's results, each through an `Identity` where its tensor

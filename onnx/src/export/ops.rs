@@ -1,5 +1,6 @@
 //! Each Kiln op written as ONNX nodes: one arm per op, most of them one node.
 
+use super::composites::Composite;
 use super::graph::{
     Graph, attr_float, attr_graph, attr_int, attr_ints, attr_string, attr_tensor, value_info,
 };
@@ -12,6 +13,13 @@ use kiln_ir::{
 
 /// Writes instruction `inst` as nodes; an op ONNX cannot express is refused with why.
 fn emit(g: &mut Graph, inst: Inst) -> Result<(), Why> {
+    if g.composites.absorbed.contains(&inst) {
+        return Ok(()); // written by its composite's root
+    }
+    if let Some(composite) = g.composites.roots.get(&inst).cloned() {
+        let y = g.name(g.func.inst(inst).results[0]);
+        return write_composite(g, &composite, &y);
+    }
     let data = g.func.inst(inst).clone();
     let names: Vec<String> = data.args.iter().map(|&a| g.name(a)).collect();
     let x: Vec<&str> = names.iter().map(String::as_str).collect();
@@ -137,9 +145,11 @@ fn emit(g: &mut Graph, inst: Inst) -> Result<(), Why> {
             g.alias(data.results[0], name);
             Ok(())
         }
-        Op::Store { state } => Err(Why::Reason(format!(
-            "stores state {state}: an ONNX graph has no state (export a function that only reads it)"
-        ))),
+        Op::Store { state } => {
+            // The verifier keeps stores at the function's top level.
+            g.stored.insert(state.clone(), names[0].clone());
+            Ok(())
+        }
         Op::Cond => if_node(g, &data.regions, x[0], &data.results),
         Op::While => loop_node(g, &data.regions, &names, &data.results),
         Op::Fused => {
@@ -160,6 +170,49 @@ fn emit(g: &mut Graph, inst: Inst) -> Result<(), Why> {
             Err("communicates between ranks; an ONNX graph runs on one device".into())
         }
     }
+}
+
+/// A composite as ONNX's op of it (see [`super::composites`]).
+fn write_composite(g: &mut Graph, composite: &Composite, y: &str) -> Result<(), Why> {
+    match composite {
+        Composite::Gemm { product, c } => {
+            let data = g.func.inst(*product).clone();
+            let Op::MatMul {
+                transpose_a,
+                transpose_b,
+            } = data.op
+            else {
+                unreachable!("a Gemm composite's product is a matmul")
+            };
+            let (a, b, c) = (g.name(data.args[0]), g.name(data.args[1]), g.name(*c));
+            let attrs = vec![
+                attr_int("transA", transpose_a as i64),
+                attr_int("transB", transpose_b as i64),
+            ];
+            g.node("Gemm", &[&a, &b, &c], &[y], attrs);
+        }
+        Composite::Conv { conv, bias } => {
+            let data = g.func.inst(*conv).clone();
+            let Op::Conv2d { attrs, .. } = &data.op else {
+                unreachable!("a Conv composite's convolution is a conv2d")
+            };
+            let w = g.func.value_type(data.args[1]).shape.as_fixed();
+            let kernel = w.map(|w| [w[2], w[3]]).ok_or("weights of symbolic shape")?;
+            let (x, w, bias) = (g.name(data.args[0]), g.name(data.args[1]), g.name(*bias));
+            g.node("Conv", &[&x, &w, &bias], &[y], window_attrs(attrs, kernel));
+        }
+        Composite::LayerNorm {
+            x,
+            scale,
+            bias,
+            eps,
+        } => {
+            let (x, scale, bias) = (g.name(*x), g.name(*scale), g.name(*bias));
+            let attrs = vec![attr_int("axis", -1), attr_float("epsilon", *eps as f32)];
+            g.node("LayerNormalization", &[&x, &scale, &bias], &[y], attrs);
+        }
+    }
+    Ok(())
 }
 
 /// Writes every instruction of `region`; returns the tensors it yields.

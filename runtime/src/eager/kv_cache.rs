@@ -13,8 +13,9 @@ use super::{EagerError, EagerResult, Parameter, StaticFunction, Tensor, to_stati
 use crate::composite;
 use crate::init::Init;
 use crate::sampling::Sampling;
+use kiln_backend::StateStore;
 use kiln_backend::random::SplitMix64;
-use kiln_ir::{AxisSlice, DType, Loc, Shape, Type};
+use kiln_ir::{AxisSlice, DType, Loc, Module, Shape, Type};
 use std::collections::HashMap;
 
 /// Each block's cached keys and values for `batch` sequences (buffers of the eager scope).
@@ -221,6 +222,13 @@ impl<'a> Generator<'a> {
     /// row padded by its `pads`): the program returns the last slot's alone, as the decode
     /// step does.
     fn prefill(&mut self, pads: &Tensor, tokens: Vec<i64>, steps: usize) -> EagerResult<Vec<f64>> {
+        let batch = self.cache.batch;
+        let tokens = tokens_tensor(&[batch, steps], tokens)?;
+        self.prefill_function(steps)?.call(&[&tokens, pads])?[0].to_f64_vec()
+    }
+
+    /// The prefill program for prompts of `steps` tokens, traced on first use.
+    fn prefill_function(&mut self, steps: usize) -> EagerResult<&mut StaticFunction> {
         let (gpt, batch) = (self.gpt, self.cache.batch);
         if !self.prefills.contains_key(&steps) {
             let cache = &self.cache;
@@ -243,9 +251,18 @@ impl<'a> Generator<'a> {
             })?;
             self.prefills.insert(steps, f);
         }
-        let tokens = tokens_tensor(&[batch, steps], tokens)?;
-        let prefill = self.prefills.get_mut(&steps).expect("made");
-        prefill.call(&[&tokens, pads])?[0].to_f64_vec()
+        Ok(self.prefills.get_mut(&steps).expect("made"))
+    }
+
+    /// The two programs generation runs, as modules — `prefill` (tokens `[batch, steps]` and
+    /// each row's pads; the last slot's logits, the cache written) and `decode` (one token a
+    /// row, its position and the pads; its logits, the cache written at the position) — and
+    /// the state they run against, the cache empty: to export (`kiln_onnx::export`, the cache
+    /// an input and an output) or serve elsewhere.
+    pub fn programs(&mut self, steps: usize) -> EagerResult<(Module, Module, StateStore)> {
+        let prefill = self.prefill_function(steps)?.module("prefill")?;
+        let decode = self.decode.module("decode")?;
+        Ok((prefill, decode, self.decode.state()?))
     }
 
     /// Each prompt followed by up to `count` tokens drawn by `sampling` (one generator of

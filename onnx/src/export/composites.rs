@@ -1,0 +1,225 @@
+//! Composites written back as ONNX's own ops: the instruction groups that Kiln's builder and
+//! importer make of `Gemm` with its `C`, `Conv` with its bias and `LayerNormalization`, found
+//! before writing so that each becomes one node. A group is taken only when nothing outside
+//! it reads its intermediate values.
+
+use kiln_ir::{BinaryOp, ConvKind, Function, Inst, InstData, Op, ReduceOp, UnaryOp, Value};
+use std::collections::{HashMap, HashSet};
+
+/// One composite, at the instruction that gives its result (its root).
+#[derive(Clone, Debug)]
+pub(super) enum Composite {
+    /// `matmul(a, b) + c`, `c` broadcast: `Gemm(a, b, c)`.
+    Gemm { product: Inst, c: Value },
+    /// `conv2d(x, w) + broadcast(reshape(bias))`: `Conv(x, w, bias)`.
+    Conv { conv: Inst, bias: Value },
+    /// Kiln's `layer_norm` over the last axis: `LayerNormalization(x, scale, bias)`.
+    LayerNorm {
+        x: Value,
+        scale: Value,
+        bias: Value,
+        eps: f64,
+    },
+}
+
+/// The composites of a function, and the instructions they absorb (written by their roots).
+#[derive(Default)]
+pub(super) struct Composites {
+    pub(super) roots: HashMap<Inst, Composite>,
+    pub(super) absorbed: HashSet<Inst>,
+}
+
+/// Finds every composite of `func`, in all its regions.
+pub(super) fn find(func: &Function) -> Composites {
+    let m = Matcher::new(func);
+    let mut found = Composites::default();
+    for inst in func.walk_insts() {
+        let Some((composite, parts)) = m.composite(inst) else {
+            continue;
+        };
+        if parts
+            .iter()
+            .any(|p| found.absorbed.contains(p) || found.roots.contains_key(p))
+        {
+            continue;
+        }
+        found.absorbed.extend(parts);
+        found.roots.insert(inst, composite);
+    }
+    found
+}
+
+/// Reads instruction groups: who defines a value, and how many places read it.
+struct Matcher<'f> {
+    func: &'f Function,
+    readers: HashMap<Value, usize>,
+}
+
+impl<'f> Matcher<'f> {
+    fn new(func: &'f Function) -> Matcher<'f> {
+        let mut readers: HashMap<Value, usize> = HashMap::new();
+        let mut read = |v: Value| *readers.entry(v).or_default() += 1;
+        for inst in func.walk_insts() {
+            let data = func.inst(inst);
+            data.args.iter().for_each(|&a| read(a));
+            for &r in &data.regions {
+                func.region(r).results.iter().for_each(|&v| read(v));
+            }
+        }
+        func.results().iter().for_each(|&v| read(v));
+        Matcher { func, readers }
+    }
+
+    /// The instruction defining `v` when nothing else reads `v`.
+    fn sole(&self, v: Value) -> Option<(Inst, &'f InstData)> {
+        let inst = self.func.producer(v)?;
+        (self.readers.get(&v) == Some(&1)).then(|| (inst, self.func.inst(inst)))
+    }
+
+    fn composite(&self, root: Inst) -> Option<(Composite, Vec<Inst>)> {
+        let data = self.func.inst(root);
+        if data.op != Op::Binary(BinaryOp::Add) {
+            return None;
+        }
+        let [p, q] = data.args[..] else { return None };
+        (self.gemm(p, q).or_else(|| self.gemm(q, p)))
+            .or_else(|| self.conv(p, q).or_else(|| self.conv(q, p)))
+            .or_else(|| self.layer_norm(p, q))
+    }
+
+    /// `product + broadcast(c)` (or `+ c` of the product's shape), a product of matrices.
+    fn gemm(&self, product: Value, c: Value) -> Option<(Composite, Vec<Inst>)> {
+        let (inst, data) = self.sole(product)?;
+        let ranks = data.args.iter().map(|&a| self.func.value_type(a).rank());
+        if !matches!(data.op, Op::MatMul { .. }) || ranks.into_iter().any(|r| r != 2) {
+            return None;
+        }
+        let mut parts = vec![inst];
+        let c = match self.sole(c) {
+            Some((b, bd)) if matches!(bd.op, Op::Broadcast { .. }) => {
+                parts.push(b);
+                bd.args[0]
+            }
+            _ => c,
+        };
+        Some((Composite::Gemm { product: inst, c }, parts))
+    }
+
+    /// `conv2d(x, w) + broadcast(reshape(bias))`, the bias a vector reshaped to `[1, M, 1, 1]`.
+    fn conv(&self, y: Value, added: Value) -> Option<(Composite, Vec<Inst>)> {
+        let (conv, data) = self.sole(y)?;
+        let Op::Conv2d { kind, attrs } = &data.op else {
+            return None;
+        };
+        if *kind != ConvKind::Forward || attrs.channels_last {
+            return None;
+        }
+        let (broadcast, bd) = self.sole(added)?;
+        let (reshape, rd) = self.sole(*bd.args.first()?)?;
+        if !matches!(bd.op, Op::Broadcast { .. }) || !matches!(rd.op, Op::Reshape { .. }) {
+            return None;
+        }
+        let bias = rd.args[0];
+        (self.func.value_type(bias).rank() == 1).then_some(())?;
+        Some((
+            Composite::Conv { conv, bias },
+            vec![conv, broadcast, reshape],
+        ))
+    }
+
+    /// `layer_norm`'s instructions (`runtime::composite::layer_norm`), from its last add:
+    /// `(x − mean(x)) · rsqrt(mean((x − mean(x))²) + eps) · scale + bias`, over the last axis.
+    fn layer_norm(&self, scaled: Value, bias_b: Value) -> Option<(Composite, Vec<Inst>)> {
+        let mut parts = Vec::new();
+        let bias = self.broadcast_of(bias_b, &mut parts)?;
+        let [xhat, scale_b] = self.binary(scaled, BinaryOp::Mul, &mut parts)?;
+        let scale = self.broadcast_of(scale_b, &mut parts)?;
+        // `d` is read twice by `d · d` and once by `d · inv`: not a sole value.
+        let [d, inv_b] = self.binary(xhat, BinaryOp::Mul, &mut parts)?;
+        let inv = self.broadcast_of(inv_b, &mut parts)?;
+        let ve = self.unary(inv, UnaryOp::Rsqrt, &mut parts)?;
+        let [var, eps_b] = self.binary(ve, BinaryOp::Add, &mut parts)?;
+        let eps = self.scalar_constant(eps_b, &mut parts)?;
+        let d2 = self.mean_last(var, &mut parts)?;
+        let (d2_inst, d2_data) = self.sole(d2)?;
+        (d2_data.op == Op::Binary(BinaryOp::Mul) && d2_data.args == [d, d]).then_some(())?;
+        parts.push(d2_inst);
+        (self.readers.get(&d) == Some(&3)).then_some(())?;
+        let d_inst = self.func.producer(d)?;
+        let d_data = self.func.inst(d_inst);
+        (d_data.op == Op::Binary(BinaryOp::Sub)).then_some(())?;
+        parts.push(d_inst);
+        let [x, mu_b] = [d_data.args[0], d_data.args[1]];
+        let mu = self.broadcast_of(mu_b, &mut parts)?;
+        let mean_of = self.mean_last(mu, &mut parts)?;
+        (mean_of == x).then_some(())?;
+        let rank = self.func.value_type(x).rank();
+        let vector = |v: Value| self.func.value_type(v).rank() == 1;
+        (rank >= 1 && vector(scale) && vector(bias)).then_some(())?;
+        let composite = Composite::LayerNorm {
+            x,
+            scale,
+            bias,
+            eps,
+        };
+        Some((composite, parts))
+    }
+
+    fn binary(&self, v: Value, op: BinaryOp, parts: &mut Vec<Inst>) -> Option<[Value; 2]> {
+        let (inst, data) = self.sole(v)?;
+        (data.op == Op::Binary(op)).then_some(())?;
+        parts.push(inst);
+        Some([data.args[0], data.args[1]])
+    }
+
+    fn unary(&self, v: Value, op: UnaryOp, parts: &mut Vec<Inst>) -> Option<Value> {
+        let (inst, data) = self.sole(v)?;
+        (data.op == Op::Unary(op)).then_some(())?;
+        parts.push(inst);
+        Some(data.args[0])
+    }
+
+    /// The operand of a `broadcast` defining `v`.
+    fn broadcast_of(&self, v: Value, parts: &mut Vec<Inst>) -> Option<Value> {
+        let (inst, data) = self.sole(v)?;
+        matches!(data.op, Op::Broadcast { .. }).then_some(())?;
+        parts.push(inst);
+        Some(data.args[0])
+    }
+
+    /// The operand of a mean over the last axis, dimensions kept, defining `v`.
+    fn mean_last(&self, v: Value, parts: &mut Vec<Inst>) -> Option<Value> {
+        let inst = self.func.producer(v)?;
+        let data = self.func.inst(inst);
+        let rank = self.func.value_type(data.args.first().copied()?).rank();
+        let Op::Reduce {
+            op: ReduceOp::Mean,
+            axes,
+            keep_dims: true,
+        } = &data.op
+        else {
+            return None;
+        };
+        (axes[..] == [rank - 1] && self.readers.get(&v) == Some(&1)).then_some(())?;
+        parts.push(inst);
+        Some(data.args[0])
+    }
+
+    /// The value of a one-element constant, broadcast or not, defining `v`.
+    fn scalar_constant(&self, v: Value, parts: &mut Vec<Inst>) -> Option<f64> {
+        let (inst, data) = self.sole(v)?;
+        let (inst, data) = match &data.op {
+            Op::Broadcast { .. } => {
+                parts.push(inst);
+                self.sole(data.args[0])?
+            }
+            _ => (inst, data),
+        };
+        let Op::Const { value, .. } = &data.op else {
+            return None;
+        };
+        (value.len() == 1).then_some(())?;
+        parts.push(inst);
+        Some(value.get_f64(0))
+    }
+}
