@@ -35,10 +35,10 @@ def random_input(info, batch, rng):
     shape = [d.dim_value if d.HasField("dim_value") else batch for d in tensor.shape.dim]
     dtype = onnx.helper.tensor_dtype_to_np_dtype(tensor.elem_type)
     if dtype == np.bool_:
-        return rng.random(shape) < 0.5
+        return np.asarray(rng.random(shape) < 0.5)
     if np.issubdtype(dtype, np.integer):
-        return rng.integers(0, 4, size=shape).astype(dtype)
-    return rng.uniform(-2, 2, size=shape).astype(dtype)
+        return np.asarray(rng.integers(0, 4, size=shape), dtype)
+    return np.asarray(rng.uniform(-2, 2, size=shape), dtype)
 
 
 def check_close(what, got, expected, rtol, atol):

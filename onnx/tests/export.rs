@@ -70,8 +70,9 @@ fn round_trip(module: &Module, func: &str) {
 }
 
 /// Functions whose exported models Kiln's importer does not read (`ScatterND`, a `Slice` at
-/// an index known only at run time): onnxruntime runs them (scripts/onnx_export_check.py).
-const ONNXRUNTIME_ONLY: &[&str] = &["indexing"];
+/// an index known only at run time, `If`): onnxruntime runs them
+/// (scripts/onnx_export_check.py).
+const ONNXRUNTIME_ONLY: &[&str] = &["indexing", "branches"];
 
 #[test]
 fn every_op_round_trips_through_onnx() {
@@ -242,4 +243,29 @@ fn composites_are_written_back_as_onnx_ops() {
     let model = export(&norm, "norm", &StateStore::new(), &options).unwrap();
     assert_eq!(op_types(&model), [("LayerNormalization".into(), 3)]);
     round_trip(&norm, "norm");
+}
+
+#[test]
+fn a_size_read_inside_a_branch_is_read_in_the_main_graph() {
+    let module = program("every_op.kir");
+    let model = export(
+        &module,
+        "branches",
+        &StateStore::new(),
+        &ExportOptions::default(),
+    );
+    let graph = model.unwrap().graph.unwrap();
+    assert_eq!(graph.node[0].op_type.as_deref(), Some("Shape"));
+    let shapes = |nodes: &[kiln_onnx::proto::NodeProto]| {
+        (nodes.iter())
+            .filter(|n| n.op_type.as_deref() == Some("Shape"))
+            .count()
+    };
+    let branch = &graph
+        .node
+        .iter()
+        .find(|n| n.op_type.as_deref() == Some("If"))
+        .unwrap();
+    let then = branch.attribute[0].g.as_ref().unwrap();
+    assert_eq!((shapes(&graph.node), shapes(&then.node)), (1, 0));
 }

@@ -1034,7 +1034,7 @@ impl PyStaticFunction {
     /// parameters' current values as initializers, a `None` size as a dynamic axis.
     #[pyo3(signature = (path, opset = kiln::onnx::export::DEFAULT_EXPORT_OPSET, name = "forward"))]
     fn export_onnx(&self, path: std::path::PathBuf, opset: i64, name: &str) -> PyResult<()> {
-        let module = py_eager(self.function.module(name))?;
+        let module = py_eager(self.function.module_with_updates(name))?;
         let state = py_eager(self.function.state())?;
         let options = kiln::onnx::export::ExportOptions {
             opset,

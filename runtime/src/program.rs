@@ -515,12 +515,21 @@ impl Program {
     /// A verified module with this program's state and the exported functions, e.g.
     /// `[("predict", &[logits][..])]` for serving.
     pub fn export_module(&self, functions: &[(&str, &[Value])]) -> RuntimeResult<Module> {
+        let functions = (functions.iter())
+            .map(|(name, outputs)| self.export(name, outputs, &[]))
+            .collect();
+        self.module_of(functions)
+    }
+
+    /// A verified module of the program's states and `functions` (made by
+    /// [`Program::export`]).
+    pub fn module_of(&self, functions: Vec<Function>) -> RuntimeResult<Module> {
         let mut module = Module {
             states: self.module.states.clone(),
             functions: Vec::new(),
         };
-        for (name, outputs) in functions {
-            module.add_function(self.export(name, outputs, &[]));
+        for function in functions {
+            module.add_function(function);
         }
         verify_module(&module).map_err(|e| RuntimeError::Verify(e.render(&module)))?;
         Ok(module)

@@ -24,6 +24,8 @@ pub(super) struct Graph<'f> {
     pub(super) nodes: Vec<NodeProto>,
     /// A 1-element i64 tensor holding each symbol's size, read off a graph input's shape.
     symbol_sizes: HashMap<Symbol, String>,
+    /// The nodes reading the symbols' sizes, which head the main graph.
+    prelude: Vec<NodeProto>,
     /// Where each symbol can be read: a graph input's name and the axis.
     symbol_sources: HashMap<Symbol, (String, usize)>,
     /// The values of the states the function reads.
@@ -47,6 +49,7 @@ impl<'f> Graph<'f> {
             used: HashSet::new(),
             nodes: Vec::new(),
             symbol_sizes: HashMap::new(),
+            prelude: Vec::new(),
             symbol_sources: HashMap::new(),
             states,
             initializers: Vec::new(),
@@ -205,9 +208,20 @@ impl<'f> Graph<'f> {
         };
         let axis = axis as i64;
         let attrs = vec![attr_int("start", axis), attr_int("end", axis + 1)];
+        // Written at the top of the main graph, whichever subgraph asks first, so that every
+        // later use — in any graph — sees it.
         let name = self.op("Shape", &[&input], &format!("size_{s}"), attrs);
+        let node = self.nodes.pop().expect("just written");
+        self.prelude.push(node);
         self.symbol_sizes.insert(s.clone(), name.clone());
         Ok(name)
+    }
+
+    /// The main graph's nodes: the symbols' sizes first, then the function's.
+    pub(super) fn main_nodes(&mut self) -> Vec<NodeProto> {
+        let mut nodes = std::mem::take(&mut self.prelude);
+        nodes.append(&mut self.nodes);
+        nodes
     }
 
     /// The graph's nodes taken, leaving the builder's names (a subgraph's nodes).

@@ -176,7 +176,7 @@ pub fn export(
         let next = g.op("Identity", &[&last], &format!("{state}_next"), vec![]);
         outputs.push(value_info(&next, &decl.ty));
     }
-    let mut graph = graph_proto(func, g.take_nodes(), inputs, outputs);
+    let mut graph = graph_proto(func, g.main_nodes(), inputs, outputs);
     graph.initializer = std::mem::take(&mut g.initializers);
     Ok(ModelProto {
         ir_version: Some(ir_version(options.opset)),

@@ -260,8 +260,10 @@ impl<'a> Generator<'a> {
     /// the state they run against, the cache empty: to export (`kiln_onnx::export`, the cache
     /// an input and an output) or serve elsewhere.
     pub fn programs(&mut self, steps: usize) -> EagerResult<(Module, Module, StateStore)> {
-        let prefill = self.prefill_function(steps)?.module("prefill")?;
-        let decode = self.decode.module("decode")?;
+        let prefill = self
+            .prefill_function(steps)?
+            .module_with_updates("prefill")?;
+        let decode = self.decode.module_with_updates("decode")?;
         Ok((prefill, decode, self.decode.state()?))
     }
 

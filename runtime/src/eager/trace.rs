@@ -155,6 +155,14 @@ impl StaticFunction {
         Ok(self.program.export_module(&[(name, &self.outputs[..])])?)
     }
 
+    /// Like [`StaticFunction::module`], with the state updates every call makes (the traced
+    /// code's assignments: a KV cache written, a batch norm's running statistics) as stores.
+    pub fn module_with_updates(&self, name: &str) -> EagerResult<Module> {
+        let targets: Vec<Target> = self.updates.into_iter().collect();
+        let function = self.program.export(name, &self.outputs, &targets);
+        Ok(self.program.module_of(vec![function])?)
+    }
+
     /// The values of the state the function reads, as they are now: its parameters (declared
     /// ones initialized), to export or save beside [`StaticFunction::module`].
     pub fn state(&self) -> EagerResult<StateStore> {
