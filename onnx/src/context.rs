@@ -80,6 +80,17 @@ pub(crate) struct Env {
     pub(crate) folding: bool,
 }
 
+/// `base`, or `base_1`, `base_2`, … : the first not in `taken`, which then holds it.
+pub(crate) fn unique_name(taken: &mut HashSet<String>, base: &str) -> String {
+    let mut name = base.to_owned();
+    let mut n = 1;
+    while !taken.insert(name.clone()) {
+        name = format!("{base}_{n}");
+        n += 1;
+    }
+    name
+}
+
 /// The one element of a literal of more than one element, all the same bits.
 fn splat(literal: &Literal) -> Option<Literal> {
     fn same<T: Copy, B: PartialEq>(v: &[T], bits: impl Fn(T) -> B) -> bool {
@@ -127,14 +138,7 @@ impl Env {
 
     /// `name` made a valid, unused state name.
     fn state_name(&mut self, name: &str) -> String {
-        let base = kiln_ir::identifier(name, true, "p");
-        let mut unique = base.clone();
-        let mut n = 1;
-        while !self.state_names.insert(unique.clone()) {
-            unique = format!("{base}_{n}");
-            n += 1;
-        }
-        unique
+        unique_name(&mut self.state_names, &kiln_ir::identifier(name, true, "p"))
     }
 
     /// The value `name` stands for, made a value of the function if it was only known.

@@ -61,13 +61,7 @@ impl<'f> Graph<'f> {
 
     /// A tensor name not used yet, `hint` itself when it is free.
     pub(super) fn fresh(&mut self, hint: &str) -> String {
-        let mut name = hint.to_owned();
-        let mut n = 1;
-        while !self.used.insert(name.clone()) {
-            name = format!("{hint}_{n}");
-            n += 1;
-        }
-        name
+        crate::context::unique_name(&mut self.used, hint)
     }
 
     /// The tensor that holds `v`: its IR name, made unique on first use.
