@@ -110,15 +110,18 @@ class Layer:
         """Training mode for this layer and every layer it holds (dropout drops, batch norm
         uses the batch's statistics); returns the layer."""
         for layer in [self, *self._sublayers()]:
-            object.__setattr__(layer, "training", True)
+            layer._set_training(True)
         return self
 
     def eval(self):
         """Evaluation mode for this layer and every layer it holds (dropout passes through,
         batch norm uses its running statistics); returns the layer."""
         for layer in [self, *self._sublayers()]:
-            object.__setattr__(layer, "training", False)
+            layer._set_training(False)
         return self
+
+    def _set_training(self, training):
+        object.__setattr__(self, "training", training)
 
     def _sublayers(self):
         for layer in self._layers.values():
@@ -250,15 +253,10 @@ class _Native(Layer):
     def forward(self, x):
         return self._native.forward(x)
 
-    def train(self):
-        super().train()
-        self._native.set_training(True)
-        return self
-
-    def eval(self):
-        super().eval()
-        self._native.set_training(False)
-        return self
+    def _set_training(self, training):
+        # The native layer keeps its own mode: a container's train()/eval() reaches it here.
+        super()._set_training(training)
+        self._native.set_training(training)
 
 
 class Conv2d(_Native):
