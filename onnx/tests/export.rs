@@ -52,9 +52,13 @@ fn assert_close(func: &str, expected: &[Array], got: &[Array]) {
 
 /// Exports `func`, imports the bytes, and runs both at batch 1 and 7.
 fn round_trip(module: &Module, func: &str) {
+    round_trip_at(module, func, &ExportOptions::default());
+}
+
+/// [`round_trip`] at the opset `options` give.
+fn round_trip_at(module: &Module, func: &str, options: &ExportOptions) {
     let state = StateStore::initialize(module).unwrap();
-    let model = export(module, func, &state, &ExportOptions::default())
-        .unwrap_or_else(|e| panic!("@{func}: {e}"));
+    let model = export(module, func, &state, options).unwrap_or_else(|e| panic!("@{func}: {e}"));
     let back = kiln_onnx::import_bytes(&model.encode_to_vec(), None)
         .unwrap_or_else(|e| panic!("@{func}: the exported model does not import: {e}"));
     let mut parameters = StateStore::new();
@@ -268,4 +272,19 @@ fn a_size_read_inside_a_branch_is_read_in_the_main_graph() {
         .unwrap();
     let then = branch.attribute[0].g.as_ref().unwrap();
     assert_eq!((shapes(&graph.node), shapes(&then.node)), (1, 0));
+}
+
+#[test]
+fn the_oldest_and_newest_opsets_round_trip() {
+    // Opset 17 takes ReduceMean/Max/Min's axes as an attribute; 18 and later as an input.
+    let module = program("every_op.kir");
+    for opset in [17, kiln_onnx::NEWEST_OPSET] {
+        let options = ExportOptions {
+            opset,
+            ..Default::default()
+        };
+        for func in ["reductions", "dense", "conv"] {
+            round_trip_at(&module, func, &options);
+        }
+    }
 }
