@@ -90,10 +90,11 @@ impl<'f> Matcher<'f> {
     /// `product + broadcast(c)` (or `+ c` of the product's shape), a product of matrices.
     fn gemm(&self, product: Value, c: Value) -> Option<(Composite, Vec<Inst>)> {
         let (inst, data) = self.sole(product)?;
-        let ranks = data.args.iter().map(|&a| self.func.value_type(a).rank());
-        if !matches!(data.op, Op::MatMul { .. }) || ranks.into_iter().any(|r| r != 2) {
-            return None;
-        }
+        matches!(data.op, Op::MatMul { .. }).then_some(())?;
+        let ty = |i: usize| self.func.value_type(data.args[i]);
+        // onnxruntime has no integer Gemm.
+        let float_matrices = ty(0).dtype.is_float() && ty(0).rank() == 2 && ty(1).rank() == 2;
+        float_matrices.then_some(())?;
         let mut parts = vec![inst];
         let c = match self.sole(c) {
             Some((b, bd)) if matches!(bd.op, Op::Broadcast { .. }) => {

@@ -86,17 +86,19 @@ fn emit(g: &mut Graph, inst: Inst) -> Result<(), Why> {
         Op::MatMul {
             transpose_a,
             transpose_b,
-        } => {
-            let ranks = [0, 1].map(|i| g.func.value_type(data.args[i]).rank());
-            matmul(g, [x[0], x[1]], ranks, [*transpose_a, *transpose_b], &y)
-        }
+        } => matmul(
+            g,
+            [x[0], x[1]],
+            &data.args,
+            [*transpose_a, *transpose_b],
+            &y,
+        ),
         Op::MatMulAcc {
             transpose_a,
             transpose_b,
             scale,
         } => {
-            let ranks = [0, 1, 2].map(|i| g.func.value_type(data.args[i]).rank());
-            if ranks == [2, 2, 2] {
+            if is_gemm(g, &data.args) && g.func.value_type(data.args[2]).rank() == 2 {
                 let attrs = vec![
                     attr_float("alpha", scale.0 as f32),
                     attr_int("transA", *transpose_a as i64),
@@ -105,8 +107,8 @@ fn emit(g: &mut Graph, inst: Inst) -> Result<(), Why> {
                 return node1(g, "Gemm", attrs);
             }
             let ab = g.fresh("product");
-            let (ranks, flags) = ([ranks[0], ranks[1]], [*transpose_a, *transpose_b]);
-            matmul(g, [x[0], x[1]], ranks, flags, &ab)?;
+            let flags = [*transpose_a, *transpose_b];
+            matmul(g, [x[0], x[1]], &data.args, flags, &ab)?;
             let dtype = g.func.value_type(data.args[2]).dtype;
             let scaled = match scale.0 {
                 1.0 => ab,
@@ -392,16 +394,23 @@ fn reduce(
     Ok(())
 }
 
-/// A product: `Gemm` for matrices (its flags transpose in place), else `MatMul` after
+/// Whether a product of `args` is written as `Gemm`: float matrices (onnxruntime has no
+/// integer `Gemm`).
+pub(super) fn is_gemm(g: &Graph, args: &[Value]) -> bool {
+    let ty = |i: usize| g.func.value_type(args[i]);
+    ty(0).dtype.is_float() && ty(0).rank() == 2 && ty(1).rank() == 2
+}
+
+/// A product: `Gemm` for float matrices (its flags transpose in place), else `MatMul` after
 /// transposing the last two axes where asked.
 fn matmul(
     g: &mut Graph,
     x: [&str; 2],
-    ranks: [usize; 2],
+    args: &[Value],
     transpose: [bool; 2],
     y: &str,
 ) -> Result<(), Why> {
-    if ranks == [2, 2] {
+    if is_gemm(g, args) {
         let attrs = vec![
             attr_int("transA", transpose[0] as i64),
             attr_int("transB", transpose[1] as i64),
@@ -412,7 +421,7 @@ fn matmul(
     let mut operands = [x[0].to_owned(), x[1].to_owned()];
     for i in 0..2 {
         if transpose[i] {
-            let rank = ranks[i];
+            let rank = g.func.value_type(args[i]).rank();
             let mut perm: Vec<i64> = (0..rank as i64).collect();
             perm.swap(rank - 2, rank - 1);
             operands[i] = g.op(
