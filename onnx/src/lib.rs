@@ -54,6 +54,35 @@ impl Model {
     pub fn function_name(&self) -> &str {
         self.module.functions[0].name()
     }
+
+    /// The parameters as the state a run of the module starts from.
+    pub fn state(&self) -> kiln_backend::StateStore {
+        let mut state = kiln_backend::StateStore::new();
+        for (name, value) in &self.parameters {
+            state.insert(name.clone(), value.clone());
+        }
+        state
+    }
+}
+
+/// Writes an ONNX test case as the backend node tests lay one out: `DIR/model.onnx` and
+/// `DIR/test_data_set_0/{input,output}_<i>.pb`.
+pub fn write_test_case(
+    dir: &Path,
+    model: &[u8],
+    inputs: &[Array],
+    outputs: &[Array],
+) -> std::io::Result<()> {
+    let data = dir.join("test_data_set_0");
+    std::fs::create_dir_all(&data)?;
+    std::fs::write(dir.join("model.onnx"), model)?;
+    for (kind, arrays) in [("input", inputs), ("output", outputs)] {
+        for (i, a) in arrays.iter().enumerate() {
+            let name = format!("{kind}_{i}");
+            std::fs::write(data.join(format!("{name}.pb")), encode_tensor(a, &name))?;
+        }
+    }
+    Ok(())
 }
 
 /// Reads and imports the model at `path` (external data is read beside it).

@@ -61,10 +61,7 @@ fn round_trip_at(module: &Module, func: &str, options: &ExportOptions) {
     let model = export(module, func, &state, options).unwrap_or_else(|e| panic!("@{func}: {e}"));
     let back = kiln_onnx::import_bytes(&model.encode_to_vec(), None)
         .unwrap_or_else(|e| panic!("@{func}: the exported model does not import: {e}"));
-    let mut parameters = StateStore::new();
-    for (name, value) in &back.parameters {
-        parameters.insert(name.clone(), value.clone());
-    }
+    let parameters = back.state();
     for batch in [1, 7] {
         let args = arguments(module, func, batch);
         let expected = interpret(module, func, args.clone(), &state);

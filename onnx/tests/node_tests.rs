@@ -14,7 +14,7 @@
 //! `KILN_ONNX_WRITE_MANIFEST=1` rewrites the manifest with the cases that pass.
 
 use kiln_backend::exec::Executable;
-use kiln_backend::{Array, Interpreter, StateStore, unshare};
+use kiln_backend::{Array, Interpreter, unshare};
 use kiln_onnx::{OnnxError, decode_tensor};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -164,10 +164,7 @@ fn run_case(case: &Case) -> Outcome {
             model.inputs.len()
         ));
     }
-    let mut state = StateStore::new();
-    for (name, value) in &model.parameters {
-        state.insert(name.clone(), value.clone());
-    }
+    let mut state = model.state();
     let name = model.function_name().to_owned();
     let interp = Interpreter::new(&model.module);
     let interpreted = match interp.run(&name, inputs.clone(), &mut state.clone()) {
@@ -217,10 +214,7 @@ fn export_round_trip(
     inputs: &[Array],
     expected: &[Array],
 ) -> Exported {
-    let mut state = StateStore::new();
-    for (name, value) in &model.parameters {
-        state.insert(name.clone(), value.clone());
-    }
+    let state = model.state();
     let name = model.function_name();
     let options = kiln_onnx::export::ExportOptions::default();
     let onnx = match kiln_onnx::export::export(&model.module, name, &state, &options) {
@@ -229,21 +223,14 @@ fn export_round_trip(
     };
     let bytes = prost::Message::encode_to_vec(&onnx);
     if let Some(dir) = std::env::var_os("KILN_ONNX_EXPORT_DIR") {
-        write_exported_case(
-            &Path::new(&dir).join(case.dir.file_name().unwrap()),
-            &bytes,
-            inputs,
-            expected,
-        );
+        let case_dir = Path::new(&dir).join(case.dir.file_name().unwrap());
+        kiln_onnx::write_test_case(&case_dir, &bytes, inputs, expected).unwrap();
     }
     let back = match kiln_onnx::import_bytes(&bytes, None) {
         Ok(m) => m,
         Err(e) => return Exported::Differs(format!("import: {e}")),
     };
-    let mut back_state = StateStore::new();
-    for (name, value) in &back.parameters {
-        back_state.insert(name.clone(), value.clone());
-    }
+    let mut back_state = back.state();
     let interp = Interpreter::new(&back.module);
     let run = interp.run(back.function_name(), inputs.to_vec(), &mut back_state);
     match run
@@ -278,19 +265,6 @@ fn without_locs(text: &str) -> String {
     }
     out.push_str(rest);
     out
-}
-
-/// A case folder as the node tests are: `model.onnx`, `test_data_set_0/{input,output}_i.pb`.
-fn write_exported_case(dir: &Path, model: &[u8], inputs: &[Array], expected: &[Array]) {
-    let data = dir.join("test_data_set_0");
-    std::fs::create_dir_all(&data).unwrap();
-    std::fs::write(dir.join("model.onnx"), model).unwrap();
-    for (kind, arrays) in [("input", inputs), ("output", expected)] {
-        for (i, a) in arrays.iter().enumerate() {
-            let bytes = kiln_onnx::encode_tensor(a, &format!("{kind}_{i}"));
-            std::fs::write(data.join(format!("{kind}_{i}.pb")), bytes).unwrap();
-        }
-    }
 }
 
 /// NumPy's `assert_allclose`: `|actual − expected| ≤ atol + rtol·|expected|`, NaN where NaN.

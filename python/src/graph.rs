@@ -983,15 +983,12 @@ fn load_predictor(
 fn load_onnx(path: std::path::PathBuf) -> PyResult<PyPredictor> {
     let model = kiln::onnx::import(&path)
         .map_err(|e| KilnError::new_err(format!("{}: {e}", path.display())))?;
+    let state = model.state();
+    let function = model.function_name().to_owned();
     let names = Names {
         inputs: model.inputs,
         outputs: model.outputs,
     };
-    let mut state = kiln::backend::StateStore::new();
-    for (name, value) in model.parameters {
-        state.insert(name, value);
-    }
-    let function = model.module.functions[0].name().to_owned();
     let predictor = kiln::serve::Predictor::compile(model.module, &function, state)
         .map_err(|e| KilnError::new_err(e.to_string()))?;
     Ok(PyPredictor(predictor, names))

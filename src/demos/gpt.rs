@@ -363,13 +363,10 @@ fn write_case(
     state: &mut kiln_backend::StateStore,
     dir: &Path,
 ) -> Result<Array, Box<dyn std::error::Error>> {
-    let case = dir.join("cases").join(format!("gpt_{func}"));
-    let data = case.join("test_data_set_0");
-    std::fs::create_dir_all(&data)?;
+    std::fs::create_dir_all(dir)?;
     let options = kiln_onnx::export::ExportOptions::default();
     let path = dir.join(format!("{func}.onnx"));
     kiln_onnx::export::export_to_file(module, func, state, &path, &options)?;
-    std::fs::copy(&path, case.join("model.onnx"))?;
     let function = module.function(func).ok_or("no such function")?;
     let written = kiln_onnx::export::written_states(function);
     for name in &written {
@@ -386,11 +383,7 @@ fn write_case(
     for name in &written {
         outputs.push(state.get(name).expect("written").clone());
     }
-    for (kind, arrays) in [("input", &args), ("output", &outputs)] {
-        for (i, a) in arrays.iter().enumerate() {
-            let bytes = kiln_onnx::encode_tensor(a, &format!("{kind}_{i}"));
-            std::fs::write(data.join(format!("{kind}_{i}.pb")), bytes)?;
-        }
-    }
+    let case = dir.join("cases").join(format!("gpt_{func}"));
+    kiln_onnx::write_test_case(&case, &std::fs::read(&path)?, &args, &outputs)?;
     Ok(results.into_iter().next().ok_or("no logits")?)
 }
