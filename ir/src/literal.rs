@@ -75,6 +75,37 @@ impl Literal {
         }
     }
 
+    /// The one element of a literal of more than one element that are all the same bits:
+    /// the splat it is.
+    pub fn splat(&self) -> Option<Literal> {
+        fn same<T: Copy, B: PartialEq>(v: &[T], bits: impl Fn(T) -> B) -> bool {
+            v.len() > 1 && v.iter().all(|&x| bits(x) == bits(v[0]))
+        }
+        let one = match self {
+            Literal::F32(v) if same(v, f32::to_bits) => Literal::F32(vec![v[0]]),
+            Literal::F64(v) if same(v, f64::to_bits) => Literal::F64(vec![v[0]]),
+            Literal::I32(v) if same(v, |x| x) => Literal::I32(vec![v[0]]),
+            Literal::I64(v) if same(v, |x| x) => Literal::I64(vec![v[0]]),
+            Literal::Bool(v) if same(v, |x| x) => Literal::Bool(vec![v[0]]),
+            _ => return None,
+        };
+        Some(one)
+    }
+
+    /// The axis along which an integer literal of `shape` (more than one element, written out)
+    /// counts `0, 1, 2, …`, the same along every other axis: what `iota {axis}` holds.
+    pub fn iota_axis(&self, shape: &[usize]) -> Option<usize> {
+        let integer = matches!(self, Literal::I32(_) | Literal::I64(_));
+        let count: usize = shape.iter().product();
+        if !integer || self.len() < 2 || self.len() != count {
+            return None;
+        }
+        (0..shape.len()).filter(|&a| shape[a] > 1).find(|&axis| {
+            let inner: usize = shape[axis + 1..].iter().product();
+            (0..count).all(|i| self.get_f64(i) == ((i / inner) % shape[axis]) as f64)
+        })
+    }
+
     /// Writes element `i` in the text form's syntax.
     pub fn fmt_element(&self, i: usize, f: &mut dyn fmt::Write) -> fmt::Result {
         match self {

@@ -66,9 +66,11 @@ pub(crate) enum Slot {
     Missing,
 }
 
-/// Known arrays larger than this (in elements) become parameters rather than constants in
-/// the text IR.
-const LARGEST_CONSTANT: usize = 16;
+/// Known float arrays larger than this (in elements) become parameters rather than constants
+/// in the text IR: as large as the `fold` pass makes constants, so a program has the same
+/// constants whether the importer or the pipeline computed them (an exported program imports
+/// as itself).
+const LARGEST_CONSTANT: usize = kiln_passes::MAX_FOLDED_ELEMENTS;
 
 /// The values of the graph being converted, and the parameters made so far.
 #[derive(Default)]
@@ -91,22 +93,6 @@ pub(crate) fn unique_name(taken: &mut HashSet<String>, base: &str) -> String {
     name
 }
 
-/// The one element of a literal of more than one element, all the same bits.
-fn splat(literal: &Literal) -> Option<Literal> {
-    fn same<T: Copy, B: PartialEq>(v: &[T], bits: impl Fn(T) -> B) -> bool {
-        v.len() > 1 && v.iter().all(|&x| bits(x) == bits(v[0]))
-    }
-    let one = match literal {
-        Literal::F32(v) if same(v, f32::to_bits) => Literal::F32(vec![v[0]]),
-        Literal::F64(v) if same(v, f64::to_bits) => Literal::F64(vec![v[0]]),
-        Literal::I32(v) if same(v, |x| x) => Literal::I32(vec![v[0]]),
-        Literal::I64(v) if same(v, |x| x) => Literal::I64(vec![v[0]]),
-        Literal::Bool(v) if same(v, |x| x) => Literal::Bool(vec![v[0]]),
-        _ => return None,
-    };
-    Some(one)
-}
-
 impl Env {
     /// The Kiln value for a known array: a constant, or a parameter for an initializer or a
     /// large float array.
@@ -118,9 +104,13 @@ impl Env {
         initializer: bool,
     ) -> Result<Value, Fail> {
         let literal = array.to_literal();
-        if !initializer && let Some(one) = splat(&literal) {
+        if !initializer && let Some(one) = literal.splat() {
             // A filled shape (`ConstantOfShape`, an `Expand` of a scalar): one element.
             return Ok(b.constant(one, array.ty())?);
+        }
+        if !initializer && let Some(axis) = literal.iota_axis(array.shape()) {
+            // `0, 1, 2, …` along one axis (a `Range`, positions an op counts): Kiln's `iota`.
+            return Ok(b.iota(array.ty(), axis)?);
         }
         let large = initializer || array.len() > LARGEST_CONSTANT;
         if self.folding || !large || !array.dtype().is_float() {

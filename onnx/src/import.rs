@@ -139,7 +139,10 @@ pub(crate) fn import_model(
         let v = env
             .value(&mut b, &name)
             .map_err(|e| OnnxError::Invalid(format!("graph output {name:?}: {}", message(e))))?;
-        b.set_name(v, &name);
+        // A graph input given back as an output keeps its input's name.
+        if !matches!(b.function().value(v).def, ValueDef::Arg(..)) {
+            b.set_name(v, &name);
+        }
         results.push(v);
         outputs.push(name);
     }

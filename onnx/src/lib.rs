@@ -30,6 +30,15 @@ pub use error::{OnnxError, OnnxResult, Unsupported};
 pub use import::{IR_VERSIONS, NEWEST_OPSET};
 pub use node::Node;
 
+/// The `doc_string` of an `Identity` node that stands for Kiln's `stop_gradient`: an identity
+/// to every runtime, read back by Kiln's importer as the op it was (ONNX has no such op), so
+/// that an exported program imports as itself.
+pub const STOP_GRADIENT_DOC: &str = "kiln: stop_gradient";
+
+/// The `doc_string` of a `Gather` written from Kiln's `gather`, whose indices are already in
+/// `[0, size)` (Kiln checks them): the importer does not wrap negative indices a second time.
+pub const GATHER_IN_RANGE_DOC: &str = "kiln: gather, indices in range";
+
 use kiln_backend::Array;
 use kiln_ir::Module;
 use prost::Message;

@@ -48,13 +48,34 @@ enum Outcome {
 enum Exported {
     /// The same program after the pipeline, printed.
     FixedPoint,
-    /// The expected outputs from a program that prints differently.
-    SameOutputs,
+    /// The expected outputs from a program that prints differently: the first line that
+    /// differs, as imported and as exported then imported.
+    SameOutputs(String),
     /// An op the exporter refuses.
     Refused(String),
     /// Wrong outputs, or a model that does not import.
     Differs(String),
 }
+
+/// The passing cases whose export round trip is not a fixed point, and why; every other
+/// passing case must be one (and these must not become one unnoticed).
+const NOT_FIXED_POINTS: &[(&str, &str)] = &[
+    // An index computation over 6,480 positions: the importer computes it when it reads the
+    // exported constants, the `fold` pass leaves one that large as instructions.
+    (
+        "test_nllloss_NCd1d2d3d4d5_mean_weight_expanded",
+        "folded by the importer only",
+    ),
+    (
+        "test_nllloss_NCd1d2d3d4d5_none_no_weight_expanded",
+        "folded by the importer only",
+    ),
+    // The output is a constant the pipeline folded; exported, it carries the output's name.
+    (
+        "test_reduce_l2_empty_set_expanded",
+        "the folded output is named",
+    ),
+];
 
 /// Each case's export outcome, by case folder name.
 static EXPORTS: Mutex<BTreeMap<String, Exported>> = Mutex::new(BTreeMap::new());
@@ -245,10 +266,15 @@ fn export_round_trip(
         .unwrap()
         .run(&mut again)
     {
-        Ok(_) if without_locs(&again.to_string()) == without_locs(&optimized.to_string()) => {
-            Exported::FixedPoint
+        Ok(_) => {
+            let before = without_locs(&optimized.to_string());
+            let after = without_locs(&again.to_string());
+            match before.lines().zip(after.lines()).find(|(a, b)| a != b) {
+                None if before.lines().count() == after.lines().count() => Exported::FixedPoint,
+                None => Exported::SameOutputs("a different number of lines".to_owned()),
+                Some((a, b)) => Exported::SameOutputs(format!("{} => {}", a.trim(), b.trim())),
+            }
         }
-        Ok(_) => Exported::SameOutputs,
         Err(e) => Exported::Differs(format!("passes: {e}")),
     }
 }
@@ -343,7 +369,7 @@ fn report_exports(listed: &[String]) {
     for e in exports.values() {
         let kind = match e {
             Exported::FixedPoint => "fixed point",
-            Exported::SameOutputs => "same outputs, other text",
+            Exported::SameOutputs(_) => "same outputs, other text",
             Exported::Refused(_) => "refused",
             Exported::Differs(_) => "differs",
         };
@@ -364,6 +390,24 @@ fn report_exports(listed: &[String]) {
         "{} listed cases differ after an export round trip:\n{}",
         differs.len(),
         differs.join("\n")
+    );
+    let excepted = |n: &str| NOT_FIXED_POINTS.iter().any(|(e, _)| *e == n);
+    let wrong: Vec<String> = (exports.iter())
+        .filter(|(n, _)| listed.contains(n))
+        .filter_map(|(n, e)| match e {
+            Exported::SameOutputs(line) if !excepted(n) => Some(format!("{n}: {line}")),
+            Exported::FixedPoint if excepted(n) => Some(format!(
+                "{n}: now a fixed point (take it off NOT_FIXED_POINTS)"
+            )),
+            _ => None,
+        })
+        .collect();
+    assert!(
+        wrong.is_empty(),
+        "{} listed cases break the export fixed point (first differing line, as imported => \
+         as exported and imported again):\n{}",
+        wrong.len(),
+        wrong.join("\n")
     );
 }
 

@@ -6,6 +6,10 @@
 //! - An op whose operands are all constants of at most [`MAX_ELEMENTS`] elements folds to a
 //!   dense constant of at most that size.
 //! - `broadcast` of a splat is a splat.
+//! - A folded constant of one repeated value is a splat.
+//! - A constant counting `0, 1, 2, …` along an axis becomes that `iota`.
+//! - An `iota` counts as a constant of its values for the ops that read it (it is not
+//!   replaced itself).
 
 use crate::pass::{Pass, PassError, Stats};
 use kiln_backend::{Array, Interpreter};
@@ -13,7 +17,7 @@ use kiln_ir::{Function, Literal, Module, Op, OpClass, Region, Type, Value};
 use std::collections::HashMap;
 
 /// The largest constant folding produces.
-pub(crate) const MAX_ELEMENTS: usize = 1024;
+pub const MAX_ELEMENTS: usize = 1024;
 
 /// Constant folding, with the interpreter's own kernels.
 pub struct ConstantFold;
@@ -49,7 +53,24 @@ fn fold_region(
         }
         let data = func.inst(inst);
         if let Op::Const { value, ty } = &data.op {
-            constants.insert(data.results[0], (value.clone(), ty.clone()));
+            let (value, ty, result) = (value.clone(), ty.clone(), data.results[0]);
+            if let Some(axis) = iota_of(&value, &ty) {
+                let ty = ty.clone();
+                func.inst_mut(inst).op = Op::Iota { axis, ty };
+                folded += 1;
+            }
+            constants.insert(result, (value, ty));
+            continue;
+        }
+        // An `iota` stays (it says what it holds), but the ops computing on it fold.
+        if let Op::Iota { ty, .. } = &data.op {
+            let small = ty.shape.num_elements().is_some_and(|n| n <= MAX_ELEMENTS);
+            let values = (ty.shape.as_fixed())
+                .filter(|_| small)
+                .and_then(|shape| interp.eval_op(&data.op, &[], &[shape]).ok());
+            if let Some(out) = values.as_ref().and_then(|v| v.first()) {
+                constants.insert(data.results[0], (out.to_literal(), ty.clone()));
+            }
             continue;
         }
         let foldable = matches!(
@@ -66,15 +87,29 @@ fn fold_region(
             continue;
         };
         let result = data.results[0];
-        func.inst_mut(inst).op = Op::Const {
-            value: literal.clone(),
-            ty: result_ty.clone(),
+        // One repeated value is a splat, however it was computed.
+        let literal = literal.splat().unwrap_or(literal);
+        func.inst_mut(inst).op = match iota_of(&literal, &result_ty) {
+            Some(axis) => Op::Iota {
+                axis,
+                ty: result_ty.clone(),
+            },
+            None => Op::Const {
+                value: literal.clone(),
+                ty: result_ty.clone(),
+            },
         };
         func.inst_mut(inst).args.clear();
         constants.insert(result, (literal, result_ty));
         folded += 1;
     }
     folded
+}
+
+/// The axis of the `iota` a constant's values are (`0, 1, 2, …` along it): the one form of
+/// such a constant, whichever way it was made.
+fn iota_of(value: &Literal, ty: &Type) -> Option<usize> {
+    value.iota_axis(&ty.shape.as_fixed()?)
 }
 
 /// The folded value of `op` on constant `operands`, if it is small enough (or a splat).

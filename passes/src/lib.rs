@@ -5,6 +5,8 @@
 //! - [`manager`]: the pass manager — named passes and pipelines, timing, statistics,
 //!   verification and IR dumps after each pass.
 //! - [`canonicalize`], [`fold`], [`cse`], [`dce`]: the classic passes.
+//! - `constants`: `place_constants`, each constant just before its first reader (one order
+//!   whichever front end built the program).
 //! - [`simplify`]: e-graph rewriting with egg, rules by topic, memory-traffic extraction.
 //! - `layout`: convolutions, pooling and the ops between them channels last, chosen per
 //!   region of the graph, with transposes only at its edges.
@@ -26,6 +28,7 @@
 
 pub mod autodiff;
 mod canonicalize;
+mod constants;
 mod cse;
 mod dce;
 mod epilogues;
@@ -41,10 +44,11 @@ pub mod simplify;
 
 pub use autodiff::{AutodiffError, Wrt, append_gradients, gradient_function};
 pub use canonicalize::Canonicalize;
+pub use constants::PlaceConstants;
 pub use cse::Cse;
 pub use dce::Dce;
 pub use epilogues::OrderEpilogues;
-pub use fold::ConstantFold;
+pub use fold::{ConstantFold, MAX_ELEMENTS as MAX_FOLDED_ELEMENTS};
 pub use fusion::{Fuse, MAX_KERNEL_DEPTH};
 pub use layout::ChannelsLast;
 pub use loops::Loops;

@@ -6,7 +6,9 @@
 //! with the module after each pass, headed like MLIR's `// -----// IR Dump After cse //----- //`.
 
 use crate::pass::{Pass, PassError, Stats};
-use crate::{canonicalize, cse, dce, epilogues, fold, fusion, layout, loops, products, simplify};
+use crate::{
+    canonicalize, constants, cse, dce, epilogues, fold, fusion, layout, loops, products, simplify,
+};
 use kiln_ir::{Module, verify_module};
 use std::fmt;
 use std::time::{Duration, Instant};
@@ -47,6 +49,10 @@ impl fmt::Display for PassReport {
 
 /// The passes by name, each with one line of what it does.
 pub const PASSES: &[(&str, &str)] = &[
+    (
+        "place_constants",
+        "move each constant to just before its first reader, so a program prints the same whoever built it",
+    ),
     (
         "canonicalize",
         "fold chains of reshape, transpose, broadcast and cast; drop identity layout ops",
@@ -94,6 +100,7 @@ pub const PIPELINES: &[(&str, &[&str])] = &[
     (
         "default",
         &[
+            "place_constants",
             "canonicalize",
             "fold",
             "cse",
@@ -104,6 +111,7 @@ pub const PIPELINES: &[(&str, &[&str])] = &[
             "cse",
             "loops",
             "fold_updates",
+            "place_constants",
             "dce",
             "fuse",
             "order_epilogues",
@@ -112,6 +120,7 @@ pub const PIPELINES: &[(&str, &[&str])] = &[
     (
         "simplify",
         &[
+            "place_constants",
             "canonicalize",
             "fold",
             "cse",
@@ -119,6 +128,7 @@ pub const PIPELINES: &[(&str, &[&str])] = &[
             "canonicalize",
             "fold",
             "cse",
+            "place_constants",
             "dce",
         ],
     ),
@@ -128,6 +138,7 @@ pub const PIPELINES: &[(&str, &[&str])] = &[
 /// A pass by name.
 pub fn pass_by_name(name: &str) -> Result<Box<dyn Pass>, PassError> {
     Ok(match name {
+        "place_constants" => Box::new(constants::PlaceConstants),
         "canonicalize" => Box::new(canonicalize::Canonicalize),
         "fold" => Box::new(fold::ConstantFold),
         "cse" => Box::new(cse::Cse),

@@ -90,6 +90,14 @@ fn cases() -> Vec<Case> {
             let r = b.unary(UnaryOp::Recip, a[1])?;
             b.mul(a[0], r)
         }),
+        case("not-eq", &[&[3], &[3]], |b, a| {
+            let e = b.compare(CompareOp::Eq, a[0], a[1])?;
+            b.unary(UnaryOp::Not, e)
+        }),
+        case("not-ne", &[&[3], &[3]], |b, a| {
+            let e = b.compare(CompareOp::Ne, a[0], a[1])?;
+            b.unary(UnaryOp::Not, e)
+        }),
         case("select-same", &[&[3], &[3]], |b, a| {
             let c = b.compare(CompareOp::Gt, a[0], a[1])?;
             b.select(c, a[1], a[1])

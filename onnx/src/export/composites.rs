@@ -27,6 +27,10 @@ pub(super) enum Composite {
 pub(super) struct Composites {
     pub(super) roots: HashMap<Inst, Composite>,
     pub(super) absorbed: HashSet<Inst>,
+    /// Broadcasts left to ONNX's implicit (NumPy) broadcasting: every reader is an
+    /// elementwise op that broadcasts its operands, beside an operand of the result's shape.
+    /// (The importer makes the same `broadcast` of them again.)
+    pub(super) implicit: HashSet<Inst>,
 }
 
 /// Finds every composite of `func`, in all its regions.
@@ -46,7 +50,47 @@ pub(super) fn find(func: &Function) -> Composites {
         found.absorbed.extend(parts);
         found.roots.insert(inst, composite);
     }
+    found.implicit = implicit_broadcasts(func);
     found
+}
+
+/// The broadcasts whose readers all broadcast implicitly in ONNX (`Add`, `Equal`, `Where`,
+/// …), each beside an operand that has the result's shape and is no broadcast itself.
+fn implicit_broadcasts(func: &Function) -> HashSet<Inst> {
+    let mut readers: HashMap<Value, Vec<Option<Inst>>> = HashMap::new();
+    for inst in func.walk_insts() {
+        let data = func.inst(inst);
+        data.args
+            .iter()
+            .for_each(|&a| readers.entry(a).or_default().push(Some(inst)));
+        for &r in &data.regions {
+            let results = func.region(r).results.iter();
+            results.for_each(|&v| readers.entry(v).or_default().push(None));
+        }
+    }
+    for &v in func.results() {
+        readers.entry(v).or_default().push(None);
+    }
+    let is_broadcast = |v: Value| {
+        (func.producer(v)).is_some_and(|p| matches!(func.inst(p).op, Op::Broadcast { .. }))
+    };
+    let implicit_reader = |reader: Option<Inst>, b: Value| {
+        let Some(r) = reader else { return false };
+        let data = func.inst(r);
+        let elementwise = matches!(data.op, Op::Binary(_) | Op::Compare(_) | Op::Select);
+        let full = func.value_type(data.results[0]);
+        let beside_full =
+            (data.args.iter()).any(|&o| o != b && !is_broadcast(o) && func.value_type(o) == full);
+        elementwise && beside_full
+    };
+    (func.walk_insts().into_iter())
+        .filter(|&i| matches!(func.inst(i).op, Op::Broadcast { .. }))
+        .filter(|&i| {
+            let b = func.inst(i).results[0];
+            let rs = readers.get(&b).map_or(&[][..], Vec::as_slice);
+            !rs.is_empty() && rs.iter().all(|&r| implicit_reader(r, b))
+        })
+        .collect()
 }
 
 /// Reads instruction groups: who defines a value, and how many places read it.

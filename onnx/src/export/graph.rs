@@ -150,6 +150,13 @@ impl<'f> Graph<'f> {
         });
     }
 
+    /// Gives the last node written `doc` as its `doc_string`.
+    pub(super) fn document_last(&mut self, doc: &str) {
+        if let Some(node) = self.nodes.last_mut() {
+            node.doc_string = Some(doc.to_owned());
+        }
+    }
+
     /// A node with one fresh output named after `hint`; returns the output.
     pub(super) fn op(
         &mut self,

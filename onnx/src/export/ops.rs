@@ -16,6 +16,13 @@ fn emit(g: &mut Graph, inst: Inst) -> Result<(), Why> {
     if g.composites.absorbed.contains(&inst) {
         return Ok(()); // written by its composite's root
     }
+    if g.composites.implicit.contains(&inst) {
+        let data = g.func.inst(inst);
+        let (x, y) = (data.args[0], data.results[0]);
+        let name = g.name(x);
+        g.alias(y, name);
+        return Ok(());
+    }
     if let Some(composite) = g.composites.roots.get(&inst).cloned() {
         let y = g.name(g.func.inst(inst).results[0]);
         return write_composite(g, &composite, &y);
@@ -120,7 +127,11 @@ fn emit(g: &mut Graph, inst: Inst) -> Result<(), Why> {
             g.node("Add", &[x[2], &scaled], &[&y], vec![]);
             Ok(())
         }
-        Op::Gather { axis } => node1(g, "Gather", vec![attr_int("axis", *axis as i64)]),
+        Op::Gather { axis } => {
+            node1(g, "Gather", vec![attr_int("axis", *axis as i64)])?;
+            g.document_last(crate::GATHER_IN_RANGE_DOC);
+            Ok(())
+        }
         Op::UpdateSlice { axis } => update_slice(g, [x[0], x[1], x[2]], data.args[2], *axis, &y),
         Op::ScatterAdd { axis, shape } => {
             let dtype = g.func.value_type(data.results[0]).dtype;
@@ -281,7 +292,11 @@ fn unary(g: &mut Graph, op: UnaryOp, x: &str, y: &str) -> Result<(), Why> {
         UnaryOp::Ceil => "Ceil",
         UnaryOp::Round => "Round",
         UnaryOp::Not => "Not",
-        UnaryOp::StopGradient => "Identity",
+        UnaryOp::StopGradient => {
+            g.node("Identity", &[x], &[y], vec![]);
+            g.document_last(crate::STOP_GRADIENT_DOC);
+            return Ok(());
+        }
     };
     g.node(name, &[x], &[y], vec![]);
     Ok(())

@@ -85,9 +85,13 @@ pub(super) fn cast_like(c: &mut Ctx) -> Converted {
     Ok(vec![c.b.cast(x, to)?])
 }
 
-/// `Identity`.
+/// `Identity`; Kiln's `stop_gradient` where the exporter marked it so.
 pub(super) fn identity(c: &mut Ctx) -> Converted {
-    Ok(vec![c.input(0)?])
+    let x = c.input(0)?;
+    match c.node.proto.doc_string.as_deref() {
+        Some(crate::STOP_GRADIENT_DOC) => Ok(vec![c.b.unary(UnaryOp::StopGradient, x)?]),
+        _ => Ok(vec![x]),
+    }
 }
 
 /// `Dropout` at inference: the input, and a mask of ones when asked for.

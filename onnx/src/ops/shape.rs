@@ -247,9 +247,12 @@ pub(super) fn gather(c: &mut Ctx) -> Converted {
         _ => {
             let idx = c.input(1)?;
             index_dtype(c.dtype(idx))?;
+            let in_range = c.node.proto.doc_string.as_deref() == Some(crate::GATHER_IN_RANGE_DOC);
             match d[a].as_fixed() {
-                Some(size) => c.wrap_negative(idx, size)?,
-                None => idx, // a symbolic size: negative indices are refused when run
+                Some(size) if !in_range => c.wrap_negative(idx, size)?,
+                // A symbolic size, or Kiln's own `gather` exported: negative indices are
+                // refused when run.
+                _ => idx,
             }
         }
     };

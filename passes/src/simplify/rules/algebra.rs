@@ -24,6 +24,8 @@ pub fn rules() -> Vec<Rewrite<Node, Typing>> {
         rw!("recip-sqrt"; "(recip (sqrt ?x))" => "(rsqrt ?x)"),        // 1/√x = rsqrt x
         rw!("div-sqrt"; "(div ?a (sqrt ?b))" => "(mul ?a (rsqrt ?b))"), // a/√b = a · rsqrt b   (rounding)
         rw!("recip-exp"; "(recip (exp ?x))" => "(exp (neg ?x))"), // 1/eˣ = e⁻ˣ           (rounding)
+        rw!("not-eq"; "(not (eq ?a ?b))" => "(ne ?a ?b)"),        // ¬(a = b) = a ≠ b (NaN too)
+        rw!("not-ne"; "(not (ne ?a ?b))" => "(eq ?a ?b)"),        // ¬(a ≠ b) = a = b
         rw!("select-same"; "(select ?c ?x ?x)" => "?x"),          // c ? x : x = x
         rw!("max-self"; "(max ?x ?x)" => "?x"),                   // max(x, x) = x
         rw!("min-self"; "(min ?x ?x)" => "?x"),                   // min(x, x) = x
