@@ -231,8 +231,8 @@ enum Command {
         kiln opt tests/programs/softmax_xent.kir --stats\n  \
         kiln opt tests/programs/attention.kir --explain\n  \
         kiln opt tests/programs/conv_step.kir --passes channels_last --explain\n\n\
-        Passes: canonicalize, fold, cse, simplify, channels_last, loops, fold_updates, dce, fuse, \
-        order_epilogues. \
+        Passes: place_constants, canonicalize, fold, cse, simplify, channels_last, loops, fold_updates, \
+        dce, fuse, order_epilogues. \
         Pipelines: default, simplify, none.")]
     Opt {
         file: PathBuf,

@@ -264,7 +264,7 @@ fn opt_prints_the_ir_after_each_pass_and_statistics() {
     let bad = kiln(&["opt", "tests/programs/mlp.kir", "--passes", "cse,inline"]);
     assert_eq!(bad.status.code(), Some(1));
     assert!(stderr(&bad).contains(
-        "unknown pass `inline`; the passes are: canonicalize, fold, cse, simplify, channels_last, loops, fold_updates, dce, fuse, order_epilogues"
+        "unknown pass `inline`; the passes are: place_constants, canonicalize, fold, cse, simplify, channels_last, loops, fold_updates, dce, fuse, order_epilogues"
     ));
     // `--help` lists every pass the manager knows.
     let help = stdout(&kiln(&["opt", "--help"]));

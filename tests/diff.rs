@@ -93,7 +93,7 @@ fn a_planted_wrong_rewrite_rule_is_named_with_its_pass_and_instruction() {
     assert_eq!(
         report.stage,
         Some(Stage::Pass {
-            index: 3,
+            index: 4,
             name: "simplify".into()
         }),
         "{text}"
@@ -112,7 +112,7 @@ fn a_planted_wrong_rewrite_rule_is_named_with_its_pass_and_instruction() {
         .collect();
     assert_eq!(wrong, ["%t"], "{text}");
     assert!(
-        text.contains("first wrong after: pass `simplify` (pass 4 of the pipeline)"),
+        text.contains("first wrong after: pass `simplify` (pass 5 of the pipeline)"),
         "{text}"
     );
 }

@@ -62,7 +62,7 @@ fn place_in_region(func: &mut Function, region: Region) -> usize {
     for &v in &func.region(region).results.clone() {
         take(v, &mut placed, &mut unplaced);
     }
-    let unread = |i: &&Inst| unplaced.contains_key(&func.inst(**i).results[0]);
+    let unread = |i: &&Inst| is_constant(**i) && unplaced.contains_key(&func.inst(**i).results[0]);
     placed.extend(insts.iter().filter(unread));
     // A constant moved when what follows it changed.
     let next = |order: &[Inst]| -> HashMap<Inst, Option<Inst>> {

@@ -321,7 +321,7 @@ fn unknown_passes_and_pipelines_are_named() {
         .to_string();
     assert_eq!(
         err,
-        "unknown pass `inline`; the passes are: canonicalize, fold, cse, simplify, channels_last, \
+        "unknown pass `inline`; the passes are: place_constants, canonicalize, fold, cse, simplify, channels_last, \
          loops, fold_updates, dce, fuse, order_epilogues"
     );
     let err = PassManager::pipeline("O3").err().unwrap().to_string();

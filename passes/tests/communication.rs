@@ -97,6 +97,7 @@ macro_rules! keeps_communication {
 }
 
 keeps_communication! {
+    place_constants: ["place_constants"];
     canonicalize: ["canonicalize"];
     fold: ["fold"];
     cse: ["cse"];
@@ -107,12 +108,13 @@ keeps_communication! {
     dce: ["dce"];
     fuse: ["fuse"];
     order_epilogues: ["order_epilogues"];
-    default_pipeline: ["canonicalize", "fold", "cse", "simplify", "channels_last", "canonicalize", "fold", "cse", "loops", "fold_updates", "dce", "fuse", "order_epilogues"];
+    default_pipeline: ["place_constants", "canonicalize", "fold", "cse", "simplify", "channels_last", "canonicalize", "fold", "cse", "loops", "fold_updates", "place_constants", "dce", "fuse", "order_epilogues"];
 }
 
 #[test]
 fn the_tests_cover_every_pass() {
     let tested = [
+        "place_constants",
         "canonicalize",
         "fold",
         "cse",
