@@ -285,3 +285,31 @@ fn the_oldest_and_newest_opsets_round_trip() {
         }
     }
 }
+
+/// What ONNX has no op for comes back as itself: `stop_gradient` (an `Identity` that says
+/// so), Kiln's `gather` (indices not wrapped again), and a broadcast left to the reader's
+/// implicit broadcasting (no `Expand`, the importer's own `broadcast` again).
+#[test]
+fn ops_onnx_lacks_come_back_as_themselves() {
+    let text = "module {
+  func @f(%x: f32[N,4], %b: f32[4], %i: i64[3]) -> (f32[N,4], f32[3,4]) {
+    %s = stop_gradient %x : f32[N,4]
+    %bb = broadcast %b : f32[N,4]
+    %y = add %s, %bb : f32[N,4]
+    %g = gather %y, %i {axis=0} : f32[3,4]
+    return %y, %g
+  }
+}";
+    let module = parse_and_verify(text).unwrap();
+    let model = export(&module, "f", &StateStore::new(), &ExportOptions::default()).unwrap();
+    let ops: Vec<String> = op_types(&model).into_iter().map(|(op, _)| op).collect();
+    assert!(!ops.contains(&"Expand".to_owned()), "{ops:?}");
+    let back = kiln_onnx::import_bytes(&model.encode_to_vec(), None).unwrap();
+    let printed = back.module.to_string();
+    assert!(printed.contains("= stop_gradient %x"), "{printed}");
+    assert!(printed.contains("= broadcast %b"), "{printed}");
+    assert!(
+        !printed.contains("select"),
+        "the indices were wrapped again:\n{printed}"
+    );
+}

@@ -126,6 +126,80 @@ fn fold_evaluates_constants_and_keeps_splats_splat() {
     );
 }
 
+/// A folded value of one repeated element is a splat; a constant counting `0, 1, 2, …` is
+/// the `iota` it is, and ops on an `iota` fold.
+#[test]
+fn fold_writes_splats_and_iotas_as_such() {
+    check(
+        &["fold", "dce"],
+        r#"module {
+  func @f(%x: i64[2,3]) -> (i64[2,3], i64[2,3], f32[2]) {
+    %c = const [0, 1, 2] : i64[3]
+    %b = broadcast %c : i64[2,3]
+    %y = add %x, %b : i64[2,3]
+    %i = iota {axis=0} : i64[2,3]
+    %two = const 2 : i64[2,3]
+    %d = mul %i, %two : i64[2,3]
+    %z = add %x, %d : i64[2,3]
+    %v = const [4.0, 4.0] : f32[2]
+    %r = sqrt %v : f32[2]
+    return %y, %z, %r
+  }
+}"#,
+        r#"module {
+  func @f(%x: i64[2,3]) -> (i64[2,3], i64[2,3], f32[2]) {
+    %b = iota {axis=1} : i64[2,3]
+    %y = add %x, %b : i64[2,3]
+    %d = const [[0, 0, 0], [2, 2, 2]] : i64[2,3]
+    %z = add %x, %d : i64[2,3]
+    %r = const 2.0 : f32[2]
+    return %y, %z, %r
+  }
+}"#,
+    );
+}
+
+/// Each constant (and `iota`) just before its first reader, one used only by the yield at
+/// the end; a constant read inside a region before the region's instruction.
+#[test]
+fn place_constants_puts_each_constant_before_its_first_reader() {
+    check(
+        &["place_constants"],
+        r#"module {
+  func @f(%x: f32[3], %p: bool[]) -> (f32[3], f32[3]) {
+    %one = const 1.0 : f32[3]
+    %two = const 2.0 : f32[3]
+    %unused = const 5.0 : f32[3]
+    %e = exp %x : f32[3]
+    %y = add %e, %one : f32[3]
+    %c = cond %p : f32[3] then {
+      %m = mul %y, %two : f32[3]
+      yield %m
+    } else {
+      yield %y
+    }
+    return %c, %one
+  }
+}"#,
+        r#"module {
+  func @f(%x: f32[3], %p: bool[]) -> (f32[3], f32[3]) {
+    %e = exp %x : f32[3]
+    %one = const 1.0 : f32[3]
+    %y = add %e, %one : f32[3]
+    %two = const 2.0 : f32[3]
+    %c = cond %p : f32[3] then {
+      %m = mul %y, %two : f32[3]
+      yield %m
+    } else {
+      yield %y
+    }
+    %unused = const 5.0 : f32[3]
+    return %c, %one
+  }
+}"#,
+    );
+}
+
 #[test]
 fn canonicalize_collapses_layout_chains() {
     check(

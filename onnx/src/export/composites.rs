@@ -78,9 +78,9 @@ fn implicit_broadcasts(func: &Function) -> HashSet<Inst> {
         let Some(r) = reader else { return false };
         let data = func.inst(r);
         let elementwise = matches!(data.op, Op::Binary(_) | Op::Compare(_) | Op::Select);
-        let full = func.value_type(data.results[0]);
-        let beside_full =
-            (data.args.iter()).any(|&o| o != b && !is_broadcast(o) && func.value_type(o) == full);
+        let full = &func.value_type(data.results[0]).shape;
+        let beside_full = (data.args.iter())
+            .any(|&o| o != b && !is_broadcast(o) && func.value_type(o).shape == *full);
         elementwise && beside_full
     };
     (func.walk_insts().into_iter())
