@@ -1,5 +1,5 @@
-//! Constant placement: each `const` (and `iota`) moves to just before the first instruction of its region
-//! that reads it (directly, or from inside that instruction's regions).
+//! Constant placement: each `const` (and `iota`) moves to just before the first instruction
+//! of its region that reads it (directly, or from inside that instruction's regions).
 //!
 //! A constant has no operands and no effects, so where it stands changes nothing a program
 //! computes — but it changes the printed program, and which of two equal constants `cse`
