@@ -67,11 +67,13 @@ def kiln_run(kiln, spec_file, func, checkpoint, feeds, work):
     return [np.load(p) for p in re.findall(r"written to (\S+)", printed)]
 
 
-def check_program(kiln, spec, work):
+def check_program(kiln, spec, work, opset=None):
     file, func, *rest = spec.split(":")
     checkpoint = rest[0] if rest else None
     model_path = work / f"{pathlib.Path(file).stem}-{func}.onnx"
     command = [kiln, "export", file, "--func", func, "-o", str(model_path)]
+    if opset:
+        command += ["--opset", str(opset)]
     if checkpoint:
         command += ["--state", checkpoint]
     subprocess.run(command, check=True, capture_output=True)
@@ -107,12 +109,13 @@ def main():
     parser.add_argument("programs", nargs="*", help="FILE.kir:FUNC[:CHECKPOINT]")
     parser.add_argument("--node-cases", type=pathlib.Path, help="exported node cases")
     parser.add_argument("--kiln", default="target/release/kiln", help="the kiln binary")
+    parser.add_argument("--opset", type=int, help="the opset to export the programs at")
     args = parser.parse_args()
     failures = []
     with tempfile.TemporaryDirectory() as tmp:
         for spec in args.programs:
             try:
-                check_program(args.kiln, spec, pathlib.Path(tmp))
+                check_program(args.kiln, spec, pathlib.Path(tmp), args.opset)
             except Exception as e:  # report every failure, then fail
                 failures.append(f"{spec}: {e}")
     if args.node_cases:

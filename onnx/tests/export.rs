@@ -313,3 +313,51 @@ fn ops_onnx_lacks_come_back_as_themselves() {
         "the indices were wrapped again:\n{printed}"
     );
 }
+
+/// Kiln's attention (the layers' `composite::scaled_dot_product_attention`, causal or not) is
+/// one `Attention` node from opset 23, with the causal bias as its mask; before 23 it is the
+/// ops it is made of. Imported again, it gives the same results.
+#[test]
+fn attention_is_written_back_from_opset_23() {
+    use kiln_ir::{DType, Dim, FunctionBuilder, Shape, Type};
+    let heads = |b: &mut FunctionBuilder, name: &str, t: usize| {
+        let ty = Type::new(
+            DType::F32,
+            Shape(vec![Dim::sym("N"), 2.into(), t.into(), 8.into()]),
+        );
+        b.arg(name, ty)
+    };
+    let mut module = Module::new();
+    for causal in [false, true] {
+        let mut b = FunctionBuilder::new(if causal { "causal" } else { "full" });
+        let (q, k, v) = (
+            heads(&mut b, "q", 5),
+            heads(&mut b, "k", 5),
+            heads(&mut b, "v", 5),
+        );
+        let y = kiln::runtime::composite::scaled_dot_product_attention(&mut b, q, k, v, causal);
+        module.add_function(b.finish(&[y.unwrap()]).unwrap());
+    }
+    let at = |opset| ExportOptions {
+        opset,
+        ..ExportOptions::default()
+    };
+    for func in ["full", "causal"] {
+        let model = export(&module, func, &StateStore::new(), &at(23)).unwrap();
+        let ops: Vec<(String, usize)> = op_types(&model);
+        let attention = ops.iter().filter(|(op, _)| op == "Attention").count();
+        let inputs = if func == "causal" { 4 } else { 3 };
+        assert!(ops.contains(&("Attention".into(), inputs)), "{ops:?}");
+        assert_eq!(attention, 1, "{ops:?}");
+        assert!(
+            !ops.iter().any(|(op, _)| op == "Softmax" || op == "Exp"),
+            "{ops:?}"
+        );
+        round_trip_at(&module, func, &at(23));
+        let before = op_types(&export(&module, func, &StateStore::new(), &at(22)).unwrap());
+        assert!(
+            !before.iter().any(|(op, _)| op == "Attention"),
+            "{before:?}"
+        );
+    }
+}

@@ -1,7 +1,8 @@
 //! Composites written back as ONNX's own ops: the instruction groups that Kiln's builder and
-//! importer make of `Gemm` with its `C`, `Conv` with its bias and `LayerNormalization`, found
-//! before writing so that each becomes one node. A group is taken only when nothing outside
-//! it reads its intermediate values.
+//! importer make of `Gemm` with its `C`, `Conv` with its bias, `LayerNormalization` and
+//! (opset 23 on) `Attention`, found before writing so that each becomes one node. A group is
+//! taken only when nothing outside it reads its intermediate values. Also found here: the
+//! broadcasts ONNX's implicit broadcasting makes unnecessary.
 
 use kiln_ir::{BinaryOp, ConvKind, Function, Inst, InstData, Op, ReduceOp, UnaryOp, Value};
 use std::collections::{HashMap, HashSet};
@@ -13,6 +14,15 @@ pub(super) enum Composite {
     Gemm { product: Inst, c: Value },
     /// `conv2d(x, w) + broadcast(reshape(bias))`: `Conv(x, w, bias)`.
     Conv { conv: Inst, bias: Value },
+    /// Scaled dot-product attention over `[B, H, S, D]` heads, `softmax(q·kᵀ·scale + mask)·v`
+    /// (`composite::attend`): `Attention(q, k, v, mask)`, opset 23 on.
+    Attention {
+        q: Value,
+        k: Value,
+        v: Value,
+        mask: Option<Value>,
+        scale: f64,
+    },
     /// Kiln's `layer_norm` over the last axis: `LayerNormalization(x, scale, bias)`.
     LayerNorm {
         x: Value,
@@ -33,9 +43,9 @@ pub(super) struct Composites {
     pub(super) implicit: HashSet<Inst>,
 }
 
-/// Finds every composite of `func`, in all its regions.
-pub(super) fn find(func: &Function) -> Composites {
-    let m = Matcher::new(func);
+/// Finds every composite of `func` that `opset` has, in all its regions.
+pub(super) fn find(func: &Function, opset: i64) -> Composites {
+    let m = Matcher::new(func, opset);
     let mut found = Composites::default();
     for inst in func.walk_insts() {
         let Some((composite, parts)) = m.composite(inst) else {
@@ -96,11 +106,15 @@ fn implicit_broadcasts(func: &Function) -> HashSet<Inst> {
 /// Reads instruction groups: who defines a value, and how many places read it.
 struct Matcher<'f> {
     func: &'f Function,
+    opset: i64,
     readers: HashMap<Value, usize>,
 }
 
+/// The first opset with `Attention`.
+const ATTENTION_OPSET: i64 = 23;
+
 impl<'f> Matcher<'f> {
-    fn new(func: &'f Function) -> Matcher<'f> {
+    fn new(func: &'f Function, opset: i64) -> Matcher<'f> {
         let mut readers: HashMap<Value, usize> = HashMap::new();
         let mut read = |v: Value| *readers.entry(v).or_default() += 1;
         for inst in func.walk_insts() {
@@ -111,17 +125,29 @@ impl<'f> Matcher<'f> {
             }
         }
         func.results().iter().for_each(|&v| read(v));
-        Matcher { func, readers }
+        Matcher {
+            func,
+            opset,
+            readers,
+        }
     }
 
     /// The instruction defining `v` when nothing else reads `v`.
     fn sole(&self, v: Value) -> Option<(Inst, &'f InstData)> {
+        self.read_by(v, 1)
+    }
+
+    /// The instruction defining `v` when exactly `n` places read `v`.
+    fn read_by(&self, v: Value, n: usize) -> Option<(Inst, &'f InstData)> {
         let inst = self.func.producer(v)?;
-        (self.readers.get(&v) == Some(&1)).then(|| (inst, self.func.inst(inst)))
+        (self.readers.get(&v) == Some(&n)).then(|| (inst, self.func.inst(inst)))
     }
 
     fn composite(&self, root: Inst) -> Option<(Composite, Vec<Inst>)> {
         let data = self.func.inst(root);
+        if matches!(data.op, Op::MatMul { .. }) && self.opset >= ATTENTION_OPSET {
+            return self.attention(root);
+        }
         if data.op != Op::Binary(BinaryOp::Add) {
             return None;
         }
@@ -185,7 +211,7 @@ impl<'f> Matcher<'f> {
         let ve = self.unary(inv, UnaryOp::Rsqrt, &mut parts)?;
         let [var, eps_b] = self.binary(ve, BinaryOp::Add, &mut parts)?;
         let eps = self.scalar_constant(eps_b, &mut parts)?;
-        let d2 = self.mean_last(var, &mut parts)?;
+        let d2 = self.reduce_last(var, ReduceOp::Mean, &mut parts)?;
         let (d2_inst, d2_data) = self.sole(d2)?;
         (d2_data.op == Op::Binary(BinaryOp::Mul) && d2_data.args == [d, d]).then_some(())?;
         parts.push(d2_inst);
@@ -196,7 +222,7 @@ impl<'f> Matcher<'f> {
         parts.push(d_inst);
         let [x, mu_b] = [d_data.args[0], d_data.args[1]];
         let mu = self.broadcast_of(mu_b, &mut parts)?;
-        let mean_of = self.mean_last(mu, &mut parts)?;
+        let mean_of = self.reduce_last(mu, ReduceOp::Mean, &mut parts)?;
         (mean_of == x).then_some(())?;
         let rank = self.func.value_type(x).rank();
         let vector = |v: Value| self.func.value_type(v).rank() == 1;
@@ -208,6 +234,79 @@ impl<'f> Matcher<'f> {
             eps,
         };
         Some((composite, parts))
+    }
+
+    /// `softmax(q·kᵀ·c [+ mask])·v` from its last product (`composite::attend`'s
+    /// instructions: the softmax shifted by its stopped maximum, over the last axis).
+    fn attention(&self, root: Inst) -> Option<(Composite, Vec<Inst>)> {
+        let data = self.func.inst(root);
+        let plain = Op::MatMul {
+            transpose_a: false,
+            transpose_b: false,
+        };
+        (data.op == plain).then_some(())?;
+        let [p, v] = data.args[..] else { return None };
+        let mut parts = Vec::new();
+        let [e, sum_b] = self.binary(p, BinaryOp::Div, &mut parts)?;
+        let sum = self.broadcast_of(sum_b, &mut parts)?;
+        (self.reduce_last(sum, ReduceOp::Sum, &mut parts)? == e).then_some(())?;
+        let (e_inst, e_data) = self.read_by(e, 2)?;
+        (e_data.op == Op::Unary(UnaryOp::Exp)).then_some(())?;
+        parts.push(e_inst);
+        let [x, max_b] = self.binary(e_data.args[0], BinaryOp::Sub, &mut parts)?;
+        let max_sg = self.broadcast_of(max_b, &mut parts)?;
+        let max = self.unary(max_sg, UnaryOp::StopGradient, &mut parts)?;
+        (self.reduce_last(max, ReduceOp::Max, &mut parts)? == x).then_some(())?;
+        let (x_inst, x_data) = self.read_by(x, 2)?;
+        let (scores, mask) = match x_data.op {
+            Op::Binary(BinaryOp::Add) => {
+                parts.push(x_inst);
+                (x_data.args[0], Some(x_data.args[1]))
+            }
+            _ => (x, None),
+        };
+        let (scaled, sd) = match mask {
+            Some(_) => self.sole(scores)?,
+            None => (x_inst, x_data),
+        };
+        (sd.op == Op::Binary(BinaryOp::Mul)).then_some(())?;
+        parts.push(scaled);
+        let scale = self.scalar_constant(sd.args[1], &mut parts)?;
+        let (product, pd) = self.sole(sd.args[0])?;
+        let transposed_keys = Op::MatMul {
+            transpose_a: false,
+            transpose_b: true,
+        };
+        (pd.op == transposed_keys).then_some(())?;
+        parts.push(product);
+        let [q, k] = [pd.args[0], pd.args[1]];
+        let heads = |x: Value| {
+            let t = self.func.value_type(x);
+            t.rank() == 4 && t.dtype.is_float()
+        };
+        (heads(q) && heads(k) && heads(v)).then_some(())?;
+        let composite = Composite::Attention {
+            q,
+            k,
+            v,
+            mask,
+            scale,
+        };
+        Some((composite, parts))
+    }
+
+    /// The operand of a reduction `op` over the last axis, dimensions kept, defining `v`.
+    fn reduce_last(&self, v: Value, op: ReduceOp, parts: &mut Vec<Inst>) -> Option<Value> {
+        let (inst, data) = self.sole(v)?;
+        let rank = self.func.value_type(*data.args.first()?).rank();
+        let last = Op::Reduce {
+            op,
+            axes: vec![rank - 1],
+            keep_dims: true,
+        };
+        (data.op == last).then_some(())?;
+        parts.push(inst);
+        Some(data.args[0])
     }
 
     fn binary(&self, v: Value, op: BinaryOp, parts: &mut Vec<Inst>) -> Option<[Value; 2]> {
@@ -228,24 +327,6 @@ impl<'f> Matcher<'f> {
     fn broadcast_of(&self, v: Value, parts: &mut Vec<Inst>) -> Option<Value> {
         let (inst, data) = self.sole(v)?;
         matches!(data.op, Op::Broadcast { .. }).then_some(())?;
-        parts.push(inst);
-        Some(data.args[0])
-    }
-
-    /// The operand of a mean over the last axis, dimensions kept, defining `v`.
-    fn mean_last(&self, v: Value, parts: &mut Vec<Inst>) -> Option<Value> {
-        let inst = self.func.producer(v)?;
-        let data = self.func.inst(inst);
-        let rank = self.func.value_type(data.args.first().copied()?).rank();
-        let Op::Reduce {
-            op: ReduceOp::Mean,
-            axes,
-            keep_dims: true,
-        } = &data.op
-        else {
-            return None;
-        };
-        (axes[..] == [rank - 1] && self.readers.get(&v) == Some(&1)).then_some(())?;
         parts.push(inst);
         Some(data.args[0])
     }

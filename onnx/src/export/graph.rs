@@ -55,7 +55,7 @@ impl<'f> Graph<'f> {
             initializers: Vec::new(),
             loaded: HashMap::new(),
             stored: HashMap::new(),
-            composites: composites::find(func),
+            composites: composites::find(func, opset),
         }
     }
 

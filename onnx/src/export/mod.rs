@@ -4,11 +4,13 @@
 //! each instruction becomes one node or a few ([`ops`]), symbolic sizes stay named dynamic
 //! axes, `cond` and `while` become `If` and `Loop`, fused regions are written op by op, and
 //! matrix products become `Gemm`; the groups Kiln makes of `Gemm` with a bias, `Conv` with a
-//! bias and `LayerNormalization` are written back as those ops ([`composites`]). A state the function only reads is an initializer; a state
-//! it writes (a KV cache, a training step's parameters) is an input, its value when called,
-//! and an output `<state>_next` after the results, its value stored: ONNX graphs hold no
-//! state. What ONNX cannot express — a custom op, a collective, a random draw, a
-//! gradient-only op — is refused with the instruction's line.
+//! bias, `LayerNormalization` and (from opset 23) `Attention` are written back as those ops
+//! ([`composites`]); a broadcast that ONNX's operands broadcast anyway is left to them. A
+//! state the function only reads is an initializer; a state it writes (a KV cache, a
+//! training step's parameters) is an input, its value when called, and an output
+//! `<state>_next` after the results, its value stored: ONNX graphs hold no state. What ONNX
+//! cannot express — a custom op, a collective, a random draw, a gradient-only op — is
+//! refused with the instruction's line.
 //!
 //! ```
 //! let module = kiln_ir::parse_and_verify(

@@ -214,6 +214,23 @@ fn write_composite(g: &mut Graph, composite: &Composite, y: &str) -> Result<(), 
             let (x, w, bias) = (g.name(data.args[0]), g.name(data.args[1]), g.name(*bias));
             g.node("Conv", &[&x, &w, &bias], &[y], window_attrs(attrs, kernel));
         }
+        Composite::Attention {
+            q,
+            k,
+            v,
+            mask,
+            scale,
+        } => {
+            let mut inputs = vec![g.name(*q), g.name(*k), g.name(*v)];
+            inputs.extend(mask.map(|m| g.name(m)));
+            let inputs: Vec<&str> = inputs.iter().map(String::as_str).collect();
+            g.node(
+                "Attention",
+                &inputs,
+                &[y],
+                vec![attr_float("scale", *scale as f32)],
+            );
+        }
         Composite::LayerNorm {
             x,
             scale,
