@@ -60,54 +60,16 @@ pub(super) fn find(func: &Function, opset: i64) -> Composites {
         found.absorbed.extend(parts);
         found.roots.insert(inst, composite);
     }
-    found.implicit = implicit_broadcasts(func);
+    found.implicit = m.implicit_broadcasts();
     found
 }
 
-/// The broadcasts whose readers all broadcast implicitly in ONNX (`Add`, `Equal`, `Where`,
-/// …), each beside an operand that has the result's shape and is no broadcast itself.
-fn implicit_broadcasts(func: &Function) -> HashSet<Inst> {
-    let mut readers: HashMap<Value, Vec<Option<Inst>>> = HashMap::new();
-    for inst in func.walk_insts() {
-        let data = func.inst(inst);
-        data.args
-            .iter()
-            .for_each(|&a| readers.entry(a).or_default().push(Some(inst)));
-        for &r in &data.regions {
-            let results = func.region(r).results.iter();
-            results.for_each(|&v| readers.entry(v).or_default().push(None));
-        }
-    }
-    for &v in func.results() {
-        readers.entry(v).or_default().push(None);
-    }
-    let is_broadcast = |v: Value| {
-        (func.producer(v)).is_some_and(|p| matches!(func.inst(p).op, Op::Broadcast { .. }))
-    };
-    let implicit_reader = |reader: Option<Inst>, b: Value| {
-        let Some(r) = reader else { return false };
-        let data = func.inst(r);
-        let elementwise = matches!(data.op, Op::Binary(_) | Op::Compare(_) | Op::Select);
-        let full = &func.value_type(data.results[0]).shape;
-        let beside_full = (data.args.iter())
-            .any(|&o| o != b && !is_broadcast(o) && func.value_type(o).shape == *full);
-        elementwise && beside_full
-    };
-    (func.walk_insts().into_iter())
-        .filter(|&i| matches!(func.inst(i).op, Op::Broadcast { .. }))
-        .filter(|&i| {
-            let b = func.inst(i).results[0];
-            let rs = readers.get(&b).map_or(&[][..], Vec::as_slice);
-            !rs.is_empty() && rs.iter().all(|&r| implicit_reader(r, b))
-        })
-        .collect()
-}
-
-/// Reads instruction groups: who defines a value, and how many places read it.
+/// Reads instruction groups: who defines a value, and who reads it (`None`: a region's or
+/// the function's results).
 struct Matcher<'f> {
     func: &'f Function,
     opset: i64,
-    readers: HashMap<Value, usize>,
+    readers: HashMap<Value, Vec<Option<Inst>>>,
 }
 
 /// The first opset with `Attention`.
@@ -115,16 +77,16 @@ const ATTENTION_OPSET: i64 = 23;
 
 impl<'f> Matcher<'f> {
     fn new(func: &'f Function, opset: i64) -> Matcher<'f> {
-        let mut readers: HashMap<Value, usize> = HashMap::new();
-        let mut read = |v: Value| *readers.entry(v).or_default() += 1;
+        let mut readers: HashMap<Value, Vec<Option<Inst>>> = HashMap::new();
+        let mut read = |v: Value, by| readers.entry(v).or_default().push(by);
         for inst in func.walk_insts() {
             let data = func.inst(inst);
-            data.args.iter().for_each(|&a| read(a));
+            data.args.iter().for_each(|&a| read(a, Some(inst)));
             for &r in &data.regions {
-                func.region(r).results.iter().for_each(|&v| read(v));
+                func.region(r).results.iter().for_each(|&v| read(v, None));
             }
         }
-        func.results().iter().for_each(|&v| read(v));
+        func.results().iter().for_each(|&v| read(v, None));
         Matcher {
             func,
             opset,
@@ -137,10 +99,42 @@ impl<'f> Matcher<'f> {
         self.read_by(v, 1)
     }
 
+    /// How many places read `v`.
+    fn read_count(&self, v: Value) -> usize {
+        self.readers.get(&v).map_or(0, Vec::len)
+    }
+
     /// The instruction defining `v` when exactly `n` places read `v`.
     fn read_by(&self, v: Value, n: usize) -> Option<(Inst, &'f InstData)> {
         let inst = self.func.producer(v)?;
-        (self.readers.get(&v) == Some(&n)).then(|| (inst, self.func.inst(inst)))
+        (self.read_count(v) == n).then(|| (inst, self.func.inst(inst)))
+    }
+
+    /// The broadcasts whose readers all broadcast implicitly in ONNX (`Add`, `Equal`,
+    /// `Where`, …), each beside an operand that has the result's shape and is no broadcast
+    /// itself.
+    fn implicit_broadcasts(&self) -> HashSet<Inst> {
+        let func = self.func;
+        let is_broadcast = |v: Value| {
+            (func.producer(v)).is_some_and(|p| matches!(func.inst(p).op, Op::Broadcast { .. }))
+        };
+        let implicit_reader = |reader: Option<Inst>, b: Value| {
+            let Some(r) = reader else { return false };
+            let data = func.inst(r);
+            let elementwise = matches!(data.op, Op::Binary(_) | Op::Compare(_) | Op::Select);
+            let full = &func.value_type(data.results[0]).shape;
+            let beside_full = (data.args.iter())
+                .any(|&o| o != b && !is_broadcast(o) && func.value_type(o).shape == *full);
+            elementwise && beside_full
+        };
+        (func.walk_insts().into_iter())
+            .filter(|&i| matches!(func.inst(i).op, Op::Broadcast { .. }))
+            .filter(|&i| {
+                let b = func.inst(i).results[0];
+                let rs = self.readers.get(&b).map_or(&[][..], Vec::as_slice);
+                !rs.is_empty() && rs.iter().all(|&r| implicit_reader(r, b))
+            })
+            .collect()
     }
 
     fn composite(&self, root: Inst) -> Option<(Composite, Vec<Inst>)> {
@@ -215,7 +209,7 @@ impl<'f> Matcher<'f> {
         let (d2_inst, d2_data) = self.sole(d2)?;
         (d2_data.op == Op::Binary(BinaryOp::Mul) && d2_data.args == [d, d]).then_some(())?;
         parts.push(d2_inst);
-        (self.readers.get(&d) == Some(&3)).then_some(())?;
+        (self.read_count(d) == 3).then_some(())?;
         let d_inst = self.func.producer(d)?;
         let d_data = self.func.inst(d_inst);
         (d_data.op == Op::Binary(BinaryOp::Sub)).then_some(())?;
