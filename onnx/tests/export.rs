@@ -55,17 +55,30 @@ fn round_trip(module: &Module, func: &str) {
     round_trip_at(module, func, &ExportOptions::default());
 }
 
-/// [`round_trip`] at the opset `options` give.
+/// [`round_trip`] at the opset `options` give. With `KILN_ONNX_EXPORT_DIR=DIR`, each model
+/// and batch is also written as a node case `DIR/kiln_export_<func>_opset<o>_batch<n>` for
+/// onnxruntime (`scripts/onnx_export_check.py --node-cases DIR`).
 fn round_trip_at(module: &Module, func: &str, options: &ExportOptions) {
     let state = StateStore::initialize(module).unwrap();
     let model = export(module, func, &state, options).unwrap_or_else(|e| panic!("@{func}: {e}"));
-    let back = kiln_onnx::import_bytes(&model.encode_to_vec(), None)
+    let bytes = model.encode_to_vec();
+    let back = kiln_onnx::import_bytes(&bytes, None)
         .unwrap_or_else(|e| panic!("@{func}: the exported model does not import: {e}"));
     let parameters = back.state();
     for batch in [1, 7] {
         let args = arguments(module, func, batch);
         let expected = interpret(module, func, args.clone(), &state);
-        let got = interpret(&back.module, back.function_name(), args, &parameters);
+        if let Some(dir) = std::env::var_os("KILN_ONNX_EXPORT_DIR") {
+            let name = format!("kiln_export_{func}_opset{}_batch{batch}", options.opset);
+            kiln_onnx::write_test_case(&Path::new(&dir).join(name), &bytes, &args, &expected)
+                .unwrap();
+        }
+        let got = interpret(
+            &back.module,
+            back.function_name(),
+            args.clone(),
+            &parameters,
+        );
         assert_close(func, &expected, &got);
     }
 }
@@ -360,4 +373,96 @@ fn attention_is_written_back_from_opset_23() {
             "{before:?}"
         );
     }
+}
+
+/// A module of Kiln's recurrent layers over `[N, 3, 4]` sequences (hidden size 5): `lstm`
+/// (every step, the last state and cell), `lstm_last` (the last state only), `gru`, and
+/// `stacked` (a GRU over an LSTM's steps).
+fn recurrent_layers() -> Module {
+    use kiln::runtime::composite::{gru, lstm};
+    use kiln_ir::{DType, Dim, FunctionBuilder, Shape, Type};
+    let f32s = |dims: Vec<Dim>| Type::new(DType::F32, Shape(dims));
+    let args = |b: &mut FunctionBuilder, gates: usize, d: usize| {
+        let x = b.arg("x", f32s(vec![Dim::sym("N"), 3.into(), d.into()]));
+        let w_ih = b.arg("w_ih", f32s(vec![d.into(), (gates * 5).into()]));
+        let w_hh = b.arg("w_hh", f32s(vec![5.into(), (gates * 5).into()]));
+        (x, w_ih, w_hh)
+    };
+    let bias = |b: &mut FunctionBuilder, name: &str, gates: usize| {
+        b.arg(name, f32s(vec![(gates * 5).into()]))
+    };
+    let mut module = Module::new();
+    for (name, every) in [("lstm", true), ("lstm_last", false)] {
+        let mut b = FunctionBuilder::new(name);
+        let (x, w_ih, w_hh) = args(&mut b, 4, 4);
+        let bias = bias(&mut b, "b", 4);
+        let (sequence, [h, c]) = lstm(&mut b, x, w_ih, w_hh, bias).unwrap();
+        let results = if every { vec![sequence, h, c] } else { vec![h] };
+        module.add_function(b.finish(&results).unwrap());
+    }
+    let mut b = FunctionBuilder::new("gru");
+    let (x, w_ih, w_hh) = args(&mut b, 3, 4);
+    let biases = [bias(&mut b, "b_ih", 3), bias(&mut b, "b_hh", 3)];
+    let (sequence, h) = gru(&mut b, x, [w_ih, w_hh], biases).unwrap();
+    module.add_function(b.finish(&[sequence, h]).unwrap());
+    let mut b = FunctionBuilder::new("stacked");
+    let (x, w_ih, w_hh) = args(&mut b, 4, 4);
+    let b0 = bias(&mut b, "b", 4);
+    let (sequence, _) = lstm(&mut b, x, w_ih, w_hh, b0).unwrap();
+    let w2 = b.arg("w2_ih", f32s(vec![5.into(), 15.into()]));
+    let r2 = b.arg("w2_hh", f32s(vec![5.into(), 15.into()]));
+    let biases = [bias(&mut b, "b2_ih", 3), bias(&mut b, "b2_hh", 3)];
+    let (_, h) = gru(&mut b, sequence, [w2, r2], biases).unwrap();
+    module.add_function(b.finish(&[h]).unwrap());
+    module
+}
+
+#[test]
+fn lstm_and_gru_are_written_back_as_themselves() {
+    let module = recurrent_layers();
+    let options = ExportOptions::default();
+    for (func, layers) in [
+        ("lstm", &["LSTM"][..]),
+        ("lstm_last", &["LSTM"]),
+        ("gru", &["GRU"]),
+        ("stacked", &["LSTM", "GRU"]),
+    ] {
+        let model = export(&module, func, &StateStore::new(), &options).unwrap();
+        let ops = op_types(&model);
+        let found: Vec<&str> = (ops.iter())
+            .filter(|(op, _)| op == "LSTM" || op == "GRU")
+            .map(|(op, _)| op.as_str())
+            .collect();
+        assert_eq!(found, layers, "@{func}: {ops:?}");
+        let unrolled = ["Sigmoid", "Tanh", "Gemm", "MatMul", "Slice"];
+        assert!(
+            !ops.iter().any(|(op, _)| unrolled.contains(&op.as_str())),
+            "@{func}: {ops:?}"
+        );
+        round_trip(&module, func);
+    }
+}
+
+#[test]
+fn an_lstm_whose_steps_are_read_elsewhere_stays_unrolled() {
+    use kiln_ir::{DType, Dim, FunctionBuilder, Shape, Type};
+    let f32s = |dims: Vec<Dim>| Type::new(DType::F32, Shape(dims));
+    let mut b = FunctionBuilder::new("peeked");
+    let x = b.arg("x", f32s(vec![Dim::sym("N"), 2.into(), 3.into()]));
+    let w_ih = b.arg("w_ih", f32s(vec![3.into(), 8.into()]));
+    let w_hh = b.arg("w_hh", f32s(vec![2.into(), 8.into()]));
+    let bias = b.arg("b", f32s(vec![8.into()]));
+    let (_, [h, _]) = kiln::runtime::composite::lstm(&mut b, x, w_ih, w_hh, bias).unwrap();
+    // The first step's gate pre-activations, read outside the layer.
+    let f = (b.function().walk_insts().into_iter())
+        .map(|i| b.function().inst(i))
+        .find(|d| d.op == kiln_ir::Op::Binary(kiln_ir::BinaryOp::Add))
+        .map(|d| d.results[0])
+        .unwrap();
+    let mut module = Module::new();
+    module.add_function(b.finish(&[h, f]).unwrap());
+    let ops =
+        op_types(&export(&module, "peeked", &StateStore::new(), &Default::default()).unwrap());
+    assert!(!ops.iter().any(|(op, _)| op == "LSTM"), "{ops:?}");
+    round_trip(&module, "peeked");
 }

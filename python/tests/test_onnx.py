@@ -89,6 +89,27 @@ def test_exported_models_run_in_onnxruntime(tmp_path):
                                rtol=1e-5, atol=1e-5)
 
 
+def test_recurrent_layers_export_as_lstm_and_gru_nodes(tmp_path):
+    kiln.manual_seed(3)
+    x = np.random.default_rng(3).standard_normal((4, 2, 3)).astype(np.float32)  # [T, N, D]
+    for layer, op in [(kiln.nn.LSTM(3, 5, num_layers=2), b"LSTM"), (kiln.nn.GRU(3, 5), b"GRU")]:
+        path = tmp_path / f"{op.decode().lower()}.onnx"
+        kiln.onnx.export(lambda x: layer(x)[0], x, path)
+        # One node per layer (the op type is a string in the protobuf; no other name has
+        # capitals), not the unrolled steps.
+        data = path.read_bytes()
+        assert data.count(op + b":") == layer.num_layers and b"Sigmoid" not in data
+        expected = layer(kiln.tensor(x))[0].numpy()
+        np.testing.assert_allclose(kiln.onnx.load(path)(x)[0], expected, rtol=1e-5, atol=1e-6)
+        try:
+            import onnxruntime as ort
+        except ImportError:
+            continue
+        session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+        (name,) = [i.name for i in session.get_inputs()]
+        np.testing.assert_allclose(session.run(None, {name: x})[0], expected, rtol=1e-5, atol=1e-6)
+
+
 def test_what_onnx_cannot_express_is_refused_and_nothing_written(tmp_path):
     class Cube(kiln.PyLayer):
         @staticmethod

@@ -1,9 +1,11 @@
 //! Composites written back as ONNX's own ops: the instruction groups that Kiln's builder and
 //! importer make of `Gemm` with its `C`, `Conv` with its bias, `LayerNormalization` and
 //! (opset 23 on) `Attention`, found before writing so that each becomes one node. A group is
-//! taken only when nothing outside it reads its intermediate values. Also found here: the
-//! broadcasts ONNX's implicit broadcasting makes unnecessary.
+//! taken only when nothing outside it reads its intermediate values. LSTM and GRU layers are
+//! found first ([`super::recurrent`]): their steps hold products that would each be a `Gemm`.
+//! Also found here: the broadcasts ONNX's implicit broadcasting makes unnecessary.
 
+use super::recurrent::Recurrent;
 use kiln_ir::{BinaryOp, ConvKind, Function, Inst, InstData, Op, ReduceOp, UnaryOp, Value};
 use std::collections::{HashMap, HashSet};
 
@@ -30,6 +32,8 @@ pub(super) enum Composite {
         bias: Value,
         eps: f64,
     },
+    /// `composite::lstm` or `composite::gru` over a whole sequence: `LSTM` or `GRU`.
+    Recurrent(Recurrent),
 }
 
 /// The composites of a function, and the instructions they absorb (written by their roots).
@@ -47,29 +51,40 @@ pub(super) struct Composites {
 pub(super) fn find(func: &Function, opset: i64) -> Composites {
     let m = Matcher::new(func, opset);
     let mut found = Composites::default();
+    let recurrent = |inst| (m.recurrent(inst)).map(|(r, parts)| (Composite::Recurrent(r), parts));
     for inst in func.walk_insts() {
-        let Some((composite, parts)) = m.composite(inst) else {
-            continue;
-        };
-        if parts
-            .iter()
-            .any(|p| found.absorbed.contains(p) || found.roots.contains_key(p))
-        {
-            continue;
-        }
-        found.absorbed.extend(parts);
-        found.roots.insert(inst, composite);
+        found.take(inst, recurrent(inst));
+    }
+    for inst in func.walk_insts() {
+        found.take(inst, m.composite(inst));
     }
     found.implicit = m.implicit_broadcasts();
     found
 }
 
+impl Composites {
+    /// Takes `composite`, rooted at `root`, unless it overlaps one taken before.
+    fn take(&mut self, root: Inst, composite: Option<(Composite, Vec<Inst>)>) {
+        let Some((composite, parts)) = composite else {
+            return;
+        };
+        let taken = |i: &Inst| self.absorbed.contains(i) || self.roots.contains_key(i);
+        if taken(&root) || parts.iter().any(taken) {
+            return;
+        }
+        self.absorbed.extend(parts);
+        self.roots.insert(root, composite);
+    }
+}
+
 /// Reads instruction groups: who defines a value, and who reads it (`None`: a region's or
 /// the function's results).
-struct Matcher<'f> {
-    func: &'f Function,
+pub(super) struct Matcher<'f> {
+    pub(super) func: &'f Function,
     opset: i64,
-    readers: HashMap<Value, Vec<Option<Inst>>>,
+    pub(super) readers: HashMap<Value, Vec<Option<Inst>>>,
+    /// Each instruction's place in the function, nested regions in line.
+    pub(super) order: HashMap<Inst, usize>,
 }
 
 /// The first opset with `Attention`.
@@ -87,10 +102,14 @@ impl<'f> Matcher<'f> {
             }
         }
         func.results().iter().for_each(|&v| read(v, None));
+        let order = (func.walk_insts().into_iter().enumerate())
+            .map(|(i, inst)| (inst, i))
+            .collect();
         Matcher {
             func,
             opset,
             readers,
+            order,
         }
     }
 

@@ -33,6 +33,7 @@
 mod composites;
 mod graph;
 mod ops;
+mod recurrent;
 
 use crate::import::NEWEST_OPSET;
 use crate::proto::{ModelProto, OperatorSetIdProto, StringStringEntryProto, TensorProto};

@@ -241,6 +241,7 @@ fn write_composite(g: &mut Graph, composite: &Composite, y: &str) -> Result<(), 
             let attrs = vec![attr_int("axis", -1), attr_float("epsilon", *eps as f32)];
             g.node("LayerNormalization", &[&x, &scale, &bias], &[y], attrs);
         }
+        Composite::Recurrent(layer) => super::recurrent::write(g, layer, y),
     }
     Ok(())
 }
