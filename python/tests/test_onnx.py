@@ -91,8 +91,11 @@ def test_exported_models_run_in_onnxruntime(tmp_path):
 
 def test_recurrent_layers_export_as_lstm_and_gru_nodes(tmp_path):
     kiln.manual_seed(3)
-    x = np.random.default_rng(3).standard_normal((4, 2, 3)).astype(np.float32)  # [T, N, D]
-    for layer, op in [(kiln.nn.LSTM(3, 5, num_layers=2), b"LSTM"), (kiln.nn.GRU(3, 5), b"GRU")]:
+    # Batch first: export keeps the first axis dynamic, and the steps must be fixed.
+    x = np.random.default_rng(3).standard_normal((2, 4, 3)).astype(np.float32)
+    layers = [(kiln.nn.LSTM(3, 5, num_layers=2, batch_first=True), b"LSTM"),
+              (kiln.nn.GRU(3, 5, batch_first=True), b"GRU")]
+    for layer, op in layers:
         path = tmp_path / f"{op.decode().lower()}.onnx"
         kiln.onnx.export(lambda x: layer(x)[0], x, path)
         # One node per layer (the op type is a string in the protobuf; no other name has

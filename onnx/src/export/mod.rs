@@ -5,7 +5,8 @@
 //! axes, `cond` and `while` become `If` and `Loop`, fused regions are written op by op, and
 //! matrix products become `Gemm`; the groups Kiln makes of `Gemm` with a bias, `Conv` with a
 //! bias, `LayerNormalization` and (from opset 23) `Attention` are written back as those ops
-//! ([`composites`]); a broadcast that ONNX's operands broadcast anyway is left to them. A
+//! ([`composites`]), its unrolled LSTM and GRU layers as `LSTM` and `GRU` ([`recurrent`]); a
+//! broadcast that ONNX's operands broadcast anyway is left to them. A
 //! state the function only reads is an initializer; a state it writes (a KV cache, a
 //! training step's parameters) is an input, its value when called, and an output
 //! `<state>_next` after the results, its value stored: ONNX graphs hold no state. What ONNX
