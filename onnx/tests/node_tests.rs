@@ -70,11 +70,6 @@ const NOT_FIXED_POINTS: &[(&str, &str)] = &[
         "test_nllloss_NCd1d2d3d4d5_none_no_weight_expanded",
         "folded by the importer only",
     ),
-    // The output is a constant the pipeline folded; exported, it carries the output's name.
-    (
-        "test_reduce_l2_empty_set_expanded",
-        "the folded output is named",
-    ),
 ];
 
 /// Each case's export outcome, by case folder name.

@@ -1,7 +1,8 @@
 //! Common-subexpression elimination: an instruction that applies the same op to the same
 //! operands as one before it (in its region or an enclosing one) is replaced by that one.
 //! Loads of one state and random draws with one seed are pure within a run, so they merge
-//! too; stores, calls and ops with regions never do.
+//! too; stores, calls and ops with regions never do. A merged value's name goes to the value
+//! that replaces it when that one has none (an output keeps the name it was given).
 
 use crate::pass::{Pass, PassError, Stats};
 use kiln_ir::{Function, Inst, Module, Op, Region, Value};
@@ -38,6 +39,15 @@ fn resolve(replace: &HashMap<Value, Value>, v: Value) -> Value {
     v
 }
 
+/// Gives `kept` the name of `merged`, which it replaces, unless `kept` has a name.
+fn keep_name(func: &mut Function, merged: Value, kept: Value) {
+    if func.value_name(kept).is_none()
+        && let Some(name) = func.value_name(merged).map(str::to_owned)
+    {
+        func.set_value_name(kept, Some(name));
+    }
+}
+
 fn cse_region(
     func: &mut Function,
     region: Region,
@@ -64,7 +74,8 @@ fn cse_region(
         let earlier = scopes.iter().rev().find_map(|s| s.get(&key)).cloned();
         match earlier {
             Some(values) => {
-                for (&r, v) in data.results.iter().zip(values) {
+                for (r, v) in data.results.clone().into_iter().zip(values) {
+                    keep_name(func, r, v);
                     replace.insert(r, v);
                 }
                 merged += 1;

@@ -49,6 +49,35 @@ fn dce_removes_unused_pure_ops_and_keeps_stores_and_calls() {
 }
 
 #[test]
+fn cse_gives_a_merged_name_to_an_unnamed_survivor() {
+    check(
+        &["cse", "dce"],
+        r#"module {
+  func @f(%x: f32[2]) -> f32[2] {
+    %0 = exp %x : f32[2]
+    %total = exp %x : f32[2]
+    %named = neg %x : f32[2]
+    %kept = neg %x : f32[2]
+    %s = add %0, %total : f32[2]
+    %t = add %named, %kept : f32[2]
+    %out = add %s, %t : f32[2]
+    return %out
+  }
+}"#,
+        r#"module {
+  func @f(%x: f32[2]) -> f32[2] {
+    %total = exp %x : f32[2]
+    %named = neg %x : f32[2]
+    %s = add %total, %total : f32[2]
+    %t = add %named, %named : f32[2]
+    %out = add %s, %t : f32[2]
+    return %out
+  }
+}"#,
+    );
+}
+
+#[test]
 fn cse_merges_equal_ops_loads_and_draws_across_regions() {
     check(
         &["cse", "dce"],
