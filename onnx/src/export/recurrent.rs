@@ -100,7 +100,7 @@ impl Matcher<'_> {
         let h_last = *self.func.inst(root).results.first()?;
         let mut parts = Vec::new();
         let (layer, mut step) = self.step(h_last, &mut parts)?;
-        (step.t + 1 == self.steps_of(layer.x)?).then_some(())?;
+        (step.t + 1 == self.steps_of(layer.x)? && self.sizes_fit(&layer)).then_some(())?;
         let c_last = step.c;
         let mut hs = vec![h_last];
         while step.t > 0 {
@@ -307,6 +307,19 @@ impl Matcher<'_> {
             [_, t, _] => t.as_fixed().filter(|&t| t > 0),
             _ => None,
         }
+    }
+
+    /// The weights are `[D, G·H]` and `[H, G·H]`, the biases `[G·H]`, for the hidden size
+    /// the gates were sliced by: what ONNX's op assumes.
+    fn sizes_fit(&self, layer: &Layer) -> bool {
+        let width = layer.cell.gates() * layer.hidden;
+        let dims = |v: Value| self.func.value_type(v).shape.as_fixed();
+        let [w_ih, w_hh] = layer.weights.map(dims);
+        let float = self.func.value_type(layer.x).dtype.is_float();
+        float
+            && w_ih.is_some_and(|w| w.len() == 2 && w[1] == width)
+            && w_hh.is_some_and(|w| w == [layer.hidden, width])
+            && (layer.biases.iter()).all(|&b| dims(b).is_some_and(|b| b == [width]))
     }
 
     /// The one value of a one-element constant defining `v`.
