@@ -466,3 +466,28 @@ fn an_lstm_whose_steps_are_read_elsewhere_stays_unrolled() {
     assert!(!ops.iter().any(|(op, _)| op == "LSTM"), "{ops:?}");
     round_trip(&module, "peeked");
 }
+
+#[test]
+fn a_large_iota_is_written_as_a_range_not_every_element() {
+    let module = parse_and_verify(
+        "module {
+           func @small() -> i64[2,3] {
+             %i = iota {axis=1} : i64[2,3]
+             return %i
+           }
+           func @huge() -> i64[1000000,1000000] {
+             %i = iota {axis=1} : i64[1000000,1000000]
+             return %i
+           }
+         }",
+    )
+    .unwrap();
+    let options = ExportOptions::default();
+    let small = op_types(&export(&module, "small", &StateStore::new(), &options).unwrap());
+    assert_eq!(small, [("Constant".to_owned(), 0)]);
+    round_trip(&module, "small");
+    // 10¹² elements as a constant asked for 1.8 TB (a fuzzer finding).
+    let huge = op_types(&export(&module, "huge", &StateStore::new(), &options).unwrap());
+    let ops: Vec<&str> = huge.iter().map(|(op, _)| op.as_str()).collect();
+    assert!(ops.contains(&"Range") && ops.contains(&"Expand"), "{ops:?}");
+}

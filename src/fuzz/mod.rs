@@ -675,7 +675,8 @@ fn tokenize(text: &str) -> Vec<String> {
     tokens
 }
 
-/// What `kiln check`, `dump`, `opt`, `stats`, `dot` and `grad` do with `text`, each guarded:
+/// What `kiln check`, `dump`, `opt`, `stats`, `dot`, `grad` and `export` do with `text`, each
+/// guarded:
 /// the commands that panicked (with the message), and the module if it verified.
 fn commands(text: &str) -> (Vec<(String, String)>, Option<Module>) {
     let mut failures = Vec::new();
@@ -743,6 +744,17 @@ fn commands(text: &str) -> (Vec<(String, String)>, Option<Module>) {
                 kiln_ir::verify_module(&out)
                     .map_err(|e| format!("the gradient does not verify:\n{}", e.render(&out)))?;
             }
+        }
+        Ok(())
+    });
+    check("kiln export", &mut || {
+        let Ok(state) = StateStore::initialize(&module) else {
+            return Ok(());
+        };
+        let options = kiln_onnx::export::ExportOptions::default();
+        for f in module.functions.iter().take(2) {
+            // A refusal is an answer; only a panic is a finding.
+            let _ = kiln_onnx::export::export(&module, f.name(), &state, &options);
         }
         Ok(())
     });

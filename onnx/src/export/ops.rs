@@ -643,12 +643,15 @@ fn pool(g: &mut Graph, x: &str, kind: PoolKind, attrs: &Pool2dAttrs, y: &str) ->
     Ok(())
 }
 
-/// Each element's index along `axis`: a constant when the shape is static, else a `Range`
-/// stretched over the shape.
+/// Each element's index along `axis`: a `Constant` when the shape is static and no larger
+/// than `fold` writes constants (the importer reads it back as the same `iota`), else a
+/// `Range` stretched over the shape (a constant would hold every element).
 fn iota(g: &mut Graph, axis: usize, ty: &Type, y: &str) -> Result<(), Why> {
-    if let Some(dims) = ty.shape.as_fixed() {
+    let small = |n: &usize| *n <= kiln_passes::MAX_FOLDED_ELEMENTS;
+    if let Some(dims) = ty.shape.as_fixed()
+        && let Some(count) = ty.shape.num_elements().filter(small)
+    {
         let inner: usize = dims[axis + 1..].iter().product();
-        let count: usize = dims.iter().product();
         let values = (0..count).map(|i| ((i / inner.max(1)) % dims[axis].max(1)) as f64);
         let t = tensor::from_literal(&literal(ty.dtype, values), ty, None);
         g.node("Constant", &[], &[y], vec![attr_tensor("value", t)]);
