@@ -11,11 +11,12 @@ class StaticFunction:
     """A function (or layer) compiled by tracing on its first call; later calls run the
     compiled program. ``ir()`` is the traced program's text IR."""
 
-    def __init__(self, fn):
+    def __init__(self, fn, dynamic_axes=None):
         self._fn = fn
         self._compiled = None
         self._signature = None
         self._minimize = []
+        self._dynamic_axes = dynamic_axes
         functools.update_wrapper(self, fn.forward if isinstance(fn, Layer) else fn)
 
     def _argument_names(self, count):
@@ -39,16 +40,42 @@ class StaticFunction:
             raise TypeError(f"{self.__name__} was traced with {len(self._signature)} "
                             f"argument(s), called with {len(tensors)}")
         for (name, dtype, shape), t in zip(self._signature, tensors):
-            if t.dtype != dtype or list(t.shape[1:]) != shape[1:] or len(t.shape) != len(shape):
-                traced = ", ".join(["N", *map(str, shape[1:])])
+            fits = len(t.shape) == len(shape) and all(
+                d is None or d == n for d, n in zip(shape, t.shape))
+            if t.dtype != dtype or not fits:
+                traced = ", ".join(_symbol(name, i) if d is None else str(d)
+                                   for i, d in enumerate(shape))
                 raise _kiln.ShapeError(
                     f"{self.__name__}: argument `{name}` is {t.dtype}{list(t.shape)}, but it was "
                     f"traced as {dtype}[{traced}] (a compiled function keeps the dtype and "
-                    "shape of its first call, with any batch size N)")
+                    "shape of its first call, but for its dynamic axes)")
+
+    def _dynamic(self, i, name, rank):
+        """The dynamic axes of argument ``i`` (named ``name``) of rank ``rank``."""
+        spec = self._dynamic_axes
+        if isinstance(spec, dict):
+            axes = spec.get(name, spec.get(i, []))
+        else:
+            axes = spec[i] if i < len(spec) else []
+        if isinstance(axes, dict):  # torch.onnx's {axis: name}: the names are Kiln's own
+            axes = list(axes)
+        for a in axes:
+            if not isinstance(a, int) or not -rank <= a < rank:
+                raise ValueError(f"{self.__name__}: dynamic axis {a!r} of argument `{name}`, "
+                                 f"which has {rank} axes")
+        return {a % rank for a in axes}
 
     def _trace(self, tensors):
         names = self._argument_names(len(tensors))
-        signature = [(name, t.dtype, [None] + list(t.shape[1:])) for name, t in zip(names, tensors)]
+        if self._dynamic_axes is None:  # the batch: the first axis of every argument
+            signature = [(name, t.dtype, [None] + list(t.shape[1:]))
+                         for name, t in zip(names, tensors)]
+        else:
+            signature = []
+            for i, (name, t) in enumerate(zip(names, tensors)):
+                dynamic = self._dynamic(i, name, len(t.shape))
+                shape = [None if a in dynamic else n for a, n in enumerate(t.shape)]
+                signature.append((name, t.dtype, shape))
         fn = self._fn
 
         def body(args):
@@ -92,10 +119,23 @@ class StaticFunction:
         return self._compiled.ir()
 
 
-def to_static(fn):
+def _symbol(name, axis):
+    """The symbol of a dynamic axis: ``N`` for the first (the batch, shared by every
+    argument), ``<argument>_<axis>`` for another."""
+    return "N" if axis == 0 else f"{name}_{axis}"
+
+
+def to_static(fn=None, *, dynamic_axes=None):
     """Compiles ``fn`` (a function of tensors, or a ``Layer``) by tracing; usable as a
-    decorator. The batch (first) dimension stays symbolic."""
-    return StaticFunction(fn)
+    decorator (``@to_static`` or ``@to_static(dynamic_axes=...)``). The batch (first)
+    dimension stays symbolic; ``dynamic_axes`` chooses other axes instead: a list with one
+    list of axes per argument, or a dict from an argument's name or position to its axes
+    (``{"x": [1]}`` for a sequence ``[T, N, D]``; torch.onnx's ``{1: "batch"}`` form is read
+    too). Axis 0 is the symbol ``N``, shared by all arguments; axis ``k`` of argument ``x``
+    is ``x_k``."""
+    if fn is None:
+        return lambda f: StaticFunction(f, dynamic_axes)
+    return StaticFunction(fn, dynamic_axes)
 
 
 class DiffReport:

@@ -61,20 +61,29 @@ def load(path: Union[str, PathLike]) -> OnnxModel:
     return OnnxModel(_kiln.load_onnx(path))
 
 
-def export(fn, example_inputs, path: Union[str, PathLike], opset: int = 18) -> None:
+def export(fn, example_inputs, path: Union[str, PathLike], opset: int = 18,
+           dynamic_axes=None) -> None:
     """Writes ``fn`` — a function of tensors, a ``Layer`` (call ``.eval()`` first: in training
     mode a ``BatchNorm`` writes its running statistics, which then become inputs and outputs
     of the model, as every written state does) or a ``kiln.to_static`` function
     — as an ONNX model at ``path``, traced on ``example_inputs`` (a tensor, an array, or a
     tuple of them). The parameters' current values become initializers; the first dimension
-    of every input is a dynamic axis ``N``. Raises ``KilnError`` naming the op ONNX cannot
-    express (a custom ``PyLayer``, a random draw); nothing is written then."""
+    of every input is a dynamic axis ``N``, unless ``dynamic_axes`` (as ``kiln.to_static``
+    takes it: ``{"x": [1]}`` for a sequence ``[T, N, D]``) names others. Raises ``KilnError``
+    naming the op ONNX cannot express (a custom ``PyLayer``, a random draw); nothing is
+    written then."""
     from . import tensor
     from .jit import StaticFunction
 
     if not isinstance(example_inputs, (tuple, list)):
         example_inputs = (example_inputs,)
     tensors = [t if isinstance(t, _kiln.Tensor) else tensor(np.asarray(t)) for t in example_inputs]
-    static = fn if isinstance(fn, StaticFunction) else StaticFunction(fn)
+    if isinstance(fn, StaticFunction):
+        if dynamic_axes is not None:
+            raise ValueError("export: a to_static function has its dynamic axes already; "
+                             "pass dynamic_axes to kiln.to_static")
+        static = fn
+    else:
+        static = StaticFunction(fn, dynamic_axes)
     static(*tensors)  # traces on the first call
     static._compiled.export_onnx(os.fspath(path), opset)

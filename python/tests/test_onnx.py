@@ -113,6 +113,27 @@ def test_recurrent_layers_export_as_lstm_and_gru_nodes(tmp_path):
         np.testing.assert_allclose(session.run(None, {name: x})[0], expected, rtol=1e-5, atol=1e-6)
 
 
+def test_dynamic_axes_other_than_the_first(tmp_path):
+    kiln.manual_seed(4)
+    lstm = kiln.nn.LSTM(3, 5)  # PyTorch's layout: x is [T, N, D], the batch on axis 1
+    x = np.random.default_rng(4).standard_normal((4, 2, 3)).astype(np.float32)
+    kiln.onnx.export(lambda x: lstm(x)[0], x, tmp_path / "lstm.onnx", dynamic_axes={"x": [1]})
+    model = kiln.onnx.load(tmp_path / "lstm.onnx")
+    x7 = np.random.default_rng(5).standard_normal((4, 7, 3)).astype(np.float32)
+    np.testing.assert_allclose(model(x7)[0], lstm(kiln.tensor(x7))[0].numpy(), rtol=1e-5,
+                               atol=1e-6)
+    with pytest.raises(kiln.KilnError):  # the steps stay fixed
+        model(x7[:3])
+    # to_static takes the same argument; a call must fit every fixed axis.
+    compiled = kiln.to_static(lambda x: lstm(x)[0], dynamic_axes={0: {1: "batch"}})
+    np.testing.assert_allclose(compiled(kiln.tensor(x7)).numpy(), model(x7)[0], rtol=1e-5,
+                               atol=1e-6)
+    with pytest.raises(kiln.ShapeError, match=r"traced as float32\[4, x_1, 3\]"):
+        compiled(kiln.tensor(x7[:3]))
+    with pytest.raises(ValueError, match="dynamic axis 3 of argument `x`"):
+        kiln.onnx.export(lambda x: lstm(x)[0], x, tmp_path / "bad.onnx", dynamic_axes=[[3]])
+
+
 def test_what_onnx_cannot_express_is_refused_and_nothing_written(tmp_path):
     class Cube(kiln.PyLayer):
         @staticmethod
