@@ -70,7 +70,7 @@ pub(crate) enum Slot {
 /// in the text IR: as large as the `fold` pass makes constants, so a program has the same
 /// constants whether the importer or the pipeline computed them (an exported program imports
 /// as itself).
-const LARGEST_CONSTANT: usize = kiln_passes::MAX_FOLDED_ELEMENTS;
+pub(crate) const LARGEST_CONSTANT: usize = kiln_passes::MAX_FOLDED_ELEMENTS;
 
 /// The values of the graph being converted, and the parameters made so far.
 #[derive(Default)]

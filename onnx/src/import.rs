@@ -1,6 +1,6 @@
 //! A model's main graph converted node by node into one Kiln function.
 
-use crate::context::{Ctx, Env, Fail, Slot};
+use crate::context::{Ctx, Env, Fail, LARGEST_CONSTANT, Slot};
 use crate::error::{OnnxError, OnnxResult, Unsupported};
 use crate::node::Node;
 use crate::proto::tensor_shape_proto::dimension;
@@ -342,8 +342,15 @@ fn convert_node(node: &Node, b: &mut FunctionBuilder, env: &mut Env) -> Result<(
         return Ok(());
     }
     let inputs_known = (node.proto.input.iter()).all(|i| i.is_empty() || env.known(i).is_some());
-    if inputs_known {
-        let arrays = fold(node, env, convert)?;
+    // What `fold` would leave is left too: a large integer result (index arithmetic over
+    // positions) is computed at run time, as Kiln's own lowerings compute it, so a program
+    // imports as itself after an export. (Large float results become parameters.)
+    let folded = match inputs_known {
+        true => Some(fold(node, env, convert)?),
+        false => None,
+    };
+    let small = |a: &Array| a.dtype().is_float() || a.len() <= LARGEST_CONSTANT;
+    if let Some(arrays) = folded.filter(|arrays| arrays.iter().all(small)) {
         for (name, array) in node.proto.output.iter().zip(arrays) {
             let slot = Slot::Known {
                 array: Rc::new(array),

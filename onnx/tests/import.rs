@@ -444,3 +444,33 @@ fn hostile_nodes_are_errors_not_panics() {
         assert!(result.unwrap().is_err(), "model {i} was accepted");
     }
 }
+
+#[test]
+fn integer_arithmetic_on_known_arrays_folds_up_to_the_fold_pass_size() {
+    // `positions + positions` over initializers: computed at import up to the size the `fold`
+    // pass makes constants, computed at run time past it (as Kiln's lowerings of index
+    // arithmetic are), so that an exported program imports as itself.
+    let imported = |n: usize| {
+        let values: Vec<i64> = (0..n as i64).collect();
+        let m = model_of(
+            17,
+            vec![node("Add", "twice", &["p", "p"], &["y"])],
+            vec![],
+            vec![ints("p", &[n as i64], &values)],
+            vec![info("y", DataType::Int64, &[n as i64])],
+        );
+        let model = import_bytes(&m.encode_to_vec(), None).unwrap();
+        let program = model.module.to_string();
+        let mut state = model.state();
+        let out = Interpreter::new(&model.module)
+            .run(model.function_name(), vec![], &mut state)
+            .unwrap();
+        let doubled: Vec<f64> = (0..n).map(|i| 2.0 * i as f64).collect();
+        assert_eq!(out[0].to_f64_vec(), doubled);
+        program
+    };
+    let small = imported(kiln_passes::MAX_FOLDED_ELEMENTS);
+    assert!(!small.contains(" add "), "{small}");
+    let large = imported(kiln_passes::MAX_FOLDED_ELEMENTS + 1);
+    assert!(large.contains(" add "), "{large}");
+}

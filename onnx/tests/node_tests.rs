@@ -57,21 +57,6 @@ enum Exported {
     Differs(String),
 }
 
-/// The passing cases whose export round trip is not a fixed point, and why; every other
-/// passing case must be one (and these must not become one unnoticed).
-const NOT_FIXED_POINTS: &[(&str, &str)] = &[
-    // An index computation over 6,480 positions: the importer computes it when it reads the
-    // exported constants, the `fold` pass leaves one that large as instructions.
-    (
-        "test_nllloss_NCd1d2d3d4d5_mean_weight_expanded",
-        "folded by the importer only",
-    ),
-    (
-        "test_nllloss_NCd1d2d3d4d5_none_no_weight_expanded",
-        "folded by the importer only",
-    ),
-];
-
 /// Each case's export outcome, by case folder name.
 static EXPORTS: Mutex<BTreeMap<String, Exported>> = Mutex::new(BTreeMap::new());
 
@@ -386,14 +371,10 @@ fn report_exports(listed: &[String]) {
         differs.len(),
         differs.join("\n")
     );
-    let excepted = |n: &str| NOT_FIXED_POINTS.iter().any(|(e, _)| *e == n);
     let wrong: Vec<String> = (exports.iter())
         .filter(|(n, _)| listed.contains(n))
         .filter_map(|(n, e)| match e {
-            Exported::SameOutputs(line) if !excepted(n) => Some(format!("{n}: {line}")),
-            Exported::FixedPoint if excepted(n) => Some(format!(
-                "{n}: now a fixed point (take it off NOT_FIXED_POINTS)"
-            )),
+            Exported::SameOutputs(line) => Some(format!("{n}: {line}")),
             _ => None,
         })
         .collect();

@@ -9,7 +9,8 @@
 //! - A folded constant of one repeated value is a splat.
 //! - A constant counting `0, 1, 2, …` along an axis becomes that `iota`.
 //! - An `iota` counts as a constant of its values for the ops that read it (it is not
-//!   replaced itself).
+//!   replaced itself), and a `broadcast` of one that keeps its axis is that `iota` of the
+//!   larger shape, whatever its size.
 
 use crate::pass::{Pass, PassError, Stats};
 use kiln_backend::{Array, Interpreter};
@@ -50,6 +51,11 @@ fn fold_region(
     for inst in func.region(region).insts.clone() {
         for r in func.inst(inst).regions.clone() {
             folded += fold_region(func, r, interp, constants);
+        }
+        if let Some(iota) = broadcast_iota(func, inst) {
+            func.inst_mut(inst).op = iota;
+            func.inst_mut(inst).args.clear();
+            folded += 1;
         }
         let data = func.inst(inst);
         if let Op::Const { value, ty } = &data.op {
@@ -104,6 +110,24 @@ fn fold_region(
         folded += 1;
     }
     folded
+}
+
+/// The `iota` a `broadcast` of an `iota` is, when the broadcast keeps the counted axis (it
+/// only stretches and prepends others).
+fn broadcast_iota(func: &Function, inst: kiln_ir::Inst) -> Option<Op> {
+    let data = func.inst(inst);
+    let Op::Broadcast { shape } = &data.op else {
+        return None;
+    };
+    let source = func.inst(func.producer(data.args[0])?);
+    let Op::Iota { axis: from, ty } = &source.op else {
+        return None;
+    };
+    let axis = from + shape.rank().checked_sub(ty.rank())?;
+    (shape.dims().get(axis)? == &ty.shape.dims()[*from]).then(|| Op::Iota {
+        axis,
+        ty: Type::new(ty.dtype, shape.clone()),
+    })
 }
 
 /// The axis of the `iota` a constant's values are (`0, 1, 2, …` along it): the one form of

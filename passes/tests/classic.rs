@@ -188,6 +188,33 @@ fn fold_writes_splats_and_iotas_as_such() {
     );
 }
 
+/// A broadcast of an `iota` that keeps its axis is the larger `iota`, of any size (symbolic
+/// too); one that stretches the counted axis is not.
+#[test]
+fn fold_writes_a_broadcast_iota_as_the_larger_iota() {
+    check(
+        &["fold", "dce"],
+        r#"module {
+  func @f(%x: i64[N,3,2000]) -> (i64[N,3,2000], i64[4,3]) {
+    %i = iota {axis=0} : i64[2000]
+    %b = broadcast %i : i64[N,3,2000]
+    %y = add %x, %b : i64[N,3,2000]
+    %j = iota {axis=1} : i64[1,1]
+    %s = broadcast %j : i64[4,3]
+    return %y, %s
+  }
+}"#,
+        r#"module {
+  func @f(%x: i64[N,3,2000]) -> (i64[N,3,2000], i64[4,3]) {
+    %b = iota {axis=2} : i64[N,3,2000]
+    %y = add %x, %b : i64[N,3,2000]
+    %s = const 0 : i64[4,3]
+    return %y, %s
+  }
+}"#,
+    );
+}
+
 /// Each constant (and `iota`) just before its first reader, one used only by the yield at
 /// the end; a constant read inside a region before the region's instruction.
 #[test]
