@@ -253,52 +253,43 @@ impl Matcher<'_> {
 
     /// Gate `k` of `v`: columns `k·H .. (k+1)·H` of a matrix; returns the matrix and `H`.
     fn gate_slice(&self, v: Value, k: usize, parts: &mut Vec<Inst>) -> Option<(Value, usize)> {
-        let inst = self.func.producer(v)?;
-        let data = self.func.inst(inst);
-        let Op::Slice { axes } = &data.op else {
-            return None;
-        };
-        let [
-            AxisSlice::Full,
-            AxisSlice::Range {
-                start,
-                end,
-                step: 1,
-            },
-        ] = axes[..]
-        else {
-            return None;
-        };
+        let (inst, matrix, [start, end]) = self.range_slice(v, 1, 2)?;
         let hidden = end.checked_sub(start)?;
         (hidden > 0 && start == k * hidden).then_some(())?;
         parts.push(inst);
-        Some((data.args[0], hidden))
+        Some((matrix, hidden))
     }
 
     /// Step `t` of a sequence `[N, T, D]` as `composite::lstm` reads it: `[N, D]` reshaped
     /// from `x[:, t:t+1, :]`. Returns `x` and `t`.
     fn step_input(&self, v: Value, parts: &mut Vec<Inst>) -> Option<(Value, usize)> {
         let [s] = self.args_of(v, |op| matches!(op, Op::Reshape { .. }), parts)?;
-        let inst = self.func.producer(s)?;
+        let (inst, x, [start, end]) = self.range_slice(s, 1, 3)?;
+        (end == start + 1).then_some(())?;
+        parts.push(inst);
+        Some((x, start))
+    }
+
+    /// The `slice` defining `v` that takes `start..end` (step 1) of axis `axis` and all of
+    /// the other axes of a rank-`rank` operand: the instruction, the operand, the range.
+    fn range_slice(&self, v: Value, axis: usize, rank: usize) -> Option<(Inst, Value, [usize; 2])> {
+        let inst = self.func.producer(v)?;
         let data = self.func.inst(inst);
         let Op::Slice { axes } = &data.op else {
             return None;
         };
-        let [
-            AxisSlice::Full,
-            AxisSlice::Range {
-                start,
-                end,
-                step: 1,
-            },
-            AxisSlice::Full,
-        ] = axes[..]
+        (axes.len() == rank).then_some(())?;
+        let full = |i: usize| i == axis || axes[i] == AxisSlice::Full;
+        (0..rank).all(full).then_some(())?;
+        let AxisSlice::Range {
+            start,
+            end,
+            step: 1,
+        } = axes[axis]
         else {
             return None;
         };
-        (end == start + 1).then_some(())?;
-        parts.push(inst);
-        Some((data.args[0], start))
+        Some((inst, data.args[0], [start, end]))
     }
 
     /// The number of steps of a sequence `[N, T, D]`, `T` fixed.
@@ -469,32 +460,22 @@ pub(super) fn write(g: &mut Graph, layer: &Recurrent, y: &str) {
 fn onnx_weights(g: &mut Graph, cell: Cell, w: &str, hidden: i64) -> String {
     let perm = attr_ints("perm", &[1, 0]);
     let t = g.op("Transpose", &[w], "gates_first", vec![perm]);
-    let gates = cell.gates() as i64;
-    let by_gate = g.ints(&[gates, hidden, -1]);
-    let t = g.op("Reshape", &[&t, &by_gate], "by_gate", vec![]);
-    let order = g.ints(cell.onnx_gate_order());
-    let t = g.op(
-        "Gather",
-        &[&t, &order],
-        "onnx_gates",
-        vec![attr_int("axis", 0)],
-    );
-    let shape = g.ints(&[1, gates * hidden, -1]);
-    g.op("Reshape", &[&t, &shape], "onnx_weights", vec![])
+    onnx_gates(g, cell, &t, hidden, &[-1])
 }
 
 /// A bias `[G·H]` as `[1, G·H]`, gates reordered.
 fn onnx_bias(g: &mut Graph, cell: Cell, b: &str, hidden: i64) -> String {
+    onnx_gates(g, cell, b, hidden, &[])
+}
+
+/// `x` `[G·H, rest…]` as `[1, G·H, rest…]` with its gates in ONNX's order.
+fn onnx_gates(g: &mut Graph, cell: Cell, x: &str, hidden: i64, rest: &[i64]) -> String {
     let gates = cell.gates() as i64;
-    let by_gate = g.ints(&[gates, hidden]);
-    let t = g.op("Reshape", &[b, &by_gate], "by_gate", vec![]);
+    let by_gate = g.ints(&[&[gates, hidden], rest].concat());
+    let t = g.op("Reshape", &[x, &by_gate], "by_gate", vec![]);
     let order = g.ints(cell.onnx_gate_order());
-    let t = g.op(
-        "Gather",
-        &[&t, &order],
-        "onnx_gates",
-        vec![attr_int("axis", 0)],
-    );
-    let shape = g.ints(&[1, gates * hidden]);
-    g.op("Reshape", &[&t, &shape], "onnx_bias", vec![])
+    let axis0 = vec![attr_int("axis", 0)];
+    let t = g.op("Gather", &[&t, &order], "onnx_gates", axis0);
+    let shape = g.ints(&[&[1, gates * hidden], rest].concat());
+    g.op("Reshape", &[&t, &shape], "onnx_gates", vec![])
 }
