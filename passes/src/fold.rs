@@ -14,7 +14,7 @@
 
 use crate::pass::{Pass, PassError, Stats};
 use kiln_backend::{Array, Interpreter};
-use kiln_ir::{Function, Literal, Module, Op, OpClass, Region, Type, Value};
+use kiln_ir::{Function, Inst, Literal, Module, Op, OpClass, Region, Type, Value};
 use std::collections::HashMap;
 
 /// The largest constant folding produces.
@@ -114,7 +114,7 @@ fn fold_region(
 
 /// The `iota` a `broadcast` of an `iota` is, when the broadcast keeps the counted axis (it
 /// only stretches and prepends others).
-fn broadcast_iota(func: &Function, inst: kiln_ir::Inst) -> Option<Op> {
+fn broadcast_iota(func: &Function, inst: Inst) -> Option<Op> {
     let data = func.inst(inst);
     let Op::Broadcast { shape } = &data.op else {
         return None;

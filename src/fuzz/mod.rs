@@ -676,8 +676,7 @@ fn tokenize(text: &str) -> Vec<String> {
 }
 
 /// What `kiln check`, `dump`, `opt`, `stats`, `dot`, `grad` and `export` do with `text`, each
-/// guarded:
-/// the commands that panicked (with the message), and the module if it verified.
+/// guarded: the commands that panicked (with the message), and the module if it verified.
 fn commands(text: &str) -> (Vec<(String, String)>, Option<Module>) {
     let mut failures = Vec::new();
     let module = match kiln_ir::parse_and_verify(text) {
