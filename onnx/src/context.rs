@@ -66,10 +66,10 @@ pub(crate) enum Slot {
     Missing,
 }
 
-/// Known float arrays larger than this (in elements) become parameters rather than constants
-/// in the text IR: as large as the `fold` pass makes constants, so a program has the same
-/// constants whether the importer or the pipeline computed them (an exported program imports
-/// as itself).
+/// The largest array the importer makes a constant, as large as the `fold` pass makes them, so
+/// that a program has the same constants whether the importer or the pipeline computed them
+/// (an exported program imports as itself): a larger known float array becomes a parameter,
+/// a larger integer result of a node is computed at run time (`import::convert_node`).
 pub(crate) const LARGEST_CONSTANT: usize = kiln_passes::MAX_FOLDED_ELEMENTS;
 
 /// The values of the graph being converted, and the parameters made so far.

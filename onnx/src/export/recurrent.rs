@@ -42,17 +42,11 @@ impl Cell {
 /// instruction giving the last hidden state `[N, H]`.
 #[derive(Clone, Debug)]
 pub(super) struct Recurrent {
-    pub(super) cell: Cell,
-    pub(super) x: Value,
-    /// `w_ih` `[D, G·H]` and `w_hh` `[H, G·H]`.
-    pub(super) weights: [Value; 2],
-    /// LSTM: one bias `[4H]`; GRU: `b_ih` and `b_hh` `[3H]`.
-    pub(super) biases: Vec<Value>,
-    pub(super) hidden: usize,
+    layer: Layer,
     /// Every step's hidden state stacked `[N, T, H]`, where something reads it.
-    pub(super) sequence: Option<Value>,
+    sequence: Option<Value>,
     /// The LSTM's last cell state `[N, H]`, where something reads it.
-    pub(super) cell_state: Option<Value>,
+    cell_state: Option<Value>,
 }
 
 /// One step as matched: its index, its incoming states and (LSTM) its cell state.
@@ -64,11 +58,13 @@ struct Step {
 }
 
 /// What every step of one layer shares.
-#[derive(PartialEq)]
+#[derive(Clone, Debug, PartialEq)]
 struct Layer {
     cell: Cell,
     x: Value,
+    /// `w_ih` `[D, G·H]` and `w_hh` `[H, G·H]`.
     weights: [Value; 2],
+    /// LSTM: one bias `[4H]`; GRU: `b_ih` and `b_hh` `[3H]`.
     biases: Vec<Value>,
     hidden: usize,
 }
@@ -118,11 +114,7 @@ impl Matcher<'_> {
         let sequence = self.stacked(&hs, &mut parts);
         let parts = self.closed(root, parts, &[Some(h_last), c_last, sequence])?;
         let found = Recurrent {
-            cell: layer.cell,
-            x: layer.x,
-            weights: layer.weights,
-            biases: layer.biases,
-            hidden: layer.hidden,
+            layer,
             sequence,
             cell_state: c_last.filter(|&c| self.read_outside(c, &parts)),
         };
@@ -385,7 +377,8 @@ impl Matcher<'_> {
 }
 
 /// Writes `layer` as one ONNX `LSTM` or `GRU` node; `y` names the last hidden state.
-pub(super) fn write(g: &mut Graph, layer: &Recurrent, y: &str) {
+pub(super) fn write(g: &mut Graph, found: &Recurrent, y: &str) {
+    let layer = &found.layer;
     let (cell, hidden) = (layer.cell, layer.hidden as i64);
     let dtype = g.func.value_type(layer.x).dtype;
     let x = g.name(layer.x);
@@ -443,11 +436,11 @@ pub(super) fn write(g: &mut Graph, layer: &Recurrent, y: &str) {
     g.node(op, &[&x, &w, &r, &b], &outs, attrs);
     let axis0 = g.ints(&[0]);
     g.node("Squeeze", &[&last_h, &axis0], &[y], vec![]);
-    if let Some(c) = layer.cell_state {
+    if let Some(c) = found.cell_state {
         let c = g.name(c);
         g.node("Squeeze", &[&outputs[2], &axis0], &[&c], vec![]);
     }
-    if let Some(sequence) = layer.sequence {
+    if let Some(sequence) = found.sequence {
         let axis1 = g.ints(&[1]);
         let steps = g.op("Squeeze", &[&every, &axis1], "every_h", vec![]);
         let sequence = g.name(sequence);
